@@ -1,0 +1,279 @@
+// Small HDF5 toolkit shared by meshlm's file formats (token data, run log,
+// checkpoints, quantized cache).
+//
+//  * Owning handles: one RAII type per kind of hid_t, closed with the right
+//    H5?close when they go out of scope. They convert to hid_t implicitly so
+//    that they can be passed straight to the C API.
+//  * Helpers for what the formats need: create/open a file, write a dataset
+//    (1-D or N-D) or a scalar, write/read string and scalar attributes, read
+//    a dataset into a std::vector after checking its type.
+//  * File helpers: create parent directories, and AtomicWrite, which gives a
+//    temporary name and renames it over the real one only when the file is
+//    complete, so a failed write never leaves a half-written file behind.
+//
+// HDF5 prints its own error stack to stderr by default; the helpers turn
+// that off and throw RankError instead, naming the file (and the dataset or
+// attribute) and adding HDF5's innermost message.
+//
+// Object names may be paths ("memory/params/peak_bytes"); writers create the
+// missing intermediate groups.
+#pragma once
+
+#include <hdf5.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+
+namespace meshlm::io::h5 {
+
+// ---------------------------------------------------------------------------
+// Owning handles
+// ---------------------------------------------------------------------------
+
+// Owns one hid_t and closes it with Close. Move-only.
+template <herr_t (*Close)(hid_t)>
+class Handle {
+public:
+  Handle() = default;
+  explicit Handle(hid_t id) : id_(id) {}
+  ~Handle() { reset(); }
+  Handle(Handle&& o) noexcept : id_(std::exchange(o.id_, H5I_INVALID_HID)) {}
+  Handle& operator=(Handle&& o) noexcept {
+    if (this != &o) {
+      reset();
+      id_ = std::exchange(o.id_, H5I_INVALID_HID);
+    }
+    return *this;
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+
+  hid_t get() const { return id_; }
+  operator hid_t() const { return id_; }  // NOLINT: pass handles to the C API as they are
+  bool valid() const { return id_ >= 0; }
+
+  // Closes now; returns the status of the close (negative on failure), so a
+  // writer can tell whether the last flush of a file succeeded.
+  herr_t close() {
+    herr_t status = 0;
+    if (id_ >= 0) status = Close(id_);
+    id_ = H5I_INVALID_HID;
+    return status;
+  }
+  void reset() { close(); }
+
+private:
+  hid_t id_ = H5I_INVALID_HID;
+};
+
+using File = Handle<H5Fclose>;
+using Group = Handle<H5Gclose>;
+using Dataset = Handle<H5Dclose>;
+using Dataspace = Handle<H5Sclose>;
+using Attribute = Handle<H5Aclose>;
+using Datatype = Handle<H5Tclose>;  // only for types HDF5 hands out (H5Dget_type, H5Tcopy)
+using PropList = Handle<H5Pclose>;
+
+// ---------------------------------------------------------------------------
+// Types: the HDF5 memory type of a C++ scalar
+// ---------------------------------------------------------------------------
+
+template <typename T>
+hid_t native_type();
+template <> inline hid_t native_type<float>() { return H5T_NATIVE_FLOAT; }
+template <> inline hid_t native_type<double>() { return H5T_NATIVE_DOUBLE; }
+template <> inline hid_t native_type<int8_t>() { return H5T_NATIVE_INT8; }
+template <> inline hid_t native_type<uint8_t>() { return H5T_NATIVE_UINT8; }
+template <> inline hid_t native_type<int16_t>() { return H5T_NATIVE_INT16; }
+template <> inline hid_t native_type<uint16_t>() { return H5T_NATIVE_UINT16; }
+template <> inline hid_t native_type<int32_t>() { return H5T_NATIVE_INT32; }
+template <> inline hid_t native_type<uint32_t>() { return H5T_NATIVE_UINT32; }
+template <> inline hid_t native_type<int64_t>() { return H5T_NATIVE_INT64; }
+template <> inline hid_t native_type<uint64_t>() { return H5T_NATIVE_UINT64; }
+
+// "uint16", "float32", "2-byte enum", ... for error messages.
+std::string type_name(hid_t type);
+
+// True when every value of the stored type `file_type` fits `mem_type` of
+// the same class (integer or float) without loss, e.g. uint16 -> int32 or
+// float32 -> float64, but not uint32 -> int32 nor float -> int.
+bool converts_losslessly(hid_t file_type, hid_t mem_type);
+
+// ---------------------------------------------------------------------------
+// Errors and names
+// ---------------------------------------------------------------------------
+
+// Turns off HDF5's printing of its error stack (process-wide); failures are
+// reported through exceptions instead. Every open/create helper calls it.
+void silence_errors();
+
+// HDF5's innermost message for the most recent failure ("" when none).
+std::string last_error();
+
+// Name of the file that holds object `obj` (as it was opened).
+std::string file_name(hid_t obj);
+
+// Object path of `obj` inside its file ("/metrics/loss").
+std::string object_name(hid_t obj);
+
+// Throws RankError "<file>: '<name>': <what>" for the object `name` below
+// `loc`. check() does so when `status` < 0 and adds HDF5's own message; it
+// returns `status` otherwise (ids are statuses too: negative means failure).
+// Pass plain strings: any HDF5 call made between the failing call and
+// check() would clear the message it reports.
+[[noreturn]] void fail(hid_t loc, const std::string& name, const std::string& what);
+int64_t check(int64_t status, hid_t loc, const std::string& name, const std::string& what);
+
+// ---------------------------------------------------------------------------
+// Files and paths
+// ---------------------------------------------------------------------------
+
+// Creates the directories above `path` (nothing when it has none).
+void create_parent_dirs(const std::string& path);
+
+// True when `path` carries the HDF5 signature (at offset 0 or at a user-block
+// offset 512, 1024, 2048, ...). False for unreadable or missing files.
+bool is_hdf5_file(const std::string& path);
+
+// A file written under a temporary name "<path>.tmp.<pid>" and renamed onto
+// `path` by commit(). If commit() is never reached (an exception), the
+// destructor removes the temporary file. The parent directories of `path`
+// are created by the constructor.
+class AtomicWrite {
+public:
+  explicit AtomicWrite(std::string path);
+  ~AtomicWrite();
+  AtomicWrite(const AtomicWrite&) = delete;
+  AtomicWrite& operator=(const AtomicWrite&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::string& tmp_path() const { return tmp_; }
+  // Renames the temporary file onto path(); the file must be closed.
+  void commit();
+
+private:
+  std::string path_, tmp_;
+  bool committed_ = false;
+};
+
+// Creates (truncates) a file. `fapl` selects the driver (H5P_DEFAULT: serial).
+File create_file(const std::string& path, hid_t fapl = H5P_DEFAULT);
+// Opens an existing file read-only, or read-write when `writable`.
+File open_file(const std::string& path, bool writable = false, hid_t fapl = H5P_DEFAULT);
+// Closes a file that was written, checking that the final flush succeeded.
+void close_file(File& f, const std::string& path);
+
+// ---------------------------------------------------------------------------
+// Groups and datasets
+// ---------------------------------------------------------------------------
+
+// True when the object `name` exists below `loc` (every component of a path
+// is checked, so "a/b/c" is false rather than an error when "a" is missing).
+bool exists(hid_t loc, const std::string& name);
+
+// Opens the group `name`, creating it and any missing parents.
+Group require_group(hid_t loc, const std::string& name);
+
+Dataset open_dataset(hid_t loc, const std::string& name);
+
+// The shape of a dataset (empty for a scalar).
+std::vector<hsize_t> shape(hid_t dset);
+
+// Writes a new dataset `name` of shape `dims` (row-major) with the file type
+// equal to T's native type.
+template <typename T>
+void write_dataset(hid_t loc, const std::string& name, const T* data,
+                   const std::vector<hsize_t>& dims);
+template <typename T>
+void write_dataset(hid_t loc, const std::string& name, const std::vector<T>& data) {
+  write_dataset(loc, name, data.data(), {static_cast<hsize_t>(data.size())});
+}
+
+// Lower-level form: any stored type `file_type` (e.g. H5T_STD_U16LE for data
+// held in memory as uint32 -- HDF5 converts on the way). `mem_type` is the
+// type of `data`.
+void write_dataset_raw(hid_t loc, const std::string& name, hid_t file_type, hid_t mem_type,
+                       const void* data, const std::vector<hsize_t>& dims);
+
+// Writes a scalar dataset, or overwrites the value of an existing one.
+template <typename T>
+void write_scalar(hid_t loc, const std::string& name, T value);
+
+// Reads a whole dataset. Throws unless its stored type converts to T
+// without loss; `dims`, when given, receives its shape.
+template <typename T>
+std::vector<T> read_dataset(hid_t loc, const std::string& name,
+                            std::vector<hsize_t>* dims = nullptr);
+
+// Reads elements [start, start + count) of an open 1-D dataset into `out`
+// (memory type `mem_type`), without loading the rest.
+void read_1d_slice(hid_t dset, hsize_t start, hsize_t count, hid_t mem_type, void* out);
+
+// ---------------------------------------------------------------------------
+// Attributes (on a file, group or dataset; replaced when they exist)
+// ---------------------------------------------------------------------------
+
+bool has_attr(hid_t obj, const std::string& name);
+void write_string_attr(hid_t obj, const std::string& name, const std::string& value);
+std::string read_string_attr(hid_t obj, const std::string& name);
+
+template <typename T>
+void write_scalar_attr(hid_t obj, const std::string& name, T value);
+// Throws unless the attribute is a scalar whose type converts to T losslessly.
+template <typename T>
+T read_scalar_attr(hid_t obj, const std::string& name);
+
+// Untyped cores of the templates above (defined in h5.cpp).
+void write_scalar_attr_raw(hid_t obj, const std::string& name, hid_t type, const void* value);
+void read_scalar_attr_raw(hid_t obj, const std::string& name, hid_t type, void* value);
+void write_scalar_raw(hid_t loc, const std::string& name, hid_t type, const void* value);
+// Throws unless the stored type of `dset` converts to `mem_type` losslessly.
+void check_type(hid_t dset, hid_t mem_type);
+// Reads all of `dset` into `out` (memory type `mem_type`).
+void read_all(hid_t dset, hid_t mem_type, void* out);
+
+// ---------------------------------------------------------------------------
+// Template definitions
+// ---------------------------------------------------------------------------
+
+template <typename T>
+void write_dataset(hid_t loc, const std::string& name, const T* data,
+                   const std::vector<hsize_t>& dims) {
+  write_dataset_raw(loc, name, native_type<T>(), native_type<T>(), data, dims);
+}
+
+template <typename T>
+void write_scalar(hid_t loc, const std::string& name, T value) {
+  write_scalar_raw(loc, name, native_type<T>(), &value);
+}
+
+template <typename T>
+std::vector<T> read_dataset(hid_t loc, const std::string& name, std::vector<hsize_t>* dims) {
+  Dataset dset = open_dataset(loc, name);
+  check_type(dset, native_type<T>());
+  std::vector<hsize_t> d = shape(dset);
+  size_t n = 1;
+  for (hsize_t x : d) n *= static_cast<size_t>(x);
+  std::vector<T> out(n);
+  if (n > 0) read_all(dset, native_type<T>(), out.data());
+  if (dims) *dims = std::move(d);
+  return out;
+}
+
+template <typename T>
+void write_scalar_attr(hid_t obj, const std::string& name, T value) {
+  write_scalar_attr_raw(obj, name, native_type<T>(), &value);
+}
+
+template <typename T>
+T read_scalar_attr(hid_t obj, const std::string& name) {
+  T value{};
+  read_scalar_attr_raw(obj, name, native_type<T>(), &value);
+  return value;
+}
+
+}  // namespace meshlm::io::h5

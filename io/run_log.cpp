@@ -1,0 +1,123 @@
+#include "io/run_log.h"
+
+#include <filesystem>
+
+#include "core/alloc.h"
+#include "core/error.h"
+
+namespace meshlm::io {
+
+namespace {
+
+// Rows are appended one at a time; a chunk holds this many of them, so the
+// file grows by a few KiB now and then rather than on every step.
+constexpr hsize_t kRowsPerChunk = 512;
+
+h5::Dataset create_column(hid_t file, const std::string& name, hid_t type) {
+  hsize_t dims = 0, maxdims = H5S_UNLIMITED;
+  h5::Dataspace space(H5Screate_simple(1, &dims, &maxdims));
+  h5::PropList dcpl(H5Pcreate(H5P_DATASET_CREATE));
+  H5Pset_chunk(dcpl, 1, &kRowsPerChunk);
+  h5::PropList lcpl(H5Pcreate(H5P_LINK_CREATE));
+  H5Pset_create_intermediate_group(lcpl, 1);
+  return h5::Dataset(h5::check(H5Dcreate2(file, name.c_str(), type, space, lcpl, dcpl, H5P_DEFAULT),
+                               file, name, "cannot create dataset"));
+}
+
+// Writes `value` as row `row` of a column that has `row` rows so far.
+void append_row(hid_t dset, hsize_t row, hid_t type, const void* value) {
+  std::string name = h5::object_name(dset);
+  hsize_t size = row + 1, one = 1;
+  h5::check(H5Dset_extent(dset, &size), dset, name, "cannot extend dataset");
+  h5::Dataspace fspace(H5Dget_space(dset));
+  H5Sselect_hyperslab(fspace, H5S_SELECT_SET, &row, nullptr, &one, nullptr);
+  h5::Dataspace mspace(H5Screate_simple(1, &one, nullptr));
+  h5::check(H5Dwrite(dset, type, mspace, fspace, H5P_DEFAULT, value), dset, name,
+            "cannot append row " + std::to_string(row));
+}
+
+}  // namespace
+
+RunLog::RunLog(const std::string& dir, const std::string& resolved_config_ini) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec)
+    throw RankError("run log: cannot create directory '" + dir + "': " + ec.message(),
+                    MESHLM_HERE);
+  path_ = (std::filesystem::path(dir) / "run.h5").string();
+  file_ = h5::create_file(path_);
+  h5::write_string_attr(file_, "config", resolved_config_ini);
+  h5::write_scalar_attr<int32_t>(file_, "format_version", kRunLogFormatVersion);
+  step_ = create_column(file_, "metrics/step", H5T_NATIVE_INT64);
+  loss_ = create_column(file_, "metrics/loss", H5T_NATIVE_DOUBLE);
+  lr_ = create_column(file_, "metrics/lr", H5T_NATIVE_DOUBLE);
+  grad_norm_ = create_column(file_, "metrics/grad_norm", H5T_NATIVE_DOUBLE);
+  tokens_per_s_ = create_column(file_, "metrics/tokens_per_s", H5T_NATIVE_DOUBLE);
+  h5::check(H5Fflush(file_, H5F_SCOPE_GLOBAL), file_, "/", "cannot flush");
+}
+
+RunLog::~RunLog() {
+  try {
+    close();
+  } catch (...) {
+    // A destructor must not throw; close() explicitly to see the error.
+  }
+}
+
+void RunLog::require_open() const {
+  if (!file_.valid()) throw RankError("run log '" + path_ + "' is closed", MESHLM_HERE);
+}
+
+void RunLog::append(int64_t step, double loss, double lr, double grad_norm,
+                    double tokens_per_s) {
+  require_open();
+  hsize_t row = static_cast<hsize_t>(rows_);
+  append_row(step_, row, H5T_NATIVE_INT64, &step);
+  append_row(loss_, row, H5T_NATIVE_DOUBLE, &loss);
+  append_row(lr_, row, H5T_NATIVE_DOUBLE, &lr);
+  append_row(grad_norm_, row, H5T_NATIVE_DOUBLE, &grad_norm);
+  append_row(tokens_per_s_, row, H5T_NATIVE_DOUBLE, &tokens_per_s);
+  ++rows_;
+  // On disk now, so a run killed later still has this row.
+  h5::check(H5Fflush(file_, H5F_SCOPE_GLOBAL), file_, "/", "cannot flush");
+}
+
+void RunLog::write_memory() {
+  require_open();
+  const MemTracker& mem = MemTracker::get();
+  for (int i = 0; i < kNumMemCategories; ++i) {
+    auto c = static_cast<MemCategory>(i);
+    std::string group = std::string("memory/") + mem_category_name(c) + "/";
+    h5::write_scalar<int64_t>(file_, group + "peak_bytes", static_cast<int64_t>(mem.peak(c)));
+    h5::write_scalar<int64_t>(file_, group + "current_bytes",
+                              static_cast<int64_t>(mem.current(c)));
+  }
+  ProcessMemory proc = read_process_memory();
+  h5::write_scalar<int64_t>(file_, "memory/process/rss_bytes", static_cast<int64_t>(proc.rss));
+  h5::write_scalar<int64_t>(file_, "memory/process/rss_peak_bytes",
+                            static_cast<int64_t>(proc.rss_peak));
+  h5::write_scalar<int64_t>(file_, "memory/process/pss_bytes", static_cast<int64_t>(proc.pss));
+  h5::check(H5Fflush(file_, H5F_SCOPE_GLOBAL), file_, "/", "cannot flush");
+}
+
+void RunLog::write_timing(const SectionTimers& timers) {
+  require_open();
+  for (int i = 0; i < static_cast<int>(Section::count); ++i) {
+    auto s = static_cast<Section>(i);
+    h5::write_scalar<double>(file_, std::string("timing/") + section_name(s) + "/seconds",
+                             timers.total(s));
+  }
+  h5::check(H5Fflush(file_, H5F_SCOPE_GLOBAL), file_, "/", "cannot flush");
+}
+
+void RunLog::close() {
+  if (!file_.valid()) return;
+  step_.close();
+  loss_.close();
+  lr_.close();
+  grad_norm_.close();
+  tokens_per_s_.close();
+  h5::close_file(file_, path_);
+}
+
+}  // namespace meshlm::io

@@ -1,0 +1,61 @@
+// The run log <dir>/run.h5: what a training run did, readable by h5py while
+// the run goes on and after it dies.
+//
+//   /                      attributes: config (the resolved parameter file,
+//                          INI text), format_version = 1
+//   /metrics/step          (n) int64    one row per append()
+//   /metrics/loss          (n) float64
+//   /metrics/lr            (n) float64
+//   /metrics/grad_norm     (n) float64
+//   /metrics/tokens_per_s  (n) float64
+//   /memory/<category>/{peak_bytes,current_bytes}      int64 scalars (host)
+//   /memory/process/{rss_bytes,rss_peak_bytes,pss_bytes} int64 scalars
+//   /timing/<section>/seconds                            float64 scalars
+//
+// Unlike checkpoints, the log is written in place (no temporary name): a run
+// that is killed must keep every row it logged, so each append() ends with a
+// flush. Written by one rank only (the caller makes sure of it), with plain
+// serial file access.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/timer.h"
+#include "io/h5.h"
+
+namespace meshlm::io {
+
+inline constexpr int kRunLogFormatVersion = 1;
+
+class RunLog {
+public:
+  // Creates `dir` (and parents) and <dir>/run.h5, replacing an old one.
+  RunLog(const std::string& dir, const std::string& resolved_config_ini);
+  ~RunLog();  // closes; errors at this point are swallowed (call close() to see them)
+  RunLog(RunLog&&) noexcept = default;
+  RunLog& operator=(RunLog&&) noexcept = default;
+  RunLog(const RunLog&) = delete;
+  RunLog& operator=(const RunLog&) = delete;
+
+  // One row of /metrics, flushed to disk before returning.
+  void append(int64_t step, double loss, double lr, double grad_norm, double tokens_per_s);
+  // Memory per category (host, from MemTracker) and of the process (/proc).
+  void write_memory();
+  // Seconds per section.
+  void write_timing(const SectionTimers& timers);
+  void close();
+
+  const std::string& path() const { return path_; }
+  int64_t rows() const { return rows_; }
+
+private:
+  void require_open() const;
+
+  std::string path_;
+  h5::File file_;
+  h5::Dataset step_, loss_, lr_, grad_norm_, tokens_per_s_;
+  int64_t rows_ = 0;
+};
+
+}  // namespace meshlm::io

@@ -1,0 +1,75 @@
+// The parameter file of `meshlm train`: INI sections read with
+// Boost.Program_options, every key overridable on the command line as
+// --section.key=value. The option table in config.cpp is the single source of
+// every key, its default and its meaning; `meshlm train --help` prints it and
+// the README's reference is generated from that output.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace meshlm {
+
+struct TrainConfig {
+  int seq_len = 64;            // [model] seq_len: T of every training sequence
+  int steps = 100;
+  int batch_size = 8;          // sequences per optimizer step
+  int micro_batch_size = 0;    // sequences per forward/backward; 0 = batch_size
+  double lr = 3e-4;
+  double lr_min_ratio = 0.1;
+  int warmup_steps = 10;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  uint64_t seed = 1337;
+  int log_every = 10;
+  int grad_accum_steps() const { return batch_size / micro_batch_size; }
+};
+
+struct DataConfig {
+  std::string path;           // token file (HDF5 dataset "tokens" or raw)
+  std::string tokenize_from;  // text file tokenized into `path` when it is missing
+  bool shuffle = true;
+};
+
+struct OutputConfig {
+  std::string dir = "out";
+};
+
+struct RuntimeConfig {
+  int threads = 0;  // OpenMP threads per rank; 0 = cores of the node / ranks on it
+};
+
+struct RunConfig {
+  GPTConfig model;
+  TrainConfig train;
+  DataConfig data;
+  OutputConfig output;
+  RuntimeConfig runtime;
+  std::string source;    // the parameter file, or "(defaults)"
+  std::string resolved;  // every key with its final value, as an INI text
+};
+
+// Parses the parameter file text (named `source` in messages) and the
+// command-line overrides ("--section.key=value" or "--section.key value").
+// Throws CollectiveError naming the key or the file on any error; every rank
+// that calls it with the same text throws the same error.
+RunConfig parse_run_config(const std::string& text, const std::string& source,
+                           const std::vector<std::string>& overrides);
+
+// Collective over `comm`: rank 0 reads `path`, every rank parses the same
+// bytes (so a file visible on one node only still gives one clear error).
+RunConfig load_run_config(MPI_Comm comm, const std::string& path,
+                          const std::vector<std::string>& overrides);
+
+// Every key: "  --model.n_layer arg (=2)  transformer blocks (L)".
+std::string run_config_help();
+
+}  // namespace meshlm

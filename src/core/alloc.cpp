@@ -1,0 +1,125 @@
+#include "core/alloc.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <new>
+#include <sstream>
+
+namespace meshlm {
+
+const char* mem_category_name(MemCategory c) {
+  switch (c) {
+    case MemCategory::params: return "params";
+    case MemCategory::grads: return "grads";
+    case MemCategory::optimizer: return "optimizer";
+    case MemCategory::activations: return "activations";
+    case MemCategory::quantized: return "quantized";
+    case MemCategory::comm: return "comm";
+    case MemCategory::workspace: return "workspace";
+    case MemCategory::other: return "other";
+    case MemCategory::count: break;
+  }
+  return "?";
+}
+
+MemTracker& MemTracker::get() {
+  static MemTracker tracker;
+  return tracker;
+}
+
+void MemTracker::on_alloc(MemCategory c, Device d, size_t bytes) {
+  auto& cur = cur_[idx(d)][idx(c)];
+  cur += bytes;
+  peak_[idx(d)][idx(c)] = std::max(peak_[idx(d)][idx(c)], cur);
+  total_cur_[idx(d)] += bytes;
+  total_peak_[idx(d)] = std::max(total_peak_[idx(d)], total_cur_[idx(d)]);
+}
+
+void MemTracker::on_free(MemCategory c, Device d, size_t bytes) {
+  cur_[idx(d)][idx(c)] -= bytes;
+  total_cur_[idx(d)] -= bytes;
+}
+
+void MemTracker::reset_peaks() {
+  peak_ = cur_;
+  total_peak_ = total_cur_;
+}
+
+Buffer::Buffer(size_t bytes, MemCategory category, std::string label, Device device)
+    : bytes_(bytes), category_(category), device_(device), label_(std::move(label)) {
+  if (device != Device::cpu)
+    throw RankError("Buffer '" + label_ + "': device memory is allocated by the CUDA backend",
+                    MESHLM_HERE);
+  if (bytes == 0) return;
+  constexpr size_t kAlign = 64;  // one cache line; also AVX-512 aligned
+  size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
+  data_ = std::aligned_alloc(kAlign, rounded);
+  if (!data_)
+    throw RankError("out of host memory allocating " + std::to_string(bytes) + " bytes for '" +
+                        label_ + "' (" + mem_category_name(category) + ")",
+                    MESHLM_HERE);
+  std::memset(data_, 0, rounded);
+  MemTracker::get().on_alloc(category_, device_, bytes_);
+}
+
+Buffer::~Buffer() { release(); }
+
+void Buffer::release() {
+  if (data_) {
+    std::free(data_);
+    MemTracker::get().on_free(category_, device_, bytes_);
+  }
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+Buffer::Buffer(Buffer&& o) noexcept
+    : data_(o.data_), bytes_(o.bytes_), category_(o.category_), device_(o.device_),
+      label_(std::move(o.label_)) {
+  o.data_ = nullptr;
+  o.bytes_ = 0;
+}
+
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    release();
+    data_ = o.data_;
+    bytes_ = o.bytes_;
+    category_ = o.category_;
+    device_ = o.device_;
+    label_ = std::move(o.label_);
+    o.data_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+namespace {
+// Reads "Key:   1234 kB" from a /proc file; returns bytes or 0.
+size_t proc_kb(const char* path, const char* key) {
+  std::ifstream in(path);
+  std::string line;
+  size_t klen = std::strlen(key);
+  while (std::getline(in, line)) {
+    if (line.compare(0, klen, key) == 0 && line.size() > klen && line[klen] == ':') {
+      std::istringstream s(line.substr(klen + 1));
+      size_t kb = 0;
+      s >> kb;
+      return kb * 1024;
+    }
+  }
+  return 0;
+}
+}  // namespace
+
+ProcessMemory read_process_memory() {
+  ProcessMemory m;
+  m.rss = proc_kb("/proc/self/status", "VmRSS");
+  m.rss_peak = proc_kb("/proc/self/status", "VmHWM");
+  m.pss = proc_kb("/proc/self/smaps_rollup", "Pss");
+  return m;
+}
+
+}  // namespace meshlm

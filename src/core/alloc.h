@@ -1,0 +1,83 @@
+// The tracked allocator. Every sizeable allocation of meshlm goes through a
+// Buffer with one memory category, so that the memory of every rank can be
+// accounted by category (current and peak bytes) and set beside the
+// planner's prediction and the process figures from /proc.
+//
+// Categories are fixed by docs/DESIGN (params, grads, optimizer, activations,
+// quantized, comm, workspace, other); adding one means adding it here only.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace meshlm {
+
+enum class MemCategory : int {
+  params, grads, optimizer, activations, quantized, comm, workspace, other, count
+};
+constexpr int kNumMemCategories = static_cast<int>(MemCategory::count);
+constexpr int kNumDevices = 2;  // Device::cpu, Device::cuda
+const char* mem_category_name(MemCategory c);
+
+// Process-wide byte counters (one process = one rank). Not thread-safe by
+// design: buffers are made and freed by the rank's main thread only.
+class MemTracker {
+public:
+  static MemTracker& get();
+  void on_alloc(MemCategory c, Device d, size_t bytes);
+  void on_free(MemCategory c, Device d, size_t bytes);
+  size_t current(MemCategory c, Device d = Device::cpu) const { return cur_[idx(d)][idx(c)]; }
+  size_t peak(MemCategory c, Device d = Device::cpu) const { return peak_[idx(d)][idx(c)]; }
+  size_t current_total(Device d = Device::cpu) const { return total_cur_[idx(d)]; }
+  size_t peak_total(Device d = Device::cpu) const { return total_peak_[idx(d)]; }
+  void reset_peaks();
+
+private:
+  template <typename E>
+  static int idx(E e) { return static_cast<int>(e); }
+  std::array<std::array<size_t, kNumMemCategories>, kNumDevices> cur_{}, peak_{};
+  std::array<size_t, kNumDevices> total_cur_{}, total_peak_{};
+};
+
+// An owning, zero-initialised, 64-byte aligned block of memory with a label
+// and a category. Move-only.
+class Buffer {
+public:
+  Buffer() = default;
+  Buffer(size_t bytes, MemCategory category, std::string label, Device device = Device::cpu);
+  ~Buffer();
+  Buffer(Buffer&& o) noexcept;
+  Buffer& operator=(Buffer&& o) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  void* data() const { return data_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(data_); }
+  size_t bytes() const { return bytes_; }
+  MemCategory category() const { return category_; }
+  const std::string& label() const { return label_; }
+
+private:
+  void release();
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  MemCategory category_ = MemCategory::other;
+  Device device_ = Device::cpu;
+  std::string label_;
+};
+
+// Process memory from /proc/self/status and smaps_rollup (bytes; 0 when the
+// file is not there, e.g. not Linux).
+struct ProcessMemory {
+  size_t rss = 0;       // VmRSS: resident now
+  size_t rss_peak = 0;  // VmHWM: resident high-water mark
+  size_t pss = 0;       // Pss: proportional share (shared pages split between sharers)
+};
+ProcessMemory read_process_memory();
+
+}  // namespace meshlm

@@ -1,0 +1,61 @@
+#include "core/error.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+namespace meshlm {
+
+namespace {
+int world_rank() {
+  int init = 0, fin = 0, rank = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (init && !fin) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+}  // namespace
+
+void check_all(MPI_Comm comm, bool ok, const std::string& msg, const char* file, int line) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  // Lowest failing rank, or `size` when all are fine.
+  int mine = ok ? size : rank, first = size;
+  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
+  if (first == size) return;
+  std::string text = (rank == first) ? msg : std::string();
+  int len = static_cast<int>(text.size());
+  MPI_Bcast(&len, 1, MPI_INT, first, comm);
+  text.resize(len);
+  MPI_Bcast(text.data(), len, MPI_CHAR, first, comm);
+  if (first != 0) text = "rank " + std::to_string(first) + ": " + text;
+  throw CollectiveError(text, file, line);
+}
+
+void fatal_all(MPI_Comm comm, const std::string& msg, const char* file, int line) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  if (rank == 0) {
+    std::fprintf(stderr, "ERROR: %s (%s:%d)\n", msg.c_str(), file, line);
+    std::fflush(stderr);
+  }
+  std::fflush(stdout);
+  MPI_Barrier(comm);
+  MPI_Finalize();
+  std::exit(1);
+}
+
+void fatal_one(const std::string& msg, const char* file, int line) {
+  std::fprintf(stderr, "ERROR on rank %d: %s (%s:%d)\n", world_rank(), msg.c_str(), file, line);
+  std::fflush(stderr);
+  std::fflush(stdout);
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (init && !fin) MPI_Abort(MPI_COMM_WORLD, 1);
+  std::exit(1);
+}
+
+}  // namespace meshlm

@@ -1,0 +1,35 @@
+// Rank-0 logging. Every rank may call log0(); only world rank 0 prints, so a
+// job of 512 ranks prints one line, not 512. Lines meant to come from every
+// rank (one line per rank, gathered in rank order) are printed by the caller
+// after a gather, never by racing printf.
+#pragma once
+
+#include <fmt/core.h>
+
+#include <cstdio>
+#include <utility>
+
+namespace meshlm::log {
+
+// Set once after MPI_Init; before that every process thinks it is rank 0.
+void set_rank(int world_rank);
+int rank();
+
+template <typename... Args>
+void info(fmt::format_string<Args...> f, Args&&... args) {
+  if (rank() != 0) return;
+  fmt::print(stdout, f, std::forward<Args>(args)...);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+}
+
+template <typename... Args>
+void warn(fmt::format_string<Args...> f, Args&&... args) {
+  if (rank() != 0) return;
+  fmt::print(stderr, "WARNING: ");
+  fmt::print(stderr, f, std::forward<Args>(args)...);
+  std::fputc('\n', stderr);
+  std::fflush(stderr);
+}
+
+}  // namespace meshlm::log

@@ -1,0 +1,45 @@
+// A small portable random number generator. std::mt19937 is portable but
+// std::normal_distribution and friends are not (their results differ between
+// standard libraries), and meshlm promises the same run bit for bit on any
+// machine for the same seed. splitmix64 is tiny, fast, and good enough for
+// weight initialisation and data shuffling.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+namespace meshlm {
+
+class Rng {
+public:
+  explicit Rng(uint64_t seed) : state_(seed) {}
+
+  // Mixes several values into one seed: Rng(mix_seed(seed, tensor_index)).
+  static uint64_t mix_seed(uint64_t a, uint64_t b) {
+    Rng r(a ^ (0x9E3779B97F4A7C15ull * (b + 1)));
+    return r.next_u64();
+  }
+
+  uint64_t next_u64() {
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [0, 1) with 53 random bits.
+  double uniform() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
+  // Uniform integer in [0, n), n > 0, by modulo (bias below n / 2^64).
+  uint64_t below(uint64_t n) { return next_u64() % n; }
+  // Standard normal (Box-Muller; one value per call, the pair's twin dropped
+  // so that a tensor's values do not depend on how calls are interleaved).
+  double normal() {
+    double u1 = uniform(), u2 = uniform();
+    if (u1 < 1e-300) u1 = 1e-300;
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  }
+
+private:
+  uint64_t state_;
+};
+
+}  // namespace meshlm

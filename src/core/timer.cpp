@@ -1,0 +1,18 @@
+#include "core/timer.h"
+
+namespace meshlm {
+
+const char* section_name(Section s) {
+  switch (s) {
+    case Section::forward: return "forward";
+    case Section::backward: return "backward";
+    case Section::optimizer: return "optimizer";
+    case Section::data: return "data";
+    case Section::checkpoint: return "checkpoint";
+    case Section::other: return "other";
+    case Section::count: break;
+  }
+  return "?";
+}
+
+}  // namespace meshlm

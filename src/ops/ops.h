@@ -1,0 +1,89 @@
+// The ops interface: the forward/backward pairs a GPT-2 step is made of.
+// This header declares the CPU implementation (OpenMP loops + BLAS), which is
+// the readable reference every other backend is tested against; cuda/ holds
+// the CUDA implementation of the same ops (cuda/ops_cuda.h).
+//
+// Dimension letters (used in every shape comment of meshlm):
+//   B  batch (sequences in a micro-batch)    T  sequence length
+//   C  channels (n_embd)                     NH heads, HS = C / NH head size
+//   V  vocabulary, Vp padded to a multiple of 64
+//   L  layers                                N  = B * T rows, when flattened
+//
+// Conventions:
+//   * Every op is a template instantiated for float (training) and double
+//     (finite-difference gradient checks in tests/).
+//   * Forward ops overwrite their outputs.
+//   * Backward ops ACCUMULATE (+=) into every gradient they write, parameter
+//     and input gradients alike; the caller zeroes gradients when it should.
+//     This makes residual branches and gradient accumulation free.
+//   * Linear weights are stored (OC, IC), as torch.nn.Linear: y = x W^T + b.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace meshlm::ops {
+
+// ---- embeddings -------------------------------------------------------------
+// out(B,T,C) = wte[tokens[b,t]] + wpe[t]
+template <typename T>
+void encoder_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int B, int Tn, int C);
+template <typename T>
+void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int B, int Tn, int C);
+
+// ---- layer norm (eps = 1e-5, as GPT-2) ------------------------------------------
+// out(N,C) = (inp - mean) * rstd * w + b; mean(N), rstd(N) saved for backward.
+template <typename T>
+void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int N, int C);
+template <typename T>
+void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w,
+                        const T* mean, const T* rstd, int N, int C);
+
+// ---- linear layer -----------------------------------------------------------
+// out(N,OC) = inp(N,IC) w(OC,IC)^T + bias(OC); bias may be null.
+template <typename T>
+void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int N, int IC, int OC);
+// dinp(N,IC) += dout w; dw(OC,IC) += dout^T inp; dbias(OC) += sum_n dout (if non-null).
+template <typename T>
+void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w, int N,
+                     int IC, int OC);
+
+// ---- causal self-attention --------------------------------------------------
+// qkv(B,T,3C) holds q, k, v side by side; head h uses channels [h*HS, (h+1)*HS)
+// of each. att(B,NH,T,T) keeps the softmax probabilities (zero above the
+// diagonal) for backward. out(B,T,C) = concat_h softmax(q k^T / sqrt(HS)) v.
+template <typename T>
+void attention_forward(T* out, T* att, const T* qkv, int B, int Tn, int C, int NH);
+// datt(B,NH,T,T) is scratch (overwritten).
+template <typename T>
+void attention_backward(T* dqkv, T* datt, const T* dout, const T* qkv, const T* att, int B, int Tn,
+                        int C, int NH);
+
+// ---- GELU, tanh approximation (as GPT-2) ------------------------------------
+// out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+template <typename T>
+void gelu_forward(T* out, const T* inp, size_t n);
+template <typename T>
+void gelu_backward(T* dinp, const T* inp, const T* dout, size_t n);
+
+// ---- residual ---------------------------------------------------------------
+template <typename T>
+void residual_forward(T* out, const T* a, const T* b, size_t n);
+// da += dout; db += dout
+template <typename T>
+void residual_backward(T* da, T* db, const T* dout, size_t n);
+
+// ---- softmax cross-entropy over a padded vocabulary -----------------------------
+// In place: logits(N,Vp) in, probabilities out. Only the first V columns take
+// part; columns [V, Vp) get probability 0 (they never win). losses(N) =
+// -log p[target]. Targets must lie in [0, V).
+template <typename T>
+void softmax_crossentropy_forward(T* losses, T* logits_probs, const int32_t* targets, int N, int V,
+                                  int Vp);
+// In place: probabilities in, dlogits(N,Vp) = (p - onehot(target)) * dloss[n]
+// out (overwrites; padded columns get exactly 0).
+template <typename T>
+void softmax_crossentropy_backward(T* probs_dlogits, const T* dlosses, const int32_t* targets,
+                                   int N, int V, int Vp);
+
+}  // namespace meshlm::ops

@@ -1,0 +1,74 @@
+#include "train/adamw.h"
+
+#include <cmath>
+
+#include "ops/parallel.h"
+
+namespace meshlm {
+
+AdamW::AdamW(const std::vector<ParamSpec>& table, const AdamWConfig& cfg)
+    : table_(table), cfg_(cfg) {
+  const size_t n = table_numel(table_);
+  m_ = Buffer(n * sizeof(float), MemCategory::optimizer, "adamw.m");
+  v_ = Buffer(n * sizeof(float), MemCategory::optimizer, "adamw.v");
+}
+
+void AdamW::step(float* params, const float* grads, float lr) {
+  ++t_;
+  const float b1 = cfg_.beta1, b2 = cfg_.beta2, eps = cfg_.eps;
+  const float bc1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b1), t_));
+  const float bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(b2), t_)));
+  const float step_size = lr / bc1;
+  float* m = m_.as<float>();
+  float* v = v_.as<float>();
+  for (const ParamSpec& p : table_) {
+    const float decay = p.decay() ? 1.0f - lr * cfg_.weight_decay : 1.0f;
+    float* x = params + p.offset;
+    const float* g = grads + p.offset;
+    float* mt = m + p.offset;
+    float* vt = v + p.offset;
+    const long n = static_cast<long>(p.numel());
+#pragma omp parallel for simd schedule(static)
+    for (long i = 0; i < n; ++i) {
+      float gi = g[i];
+      float mi = b1 * mt[i] + (1.0f - b1) * gi;
+      float vi = b2 * vt[i] + (1.0f - b2) * gi * gi;
+      mt[i] = mi;
+      vt[i] = vi;
+      x[i] = x[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
+    }
+  }
+}
+
+double grad_norm(const float* grads, size_t n) {
+  // Fixed blocks summed in a fixed order: the result does not depend on the
+  // number of threads, so runs with different thread counts agree bit for bit.
+  constexpr size_t kBlock = 1 << 16;
+  const size_t nblocks = (n + kBlock - 1) / kBlock;
+  std::vector<double> partial(nblocks, 0.0);
+#pragma omp parallel for schedule(static)
+  for (size_t b = 0; b < nblocks; ++b) {
+    double s = 0.0;
+    const size_t end = std::min(n, (b + 1) * kBlock);
+    for (size_t i = b * kBlock; i < end; ++i) s += static_cast<double>(grads[i]) * grads[i];
+    partial[b] = s;
+  }
+  double total = 0.0;
+  for (double s : partial) total += s;
+  return std::sqrt(total);
+}
+
+double clip_grad_norm(float* grads, size_t n, double max_norm) {
+  const double norm = grad_norm(grads, n);
+  if (max_norm > 0.0) {
+    const double coef = max_norm / (norm + 1e-6);
+    if (coef < 1.0) {
+      const float c = static_cast<float>(coef);
+#pragma omp parallel for simd schedule(static)
+      for (size_t i = 0; i < n; ++i) grads[i] *= c;
+    }
+  }
+  return norm;
+}
+
+}  // namespace meshlm

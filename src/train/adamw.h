@@ -1,0 +1,52 @@
+// AdamW (decoupled weight decay, bias-corrected moments) over the flat
+// parameter buffer, and global gradient-norm clipping.
+//
+// Per element, at step t = 1, 2, ... (as torch.optim.AdamW):
+//   p -= lr * wd * p                 (matrices only: ParamSpec::decay())
+//   m  = b1 m + (1 - b1) g
+//   v  = b2 v + (1 - b2) g^2
+//   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/alloc.h"
+#include "model/gpt.h"
+
+namespace meshlm {
+
+struct AdamWConfig {
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;
+};
+
+class AdamW {
+public:
+  // Moments for every element of the table (category: optimizer).
+  AdamW(const std::vector<ParamSpec>& table, const AdamWConfig& cfg);
+  // One step of every tensor of the table; params/grads are flat buffers laid
+  // out by the table.
+  void step(float* params, const float* grads, float lr);
+  int64_t steps_taken() const { return t_; }
+  const float* m() const { return m_.as<float>(); }
+  const float* v() const { return v_.as<float>(); }
+
+private:
+  std::vector<ParamSpec> table_;
+  AdamWConfig cfg_;
+  int64_t t_ = 0;
+  Buffer m_, v_;
+};
+
+// sqrt(sum g^2) over n elements, accumulated in double in a fixed order.
+double grad_norm(const float* grads, size_t n);
+// Scales grads so that their norm is at most max_norm, as
+// torch.nn.utils.clip_grad_norm_: coefficient min(1, max_norm / (norm + 1e-6)).
+// Returns the norm before clipping. max_norm <= 0 disables clipping.
+double clip_grad_norm(float* grads, size_t n, double max_norm);
+
+}  // namespace meshlm

@@ -1,0 +1,98 @@
+#include "train/report.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "core/alloc.h"
+#include "core/log.h"
+
+namespace meshlm {
+
+std::string format_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024.0 && u < 4) {
+    bytes /= 1024.0;
+    ++u;
+  }
+  return u == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.1f} {}", bytes, units[u]);
+}
+
+namespace {
+struct Stat {
+  double min, avg, max;
+};
+// Collective: min/avg/max of each value over the ranks.
+std::vector<Stat> reduce_stats(const std::vector<double>& v, MPI_Comm comm) {
+  int size = 1;
+  MPI_Comm_size(comm, &size);
+  const int n = static_cast<int>(v.size());
+  std::vector<double> mn(n), mx(n), sum(n);
+  MPI_Allreduce(v.data(), mn.data(), n, MPI_DOUBLE, MPI_MIN, comm);
+  MPI_Allreduce(v.data(), mx.data(), n, MPI_DOUBLE, MPI_MAX, comm);
+  MPI_Allreduce(v.data(), sum.data(), n, MPI_DOUBLE, MPI_SUM, comm);
+  std::vector<Stat> out(n);
+  for (int i = 0; i < n; ++i) out[i] = {mn[i], sum[i] / size, mx[i]};
+  return out;
+}
+}  // namespace
+
+void print_memory_table(MPI_Comm comm) {
+  const MemTracker& t = MemTracker::get();
+  std::vector<double> v;
+  for (int c = 0; c < kNumMemCategories; ++c) {
+    v.push_back(static_cast<double>(t.current(static_cast<MemCategory>(c))));
+    v.push_back(static_cast<double>(t.peak(static_cast<MemCategory>(c))));
+  }
+  v.push_back(static_cast<double>(t.peak_total()));
+  const ProcessMemory pm = read_process_memory();
+  v.push_back(static_cast<double>(pm.rss_peak));
+  v.push_back(static_cast<double>(pm.pss));
+  const std::vector<Stat> s = reduce_stats(v, comm);
+
+  log::info("# Memory per rank (host, tracked by category; min / avg / max over ranks)");
+  log::info("# {:<12} {:>12} {:>12} {:>12} {:>12}", "category", "current", "peak min", "peak avg",
+            "peak max");
+  for (int c = 0; c < kNumMemCategories; ++c) {
+    const Stat& cur = s[2 * c];
+    const Stat& pk = s[2 * c + 1];
+    log::info("  {:<12} {:>12} {:>12} {:>12} {:>12}", mem_category_name(static_cast<MemCategory>(c)),
+              format_bytes(cur.avg), format_bytes(pk.min), format_bytes(pk.avg), format_bytes(pk.max));
+  }
+  const size_t k = 2 * kNumMemCategories;
+  log::info("  {:<12} {:>12} {:>12} {:>12} {:>12}", "tracked", "", format_bytes(s[k].min),
+            format_bytes(s[k].avg), format_bytes(s[k].max));
+  log::info("  {:<12} {:>12} {:>12} {:>12} {:>12}", "process rss", "", format_bytes(s[k + 1].min),
+            format_bytes(s[k + 1].avg), format_bytes(s[k + 1].max));
+  log::info("  {:<12} {:>12} {:>12} {:>12} {:>12}", "process pss", "", format_bytes(s[k + 2].min),
+            format_bytes(s[k + 2].avg), format_bytes(s[k + 2].max));
+}
+
+void print_timing_table(const SectionTimers& timers, double total_seconds, MPI_Comm comm) {
+  // "other" is whatever the named sections do not account for.
+  std::vector<double> v;
+  double accounted = 0;
+  for (int i = 0; i < static_cast<int>(Section::count); ++i) {
+    v.push_back(timers.total(static_cast<Section>(i)));
+    if (static_cast<Section>(i) != Section::other) accounted += v.back();
+  }
+  double& other = v[static_cast<int>(Section::other)];
+  other = std::max(other, total_seconds - accounted);
+  const std::vector<Stat> s = reduce_stats(v, comm);
+  log::info("# Time per section (seconds over the run; min / avg / max over ranks)");
+  log::info("# {:<12} {:>10} {:>10} {:>10} {:>8} {:>9}", "section", "min", "avg", "max", "%total",
+            "imbalance");
+  for (int i = 0; i < static_cast<int>(Section::count); ++i) {
+    const Stat& st = s[i];
+    const double pct = total_seconds > 0 ? 100.0 * st.avg / total_seconds : 0.0;
+    const double imb = st.avg > 0 ? 100.0 * (st.max - st.avg) / st.avg : 0.0;
+    log::info("  {:<12} {:>10.3f} {:>10.3f} {:>10.3f} {:>7.1f}% {:>8.1f}%",
+              section_name(static_cast<Section>(i)), st.min, st.avg, st.max, pct, imb);
+  }
+  log::info("  {:<12} {:>10.3f}", "total", total_seconds);
+}
+
+}  // namespace meshlm

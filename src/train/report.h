@@ -1,0 +1,18 @@
+// End-of-run tables: memory per category and time per section, each reduced
+// over the ranks of `comm` to min / avg / max (LAMMPS-style), printed by
+// rank 0. Collective over `comm`.
+#pragma once
+
+#include <mpi.h>
+
+#include "core/timer.h"
+
+namespace meshlm {
+
+void print_memory_table(MPI_Comm comm);
+void print_timing_table(const SectionTimers& timers, double total_seconds, MPI_Comm comm);
+
+// "12.3 MiB"
+std::string format_bytes(double bytes);
+
+}  // namespace meshlm

@@ -1,0 +1,38 @@
+// The training loop of one rank (data parallelism and the process mesh come
+// with later layers; every function here is already called by every rank of
+// `comm` together).
+#pragma once
+
+#include <mpi.h>
+
+#include <vector>
+
+#include "app/config.h"
+
+namespace meshlm {
+
+struct StepRecord {
+  int step = 0;
+  double loss = 0;          // mean over the step's micro-batches
+  double lr = 0;
+  double grad_norm = 0;     // before clipping
+  double seconds = 0;
+  double tokens_per_s = 0;
+};
+
+struct TrainSummary {
+  std::vector<StepRecord> steps;  // every step, logged or not
+  double seconds = 0;
+};
+
+// Collective over `comm`: prepares the data (tokenizing data.tokenize_from
+// when asked), builds and initialises the model, trains train.steps steps,
+// prints a line every train.log_every steps and the memory and timing tables
+// at the end, and writes <output.dir>/run.h5 on rank 0.
+TrainSummary run_training(const RunConfig& cfg, MPI_Comm comm);
+
+// Collective: OpenMP and BLAS threads of this rank (runtime.threads, or the
+// cores of the node divided by the ranks on it). Returns the count set.
+int configure_threads(int requested, MPI_Comm comm);
+
+}  // namespace meshlm

@@ -1,0 +1,41 @@
+# The command line as a user meets it: every parameter-file error exits
+# non-zero on every rank (two ranks here, so a hang would show as a timeout),
+# names the key or the file, and writes nothing.
+set(_expect ${CMAKE_CURRENT_SOURCE_DIR}/cli/expect_error.sh)
+set(_tiny ${PROJECT_SOURCE_DIR}/inputs/tiny.cfg)
+string(JOIN " " _mpiexec2 ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MESHLM_MPIEXEC_PREFLAGS})
+
+# meshlm_cli_error(NAME REGEX ARGS...): `mpiexec -n 2 meshlm ARGS` must fail
+# with REGEX in its output and leave the scratch output directory empty.
+function(meshlm_cli_error name regex)
+  add_test(NAME cli_${name}
+    COMMAND bash ${_expect} "${regex}" "${_mpiexec2}" $<TARGET_FILE:meshlm> ${ARGN})
+  set_tests_properties(cli_${name} PROPERTIES LABELS cli TIMEOUT 60
+    ENVIRONMENT "OMP_NUM_THREADS=1;MESHLM_TINY=${_tiny}")
+endfunction()
+
+set(_cli ${CMAKE_CURRENT_SOURCE_DIR}/cli)
+meshlm_cli_error(unknown_key_in_file "unknown key 'model.n_layers'" train ${_cli}/unknown_key.cfg)
+meshlm_cli_error(unknown_key_on_command_line "train.learning_rate" train ${_tiny} --train.learning_rate=1)
+meshlm_cli_error(bad_int_value "model.n_layer" train ${_tiny} --model.n_layer=two)
+meshlm_cli_error(bad_float_value "train.lr" train ${_tiny} --train.lr=fast)
+meshlm_cli_error(bad_bool_value "data.shuffle" train ${_tiny} --data.shuffle=maybe)
+meshlm_cli_error(bad_value_in_file "model.n_embd" train ${_cli}/bad_value.cfg)
+meshlm_cli_error(missing_parameter_file "cannot read parameter file '/nonexistent/run.cfg'" train /nonexistent/run.cfg)
+meshlm_cli_error(heads_do_not_divide_channels "model.n_embd \\(30\\) must be divisible by model.n_head \\(4\\)" train ${_tiny} --model.n_embd=30 --model.n_head=4)
+meshlm_cli_error(sequence_longer_than_position_table "model.seq_len \\(64\\) is longer than the position table, model.max_seq_len \\(32\\)" train ${_tiny} --model.seq_len=64)
+meshlm_cli_error(batch_not_multiple_of_micro_batch "train.batch_size \\(6\\) must be a multiple of train.micro_batch_size \\(4\\)" train ${_tiny} --train.batch_size=6 --train.micro_batch_size=4)
+meshlm_cli_error(negative_steps "train.steps must be >= 1" train ${_tiny} --train.steps=-3)
+meshlm_cli_error(zero_lr "train.lr must be > 0" train ${_tiny} --train.lr=0)
+meshlm_cli_error(missing_data_file "data.path: token file '/nonexistent/tokens.h5' does not exist" train ${_tiny} --data.path=/nonexistent/tokens.h5 --data.tokenize_from=)
+meshlm_cli_error(data_file_not_tokens "/usr/share/common-licenses/GPL-3.*not" train ${_tiny} --data.path=/usr/share/common-licenses/GPL-3)
+meshlm_cli_error(missing_text_to_tokenize "data.tokenize_from.*/nonexistent/corpus.txt" train ${_tiny} --data.path=@SCRATCH@/tokens.h5 --data.tokenize_from=/nonexistent/corpus.txt)
+meshlm_cli_error(token_vocabulary_larger_than_model "declares vocab_size 256.*model.vocab_size = 100" train ${_tiny} --model.vocab_size=100)
+meshlm_cli_error(no_parameter_file "needs a parameter file" train)
+meshlm_cli_error(unknown_command "unknown command 'trian'" trian)
+meshlm_cli_error(tokenize_missing_input "/nonexistent/in.txt" tokenize /nonexistent/in.txt @SCRATCH@/out.h5)
+
+# And the ones that must succeed.
+add_test(NAME cli_help_lists_every_key
+  COMMAND bash ${_cli}/help_lists_keys.sh $<TARGET_FILE:meshlm> ${PROJECT_SOURCE_DIR}/inputs)
+set_tests_properties(cli_help_lists_every_key PROPERTIES LABELS cli TIMEOUT 60)

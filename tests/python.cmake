@@ -1,0 +1,49 @@
+# Cross-checks against independent references in Python (PyTorch, h5py).
+#
+# The python3 first on PATH may not be the one that has Debian's
+# python3-torch and python3-h5py: try Debian's interpreter first, then PATH,
+# and keep the first one that imports both.
+set(MESHLM_PYTHON "" CACHE FILEPATH "Python interpreter with torch and h5py (found when empty)")
+if(NOT MESHLM_PYTHON)
+  find_program(_py_path python3)
+  foreach(candidate /usr/bin/python3 ${_py_path})
+    if(EXISTS ${candidate})
+      execute_process(COMMAND ${candidate} -c "import torch, h5py"
+        RESULT_VARIABLE _py_rc OUTPUT_QUIET ERROR_QUIET)
+      if(_py_rc EQUAL 0)
+        set(MESHLM_PYTHON ${candidate} CACHE FILEPATH "Python interpreter with torch and h5py" FORCE)
+        break()
+      endif()
+    endif()
+  endforeach()
+endif()
+
+set(_torch ${CMAKE_CURRENT_SOURCE_DIR}/torch)
+if(NOT MESHLM_PYTHON)
+  message(WARNING "no python3 that imports torch and h5py: the PyTorch cross-checks will fail "
+                  "(Debian: apt-get install python3-torch python3-h5py)")
+  # Fails, so that missing cross-checks are never mistaken for passing ones.
+  add_test(NAME python_references_missing COMMAND ${CMAKE_COMMAND} -E false)
+  return()
+endif()
+message(STATUS "meshlm: Python for cross-checks = ${MESHLM_PYTHON}")
+
+# Whole model: loss and every parameter gradient against torch.nn, float64.
+add_test(NAME torch_gpt2_grads_v256
+  COMMAND ${MESHLM_PYTHON} ${_torch}/check_gpt2_grads.py $<TARGET_FILE:meshlm_refdump>
+          --n_layer 2 --n_head 4 --n_embd 64 --vocab_size 256 --seq_len 32 --batch 2 --tol 1e-4)
+# A vocabulary that is not a multiple of 64 (padded rows must get no gradient).
+add_test(NAME torch_gpt2_grads_v250
+  COMMAND ${MESHLM_PYTHON} ${_torch}/check_gpt2_grads.py $<TARGET_FILE:meshlm_refdump>
+          --n_layer 2 --n_head 4 --n_embd 64 --vocab_size 250 --seq_len 32 --batch 2 --tol 1e-4)
+# AdamW steps with clipping against torch.optim.AdamW + clip_grad_norm_.
+add_test(NAME torch_adamw
+  COMMAND ${MESHLM_PYTHON} ${_torch}/check_adamw.py $<TARGET_FILE:meshlm_refdump>)
+# A real training run under mpiexec; its run.h5 read back with h5py.
+string(JOIN " " _mpiexec_line ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MESHLM_MPIEXEC_PREFLAGS})
+add_test(NAME h5py_run_log
+  COMMAND ${MESHLM_PYTHON} ${_torch}/check_run_log.py
+          --mpiexec "${_mpiexec_line}"
+          --meshlm $<TARGET_FILE:meshlm> --config ${PROJECT_SOURCE_DIR}/inputs/tiny.cfg)
+set_tests_properties(torch_gpt2_grads_v256 torch_gpt2_grads_v250 torch_adamw h5py_run_log
+  PROPERTIES LABELS python TIMEOUT 300 ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")

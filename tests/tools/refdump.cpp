@@ -1,0 +1,171 @@
+// meshlm_refdump: writes what meshlm computes into an HDF5 file, so that the
+// independent PyTorch references under tests/torch/ can check it.
+//
+//   meshlm_refdump grads OUT.h5 --n_layer L --n_head NH --n_embd C
+//                  --vocab_size V --seq_len T --batch B [--seed S]
+//       parameters (perturbed away from the GPT-2 init so that every tensor
+//       matters), a random batch, meshlm's loss and every parameter gradient.
+//       Read by tests/torch/check_gpt2_grads.py.
+//   meshlm_refdump adamw OUT.h5
+//       parameters, gradients and learning rates of a few AdamW steps with
+//       gradient clipping, and the parameters after them.
+//       Read by tests/torch/check_adamw.py.
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "io/h5.h"
+#include "model/gpt.h"
+#include "train/adamw.h"
+
+using namespace meshlm;
+namespace h5 = meshlm::io::h5;
+
+namespace {
+
+std::map<std::string, std::string> parse_flags(int argc, char** argv, int first) {
+  std::map<std::string, std::string> f;
+  for (int i = first; i + 1 < argc; i += 2) {
+    std::string k = argv[i];
+    if (k.rfind("--", 0) != 0) throw std::runtime_error("bad flag " + k);
+    f[k.substr(2)] = argv[i + 1];
+  }
+  return f;
+}
+
+int flag(const std::map<std::string, std::string>& f, const std::string& k, int def) {
+  auto it = f.find(k);
+  return it == f.end() ? def : std::stoi(it->second);
+}
+
+void write_table(hid_t file, const std::string& group, const std::vector<ParamSpec>& table,
+                 const float* base) {
+  h5::Group g = h5::require_group(file, group);
+  for (const auto& p : table) {
+    std::vector<hsize_t> dims(p.shape.dims.begin(), p.shape.dims.begin() + p.shape.ndim);
+    h5::write_dataset(g, p.name, base + p.offset, dims);
+  }
+}
+
+int dump_grads(const std::string& out, const std::map<std::string, std::string>& f) {
+  GPTConfig cfg;
+  cfg.n_layer = flag(f, "n_layer", 2);
+  cfg.n_head = flag(f, "n_head", 4);
+  cfg.n_embd = flag(f, "n_embd", 64);
+  cfg.vocab_size = flag(f, "vocab_size", 256);
+  const int T = flag(f, "seq_len", 32);
+  const int B = flag(f, "batch", 2);
+  const uint64_t seed = static_cast<uint64_t>(flag(f, "seed", 42));
+  cfg.max_seq_len = T + 3;  // a position table longer than the sequence
+
+  GPT model(cfg);
+  model.init_weights(seed);
+  // Perturb every tensor (LayerNorm gains and biases too) so that a wrong
+  // gradient of any of them shows; padded vocabulary rows stay zero.
+  Rng rng(seed + 1);
+  for (const auto& p : model.table()) {
+    float* x = model.params() + p.offset;
+    size_t n = p.numel();
+    if (p.name == "wte.weight") n = static_cast<size_t>(cfg.vocab_size) * cfg.n_embd;
+    const double sd = p.decay() ? 0.15 : 0.2;
+    for (size_t i = 0; i < n; ++i) x[i] += static_cast<float>(sd * rng.normal());
+  }
+  std::vector<int32_t> tokens(static_cast<size_t>(B) * T), targets(tokens.size());
+  for (auto& t : tokens) t = static_cast<int32_t>(rng.below(cfg.vocab_size));
+  for (auto& t : targets) t = static_cast<int32_t>(rng.below(cfg.vocab_size));
+
+  model.zero_grads();
+  const float loss = model.forward(tokens.data(), targets.data(), B, T);
+  model.backward();
+
+  h5::File file = h5::create_file(out);
+  h5::write_scalar_attr<int>(file, "n_layer", cfg.n_layer);
+  h5::write_scalar_attr<int>(file, "n_head", cfg.n_head);
+  h5::write_scalar_attr<int>(file, "n_embd", cfg.n_embd);
+  h5::write_scalar_attr<int>(file, "vocab_size", cfg.vocab_size);
+  h5::write_scalar_attr<int>(file, "padded_vocab_size", cfg.padded_vocab_size());
+  h5::write_scalar_attr<int>(file, "max_seq_len", cfg.max_seq_len);
+  h5::write_scalar_attr<int>(file, "batch", B);
+  h5::write_scalar_attr<int>(file, "seq_len", T);
+  h5::write_scalar_attr<double>(file, "loss", loss);
+  h5::write_dataset(file, "tokens", tokens.data(), {hsize_t(B), hsize_t(T)});
+  h5::write_dataset(file, "targets", targets.data(), {hsize_t(B), hsize_t(T)});
+  write_table(file, "params", model.table(), model.params());
+  write_table(file, "grads", model.table(), model.grads());
+  h5::close_file(file, out);
+  return 0;
+}
+
+int dump_adamw(const std::string& out) {
+  // A small table with matrices and vectors; values of several scales.
+  GPTConfig cfg;
+  cfg.n_layer = 1;
+  cfg.n_head = 2;
+  cfg.n_embd = 8;
+  cfg.vocab_size = 10;
+  cfg.max_seq_len = 4;
+  const std::vector<ParamSpec> table = gpt_param_table(cfg);
+  const size_t n = table_numel(table);
+  const AdamWConfig hp{0.9f, 0.95f, 1e-8f, 0.1f};
+  const double clip = 1.0;
+  const int n_steps = 4;
+  const float lrs[n_steps] = {1e-3f, 3e-3f, 2e-3f, 5e-4f};
+
+  Rng rng(7);
+  std::vector<float> params(n), grads(n);
+  for (auto& x : params) x = static_cast<float>(0.5 * rng.normal());
+  AdamW opt(table, hp);
+
+  h5::File file = h5::create_file(out);
+  h5::write_scalar_attr<double>(file, "beta1", hp.beta1);
+  h5::write_scalar_attr<double>(file, "beta2", hp.beta2);
+  h5::write_scalar_attr<double>(file, "eps", hp.eps);
+  h5::write_scalar_attr<double>(file, "weight_decay", hp.weight_decay);
+  h5::write_scalar_attr<double>(file, "grad_clip", clip);
+  h5::write_scalar_attr<int>(file, "n_steps", n_steps);
+  write_table(file, "params_before", table, params.data());
+  for (int s = 0; s < n_steps; ++s) {
+    // Steps 0 and 2 have a norm far above the clip, 1 and 3 below it.
+    const double scale = (s % 2 == 0) ? 0.5 : 0.002;
+    for (auto& g : grads) g = static_cast<float>(scale * rng.normal());
+    const std::string grp = "step_" + std::to_string(s);
+    write_table(file, grp + "/grads", table, grads.data());
+    const double norm = clip_grad_norm(grads.data(), n, clip);
+    opt.step(params.data(), grads.data(), lrs[s]);
+    h5::Group g = h5::require_group(file, grp);
+    h5::write_scalar_attr<double>(g, "lr", lrs[s]);
+    h5::write_scalar_attr<double>(g, "grad_norm", norm);
+  }
+  write_table(file, "params_after", table, params.data());
+  h5::close_file(file, out);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rc = 2;
+  try {
+    const std::string cmd = argc > 1 ? argv[1] : "";
+    if (argc < 3) {
+      std::fprintf(stderr, "usage: meshlm_refdump grads|adamw OUT.h5 [--flag value ...]\n");
+    } else if (cmd == "grads") {
+      rc = dump_grads(argv[2], parse_flags(argc, argv, 3));
+    } else if (cmd == "adamw") {
+      rc = dump_adamw(argv[2]);
+    } else {
+      std::fprintf(stderr, "meshlm_refdump: unknown command '%s'\n", cmd.c_str());
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "meshlm_refdump: %s\n", e.what());
+    rc = 1;
+  }
+  MPI_Finalize();
+  return rc;
+}

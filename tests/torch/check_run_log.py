@@ -1,0 +1,94 @@
+#!/usr/bin/python3
+"""Runs a short meshlm training under mpiexec and reads its run.h5 with h5py,
+knowing nothing of meshlm's C++ code: the run log must be a plain HDF5 file
+with the layout docs/formats.md promises.
+
+usage: check_run_log.py --mpiexec "mpiexec -n 2 ..." --meshlm PATH --config FILE
+"""
+import argparse
+import math
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+
+import h5py
+import numpy as np
+
+CATEGORIES = ["params", "grads", "optimizer", "activations", "quantized", "comm",
+              "workspace", "other"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mpiexec", required=True)
+    ap.add_argument("--meshlm", required=True)
+    ap.add_argument("--config", required=True)
+    a = ap.parse_args()
+
+    failures = []
+
+    def check(cond, what):
+        print(("ok    " if cond else "FAIL  ") + what)
+        if not cond:
+            failures.append(what)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        steps, log_every = 12, 5
+        cmd = shlex.split(a.mpiexec) + [
+            a.meshlm, "train", a.config, f"--train.steps={steps}",
+            f"--train.log_every={log_every}", f"--output.dir={tmp}/out",
+            f"--data.path={tmp}/tokens.h5"]
+        print("$", " ".join(cmd))
+        p = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=240)
+        print(p.stdout)
+        print(p.stderr, file=sys.stderr)
+        if p.returncode != 0:
+            print(f"FAIL: meshlm exited with {p.returncode}")
+            return 1
+        # One line per logged step, printed once (rank 0 only) although 2 ranks run.
+        logged = [1] + [s for s in range(1, steps + 1) if s % log_every == 0 or s == steps]
+        logged = sorted(set(logged))
+        lines = [l for l in p.stdout.splitlines() if l.strip() and l.split()[0].isdigit()]
+        check([int(l.split()[0]) for l in lines] == logged,
+              f"stdout has one line per logged step {logged}")
+        check("# Memory per rank" in p.stdout and "# Time per section" in p.stdout,
+              "memory and timing tables printed")
+
+        path = os.path.join(tmp, "out", "run.h5")
+        check(os.path.exists(path), "run.h5 exists")
+        with h5py.File(path, "r") as f:
+            cfg = f.attrs["config"]
+            cfg = cfg.decode() if isinstance(cfg, bytes) else str(cfg)
+            check(f"steps = {steps}" in cfg and "[model]" in cfg and "n_layer = 2" in cfg,
+                  "config attribute holds the resolved configuration")
+            m = f["metrics"]
+            step = m["step"][...]
+            check(list(step) == logged, f"/metrics/step == {logged} (got {list(step)})")
+            for name in ["loss", "lr", "grad_norm", "tokens_per_s"]:
+                d = m[name][...]
+                check(d.shape == (len(logged),) and np.all(np.isfinite(d)),
+                      f"/metrics/{name} has {len(logged)} finite values")
+            loss = m["loss"][...]
+            check(abs(loss[0] - math.log(256)) < 0.3,
+                  f"first loss {loss[0]:.4f} is near ln(256) = {math.log(256):.4f}")
+            check(loss[-1] < loss[0], f"loss fell ({loss[0]:.4f} -> {loss[-1]:.4f})")
+            lr = m["lr"][...]
+            check(np.all(lr > 0) and lr.max() <= 1e-3 + 1e-12, "learning rates within (0, train.lr]")
+            check(np.all(m["tokens_per_s"][...] > 0), "tokens_per_s positive")
+            for c in CATEGORIES:
+                check(f"memory/{c}/peak_bytes" in f, f"/memory/{c}/peak_bytes present")
+            for c in ["params", "grads", "optimizer", "activations"]:
+                check(int(f[f"memory/{c}/peak_bytes"][()]) > 0, f"/memory/{c}/peak_bytes > 0")
+            # params, grads and both AdamW moments hold one float per parameter.
+            p_bytes = int(f["memory/params/peak_bytes"][()])
+            check(int(f["memory/grads/peak_bytes"][()]) == p_bytes, "grads bytes == params bytes")
+            check(int(f["memory/optimizer/peak_bytes"][()]) == 2 * p_bytes,
+                  "optimizer bytes == 2 x params bytes (AdamW m, v)")
+    print("PASS" if not failures else f"FAIL ({len(failures)} checks)")
+    return 0 if not failures else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

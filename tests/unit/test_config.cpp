@@ -1,0 +1,78 @@
+// The parameter file parser, in process (tests/cli.cmake runs the same
+// errors through mpiexec and checks exit status and output).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "app/config.h"
+#include "core/error.h"
+
+using namespace meshlm;
+
+namespace {
+const char* kGood =
+    "[model]\nn_layer = 3\nn_head = 2\nn_embd = 16\nvocab_size = 100\nseq_len = 8\nmax_seq_len = 8\n"
+    "[train]\nsteps = 5\nbatch_size = 4\nmicro_batch_size = 2\nlr = 0.01\n"
+    "[data]\npath = tokens.h5\n";
+
+// The message of the CollectiveError thrown by parsing, or "" if none.
+std::string error_of(const std::string& text, std::vector<std::string> overrides = {}) {
+  try {
+    parse_run_config(text, "test.cfg", overrides);
+  } catch (const CollectiveError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(Config, ParsesFileAndDefaults) {
+  RunConfig c = parse_run_config(kGood, "test.cfg", {});
+  EXPECT_EQ(c.model.n_layer, 3);
+  EXPECT_EQ(c.model.vocab_size, 100);
+  EXPECT_EQ(c.train.seq_len, 8);
+  EXPECT_EQ(c.train.grad_accum_steps(), 2);
+  EXPECT_DOUBLE_EQ(c.train.lr, 0.01);
+  EXPECT_DOUBLE_EQ(c.train.weight_decay, 0.1);  // default
+  EXPECT_EQ(c.data.path, "tokens.h5");
+  EXPECT_NE(c.resolved.find("[train]\n"), std::string::npos);
+  EXPECT_NE(c.resolved.find("n_layer = 3\n"), std::string::npos);
+  EXPECT_NE(c.resolved.find("weight_decay = 0.1\n"), std::string::npos);
+}
+
+TEST(Config, CommandLineOverridesFile) {
+  RunConfig c = parse_run_config(kGood, "test.cfg", {"--model.n_layer=5", "--train.lr", "0.5"});
+  EXPECT_EQ(c.model.n_layer, 5);
+  EXPECT_DOUBLE_EQ(c.train.lr, 0.5);
+  EXPECT_NE(c.resolved.find("n_layer = 5\n"), std::string::npos);
+}
+
+TEST(Config, MicroBatchDefaultsToBatch) {
+  RunConfig c = parse_run_config(std::string(kGood) + "", "t", {"--train.micro_batch_size=0"});
+  EXPECT_EQ(c.train.micro_batch_size, 4);
+}
+
+TEST(Config, ErrorsNameTheKey) {
+  EXPECT_NE(error_of(std::string(kGood) + "[model]\nn_layerz = 1\n").find("model.n_layerz"), std::string::npos);
+  EXPECT_NE(error_of(kGood, {"--train.nope=1"}).find("train.nope"), std::string::npos);
+  EXPECT_NE(error_of(kGood, {"--model.n_head=abc"}).find("model.n_head"), std::string::npos);
+  EXPECT_NE(error_of(kGood, {"--model.n_head=3"}).find("model.n_embd (16) must be divisible by model.n_head (3)"), std::string::npos);
+  EXPECT_NE(error_of(kGood, {"--model.seq_len=9"}).find("model.max_seq_len"), std::string::npos);
+  EXPECT_NE(error_of(kGood, {"--train.micro_batch_size=3"}).find("train.micro_batch_size"), std::string::npos);
+  EXPECT_NE(error_of(kGood, {"--data.path="}).find("data.path"), std::string::npos);
+  EXPECT_NE(error_of(kGood, {"--train.beta2=1"}).find("train.beta2"), std::string::npos);
+  EXPECT_NE(error_of(kGood, {"stray"}).find("stray"), std::string::npos);
+  EXPECT_NE(error_of("[model]\nn_embd = 1.5\n").find("model.n_embd"), std::string::npos);
+  EXPECT_NE(error_of("this is not ini\n").find("test.cfg"), std::string::npos);
+}
+
+TEST(Config, HelpListsEveryKeyWithDefault) {
+  const std::string help = run_config_help();
+  for (const char* key : {"model.n_layer", "model.n_head", "model.n_embd", "model.vocab_size",
+                          "model.seq_len", "train.steps", "train.batch_size",
+                          "train.micro_batch_size", "train.lr", "train.warmup_steps",
+                          "train.weight_decay", "train.grad_clip", "train.seed",
+                          "train.log_every", "data.path", "output.dir"}) {
+    EXPECT_NE(help.find(std::string("--") + key + " arg (="), std::string::npos) << key;
+  }
+}

@@ -1,0 +1,191 @@
+// The GPT-2 model as a whole: the parameter table, determinism, memory
+// accounting and the ability to learn. Its loss and gradients against
+// PyTorch are checked by tests/torch/check_gpt2_grads.py.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <set>
+#include <vector>
+
+#include "core/alloc.h"
+#include "core/rng.h"
+#include "model/gpt.h"
+#include "train/adamw.h"
+
+using namespace meshlm;
+
+namespace {
+GPTConfig small_config(int V = 64) {
+  GPTConfig c;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 32;
+  c.vocab_size = V;
+  c.max_seq_len = 16;
+  return c;
+}
+
+void random_batch(std::vector<int32_t>& tok, std::vector<int32_t>& tgt, int V, uint64_t seed) {
+  Rng r(seed);
+  for (auto& t : tok) t = static_cast<int32_t>(r.below(V));
+  for (auto& t : tgt) t = static_cast<int32_t>(r.below(V));
+}
+}  // namespace
+
+TEST(GPTTable, GPT2SmallHas124MParameters) {
+  GPTConfig c;
+  c.n_layer = 12;
+  c.n_head = 12;
+  c.n_embd = 768;
+  c.vocab_size = 50257;
+  c.max_seq_len = 1024;
+  EXPECT_EQ(c.padded_vocab_size(), 50304);
+  const auto table = gpt_param_table(c);
+  // GPT-2 small: 124,439,808 parameters with V = 50257; padding adds 47 rows.
+  EXPECT_EQ(table_numel(table), 124439808u + 47u * 768u);
+  EXPECT_EQ(table.size(), 2u + 12u * 12u + 2u);
+}
+
+TEST(GPTTable, ContiguousUniqueNames) {
+  const auto table = gpt_param_table(small_config());
+  std::set<std::string> names;
+  size_t offset = 0;
+  for (const auto& p : table) {
+    EXPECT_EQ(p.offset, offset) << p.name;
+    offset += p.numel();
+    EXPECT_TRUE(names.insert(p.name).second) << "duplicate " << p.name;
+    if (p.tp_dim >= 0) EXPECT_LT(p.tp_dim, p.shape.ndim) << p.name;
+  }
+  EXPECT_TRUE(names.count("h.1.mlp.c_proj.weight"));
+  EXPECT_EQ(table[0].name, "wte.weight");
+  EXPECT_EQ(table[0].shape, (Shape{64, 32}));
+}
+
+TEST(GPT, VocabularyPaddedTo64) {
+  GPTConfig c = small_config(250);
+  EXPECT_EQ(c.padded_vocab_size(), 256);
+  c.vocab_size = 256;
+  EXPECT_EQ(c.padded_vocab_size(), 256);
+  c.vocab_size = 257;
+  EXPECT_EQ(c.padded_vocab_size(), 320);
+}
+
+TEST(GPT, InitialLossIsLogV) {
+  // With std 0.02 weights the logits are nearly uniform: loss ~ ln V.
+  GPT m(small_config(64));
+  m.init_weights(1);
+  const int B = 2, T = 16;
+  std::vector<int32_t> tok(B * T), tgt(B * T);
+  random_batch(tok, tgt, 64, 5);
+  const float loss = m.forward(tok.data(), tgt.data(), B, T);
+  EXPECT_NEAR(loss, std::log(64.0), 0.05);
+}
+
+TEST(GPT, SameSeedSameBitsDifferentSeedDifferent) {
+  auto run = [](uint64_t seed) {
+    GPT m(small_config());
+    m.init_weights(seed);
+    AdamW opt(m.table(), {});
+    std::vector<int32_t> tok(4 * 16), tgt(4 * 16);
+    std::vector<float> losses;
+    for (int s = 0; s < 3; ++s) {
+      random_batch(tok, tgt, 64, 100 + s);
+      m.zero_grads();
+      losses.push_back(m.forward(tok.data(), tgt.data(), 4, 16));
+      m.backward();
+      opt.step(m.params(), m.grads(), 1e-3f);
+    }
+    return std::make_pair(losses, std::vector<float>(m.params(), m.params() + m.num_params()));
+  };
+  const auto a = run(7), b = run(7), c = run(8);
+  EXPECT_EQ(0, std::memcmp(a.first.data(), b.first.data(), a.first.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(a.second.data(), b.second.data(), a.second.size() * sizeof(float)));
+  EXPECT_NE(a.first[0], c.first[0]);
+}
+
+TEST(GPT, PaddedVocabularyRowsGetNoGradient) {
+  GPTConfig c = small_config(50);  // Vp = 64
+  GPT m(c);
+  m.init_weights(3);
+  std::vector<int32_t> tok(2 * 8), tgt(2 * 8);
+  random_batch(tok, tgt, 50, 9);
+  m.zero_grads();
+  m.forward(tok.data(), tgt.data(), 2, 8);
+  m.backward();
+  auto g = m.grad("wte.weight");
+  auto p = m.param("wte.weight");
+  double real = 0;
+  for (size_t i = 0; i < 50u * 32u; ++i) real += std::fabs(g[i]);
+  EXPECT_GT(real, 0.0);
+  for (size_t i = 50u * 32u; i < g.size(); ++i) {
+    ASSERT_EQ(g[i], 0.0f) << "padded row element " << i;
+    ASSERT_EQ(p[i], 0.0f);
+  }
+}
+
+TEST(GPT, GradientAccumulationEqualsBigBatch) {
+  // Two micro-batches of 2 with loss scale 1/2 == one batch of 4.
+  GPT a(small_config()), b(small_config());
+  a.init_weights(11);
+  b.init_weights(11);
+  std::vector<int32_t> tok(4 * 16), tgt(4 * 16);
+  random_batch(tok, tgt, 64, 12);
+  a.zero_grads();
+  a.forward(tok.data(), tgt.data(), 4, 16);
+  a.backward();
+  b.zero_grads();
+  for (int k = 0; k < 2; ++k) {
+    b.forward(tok.data() + k * 32, tgt.data() + k * 32, 2, 16);
+    b.backward(0.5f);
+  }
+  double max_ref = 0, max_err = 0;
+  for (size_t i = 0; i < a.num_params(); ++i) {
+    max_ref = std::max(max_ref, static_cast<double>(std::fabs(a.grads()[i])));
+    max_err = std::max(max_err, static_cast<double>(std::fabs(a.grads()[i] - b.grads()[i])));
+  }
+  EXPECT_LE(max_err, 1e-5 * max_ref);
+}
+
+TEST(GPT, ActivationMemoryIsTrackedAndPredicted) {
+  const GPTConfig c = small_config();
+  const size_t before = MemTracker::get().current(MemCategory::activations);
+  {
+    GPT m(c);
+    m.init_weights(1);
+    std::vector<int32_t> tok(3 * 10, 1), tgt(3 * 10, 2);
+    m.forward(tok.data(), tgt.data(), 3, 10);
+    EXPECT_EQ(MemTracker::get().current(MemCategory::activations) - before,
+              GPT::activation_bytes(c, 3, 10));
+    EXPECT_GE(MemTracker::get().current(MemCategory::params), m.num_params() * sizeof(float));
+  }
+  EXPECT_EQ(MemTracker::get().current(MemCategory::activations), before);
+}
+
+TEST(GPT, OverfitsOneBatch) {
+  GPT m(small_config(64));
+  m.init_weights(1337);
+  AdamW opt(m.table(), {0.9f, 0.95f, 1e-8f, 0.0f});
+  const int B = 4, T = 16;
+  std::vector<int32_t> tok(B * T), tgt(B * T);
+  random_batch(tok, tgt, 64, 77);
+  float loss = 0, first = 0;
+  for (int step = 0; step < 300; ++step) {
+    m.zero_grads();
+    loss = m.forward(tok.data(), tgt.data(), B, T);
+    if (step == 0) first = loss;
+    m.backward();
+    clip_grad_norm(m.grads(), m.num_params(), 1.0);
+    opt.step(m.params(), m.grads(), 1e-2f);
+    if (loss < 0.05f) break;
+  }
+  EXPECT_GT(first, 3.5f);
+  EXPECT_LT(loss, 0.1f);
+}
+
+TEST(GPT, RejectsTokenOutsideVocabulary) {
+  GPT m(small_config(64));
+  std::vector<int32_t> tok(16, 1), tgt(16, 1);
+  tok[5] = 64;
+  EXPECT_THROW(m.forward(tok.data(), tgt.data(), 1, 16), RankError);
+}

@@ -1,0 +1,186 @@
+// The run log: rows, memory and timing read back through the HDF5 C API,
+// and rows that survive a process that dies without closing the file.
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "core/alloc.h"
+#include "core/timer.h"
+#include "io/h5.h"
+#include "io/run_log.h"
+
+namespace fs = std::filesystem;
+using namespace meshlm;
+using namespace meshlm::io;
+
+namespace {
+
+class RunLogTest : public ::testing::Test {
+protected:
+  void SetUp() override {
+    std::string tmpl = (fs::path(::testing::TempDir()) / "meshlm_runlog_XXXXXX").string();
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+};
+
+// Reads a whole 1-D dataset with the plain C API.
+template <typename T>
+std::vector<T> read_column(hid_t file, const char* name, hid_t type) {
+  hid_t d = H5Dopen2(file, name, H5P_DEFAULT);
+  EXPECT_GE(d, 0) << name;
+  hid_t s = H5Dget_space(d);
+  hsize_t n = 0;
+  EXPECT_EQ(H5Sget_simple_extent_ndims(s), 1) << name;
+  H5Sget_simple_extent_dims(s, &n, nullptr);
+  std::vector<T> v(n);
+  if (n > 0) EXPECT_GE(H5Dread(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()), 0) << name;
+  H5Sclose(s);
+  H5Dclose(d);
+  return v;
+}
+
+template <typename T>
+T read_scalar(hid_t file, const std::string& name, hid_t type) {
+  T v{};
+  hid_t d = H5Dopen2(file, name.c_str(), H5P_DEFAULT);
+  EXPECT_GE(d, 0) << name;
+  hid_t s = H5Dget_space(d);
+  EXPECT_EQ(H5Sget_simple_extent_type(s), H5S_SCALAR) << name;
+  EXPECT_GE(H5Dread(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, &v), 0) << name;
+  H5Sclose(s);
+  H5Dclose(d);
+  return v;
+}
+
+std::string read_config_attr(hid_t file) {
+  hid_t a = H5Aopen(file, "config", H5P_DEFAULT);
+  EXPECT_GE(a, 0);
+  hid_t t = H5Aget_type(a);
+  EXPECT_EQ(H5Tget_class(t), H5T_STRING);
+  EXPECT_GT(H5Tis_variable_str(t), 0);
+  hid_t mem = H5Tcopy(H5T_C_S1);
+  H5Tset_size(mem, H5T_VARIABLE);
+  H5Tset_cset(mem, H5T_CSET_UTF8);
+  char* p = nullptr;
+  EXPECT_GE(H5Aread(a, mem, &p), 0);
+  std::string s = p ? p : "";
+  H5free_memory(p);
+  H5Tclose(mem);
+  H5Tclose(t);
+  H5Aclose(a);
+  return s;
+}
+
+}  // namespace
+
+TEST_F(RunLogTest, RowsMemoryTimingAndConfigReadBack) {
+  const std::string config = "[model]\nn_layer = 2\nn_embd = 64\n\n[train]\nlr = 0.001\n";
+  const std::string dir = (dir_ / "runs" / "r1").string();  // parents are created
+  Buffer held(4096, MemCategory::activations, "test activations");
+  {
+    RunLog log(dir, config);
+    EXPECT_EQ(log.path(), (fs::path(dir) / "run.h5").string());
+    log.append(1, 4.5, 1e-3, 0.75, 1000.0);
+    log.append(2, 4.25, 2e-3, 0.5, 1100.0);
+    log.append(10, 3.0, 3e-3, 0.25, 1200.0);
+    EXPECT_EQ(log.rows(), 3);
+    log.write_memory();
+    SectionTimers timers;
+    timers.add(Section::forward, 1.5);
+    timers.add(Section::backward, 2.5);
+    log.write_timing(timers);
+    log.write_timing(timers);  // a second call overwrites
+    log.close();
+    log.close();  // idempotent
+    EXPECT_THROW(log.append(11, 0, 0, 0, 0), RankError);
+  }
+
+  hid_t f = H5Fopen((fs::path(dir) / "run.h5").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  EXPECT_EQ(read_config_attr(f), config);
+  int32_t version = 0;
+  hid_t a = H5Aopen(f, "format_version", H5P_DEFAULT);
+  H5Aread(a, H5T_NATIVE_INT32, &version);
+  H5Aclose(a);
+  EXPECT_EQ(version, 1);
+
+  EXPECT_EQ(read_column<int64_t>(f, "/metrics/step", H5T_NATIVE_INT64),
+            (std::vector<int64_t>{1, 2, 10}));
+  EXPECT_EQ(read_column<double>(f, "/metrics/loss", H5T_NATIVE_DOUBLE),
+            (std::vector<double>{4.5, 4.25, 3.0}));
+  EXPECT_EQ(read_column<double>(f, "/metrics/lr", H5T_NATIVE_DOUBLE),
+            (std::vector<double>{1e-3, 2e-3, 3e-3}));
+  EXPECT_EQ(read_column<double>(f, "/metrics/grad_norm", H5T_NATIVE_DOUBLE),
+            (std::vector<double>{0.75, 0.5, 0.25}));
+  EXPECT_EQ(read_column<double>(f, "/metrics/tokens_per_s", H5T_NATIVE_DOUBLE),
+            (std::vector<double>{1000.0, 1100.0, 1200.0}));
+
+  for (int i = 0; i < kNumMemCategories; ++i) {
+    std::string g = std::string("/memory/") + mem_category_name(static_cast<MemCategory>(i));
+    read_scalar<int64_t>(f, g + "/peak_bytes", H5T_NATIVE_INT64);
+    read_scalar<int64_t>(f, g + "/current_bytes", H5T_NATIVE_INT64);
+  }
+  EXPECT_GE(read_scalar<int64_t>(f, "/memory/activations/current_bytes", H5T_NATIVE_INT64),
+            4096);
+  EXPECT_GE(read_scalar<int64_t>(f, "/memory/activations/peak_bytes", H5T_NATIVE_INT64), 4096);
+  EXPECT_GT(read_scalar<int64_t>(f, "/memory/process/rss_bytes", H5T_NATIVE_INT64), 0);
+  EXPECT_GT(read_scalar<int64_t>(f, "/memory/process/rss_peak_bytes", H5T_NATIVE_INT64), 0);
+  read_scalar<int64_t>(f, "/memory/process/pss_bytes", H5T_NATIVE_INT64);
+
+  EXPECT_EQ(read_scalar<double>(f, "/timing/forward/seconds", H5T_NATIVE_DOUBLE), 1.5);
+  EXPECT_EQ(read_scalar<double>(f, "/timing/backward/seconds", H5T_NATIVE_DOUBLE), 2.5);
+  EXPECT_EQ(read_scalar<double>(f, "/timing/other/seconds", H5T_NATIVE_DOUBLE), 0.0);
+  H5Fclose(f);
+}
+
+TEST_F(RunLogTest, ReplacesAnOldLog) {
+  std::string dir = dir_.string();
+  {
+    RunLog old(dir, "old");
+    old.append(1, 1, 1, 1, 1);
+    old.append(2, 1, 1, 1, 1);
+  }
+  { RunLog fresh(dir, "new"); }
+  h5::File f = h5::open_file((dir_ / "run.h5").string());
+  EXPECT_EQ(h5::read_string_attr(f, "config"), "new");
+  EXPECT_TRUE(h5::read_dataset<int64_t>(f, "metrics/step").empty());
+}
+
+TEST_F(RunLogTest, RowsSurviveAKilledRun) {
+  // The child logs two rows and dies without closing the file (no
+  // destructors, no atexit handlers), as a run killed by the batch system.
+  std::string dir = dir_.string();
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    auto* log = new RunLog(dir, "killed");
+    log->append(1, 2.0, 0.1, 0.5, 10.0);
+    log->append(2, 1.5, 0.1, 0.5, 10.0);
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  h5::File f = h5::open_file((dir_ / "run.h5").string());
+  EXPECT_EQ(h5::read_dataset<int64_t>(f, "metrics/step"), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(h5::read_dataset<double>(f, "metrics/loss"), (std::vector<double>{2.0, 1.5}));
+}
+
+TEST_F(RunLogTest, UncreatableDirectoryNamesIt) {
+  std::string blocker = (dir_ / "file").string();
+  { std::FILE* fp = std::fopen(blocker.c_str(), "w"); std::fclose(fp); }
+  try {
+    RunLog log(blocker + "/sub", "x");
+    ADD_FAILURE() << "no error";
+  } catch (const RankError& e) {
+    EXPECT_NE(std::string(e.what()).find(blocker + "/sub"), std::string::npos) << e.what();
+  }
+}
