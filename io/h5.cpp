@@ -165,6 +165,16 @@ File open_file(const std::string& path, bool writable, hid_t fapl) {
   std::error_code ec;
   if (!fs::exists(path, ec)) throw RankError(path + ": no such file", MESHLM_HERE);
   if (!is_hdf5_file(path)) throw RankError(path + ": not an HDF5 file", MESHLM_HERE);
+  PropList own_fapl;
+  if (fapl == H5P_DEFAULT) {
+    own_fapl = PropList(H5Pcreate(H5P_FILE_ACCESS));
+#if H5_VERSION_GE(1, 10, 7)
+    // Parallel file systems mounted without flock() (common with Lustre)
+    // make HDF5's file lock fail; go on without it there.
+    H5Pset_file_locking(own_fapl, true, true);
+#endif
+    fapl = own_fapl;
+  }
   hid_t id = H5Fopen(path.c_str(), writable ? H5F_ACC_RDWR : H5F_ACC_RDONLY, fapl);
   if (id < 0)
     throw RankError(with_h5_message(path + ": cannot open HDF5 file", last_error()),

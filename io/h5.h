@@ -162,7 +162,8 @@ private:
 
 // Creates (truncates) a file. `fapl` selects the driver (H5P_DEFAULT: serial).
 File create_file(const std::string& path, hid_t fapl = H5P_DEFAULT);
-// Opens an existing file read-only, or read-write when `writable`.
+// Opens an existing file read-only, or read-write when `writable`. With the
+// default `fapl`, a file system without file locks (flock) is no error.
 File open_file(const std::string& path, bool writable = false, hid_t fapl = H5P_DEFAULT);
 // Closes a file that was written, checking that the final flush succeeded.
 void close_file(File& f, const std::string& path);

@@ -45,7 +45,14 @@ RunLog::RunLog(const std::string& dir, const std::string& resolved_config_ini) {
     throw RankError("run log: cannot create directory '" + dir + "': " + ec.message(),
                     MESHLM_HERE);
   path_ = (std::filesystem::path(dir) / "run.h5").string();
-  file_ = h5::create_file(path_);
+  // No file lock: HDF5 would otherwise hold an exclusive lock on run.h5 for
+  // the whole run, and h5py could not look at the log until the run ends.
+  // With only this writer, a reader sees the state of the last flush.
+  h5::PropList fapl(H5Pcreate(H5P_FILE_ACCESS));
+#if H5_VERSION_GE(1, 10, 7)
+  H5Pset_file_locking(fapl, false, true);
+#endif
+  file_ = h5::create_file(path_, fapl);
   h5::write_string_attr(file_, "config", resolved_config_ini);
   h5::write_scalar_attr<int32_t>(file_, "format_version", kRunLogFormatVersion);
   step_ = create_column(file_, "metrics/step", H5T_NATIVE_INT64);

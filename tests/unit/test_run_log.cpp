@@ -5,7 +5,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -176,11 +178,57 @@ TEST_F(RunLogTest, RowsSurviveAKilledRun) {
 
 TEST_F(RunLogTest, UncreatableDirectoryNamesIt) {
   std::string blocker = (dir_ / "file").string();
-  { std::FILE* fp = std::fopen(blocker.c_str(), "w"); std::fclose(fp); }
+  std::fclose(std::fopen(blocker.c_str(), "w"));
   try {
     RunLog log(blocker + "/sub", "x");
     ADD_FAILURE() << "no error";
   } catch (const RankError& e) {
     EXPECT_NE(std::string(e.what()).find(blocker + "/sub"), std::string::npos) << e.what();
   }
+}
+
+// The io/h5.h helpers the run log and other formats are built on.
+TEST_F(RunLogTest, H5HelpersRoundTripAndTypeChecks) {
+  const std::string path = (dir_ / "h.h5").string();
+  {
+    h5::File f = h5::create_file(path);
+    std::vector<float> m = {1, 2, 3, 4, 5, 6};
+    h5::write_dataset(f, "params/w", m.data(), {2, 3});  // parent group created
+    h5::write_dataset(f, "ids", std::vector<uint16_t>{7, 8});
+    h5::write_scalar<double>(f, "x", 1.0);
+    h5::write_scalar<double>(f, "x", 2.0);  // overwrites
+    h5::write_string_attr(f, "note", "hello");
+    h5::write_scalar_attr<int32_t>(f, "n", 3);
+    h5::write_scalar_attr<int32_t>(f, "n", 4);  // replaces
+    h5::Group g = h5::require_group(f, "a/b");
+    h5::write_string_attr(g, "empty", "");
+    h5::close_file(f, path);
+  }
+  h5::File f = h5::open_file(path);
+  std::vector<hsize_t> dims;
+  EXPECT_EQ(h5::read_dataset<float>(f, "params/w", &dims), (std::vector<float>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(dims, (std::vector<hsize_t>{2, 3}));
+  EXPECT_EQ(h5::read_dataset<double>(f, "params/w"), (std::vector<double>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(h5::read_dataset<int32_t>(f, "ids"), (std::vector<int32_t>{7, 8}));  // widening
+  EXPECT_EQ(h5::read_dataset<double>(f, "x"), std::vector<double>{2.0});
+  EXPECT_EQ(h5::read_string_attr(f, "note"), "hello");
+  EXPECT_EQ(h5::read_scalar_attr<int64_t>(f, "n"), 4);
+  h5::Group g = h5::require_group(f, "a/b");
+  EXPECT_EQ(h5::read_string_attr(g, "empty"), "");
+  EXPECT_TRUE(h5::exists(f, "/a/b"));
+  EXPECT_FALSE(h5::exists(f, "no/such/path"));
+  for (auto bad : std::vector<std::function<void()>>{
+           [&] { h5::read_dataset<int32_t>(f, "params/w"); },  // float -> int
+           [&] { h5::read_dataset<uint8_t>(f, "ids"); },       // narrowing
+           [&] { h5::read_dataset<float>(f, "missing"); },
+           [&] { h5::read_scalar_attr<int32_t>(f, "note"); },  // string -> int
+           [&] { h5::read_string_attr(f, "n"); }}) {
+    try {
+      bad();
+      ADD_FAILURE() << "no error";
+    } catch (const RankError& e) {
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(h5::open_file((dir_ / "missing.h5").string()), RankError);
 }

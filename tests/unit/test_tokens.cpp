@@ -60,7 +60,8 @@ std::string expect_error(const std::function<void()>& f, const std::vector<std::
     f();
   } catch (const Error& e) {
     std::string msg = e.what();
-    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+    for (const auto& p : parts)
+      EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
     return msg;
   }
   ADD_FAILURE() << "no meshlm::Error thrown";

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# install-deps.sh [--tests]
+#
+# Installs what meshlm needs from Debian's packages (Debian 12 "bookworm" or
+# newer): compiler, CMake, Open MPI, parallel HDF5, Boost.Program_options,
+# OpenBLAS (OpenMP flavour), {fmt}, nlohmann-json, xxHash, GoogleTest.
+# --tests adds the Python cross-check references: python3-torch, python3-h5py.
+#
+# Idempotent and quick when everything is there: it asks dpkg first and runs
+# apt-get only for what is missing. Runs apt-get through sudo when not root.
+# The CUDA toolkit and NCCL are not Debian packages; the build uses them when
+# nvcc is found (see README).
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config
+  openmpi-bin libopenmpi-dev
+  libhdf5-openmpi-dev hdf5-tools
+  libboost-program-options-dev
+  libopenblas0-openmp libopenblas-openmp-dev
+  libfmt-dev nlohmann-json3-dev libxxhash-dev
+  libgtest-dev
+)
+if [[ "${1:-}" == "--tests" ]]; then
+  packages+=(python3 python3-numpy python3-h5py python3-torch)
+elif [[ -n "${1:-}" ]]; then
+  echo "usage: $0 [--tests]" >&2
+  exit 2
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+sudo=()
+if [[ $(id -u) -ne 0 ]]; then
+  command -v sudo >/dev/null || { echo "install-deps: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+  sudo=(sudo)
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+"${sudo[@]}" apt-get update -q
+"${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
