@@ -37,5 +37,6 @@ meshlm_cli_error(tokenize_missing_input "/nonexistent/in.txt" tokenize /nonexist
 
 # And the ones that must succeed.
 add_test(NAME cli_help_lists_every_key
-  COMMAND bash ${_cli}/help_lists_keys.sh $<TARGET_FILE:meshlm> ${PROJECT_SOURCE_DIR}/inputs)
+  COMMAND bash ${_cli}/help_lists_keys.sh $<TARGET_FILE:meshlm> ${PROJECT_SOURCE_DIR}/inputs
+          ${PROJECT_SOURCE_DIR}/README.md)
 set_tests_properties(cli_help_lists_every_key PROPERTIES LABELS cli TIMEOUT 60)

@@ -34,20 +34,22 @@ po::typed_value<T>* opt(T* field) {
 
 // The option table: one line per key. Kept in one function so that the
 // parser, --help and the resolved-config dump can never disagree.
+constexpr unsigned kHelpWidth = 100;  // columns of --help
+
 po::options_description make_options(RunConfig& c) {
-  po::options_description model("[model] the GPT-2 architecture");
+  po::options_description model("[model] the GPT-2 architecture", kHelpWidth, kHelpWidth / 2);
   model.add_options()
     ("model.n_layer", opt(&c.model.n_layer), "transformer blocks (L)")
     ("model.n_head", opt(&c.model.n_head), "attention heads (NH); must divide n_embd")
     ("model.n_embd", opt(&c.model.n_embd), "channels (C)")
     ("model.vocab_size", opt(&c.model.vocab_size), "vocabulary (V); padded to a multiple of 64 inside; 256 for byte-level data")
     ("model.seq_len", opt(&c.train.seq_len), "training sequence length (T); at most max_seq_len")
-    ("model.max_seq_len", opt(&c.model.max_seq_len), "rows of the position table wpe (GPT-2: 1024)");
-  po::options_description train("[train] optimisation");
+    ("model.max_seq_len", opt(&c.model.max_seq_len), "rows of the position table wpe; at least seq_len (GPT-2 uses 1024)");
+  po::options_description train("[train] optimisation", kHelpWidth, kHelpWidth / 2);
   train.add_options()
     ("train.steps", opt(&c.train.steps), "optimizer steps")
     ("train.batch_size", opt(&c.train.batch_size), "sequences per optimizer step")
-    ("train.micro_batch_size", opt(&c.train.micro_batch_size), "sequences per forward/backward; gradients accumulate over batch_size/micro_batch_size micro-batches; 0 = batch_size")
+    ("train.micro_batch_size", opt(&c.train.micro_batch_size), "sequences per forward/backward; gradients accumulate over batch_size / micro_batch_size micro-batches; 0 = batch_size")
     ("train.lr", opt(&c.train.lr), "peak learning rate")
     ("train.lr_min_ratio", opt(&c.train.lr_min_ratio), "final learning rate of the cosine decay, as a fraction of lr")
     ("train.warmup_steps", opt(&c.train.warmup_steps), "steps of linear warmup before the cosine decay")
@@ -58,18 +60,18 @@ po::options_description make_options(RunConfig& c) {
     ("train.eps", opt(&c.train.eps), "AdamW epsilon")
     ("train.seed", opt(&c.train.seed), "seed of weight init and data shuffling; same seed, same run, bit for bit")
     ("train.log_every", opt(&c.train.log_every), "print and record metrics every this many steps (and at the last)");
-  po::options_description data("[data] training tokens");
+  po::options_description data("[data] training tokens", kHelpWidth, kHelpWidth / 2);
   data.add_options()
     ("data.path", opt(&c.data.path), "token file: HDF5 with dataset 'tokens' (uint16/uint32) or meshlm raw tokens (required)")
     ("data.tokenize_from", opt(&c.data.tokenize_from), "text file tokenized byte-level into data.path when data.path does not exist")
     ("data.shuffle", opt(&c.data.shuffle), "visit sequences in a seeded random order (true) or in file order (false)");
-  po::options_description output("[output] results");
+  po::options_description output("[output] results", kHelpWidth, kHelpWidth / 2);
   output.add_options()
     ("output.dir", opt(&c.output.dir), "directory of run.h5 (metrics, memory, timing, resolved configuration)");
-  po::options_description runtime("[runtime] the process");
+  po::options_description runtime("[runtime] the process", kHelpWidth, kHelpWidth / 2);
   runtime.add_options()
     ("runtime.threads", opt(&c.runtime.threads), "OpenMP/BLAS threads per rank; 0 = cores of the node / ranks on the node");
-  po::options_description all;
+  po::options_description all(kHelpWidth, kHelpWidth / 2);
   all.add(model).add(train).add(data).add(output).add(runtime);
   return all;
 }

@@ -16,6 +16,16 @@ public:
   void add(Section s, double seconds) { total_[static_cast<int>(s)] += seconds; }
   double total(Section s) const { return total_[static_cast<int>(s)]; }
   void reset() { total_.fill(0.0); }
+  double sum() const {
+    double s = 0;
+    for (double t : total_) s += t;
+    return s;
+  }
+  // Books whatever part of `wall_seconds` no section has timed as "other".
+  void account_rest_as_other(double wall_seconds) {
+    const double rest = wall_seconds - sum();
+    if (rest > 0) add(Section::other, rest);
+  }
 
 private:
   std::array<double, static_cast<int>(Section::count)> total_{};

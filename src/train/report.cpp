@@ -72,15 +72,9 @@ void print_memory_table(MPI_Comm comm) {
 }
 
 void print_timing_table(const SectionTimers& timers, double total_seconds, MPI_Comm comm) {
-  // "other" is whatever the named sections do not account for.
   std::vector<double> v;
-  double accounted = 0;
-  for (int i = 0; i < static_cast<int>(Section::count); ++i) {
+  for (int i = 0; i < static_cast<int>(Section::count); ++i)
     v.push_back(timers.total(static_cast<Section>(i)));
-    if (static_cast<Section>(i) != Section::other) accounted += v.back();
-  }
-  double& other = v[static_cast<int>(Section::other)];
-  other = std::max(other, total_seconds - accounted);
   const std::vector<Stat> s = reduce_stats(v, comm);
   log::info("# Time per section (seconds over the run; min / avg / max over ranks)");
   log::info("# {:<12} {:>10} {:>10} {:>10} {:>8} {:>9}", "section", "min", "avg", "max", "%total",

@@ -10,6 +10,7 @@
 namespace meshlm {
 
 void print_memory_table(MPI_Comm comm);
+// `timers` should account for the whole run (SectionTimers::account_rest_as_other).
 void print_timing_table(const SectionTimers& timers, double total_seconds, MPI_Comm comm);
 
 // "12.3 MiB"

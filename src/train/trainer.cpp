@@ -181,6 +181,7 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm comm) {
     }
   }
   summary.seconds = now_seconds() - t_start;
+  timers.account_rest_as_other(summary.seconds);
   print_memory_table(comm);
   print_timing_table(timers, summary.seconds, comm);
   if (runlog) {

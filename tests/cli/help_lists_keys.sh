@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# help_lists_keys.sh MESHLM INPUTS_DIR
+# help_lists_keys.sh MESHLM INPUTS_DIR README
 # `meshlm train --help` documents every key used by the shipped parameter
-# files, with a default, and every section the parser knows.
+# files, with a default; the README's parameter reference lists every key
+# that --help lists.
 set -u
 meshlm=$1
 inputs=$2
+readme=$3
 help=$("$meshlm" train --help) || { echo "FAIL: meshlm train --help exited non-zero"; exit 1; }
 echo "$help"
 fail=0
@@ -21,4 +23,9 @@ for cfg in "$inputs"/*.cfg; do
     fi
   done <"$cfg"
 done
+while IFS= read -r entry; do
+  if ! grep -Fq -- "$entry" "$readme"; then
+    echo "FAIL: README.md's parameter reference lacks '$entry' (regenerate it from meshlm train --help)"; fail=1
+  fi
+done < <(grep -Eo -- '--[a-z_]+\.[a-z_0-9]+ arg \(=[^)]*\)' <<<"$help")
 exit $fail
