@@ -13,6 +13,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "io/h5.h"
 
 namespace meshlm::io {
@@ -229,38 +230,11 @@ void TokenReader::read(uint64_t start, uint64_t count, int32_t* out) const {
 // Shuffled order
 // ---------------------------------------------------------------------------
 
-namespace {
-
-// splitmix64 (Steele, Lea, Flood 2014): tiny, well mixed, and defined by its
-// arithmetic alone, so the same seed gives the same order everywhere.
-struct SplitMix64 {
-  uint64_t state;
-  uint64_t next() {
-    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-};
-
-// Uniform in [0, bound): rejects the few low values that would make
-// `x % bound` favour small results.
-uint64_t uniform_below(SplitMix64& rng, uint64_t bound) {
-  uint64_t threshold = (0 - bound) % bound;  // = 2^64 mod bound
-  for (;;) {
-    uint64_t x = rng.next();
-    if (x >= threshold) return x % bound;
-  }
-}
-
-}  // namespace
-
 void shuffled_order(uint64_t seed, uint64_t epoch, uint64_t n, uint32_t* out) {
-  SplitMix64 seeder{seed};
-  SplitMix64 rng{seeder.next() + epoch};
-  rng.state = rng.next();  // decorrelate neighbouring epochs
+  Rng epoch_seed(Rng(seed).next_u64() + epoch);
+  Rng rng(epoch_seed.next_u64());  // decorrelates neighbouring epochs
   for (uint64_t i = 0; i < n; ++i) out[i] = static_cast<uint32_t>(i);
-  for (uint64_t i = n; i-- > 1;) std::swap(out[i], out[uniform_below(rng, i + 1)]);
+  for (uint64_t i = n; i-- > 1;) std::swap(out[i], out[rng.below(i + 1)]);
 }
 
 // ---------------------------------------------------------------------------

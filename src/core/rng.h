@@ -28,8 +28,15 @@ public:
   }
   // Uniform in [0, 1) with 53 random bits.
   double uniform() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
-  // Uniform integer in [0, n), n > 0, by modulo (bias below n / 2^64).
-  uint64_t below(uint64_t n) { return next_u64() % n; }
+  // Uniform integer in [0, n), n > 0: rejects the few low values that would
+  // make `x % n` favour small results.
+  uint64_t below(uint64_t n) {
+    const uint64_t threshold = (0 - n) % n;  // = 2^64 mod n
+    for (;;) {
+      const uint64_t x = next_u64();
+      if (x >= threshold) return x % n;
+    }
+  }
   // Standard normal (Box-Muller; one value per call, the pair's twin dropped
   // so that a tensor's values do not depend on how calls are interleaved).
   double normal() {

@@ -36,17 +36,22 @@ def main():
 
     with tempfile.TemporaryDirectory() as tmp:
         steps, log_every = 12, 5
-        cmd = shlex.split(a.mpiexec) + [
-            a.meshlm, "train", a.config, f"--train.steps={steps}",
-            f"--train.log_every={log_every}", f"--output.dir={tmp}/out",
-            f"--data.path={tmp}/tokens.h5"]
-        print("$", " ".join(cmd))
-        p = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=240)
-        print(p.stdout)
-        print(p.stderr, file=sys.stderr)
-        if p.returncode != 0:
-            print(f"FAIL: meshlm exited with {p.returncode}")
-            return 1
+
+        def train(out):
+            cmd = shlex.split(a.mpiexec) + [
+                a.meshlm, "train", a.config, f"--train.steps={steps}",
+                f"--train.log_every={log_every}", f"--output.dir={tmp}/{out}",
+                f"--data.path={tmp}/tokens.h5"]
+            print("$", " ".join(cmd))
+            p = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=240)
+            print(p.stdout)
+            print(p.stderr, file=sys.stderr)
+            if p.returncode != 0:
+                print(f"FAIL: meshlm exited with {p.returncode}")
+                sys.exit(1)
+            return p
+
+        p = train("out")
         # One line per logged step, printed once (rank 0 only) although 2 ranks run.
         logged = [1] + [s for s in range(1, steps + 1) if s % log_every == 0 or s == steps]
         logged = sorted(set(logged))
@@ -86,6 +91,14 @@ def main():
             check(int(f["memory/grads/peak_bytes"][()]) == p_bytes, "grads bytes == params bytes")
             check(int(f["memory/optimizer/peak_bytes"][()]) == 2 * p_bytes,
                   "optimizer bytes == 2 x params bytes (AdamW m, v)")
+            first_losses = loss
+
+        # Same parameter file, same seed: the same losses, bit for bit.
+        train("again")
+        with h5py.File(os.path.join(tmp, "again", "run.h5"), "r") as f:
+            again = f["metrics/loss"][...]
+        check(again.tobytes() == first_losses.tobytes(),
+              "a second run with the same seed logs the same losses bit for bit")
     print("PASS" if not failures else f"FAIL ({len(failures)} checks)")
     return 0 if not failures else 1
 
