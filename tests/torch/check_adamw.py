@@ -31,85 +31,74 @@ other to fail.
 """
 
 import argparse
-import io
 import os
-import subprocess
 import sys
-import tempfile
 
 import h5py
 import numpy as np
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import refcheck  # noqa: E402
+
 ABS_FLOOR = 1e-7
 
 
-def _scalar(v):
-    return np.asarray(v).reshape(-1)[0].item()
-
-
 def check_dump(path, tol, norm_tol, out=sys.stdout):
-    ok = True
-
-    def fail(msg):
-        nonlocal ok
-        ok = False
-        print(f"FAIL: {msg}", file=out)
+    c = refcheck.Checks(out)
 
     with h5py.File(path, "r") as f:
         need = ["beta1", "beta2", "eps", "weight_decay", "grad_clip", "n_steps"]
         missing = [a for a in need if a not in f.attrs]
         if missing:
-            fail(f"missing root attributes {missing}")
-            print("FAIL", file=out)
-            return False
-        beta1, beta2, eps, wd, clip = (float(_scalar(f.attrs[k]))
+            c.fail(f"missing root attributes {missing}")
+            return c.finish()
+        beta1, beta2, eps, wd, clip = (float(refcheck.scalar(f.attrs[k]))
                                        for k in ["beta1", "beta2", "eps", "weight_decay", "grad_clip"])
-        n_steps = int(_scalar(f.attrs["n_steps"]))
+        n_steps = int(refcheck.scalar(f.attrs["n_steps"]))
         print(f"beta1={beta1:g} beta2={beta2:g} eps={eps:g} weight_decay={wd:g} "
               f"grad_clip={clip:g} n_steps={n_steps}", file=out)
         for g in ["params_before", "params_after"]:
             if g not in f:
-                fail(f"/{g} missing")
-        if not ok:
-            print("FAIL", file=out)
-            return False
+                c.fail(f"/{g} missing")
+        if not c.ok:
+            return c.finish()
         before = {n: np.asarray(f["params_before"][n]) for n in f["params_before"]}
         after = {n: np.asarray(f["params_after"][n]) for n in f["params_after"]}
         names = sorted(before)
         if not names:
-            fail("/params_before is empty")
+            c.fail("/params_before is empty")
         if set(after) != set(before):
-            fail(f"params_after names differ: missing {sorted(set(before) - set(after))} "
-                 f"extra {sorted(set(after) - set(before))}")
+            c.fail(f"params_after names differ: missing {sorted(set(before) - set(after))} "
+                   f"extra {sorted(set(after) - set(before))}")
         for n in names:
             if n in after and after[n].shape != before[n].shape:
-                fail(f"{n}: params_after shape {after[n].shape} != params_before {before[n].shape}")
+                c.fail(f"{n}: params_after shape {after[n].shape} != params_before {before[n].shape}")
         steps = []
         for k in range(n_steps):
             s = f"step_{k}"
             if s not in f or "grads" not in f[s]:
-                fail(f"/{s}/grads missing")
+                c.fail(f"/{s}/grads missing")
                 continue
             if "lr" not in f[s].attrs or "grad_norm" not in f[s].attrs:
-                fail(f"/{s} lacks attribute lr or grad_norm")
+                c.fail(f"/{s} lacks attribute lr or grad_norm")
                 continue
             grads = {n: np.asarray(f[s]["grads"][n]) for n in f[s]["grads"]}
             if set(grads) != set(before):
-                fail(f"/{s}/grads names differ: missing {sorted(set(before) - set(grads))} "
-                     f"extra {sorted(set(grads) - set(before))}")
+                c.fail(f"/{s}/grads names differ: missing {sorted(set(before) - set(grads))} "
+                       f"extra {sorted(set(grads) - set(before))}")
                 continue
             for n in names:
                 if grads[n].shape != before[n].shape:
-                    fail(f"/{s}/grads/{n} shape {grads[n].shape} != {before[n].shape}")
-            steps.append((float(_scalar(f[s].attrs["lr"])), float(_scalar(f[s].attrs["grad_norm"])), grads))
+                    c.fail(f"/{s}/grads/{n} shape {grads[n].shape} != {before[n].shape}")
+            steps.append((float(refcheck.scalar(f[s].attrs["lr"])),
+                          float(refcheck.scalar(f[s].attrs["grad_norm"])), grads))
         extra_steps = [k for k in f.keys() if k.startswith("step_") and
                        not (k[5:].isdigit() and int(k[5:]) < n_steps)]
         if extra_steps:
-            fail(f"unexpected groups {extra_steps} (n_steps={n_steps})")
-        if not ok:
-            print("FAIL", file=out)
-            return False
+            c.fail(f"unexpected groups {extra_steps} (n_steps={n_steps})")
+        if not c.ok:
+            return c.finish()
 
     params = {n: torch.nn.Parameter(torch.from_numpy(before[n].astype(np.float64))) for n in names}
     plist = [params[n] for n in names]
@@ -132,7 +121,7 @@ def check_dump(path, tol, norm_tol, out=sys.stdout):
         rel = abs(norm_ours - norm_ref) / norm_ref if norm_ref > 0 else abs(norm_ours - norm_ref)
         good = abs(norm_ours - norm_ref) <= norm_tol * norm_ref  # False for NaN
         if not good:
-            ok = False
+            c.ok = False
         print(f"step {k}: lr {lr:.6g} grad_norm ours {norm_ours:.9g} ref {norm_ref:.9g} rel {rel:.3e}"
               f"{' clipped' if clip > 0 and norm_ref > clip else ''}{'' if good else '  FAIL'}", file=out)
         for gr in opt.param_groups:
@@ -145,20 +134,17 @@ def check_dump(path, tol, norm_tol, out=sys.stdout):
     for n in names:
         ref = params[n].detach().numpy()
         ours = after[n].astype(np.float64)
-        ref_max = float(np.max(np.abs(ref))) if ref.size else 0.0
-        diff = float(np.max(np.abs(ours - ref))) if ref.size else 0.0
-        rel = diff / ref_max if ref_max > 0 else (0.0 if diff == 0 else float("inf"))
+        ref_max, diff, rel = refcheck.compare(ours, ref)
         # the update itself (after - before), for information
         dref = float(np.max(np.abs(ref - before[n]))) if ref.size else 0.0
-        rel_d = diff / dref if dref > 0 else (0.0 if diff == 0 else float("inf"))
+        rel_d = refcheck.ratio(diff, dref)
         good = diff <= tol * ref_max + ABS_FLOOR
         if not good:
-            ok = False
+            c.ok = False
         print(f"{n:<28s} {str(before[n].shape):<14s} {'yes' if before[n].ndim >= 2 else 'no':>3s} "
               f"{ref_max:11.4e} {diff:11.4e} {rel:10.3e} {dref:11.4e} {rel_d:10.3e}"
               f"{'' if good else '  FAIL'}", file=out)
-    print("PASS" if ok else "FAIL", file=out)
-    return ok
+    return c.finish()
 
 
 # ----------------------------------------------------------------------------
@@ -221,23 +207,11 @@ def write_reference_dump(path, corrupt=None, seed=0):
 
 
 def self_test(tol, norm_tol):
-    ok = True
-    with tempfile.TemporaryDirectory() as d:
-        for corrupt in [None, "no_clip", "bias_corr", "wd_all", "coupled_wd", "norm_after_clip", "tiny",
-                        "missing"]:
-            path = os.path.join(d, "adamw.h5")
-            write_reference_dump(path, corrupt)
-            buf = io.StringIO()
-            passed = check_dump(path, tol, norm_tol, out=buf)
-            expected = corrupt is None
-            good = passed == expected
-            ok = ok and good
-            print(f"self-test {str(corrupt or 'correct'):<15s}: check {'passed' if passed else 'failed'}"
-                  f" ({'as expected' if good else 'WRONG'})")
-            if corrupt is None or not good:
-                print(buf.getvalue())
-    print("SELF-TEST PASS" if ok else "SELF-TEST FAIL")
-    return ok
+    variants = [None, "no_clip", "bias_corr", "wd_all", "coupled_wd", "norm_after_clip", "tiny", "missing"]
+    return refcheck.self_test(variants,
+                              lambda path, corrupt: write_reference_dump(path, corrupt),
+                              lambda path, out: check_dump(path, tol, norm_tol, out=out),
+                              dump_name="adamw.h5", width=15)
 
 
 def main():
@@ -256,20 +230,8 @@ def main():
     if not args.tool:
         ap.error("TOOL is required (or --self-test)")
 
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "adamw.h5")
-        cmd = [args.tool, "adamw", path]
-        print("running:", " ".join(cmd), flush=True)
-        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        if r.returncode != 0:
-            sys.stderr.write(r.stdout)
-            sys.stderr.write(r.stderr)
-            print(f"FAIL: tool exited with status {r.returncode}")
-            sys.exit(1)
-        if not os.path.exists(path):
-            print(f"FAIL: tool did not write {path}")
-            sys.exit(1)
-        ok = check_dump(path, args.tol, norm_tol)
+    ok = refcheck.run_tool(args.tool, "adamw", "adamw.h5", [],
+                           lambda path: check_dump(path, args.tol, norm_tol))
     sys.exit(0 if ok else 1)
 
 

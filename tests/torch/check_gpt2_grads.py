@@ -29,9 +29,7 @@ requires the first to pass and every other to fail.
 
 import argparse
 import os
-import subprocess
 import sys
-import tempfile
 
 import h5py
 import numpy as np
@@ -39,43 +37,33 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpt2_torch import GPT2, GPT2Config, expected_param_shapes, padded_vocab  # noqa: E402
+import refcheck  # noqa: E402
 
 INT_ATTRS = ["n_layer", "n_head", "n_embd", "vocab_size", "padded_vocab_size",
              "max_seq_len", "batch", "seq_len"]
 
 
-def _scalar(v):
-    return np.asarray(v).reshape(-1)[0].item()
-
-
 def check_dump(path, args, out=sys.stdout):
     """Compares the dump at `path` with the reference. Returns True on PASS."""
-    ok = True
-
-    def fail(msg):
-        nonlocal ok
-        ok = False
-        print(f"FAIL: {msg}", file=out)
+    c = refcheck.Checks(out)
 
     with h5py.File(path, "r") as f:
         missing_attrs = [a for a in INT_ATTRS + ["loss"] if a not in f.attrs]
         if missing_attrs:
-            fail(f"missing root attributes {missing_attrs}")
-            print("FAIL", file=out)
-            return False
-        a = {k: int(_scalar(f.attrs[k])) for k in INT_ATTRS}
-        loss_ours = float(_scalar(f.attrs["loss"]))
+            c.fail(f"missing root attributes {missing_attrs}")
+            return c.finish()
+        a = {k: int(refcheck.scalar(f.attrs[k])) for k in INT_ATTRS}
+        loss_ours = float(refcheck.scalar(f.attrs["loss"]))
         for k, want in [("n_layer", args.n_layer), ("n_head", args.n_head), ("n_embd", args.n_embd),
                         ("vocab_size", args.vocab_size), ("seq_len", args.seq_len), ("batch", args.batch)]:
             if a[k] != want:
-                fail(f"attribute {k}={a[k]} but {want} was requested")
+                c.fail(f"attribute {k}={a[k]} but {want} was requested")
         if a["padded_vocab_size"] < a["vocab_size"]:
-            fail(f"padded_vocab_size {a['padded_vocab_size']} < vocab_size {a['vocab_size']}")
+            c.fail(f"padded_vocab_size {a['padded_vocab_size']} < vocab_size {a['vocab_size']}")
         if a["max_seq_len"] < a["seq_len"]:
-            fail(f"max_seq_len {a['max_seq_len']} < seq_len {a['seq_len']}")
-        if not ok:
-            print("FAIL", file=out)
-            return False
+            c.fail(f"max_seq_len {a['max_seq_len']} < seq_len {a['seq_len']}")
+        if not c.ok:
+            return c.finish()
 
         B, T, V = a["batch"], a["seq_len"], a["vocab_size"]
         cfg = GPT2Config(n_layer=a["n_layer"], n_head=a["n_head"], n_embd=a["n_embd"],
@@ -87,34 +75,33 @@ def check_dump(path, args, out=sys.stdout):
         targets = np.asarray(f["targets"]) if "targets" in f else None
         for nm, arr in [("tokens", tokens), ("targets", targets)]:
             if arr is None:
-                fail(f"/{nm} missing")
+                c.fail(f"/{nm} missing")
             elif arr.shape != (B, T):
-                fail(f"/{nm} shape {arr.shape} != {(B, T)}")
+                c.fail(f"/{nm} shape {arr.shape} != {(B, T)}")
             elif arr.min() < 0 or arr.max() >= V:
-                fail(f"/{nm} values outside [0, {V}): min {arr.min()} max {arr.max()}")
+                c.fail(f"/{nm} values outside [0, {V}): min {arr.min()} max {arr.max()}")
 
         groups = {}
         for g in ["params", "grads"]:
             names = set(f[g].keys()) if g in f else set()
             if g not in f:
-                fail(f"/{g} group missing")
+                c.fail(f"/{g} group missing")
             missing = sorted(set(shapes) - names, key=list(shapes).index)
             extra = sorted(names - set(shapes))
             if missing:
-                fail(f"/{g} lacks {missing}")
+                c.fail(f"/{g} lacks {missing}")
             if extra:
-                fail(f"/{g} has unexpected {extra}")
+                c.fail(f"/{g} has unexpected {extra}")
             groups[g] = {}
             for n in shapes:
                 if n in names:
                     arr = np.asarray(f[g][n])
                     if arr.shape != shapes[n]:
-                        fail(f"/{g}/{n} shape {arr.shape} != expected {shapes[n]}")
+                        c.fail(f"/{g}/{n} shape {arr.shape} != expected {shapes[n]}")
                     else:
                         groups[g][n] = arr
-        if not ok:
-            print("FAIL", file=out)
-            return False
+        if not c.ok:
+            return c.finish()
         params, grads = groups["params"], groups["grads"]
 
     torch.manual_seed(0)
@@ -130,7 +117,7 @@ def check_dump(path, args, out=sys.stdout):
     print(f"{'loss':<28s} ours {loss_ours:.9g} ref {loss_ref:.9g} rel {loss_rel:.3e} "
           f"{'ok' if loss_ok else 'FAIL'}", file=out)
     if not loss_ok:
-        ok = False
+        c.ok = False
 
     print(f"{'name':<28s} {'shape':<16s} {'max|ref|':>11s} {'max|diff|':>11s} {'rel':>10s}", file=out)
     worst = 0.0
@@ -141,22 +128,19 @@ def check_dump(path, args, out=sys.stdout):
         if name == "wte.weight":
             pad = g_ours[V:]
             if pad.size and not np.all(pad == 0):
-                ok = False
+                c.ok = False
                 extra_note = f"  FAIL: padded rows [{V},{cfg.padded_vocab_size}) not zero " \
                              f"(max|.|={np.max(np.abs(pad)):.3e})"
             g_ours, g_ref = g_ours[:V], g_ref[:V]
-        ref_max = float(np.max(np.abs(g_ref))) if g_ref.size else 0.0
-        diff = float(np.max(np.abs(g_ours - g_ref))) if g_ref.size else 0.0
-        rel = diff / ref_max if ref_max > 0 else (0.0 if diff == 0 else float("inf"))
+        ref_max, diff, rel = refcheck.compare(g_ours, g_ref)
         good = diff <= args.tol * ref_max  # False for NaN
         if not good:
-            ok = False
+            c.ok = False
         worst = max(worst, rel) if np.isfinite(rel) else float("inf")
         print(f"{name:<28s} {str(tuple(p.shape)):<16s} {ref_max:11.4e} {diff:11.4e} {rel:10.3e}"
               f"{'' if good else '  FAIL'}{extra_note}", file=out)
     print(f"worst rel {worst:.3e} (tol {args.tol:g})", file=out)
-    print("PASS" if ok else "FAIL", file=out)
-    return ok
+    return c.finish()
 
 
 # ----------------------------------------------------------------------------
@@ -218,26 +202,13 @@ def write_reference_dump(path, args, corrupt=None):
 
 
 def self_test(args):
-    import io
-    ok = True
-    with tempfile.TemporaryDirectory() as d:
-        variants = [None, "grad", "qk_swap", "pad", "loss", "missing", "extra", "nan"]
-        if padded_vocab(args.vocab_size) == args.vocab_size:
-            variants.remove("pad")  # no padded rows to corrupt
-        for corrupt in variants:
-            path = os.path.join(d, "dump.h5")
-            write_reference_dump(path, args, corrupt)
-            buf = io.StringIO()
-            passed = check_dump(path, args, out=buf)
-            expected = corrupt is None
-            good = passed == expected
-            ok = ok and good
-            print(f"self-test {str(corrupt or 'correct'):<8s}: check {'passed' if passed else 'failed'}"
-                  f" ({'as expected' if good else 'WRONG'})")
-            if corrupt is None or not good:
-                print(buf.getvalue())
-    print("SELF-TEST PASS" if ok else "SELF-TEST FAIL")
-    return ok
+    variants = [None, "grad", "qk_swap", "pad", "loss", "missing", "extra", "nan"]
+    if padded_vocab(args.vocab_size) == args.vocab_size:
+        variants.remove("pad")  # no padded rows to corrupt
+    return refcheck.self_test(variants,
+                              lambda path, corrupt: write_reference_dump(path, args, corrupt),
+                              lambda path, out: check_dump(path, args, out=out),
+                              dump_name="dump.h5", width=8)
 
 
 def main():
@@ -260,23 +231,10 @@ def main():
     if not args.tool:
         ap.error("TOOL is required (or --self-test)")
 
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "grads.h5")
-        cmd = [args.tool, "grads", path,
-               "--n_layer", str(args.n_layer), "--n_head", str(args.n_head), "--n_embd", str(args.n_embd),
+    options = ["--n_layer", str(args.n_layer), "--n_head", str(args.n_head), "--n_embd", str(args.n_embd),
                "--vocab_size", str(args.vocab_size), "--seq_len", str(args.seq_len),
                "--batch", str(args.batch), "--seed", str(args.seed)]
-        print("running:", " ".join(cmd), flush=True)
-        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        if r.returncode != 0:
-            sys.stderr.write(r.stdout)
-            sys.stderr.write(r.stderr)
-            print(f"FAIL: tool exited with status {r.returncode}")
-            sys.exit(1)
-        if not os.path.exists(path):
-            print(f"FAIL: tool did not write {path}")
-            sys.exit(1)
-        ok = check_dump(path, args)
+    ok = refcheck.run_tool(args.tool, "grads", "grads.h5", options, lambda path: check_dump(path, args))
     sys.exit(0 if ok else 1)
 
 
