@@ -89,7 +89,7 @@ void RunLog::append(int64_t step, double loss, double lr, double grad_norm,
   h5::check(H5Fflush(file_, H5F_SCOPE_GLOBAL), file_, "/", "cannot flush");
 }
 
-void RunLog::write_memory() {
+void RunLog::write_memory(const MemoryByCategory& predicted) {
   require_open();
   const MemTracker& mem = MemTracker::get();
   for (int i = 0; i < kNumMemCategories; ++i) {
@@ -98,6 +98,8 @@ void RunLog::write_memory() {
     h5::write_scalar<int64_t>(file_, group + "peak_bytes", static_cast<int64_t>(mem.peak(c)));
     h5::write_scalar<int64_t>(file_, group + "current_bytes",
                               static_cast<int64_t>(mem.current(c)));
+    h5::write_scalar<int64_t>(file_, group + "predicted_bytes",
+                              static_cast<int64_t>(at(predicted, c)));
   }
   ProcessMemory proc = read_process_memory();
   h5::write_scalar<int64_t>(file_, "memory/process/rss_bytes", static_cast<int64_t>(proc.rss));

@@ -8,7 +8,7 @@
 //   /metrics/lr            (n) float64
 //   /metrics/grad_norm     (n) float64
 //   /metrics/tokens_per_s  (n) float64
-//   /memory/<category>/{peak_bytes,current_bytes}      int64 scalars (host)
+//   /memory/<category>/{peak_bytes,current_bytes,predicted_bytes} int64 scalars (host)
 //   /memory/process/{rss_bytes,rss_peak_bytes,pss_bytes} int64 scalars
 //   /timing/<section>/seconds                            float64 scalars
 //
@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/alloc.h"
 #include "core/timer.h"
 #include "io/h5.h"
 
@@ -41,7 +42,9 @@ public:
   // One row of /metrics, flushed to disk before returning.
   void append(int64_t step, double loss, double lr, double grad_norm, double tokens_per_s);
   // Memory per category (host, from MemTracker) and of the process (/proc).
-  void write_memory();
+  // Tracked bytes per category (peak, current) beside `predicted`, and the
+  // process figures from /proc.
+  void write_memory(const MemoryByCategory& predicted);
   // Seconds per section.
   void write_timing(const SectionTimers& timers);
   void close();

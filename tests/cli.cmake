@@ -40,3 +40,9 @@ add_test(NAME cli_help_lists_every_key
   COMMAND bash ${_cli}/help_lists_keys.sh $<TARGET_FILE:meshlm> ${PROJECT_SOURCE_DIR}/inputs
           ${PROJECT_SOURCE_DIR}/README.md)
 set_tests_properties(cli_help_lists_every_key PROPERTIES LABELS cli TIMEOUT 60)
+
+# A one-rank failure in the middle of the run aborts the job (no hang).
+add_test(NAME cli_rank_error_mid_run
+  COMMAND bash ${_cli}/rank_error_mid_run.sh "${_mpiexec2}" $<TARGET_FILE:meshlm> ${_tiny})
+set_tests_properties(cli_rank_error_mid_run PROPERTIES LABELS cli TIMEOUT 90
+  ENVIRONMENT "OMP_NUM_THREADS=1")

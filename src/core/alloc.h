@@ -23,6 +23,16 @@ constexpr int kNumMemCategories = static_cast<int>(MemCategory::count);
 constexpr int kNumDevices = 2;  // Device::cpu, Device::cuda
 const char* mem_category_name(MemCategory c);
 
+// Bytes per category (a prediction, or a snapshot of the tracker).
+using MemoryByCategory = std::array<size_t, kNumMemCategories>;
+inline size_t& at(MemoryByCategory& m, MemCategory c) { return m[static_cast<int>(c)]; }
+inline size_t at(const MemoryByCategory& m, MemCategory c) { return m[static_cast<int>(c)]; }
+inline size_t total(const MemoryByCategory& m) {
+  size_t t = 0;
+  for (size_t b : m) t += b;
+  return t;
+}
+
 // Process-wide byte counters (one process = one rank). Not thread-safe by
 // design: buffers are made and freed by the rank's main thread only.
 class MemTracker {

@@ -50,6 +50,22 @@ public:
 // is not rank 0) is thrown as a CollectiveError on every rank.
 void check_all(MPI_Comm comm, bool ok, const std::string& msg, const char* file, int line);
 
+// Collective: runs `fn` on every rank of `comm`; if it throws on any rank,
+// every rank throws one CollectiveError with the lowest failing rank's
+// message, prefixed with `context` (e.g. the parameter key: "data.path: ").
+template <typename F>
+void try_all(MPI_Comm comm, const std::string& context, F&& fn, const char* file, int line) {
+  bool ok = true;
+  std::string msg;
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    ok = false;
+    msg = context + e.what();
+  }
+  check_all(comm, ok, msg, file, line);
+}
+
 // Collective over `comm`: rank 0 prints "ERROR: msg", all ranks finalize MPI
 // and exit with status 1.
 [[noreturn]] void fatal_all(MPI_Comm comm, const std::string& msg, const char* file, int line);

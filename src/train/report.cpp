@@ -40,35 +40,44 @@ std::vector<Stat> reduce_stats(const std::vector<double>& v, MPI_Comm comm) {
 }
 }  // namespace
 
-void print_memory_table(MPI_Comm comm) {
+void print_memory_table(const MemoryByCategory& predicted, MPI_Comm comm) {
+  // Per category: predicted, current, peak; then the tracked total and the
+  // process figures, which also show what the tracker does not see (MPI,
+  // BLAS and HDF5 buffers, code, the C++ heap).
   const MemTracker& t = MemTracker::get();
   std::vector<double> v;
   for (int c = 0; c < kNumMemCategories; ++c) {
-    v.push_back(static_cast<double>(t.current(static_cast<MemCategory>(c))));
-    v.push_back(static_cast<double>(t.peak(static_cast<MemCategory>(c))));
+    const auto cat = static_cast<MemCategory>(c);
+    v.push_back(static_cast<double>(at(predicted, cat)));
+    v.push_back(static_cast<double>(t.current(cat)));
+    v.push_back(static_cast<double>(t.peak(cat)));
   }
-  v.push_back(static_cast<double>(t.peak_total()));
   const ProcessMemory pm = read_process_memory();
+  v.push_back(static_cast<double>(total(predicted)));
+  v.push_back(static_cast<double>(t.current_total()));
+  v.push_back(static_cast<double>(t.peak_total()));
+  v.push_back(0.0);
+  v.push_back(static_cast<double>(pm.rss));
   v.push_back(static_cast<double>(pm.rss_peak));
+  v.push_back(0.0);
   v.push_back(static_cast<double>(pm.pss));
+  v.push_back(0.0);
   const std::vector<Stat> s = reduce_stats(v, comm);
 
-  log::info("# Memory per rank (host, tracked by category; min / avg / max over ranks)");
-  log::info("# {:<12} {:>12} {:>12} {:>12} {:>12}", "category", "current", "peak min", "peak avg",
-            "peak max");
-  for (int c = 0; c < kNumMemCategories; ++c) {
-    const Stat& cur = s[2 * c];
-    const Stat& pk = s[2 * c + 1];
-    log::info("  {:<12} {:>12} {:>12} {:>12} {:>12}", mem_category_name(static_cast<MemCategory>(c)),
-              format_bytes(cur.avg), format_bytes(pk.min), format_bytes(pk.avg), format_bytes(pk.max));
-  }
-  const size_t k = 2 * kNumMemCategories;
-  log::info("  {:<12} {:>12} {:>12} {:>12} {:>12}", "tracked", "", format_bytes(s[k].min),
-            format_bytes(s[k].avg), format_bytes(s[k].max));
-  log::info("  {:<12} {:>12} {:>12} {:>12} {:>12}", "process rss", "", format_bytes(s[k + 1].min),
-            format_bytes(s[k + 1].avg), format_bytes(s[k + 1].max));
-  log::info("  {:<12} {:>12} {:>12} {:>12} {:>12}", "process pss", "", format_bytes(s[k + 2].min),
-            format_bytes(s[k + 2].avg), format_bytes(s[k + 2].max));
+  log::info("# Memory per rank, host (predicted | measured by the tracked allocator; peak min / avg / max over ranks)");
+  log::info("# {:<12} {:>11} {:>11} {:>11} {:>11} {:>11}", "category", "predicted", "current",
+            "peak min", "peak avg", "peak max");
+  auto row = [&](const char* name, size_t i, bool has_peak = true) {
+    const Stat &pred = s[3 * i], &cur = s[3 * i + 1], &pk = s[3 * i + 2];
+    auto cell = [](double b) { return b > 0 ? format_bytes(b) : std::string("-"); };
+    auto peak = [&](double b) { return has_peak ? format_bytes(b) : std::string("-"); };
+    log::info("  {:<12} {:>11} {:>11} {:>11} {:>11} {:>11}", name, cell(pred.max), cell(cur.avg),
+              peak(pk.min), peak(pk.avg), peak(pk.max));
+  };
+  for (int c = 0; c < kNumMemCategories; ++c) row(mem_category_name(static_cast<MemCategory>(c)), c);
+  row("tracked", kNumMemCategories);
+  row("process rss", kNumMemCategories + 1);  // current = VmRSS, peak = VmHWM
+  row("process pss", kNumMemCategories + 2, false);  // Pss: shared pages split between sharers
 }
 
 void print_timing_table(const SectionTimers& timers, double total_seconds, MPI_Comm comm) {

@@ -5,11 +5,14 @@
 
 #include <mpi.h>
 
+#include <string>
+
+#include "core/alloc.h"
 #include "core/timer.h"
 
 namespace meshlm {
 
-void print_memory_table(MPI_Comm comm);
+void print_memory_table(const MemoryByCategory& predicted, MPI_Comm comm);
 // `timers` should account for the whole run (SectionTimers::account_rest_as_other).
 void print_timing_table(const SectionTimers& timers, double total_seconds, MPI_Comm comm);
 

@@ -15,6 +15,7 @@
 #include "io/run_log.h"
 #include "io/tokens.h"
 #include "model/gpt.h"
+#include "plan/memory.h"
 #include "train/adamw.h"
 #include "train/report.h"
 #include "train/schedule.h"
@@ -46,23 +47,16 @@ io::TokenReader open_training_data(const DataConfig& d, int vocab_size, MPI_Comm
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
   namespace fs = std::filesystem;
-  bool ok = true;
-  std::string err;
-  if (rank == 0 && !fs::exists(d.path) && !d.tokenize_from.empty()) {
-    try {
-      log::info("# tokenizing {} -> {} (byte-level, vocabulary 256)", d.tokenize_from, d.path);
-      const uint64_t n = io::tokenize_bytes(d.tokenize_from, d.path);
-      log::info("# {} tokens written", n);
-    } catch (const std::exception& e) {
-      ok = false;
-      err = std::string("data.tokenize_from: ") + e.what();
-    }
-  }
-  check_all(comm, ok, err, MESHLM_HERE);
+  try_all(comm, "data.tokenize_from: ", [&] {
+    if (rank != 0 || fs::exists(d.path) || d.tokenize_from.empty()) return;
+    log::info("# tokenizing {} -> {} (byte-level, vocabulary 256)", d.tokenize_from, d.path);
+    const uint64_t n = io::tokenize_bytes(d.tokenize_from, d.path);
+    log::info("# {} tokens written", n);
+  }, MESHLM_HERE);
   std::unique_ptr<io::TokenReader> reader;
-  try {
+  try_all(comm, "data.path: ", [&] {
     if (!fs::exists(d.path))
-      throw RankError("data.path: token file '" + d.path + "' does not exist", MESHLM_HERE);
+      throw RankError("token file '" + d.path + "' does not exist", MESHLM_HERE);
     reader = std::make_unique<io::TokenReader>(io::TokenReader::open(d.path));
     // A file that declares a larger vocabulary than the model's is refused
     // before anything is trained or written; files without the attribute
@@ -72,12 +66,26 @@ io::TokenReader open_training_data(const DataConfig& d, int vocab_size, MPI_Comm
       throw RankError("token file '" + d.path + "' declares vocab_size " + std::to_string(declared) +
                           " (attribute), larger than model.vocab_size = " + std::to_string(vocab_size),
                       MESHLM_HERE);
-  } catch (const std::exception& e) {
-    ok = false;
-    err = std::string("data.path: ") + e.what();
-  }
-  check_all(comm, ok, err, MESHLM_HERE);
+  }, MESHLM_HERE);
   return std::move(*reader);
+}
+
+// Collective: one line per rank (host, threads), gathered to rank 0 and
+// printed in rank order.
+void print_rank_lines(int threads, MPI_Comm comm) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  constexpr int kHostLen = 64;
+  char host[kHostLen] = {0};
+  gethostname(host, kHostLen - 1);
+  std::vector<char> hosts(rank == 0 ? static_cast<size_t>(size) * kHostLen : 0);
+  std::vector<int> thr(rank == 0 ? size : 0);
+  MPI_Gather(host, kHostLen, MPI_CHAR, hosts.data(), kHostLen, MPI_CHAR, 0, comm);
+  MPI_Gather(&threads, 1, MPI_INT, thr.data(), 1, MPI_INT, 0, comm);
+  for (int r = 0; r < static_cast<int>(thr.size()); ++r)
+    log::info("#  rank {:>4} | host {:<20} | device cpu | threads {}", r,
+              std::string(&hosts[static_cast<size_t>(r) * kHostLen]), thr[r]);
 }
 
 }  // namespace
@@ -91,27 +99,26 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm comm) {
   const TrainConfig& tc = cfg.train;
 
   const int threads = configure_threads(cfg.runtime.threads, comm);
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  log::info("# meshlm {} | {} rank(s) | {} thread(s) per rank | host {}", MESHLM_VERSION, size,
-            threads, host);
-  log::info("# parameter file: {}", cfg.source);
+  log::info("# meshlm {} | {} rank(s) | parameter file {}", MESHLM_VERSION, size, cfg.source);
+  print_rank_lines(threads, comm);
 
   io::TokenReader data = open_training_data(cfg.data, cfg.model.vocab_size, comm);
   const int B = tc.micro_batch_size, T = tc.seq_len, accum = tc.grad_accum_steps();
   std::unique_ptr<io::BatchLoader> loader;
-  bool ok = true;
-  std::string err;
-  try {
+  try_all(comm, "data.path: ", [&] {
     loader = std::make_unique<io::BatchLoader>(data, B, T, cfg.data.shuffle, tc.seed,
                                                cfg.model.vocab_size);
-  } catch (const std::exception& e) {
-    ok = false;
-    err = std::string("data.path: ") + e.what();
-  }
-  check_all(comm, ok, err, MESHLM_HERE);
+  }, MESHLM_HERE);
   log::info("# data: {} ({} tokens, {} sequences of {} per epoch)", cfg.data.path, data.size(),
             loader->windows_per_epoch(), T);
+
+  const MemoryByCategory predicted = predict_memory(cfg.model, B, T, loader->windows_per_epoch(),
+                                                    cfg.data.shuffle);
+  log::info("# memory predicted per rank: {} (params {}, grads {}, optimizer {}, activations {})",
+            format_bytes(total(predicted)), format_bytes(at(predicted, MemCategory::params)),
+            format_bytes(at(predicted, MemCategory::grads)),
+            format_bytes(at(predicted, MemCategory::optimizer)),
+            format_bytes(at(predicted, MemCategory::activations)));
 
   GPT model(cfg.model);
   model.init_weights(tc.seed);
@@ -126,16 +133,9 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm comm) {
             tc.batch_size, T, accum, B, tc.steps);
 
   std::unique_ptr<io::RunLog> runlog;
-  ok = true;
-  if (rank == 0) {
-    try {
-      runlog = std::make_unique<io::RunLog>(cfg.output.dir, cfg.resolved);
-    } catch (const std::exception& e) {
-      ok = false;
-      err = std::string("output.dir: ") + e.what();
-    }
-  }
-  check_all(comm, ok, err, MESHLM_HERE);
+  try_all(comm, "output.dir: ", [&] {
+    if (rank == 0) runlog = std::make_unique<io::RunLog>(cfg.output.dir, cfg.resolved);
+  }, MESHLM_HERE);
 
   std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
   TrainSummary summary;
@@ -182,10 +182,10 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm comm) {
   }
   summary.seconds = now_seconds() - t_start;
   timers.account_rest_as_other(summary.seconds);
-  print_memory_table(comm);
+  print_memory_table(predicted, comm);
   print_timing_table(timers, summary.seconds, comm);
   if (runlog) {
-    runlog->write_memory();
+    runlog->write_memory(predicted);
     runlog->write_timing(timers);
     runlog->close();
     log::info("# run log: {}/run.h5", cfg.output.dir);

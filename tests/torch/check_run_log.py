@@ -91,6 +91,11 @@ def main():
             check(int(f["memory/grads/peak_bytes"][()]) == p_bytes, "grads bytes == params bytes")
             check(int(f["memory/optimizer/peak_bytes"][()]) == 2 * p_bytes,
                   "optimizer bytes == 2 x params bytes (AdamW m, v)")
+            # The memory model predicts every tracked category exactly.
+            for c in CATEGORIES:
+                pred = int(f[f"memory/{c}/predicted_bytes"][()])
+                peak = int(f[f"memory/{c}/peak_bytes"][()])
+                check(pred == peak, f"/memory/{c}: predicted {pred} == measured peak {peak}")
             first_losses = loss
 
         # Same parameter file, same seed: the same losses, bit for bit.

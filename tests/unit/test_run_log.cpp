@@ -94,7 +94,9 @@ TEST_F(RunLogTest, RowsMemoryTimingAndConfigReadBack) {
     log.append(2, 4.25, 2e-3, 0.5, 1100.0);
     log.append(10, 3.0, 3e-3, 0.25, 1200.0);
     EXPECT_EQ(log.rows(), 3);
-    log.write_memory();
+    MemoryByCategory predicted{};
+    for (int i = 0; i < kNumMemCategories; ++i) predicted[i] = 1000 + i;
+    log.write_memory(predicted);
     SectionTimers timers;
     timers.add(Section::forward, 1.5);
     timers.add(Section::backward, 2.5);
@@ -129,6 +131,7 @@ TEST_F(RunLogTest, RowsMemoryTimingAndConfigReadBack) {
     std::string g = std::string("/memory/") + mem_category_name(static_cast<MemCategory>(i));
     read_scalar<int64_t>(f, g + "/peak_bytes", H5T_NATIVE_INT64);
     read_scalar<int64_t>(f, g + "/current_bytes", H5T_NATIVE_INT64);
+    EXPECT_EQ(read_scalar<int64_t>(f, g + "/predicted_bytes", H5T_NATIVE_INT64), 1000 + i);
   }
   EXPECT_GE(read_scalar<int64_t>(f, "/memory/activations/current_bytes", H5T_NATIVE_INT64),
             4096);

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# rank_error_mid_run.sh "MPIEXEC LINE" MESHLM TINY_CFG
+#
+# A failure in the middle of training on every rank separately (a raw token
+# file, which carries no vocabulary, holding an id the model does not have)
+# must abort the whole job with the rank and the file named, not hang.
+set -u
+mpiexec_line=$1
+meshlm=$2
+cfg=$3
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+cd "$scratch"
+
+# Raw tokens: "MESHTOK1", format_version 1, 2 bytes per token, 200 tokens,
+# all equal to 300 (0x012c), which is >= model.vocab_size = 256.
+{
+  printf 'MESHTOK1\x01\x00\x00\x00\x02\x00\x00\x00\xc8\x00\x00\x00\x00\x00\x00\x00'
+  for _ in $(seq 200); do printf '\x2c\x01'; done
+} > tokens.bin
+
+# shellcheck disable=SC2086
+timeout 60 $mpiexec_line "$meshlm" train "$cfg" --data.path=tokens.bin --data.tokenize_from= \
+  --output.dir=out >log 2>&1
+rc=$?
+cat log
+echo "---- exit status $rc"
+fail=0
+[ "$rc" -eq 124 ] && { echo "FAIL: the job hung"; fail=1; }
+[ "$rc" -eq 0 ] && { echo "FAIL: expected a non-zero exit status"; fail=1; }
+grep -Eq "ERROR on rank [01]: .*tokens.bin.*300" log || { echo "FAIL: no per-rank error naming the file and the id"; fail=1; }
+exit $fail
