@@ -6,6 +6,11 @@
 // float4 are done one at a time, so n need not be a multiple of 4. When a
 // pointer is not 16-byte aligned (a tensor at an odd offset inside a larger
 // allocation) the whole range takes the one-at-a-time path.
+//
+// tanhf must be the accurate one (2 ulp): meshlm_cuda is built without
+// --use_fast_math, under which nvcc (CUDA 13.0) turns tanhf() into the
+// tanh.approx.f32 instruction (relative error about 2^-11) and GELU would
+// differ from the CPU reference in the 4th digit.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -15,13 +20,6 @@
 #include "core/error.h"
 #include "cuda/cuda_check.cuh"
 #include "cuda/ops_cuda.h"
-
-// libdevice's tanhf, by its name. meshlm_cuda is compiled with --use_fast_math,
-// under which nvcc (checked with CUDA 13.0) turns tanhf() into the
-// tanh.approx.f32 instruction, whose relative error is about 2^-11: GELU would
-// then differ from the CPU reference in the 4th digit. __nv_tanhf is the
-// implementation tanhf() uses without fast math (2 ulp), whatever the flags.
-extern "C" __device__ float __nv_tanhf(float x);
 
 namespace meshlm::cuda {
 
@@ -41,13 +39,13 @@ constexpr size_t kMaxBlocks = size_t(1) << 16;
 
 __device__ __forceinline__ float gelu_value(float x) {
   float u = kGeluScale * (x + kGeluCubic * x * x * x);
-  return 0.5f * x * (1.0f + __nv_tanhf(u));
+  return 0.5f * x * (1.0f + tanhf(u));
 }
 
 // d gelu / dx, the same expression as the CPU op.
 __device__ __forceinline__ float gelu_grad(float x) {
   float u = kGeluScale * (x + kGeluCubic * x * x * x);
-  float th = __nv_tanhf(u);
+  float th = tanhf(u);
   float sech2 = 1.0f - th * th;
   float du_dx = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
   return 0.5f * (1.0f + th) + 0.5f * x * sech2 * du_dx;
