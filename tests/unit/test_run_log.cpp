@@ -15,6 +15,7 @@
 #include "core/timer.h"
 #include "io/h5.h"
 #include "io/run_log.h"
+#include "scratch_dir.h"
 
 namespace fs = std::filesystem;
 using namespace meshlm;
@@ -22,16 +23,7 @@ using namespace meshlm::io;
 
 namespace {
 
-class RunLogTest : public ::testing::Test {
-protected:
-  void SetUp() override {
-    std::string tmpl = (fs::path(::testing::TempDir()) / "meshlm_runlog_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
-};
+using RunLogTest = ScratchDirTest;
 
 // Reads a whole 1-D dataset with the plain C API.
 template <typename T>

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "io/h5.h"
 #include "io/tokens.h"
+#include "scratch_dir.h"
 
 namespace fs = std::filesystem;
 using namespace meshlm;
@@ -21,25 +22,7 @@ using namespace meshlm::io;
 
 namespace {
 
-// A fresh directory per test, removed afterwards.
-class TokensTest : public ::testing::Test {
-protected:
-  void SetUp() override {
-    std::string tmpl = (fs::path(::testing::TempDir()) / "meshlm_tokens_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string file(const std::string& name) const { return (dir_ / name).string(); }
-  // Names of the files left in the directory (to catch stray .tmp files).
-  std::vector<std::string> listing() const {
-    std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(dir_)) names.push_back(e.path().filename());
-    std::sort(names.begin(), names.end());
-    return names;
-  }
-  fs::path dir_;
-};
+using TokensTest = ScratchDirTest;
 
 std::vector<uint32_t> iota_ids(size_t n, uint32_t first = 0) {
   std::vector<uint32_t> ids(n);
