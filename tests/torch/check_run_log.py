@@ -61,6 +61,14 @@ def main():
         check("# Memory per rank" in p.stdout and "# Time per section" in p.stdout,
               "memory and timing tables printed")
 
+        # data.tokenize_from made the token file: byte-level, one id per byte.
+        with h5py.File(os.path.join(tmp, "tokens.h5"), "r") as f:
+            ids = f["tokens"][...]
+            vocab = int(f.attrs["vocab_size"])
+        text = np.frombuffer(open("/usr/share/common-licenses/GPL-3", "rb").read(), dtype=np.uint8)
+        check(ids.dtype == np.uint16 and vocab == 256, "tokens stored as uint16 with vocab_size 256")
+        check(np.array_equal(ids, text), f"the {len(ids)} tokens are the bytes of the text")
+
         path = os.path.join(tmp, "out", "run.h5")
         check(os.path.exists(path), "run.h5 exists")
         with h5py.File(path, "r") as f:
