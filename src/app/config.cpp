@@ -2,6 +2,7 @@
 
 #include <boost/program_options.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <fstream>
 #include <map>
@@ -104,6 +105,37 @@ std::string resolved_ini(const po::options_description& desc, const po::variable
   return out;
 }
 
+// "--key=value" and "--key value" to one "--key" "value" pair per key, in
+// first-seen order, the LAST value of a key winning: a job script may put
+// its defaults before the user's overrides.
+std::vector<std::string> normalise_overrides(const std::vector<std::string>& args) {
+  std::vector<std::pair<std::string, std::string>> kv;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a.rfind("--", 0) != 0 || a.size() < 3)
+      fail("unexpected argument '" + a + "': overrides are written --section.key=value");
+    std::string key, value;
+    if (const auto eq = a.find('='); eq != std::string::npos) {
+      key = a.substr(0, eq);
+      value = a.substr(eq + 1);
+    } else if (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) {
+      key = a;
+      value = args[++i];
+    } else {
+      fail("command line: " + a + " needs a value (--section.key=value)");
+    }
+    auto same = [&](const auto& p) { return p.first == key; };
+    if (auto it = std::find_if(kv.begin(), kv.end(), same); it != kv.end()) it->second = value;
+    else kv.emplace_back(key, value);
+  }
+  std::vector<std::string> out;
+  for (auto& [k, v] : kv) {
+    out.push_back(k);
+    out.push_back(v);  // the two-word form also takes an empty value
+  }
+  return out;
+}
+
 void validate(const RunConfig& c) {
   c.model.validate();
   const auto& t = c.train;
@@ -144,21 +176,10 @@ RunConfig parse_run_config(const std::string& text, const std::string& source,
   // The command line is stored first: program_options keeps the first value
   // stored for a key, so an override beats the file.
   try {
-    std::vector<std::string> args;
-    for (const auto& a : overrides) {
-      if (a.rfind("--", 0) != 0 && (args.empty() || args.back().find('=') != std::string::npos))
-        fail("unexpected argument '" + a + "': overrides are written --section.key=value");
-      if (a.size() > 3 && a.back() == '=') {
-        // "--data.tokenize_from=" sets an empty value, which the parser only
-        // takes in the two-word form.
-        args.push_back(a.substr(0, a.size() - 1));
-        args.emplace_back();
-      } else {
-        args.push_back(a);
-      }
-    }
-    po::store(po::command_line_parser(args).options(desc).style(
-                  po::command_line_style::default_style & ~po::command_line_style::allow_guessing)
+    po::store(po::command_line_parser(normalise_overrides(overrides))
+                  .options(desc)
+                  .style(po::command_line_style::default_style &
+                         ~po::command_line_style::allow_guessing)
                   .run(),
               vm);
   } catch (const po::error& e) {

@@ -47,6 +47,15 @@ TEST(Config, CommandLineOverridesFile) {
   EXPECT_NE(c.resolved.find("n_layer = 5\n"), std::string::npos);
 }
 
+TEST(Config, LastOverrideOfAKeyWins) {
+  RunConfig c = parse_run_config(kGood, "t", {"--output.dir=job", "--train.lr", "0.5",
+                                              "--output.dir=mine", "--data.tokenize_from="});
+  EXPECT_EQ(c.output.dir, "mine");
+  EXPECT_DOUBLE_EQ(c.train.lr, 0.5);
+  EXPECT_EQ(c.data.tokenize_from, "");
+  EXPECT_NE(error_of(kGood, {"--train.lr"}).find("--train.lr needs a value"), std::string::npos);
+}
+
 TEST(Config, MicroBatchDefaultsToBatch) {
   RunConfig c = parse_run_config(std::string(kGood) + "", "t", {"--train.micro_batch_size=0"});
   EXPECT_EQ(c.train.micro_batch_size, 4);
