@@ -15,14 +15,19 @@ void softmax_crossentropy_forward(T* losses, T* logits_probs, const int32_t* tar
   for (int n = 0; n < N; ++n) {
     T* row = logits_probs + static_cast<size_t>(n) * Vp;
     const T target_logit = row[targets[n]];
+    // SIMD reductions: their summation order is fixed by the build, so
+    // results stay reproducible run to run.
     T mx = row[0];
+#pragma omp simd reduction(max : mx)
     for (int v = 1; v < V; ++v) mx = row[v] > mx ? row[v] : mx;
     T sum = 0;
+#pragma omp simd reduction(+ : sum)
     for (int v = 0; v < V; ++v) {
       row[v] = std::exp(row[v] - mx);
       sum += row[v];
     }
-    T inv = T(1) / sum;
+    const T inv = T(1) / sum;
+#pragma omp simd
     for (int v = 0; v < V; ++v) row[v] *= inv;
     for (int v = V; v < Vp; ++v) row[v] = 0;
     // -log p[target] from the log-sum-exp, finite even where p underflows.
