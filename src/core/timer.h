@@ -15,7 +15,6 @@ class SectionTimers {
 public:
   void add(Section s, double seconds) { total_[static_cast<int>(s)] += seconds; }
   double total(Section s) const { return total_[static_cast<int>(s)]; }
-  void reset() { total_.fill(0.0); }
   double sum() const {
     double s = 0;
     for (double t : total_) s += t;

@@ -74,8 +74,8 @@ const ParamSpec& GPT::spec(const std::string& name) const {
 }
 
 std::span<float> GPT::view(float* base, const std::string& name) const {
-  const ParamSpec& p = spec(name);
-  return {base + p.offset, p.numel()};
+  const TensorView t = spec(name).in(base);
+  return {t.as<float>(), static_cast<size_t>(t.numel())};
 }
 
 GPTTensors GPT::tensors(float* base) const {

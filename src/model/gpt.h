@@ -31,6 +31,8 @@ struct ParamSpec {
   int layer = -1;     // transformer block, -1 for embeddings and final norm
   bool decay() const { return shape.ndim >= 2; }  // AdamW decays matrices only
   size_t numel() const { return static_cast<size_t>(shape.numel()); }
+  // This tensor inside a flat fp32 buffer laid out by the table.
+  TensorView in(float* base) const { return {base + offset, shape, DType::f32, Device::cpu}; }
 };
 
 // The table, in memory order: wte, wpe, blocks 0..L-1, ln_f.

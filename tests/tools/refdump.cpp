@@ -44,11 +44,12 @@ int flag(const std::map<std::string, std::string>& f, const std::string& k, int 
 }
 
 void write_table(hid_t file, const std::string& group, const std::vector<ParamSpec>& table,
-                 const float* base) {
+                 float* base) {
   h5::Group g = h5::require_group(file, group);
   for (const auto& p : table) {
-    std::vector<hsize_t> dims(p.shape.dims.begin(), p.shape.dims.begin() + p.shape.ndim);
-    h5::write_dataset(g, p.name, base + p.offset, dims);
+    const TensorView t = p.in(base);
+    std::vector<hsize_t> dims(t.shape.dims.begin(), t.shape.dims.begin() + t.shape.ndim);
+    h5::write_dataset(g, p.name, t.as<float>(), dims);
   }
 }
 

@@ -1,0 +1,93 @@
+// core/: shapes and tensor views, the tracked allocator, process memory.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <utility>
+
+#include "core/alloc.h"
+#include "core/tensor.h"
+#include "model/gpt.h"
+
+using namespace meshlm;
+
+TEST(Shape, NumelEqualityAndText) {
+  Shape s{2, 3, 4};
+  EXPECT_EQ(s.ndim, 3);
+  EXPECT_EQ(s.numel(), 24);
+  EXPECT_EQ(s.str(), "(2, 3, 4)");
+  EXPECT_EQ(s, (Shape{2, 3, 4}));
+  EXPECT_FALSE(s == (Shape{2, 12}));
+  EXPECT_EQ(Shape{}.numel(), 1);  // a scalar
+  EXPECT_THROW((Shape{1, 2, 3, 4, 5}), RankError);
+}
+
+TEST(TensorView, BytesAndDtypes) {
+  float x[6] = {};
+  TensorView t{x, {2, 3}, DType::f32, Device::cpu};
+  EXPECT_EQ(t.numel(), 6);
+  EXPECT_EQ(t.bytes(), 24u);
+  EXPECT_EQ(t.as<float>(), x);
+  EXPECT_EQ(dtype_size(DType::bf16), 2u);
+  EXPECT_EQ(dtype_size(DType::f64), 8u);
+  EXPECT_STREQ(dtype_name(DType::u16), "u16");
+  EXPECT_STREQ(device_name(Device::cuda), "cuda");
+}
+
+TEST(TensorView, ParameterTableCutsTheFlatBuffer) {
+  GPTConfig c;
+  c.n_layer = 1;
+  c.n_embd = 8;
+  c.n_head = 2;
+  c.vocab_size = 10;
+  c.max_seq_len = 4;
+  GPT m(c);
+  const ParamSpec& p = m.spec("h.0.mlp.c_fc.weight");
+  const TensorView t = p.in(m.params());
+  EXPECT_EQ(t.shape, (Shape{32, 8}));
+  EXPECT_EQ(t.as<float>(), m.params() + p.offset);
+  EXPECT_EQ(m.param("h.0.mlp.c_fc.weight").data(), t.as<float>());
+  EXPECT_THROW(m.spec("h.9.nothing"), RankError);
+}
+
+TEST(MemTracker, CurrentAndPeakPerCategory) {
+  MemTracker& t = MemTracker::get();
+  const size_t ws0 = t.current(MemCategory::workspace);
+  const size_t comm0 = t.current(MemCategory::comm);
+  t.reset_peaks();
+  {
+    Buffer a(1000, MemCategory::workspace, "a");
+    Buffer b(500, MemCategory::workspace, "b");
+    EXPECT_EQ(t.current(MemCategory::workspace), ws0 + 1500);
+    {
+      Buffer c(4096, MemCategory::comm, "c");
+      EXPECT_EQ(t.current(MemCategory::comm), comm0 + 4096);
+    }
+    EXPECT_EQ(t.current(MemCategory::comm), comm0);
+    EXPECT_EQ(t.peak(MemCategory::comm), comm0 + 4096);
+    // Moves hand the bytes over without counting them twice.
+    Buffer moved = std::move(a);
+    EXPECT_EQ(a.data(), nullptr);
+    EXPECT_EQ(t.current(MemCategory::workspace), ws0 + 1500);
+    moved = Buffer();  // frees
+    EXPECT_EQ(t.current(MemCategory::workspace), ws0 + 500);
+  }
+  EXPECT_EQ(t.current(MemCategory::workspace), ws0);
+  EXPECT_EQ(t.peak(MemCategory::workspace), ws0 + 1500);
+  t.reset_peaks();
+  EXPECT_EQ(t.peak(MemCategory::workspace), ws0);
+}
+
+TEST(Buffer, ZeroedAlignedAndLabelled) {
+  Buffer b(100, MemCategory::other, "label");
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % 64, 0u);
+  for (size_t i = 0; i < 100; ++i) ASSERT_EQ(b.as<unsigned char>()[i], 0);
+  EXPECT_EQ(b.label(), "label");
+  EXPECT_EQ(b.category(), MemCategory::other);
+  EXPECT_THROW(Buffer(8, MemCategory::other, "gpu", Device::cuda), RankError);
+}
+
+TEST(ProcessMemory, ReadsProc) {
+  const ProcessMemory m = read_process_memory();
+  EXPECT_GT(m.rss, 0u);
+  EXPECT_GE(m.rss_peak, m.rss);
+}
