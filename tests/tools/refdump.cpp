@@ -54,15 +54,14 @@ void write_table(hid_t file, const std::string& group, const std::vector<ParamSp
 }
 
 int dump_grads(const std::string& out, const std::map<std::string, std::string>& f) {
-  GPTConfig cfg;
-  cfg.n_layer = flag(f, "n_layer", 2);
-  cfg.n_head = flag(f, "n_head", 4);
-  cfg.n_embd = flag(f, "n_embd", 64);
-  cfg.vocab_size = flag(f, "vocab_size", 256);
   const int T = flag(f, "seq_len", 32);
   const int B = flag(f, "batch", 2);
   const uint64_t seed = static_cast<uint64_t>(flag(f, "seed", 42));
-  cfg.max_seq_len = T + 3;  // a position table longer than the sequence
+  const GPTConfig cfg{.n_layer = flag(f, "n_layer", 2),
+                      .n_head = flag(f, "n_head", 4),
+                      .n_embd = flag(f, "n_embd", 64),
+                      .vocab_size = flag(f, "vocab_size", 256),
+                      .max_seq_len = T + 3};  // a position table longer than the sequence
 
   GPT model(cfg);
   model.init_weights(seed);
@@ -104,12 +103,7 @@ int dump_grads(const std::string& out, const std::map<std::string, std::string>&
 
 int dump_adamw(const std::string& out) {
   // A small table with matrices and vectors; values of several scales.
-  GPTConfig cfg;
-  cfg.n_layer = 1;
-  cfg.n_head = 2;
-  cfg.n_embd = 8;
-  cfg.vocab_size = 10;
-  cfg.max_seq_len = 4;
+  const GPTConfig cfg{.n_layer = 1, .n_head = 2, .n_embd = 8, .vocab_size = 10, .max_seq_len = 4};
   const std::vector<ParamSpec> table = gpt_param_table(cfg);
   const size_t n = table_numel(table);
   const AdamWConfig hp{0.9f, 0.95f, 1e-8f, 0.1f};

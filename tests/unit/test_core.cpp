@@ -34,12 +34,7 @@ TEST(TensorView, BytesAndDtypes) {
 }
 
 TEST(TensorView, ParameterTableCutsTheFlatBuffer) {
-  GPTConfig c;
-  c.n_layer = 1;
-  c.n_embd = 8;
-  c.n_head = 2;
-  c.vocab_size = 10;
-  c.max_seq_len = 4;
+  const GPTConfig c{.n_layer = 1, .n_head = 2, .n_embd = 8, .vocab_size = 10, .max_seq_len = 4};
   GPT m(c);
   const ParamSpec& p = m.spec("h.0.mlp.c_fc.weight");
   const TensorView t = p.in(m.params());

@@ -17,13 +17,7 @@ using namespace meshlm;
 
 namespace {
 GPTConfig small_config(int V = 64) {
-  GPTConfig c;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 32;
-  c.vocab_size = V;
-  c.max_seq_len = 16;
-  return c;
+  return {.n_layer = 2, .n_head = 2, .n_embd = 32, .vocab_size = V, .max_seq_len = 16};
 }
 
 void random_batch(std::vector<int32_t>& tok, std::vector<int32_t>& tgt, int V, uint64_t seed) {
@@ -34,12 +28,8 @@ void random_batch(std::vector<int32_t>& tok, std::vector<int32_t>& tgt, int V, u
 }  // namespace
 
 TEST(GPTTable, GPT2SmallHas124MParameters) {
-  GPTConfig c;
-  c.n_layer = 12;
-  c.n_head = 12;
-  c.n_embd = 768;
-  c.vocab_size = 50257;
-  c.max_seq_len = 1024;
+  const GPTConfig c{
+      .n_layer = 12, .n_head = 12, .n_embd = 768, .vocab_size = 50257, .max_seq_len = 1024};
   EXPECT_EQ(c.padded_vocab_size(), 50304);
   const auto table = gpt_param_table(c);
   // GPT-2 small: 124,439,808 parameters with V = 50257; padding adds 47 rows.
