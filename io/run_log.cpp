@@ -89,23 +89,30 @@ void RunLog::append(int64_t step, double loss, double lr, double grad_norm,
   h5::check(H5Fflush(file_, H5F_SCOPE_GLOBAL), file_, "/", "cannot flush");
 }
 
-void RunLog::write_memory(const MemoryByCategory& predicted) {
+void RunLog::write_memory(const std::vector<MemoryByCategory>& predicted,
+                          const std::vector<MemoryByCategory>& current,
+                          const std::vector<MemoryByCategory>& peak,
+                          const std::vector<ProcessMemory>& process) {
   require_open();
-  const MemTracker& mem = MemTracker::get();
+  auto column = [](const auto& rows, auto get) {
+    std::vector<int64_t> v;
+    for (const auto& r : rows) v.push_back(static_cast<int64_t>(get(r)));
+    return v;
+  };
   for (int i = 0; i < kNumMemCategories; ++i) {
     auto c = static_cast<MemCategory>(i);
     std::string group = std::string("memory/") + mem_category_name(c) + "/";
-    h5::write_scalar<int64_t>(file_, group + "peak_bytes", static_cast<int64_t>(mem.peak(c)));
-    h5::write_scalar<int64_t>(file_, group + "current_bytes",
-                              static_cast<int64_t>(mem.current(c)));
-    h5::write_scalar<int64_t>(file_, group + "predicted_bytes",
-                              static_cast<int64_t>(at(predicted, c)));
+    auto cat = [c](const MemoryByCategory& m) { return at(m, c); };
+    h5::write_dataset(file_, group + "peak_bytes", column(peak, cat));
+    h5::write_dataset(file_, group + "current_bytes", column(current, cat));
+    h5::write_dataset(file_, group + "predicted_bytes", column(predicted, cat));
   }
-  ProcessMemory proc = read_process_memory();
-  h5::write_scalar<int64_t>(file_, "memory/process/rss_bytes", static_cast<int64_t>(proc.rss));
-  h5::write_scalar<int64_t>(file_, "memory/process/rss_peak_bytes",
-                            static_cast<int64_t>(proc.rss_peak));
-  h5::write_scalar<int64_t>(file_, "memory/process/pss_bytes", static_cast<int64_t>(proc.pss));
+  h5::write_dataset(file_, "memory/process/rss_bytes",
+                    column(process, [](const ProcessMemory& p) { return p.rss; }));
+  h5::write_dataset(file_, "memory/process/rss_peak_bytes",
+                    column(process, [](const ProcessMemory& p) { return p.rss_peak; }));
+  h5::write_dataset(file_, "memory/process/pss_bytes",
+                    column(process, [](const ProcessMemory& p) { return p.pss; }));
   h5::check(H5Fflush(file_, H5F_SCOPE_GLOBAL), file_, "/", "cannot flush");
 }
 

@@ -8,8 +8,9 @@
 //   /metrics/lr            (n) float64
 //   /metrics/grad_norm     (n) float64
 //   /metrics/tokens_per_s  (n) float64
-//   /memory/<category>/{peak_bytes,current_bytes,predicted_bytes} int64 scalars (host)
-//   /memory/process/{rss_bytes,rss_peak_bytes,pss_bytes} int64 scalars
+//   /memory/<category>/{peak_bytes,current_bytes,predicted_bytes}
+//                          (ranks) int64, one entry per rank in rank order (host)
+//   /memory/process/{rss_bytes,rss_peak_bytes,pss_bytes}  (ranks) int64
 //   /timing/<section>/seconds                            float64 scalars
 //
 // Unlike checkpoints, the log is written in place (no temporary name): a run
@@ -20,6 +21,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/alloc.h"
 #include "core/timer.h"
@@ -41,10 +43,13 @@ public:
 
   // One row of /metrics, flushed to disk before returning.
   void append(int64_t step, double loss, double lr, double grad_norm, double tokens_per_s);
-  // Memory per category (host, from MemTracker) and of the process (/proc).
-  // Tracked bytes per category (peak, current) beside `predicted`, and the
-  // process figures from /proc.
-  void write_memory(const MemoryByCategory& predicted);
+  // Every rank's memory (see train/report.h: gather_memory): tracked bytes
+  // per category (peak, current) beside the prediction, and the process
+  // figures from /proc; entry r of each dataset is rank r.
+  void write_memory(const std::vector<MemoryByCategory>& predicted,
+                    const std::vector<MemoryByCategory>& current,
+                    const std::vector<MemoryByCategory>& peak,
+                    const std::vector<ProcessMemory>& process);
   // Seconds per section.
   void write_timing(const SectionTimers& timers);
   void close();

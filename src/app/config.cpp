@@ -9,6 +9,9 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "model/gpt.h"
+#include "plan/partition.h"
+#include "train/pipeline_schedule.h"
 
 namespace po = boost::program_options;
 
@@ -50,7 +53,7 @@ po::options_description make_options(RunConfig& c) {
   train.add_options()
     ("train.steps", opt(&c.train.steps), "optimizer steps")
     ("train.batch_size", opt(&c.train.batch_size), "sequences per optimizer step")
-    ("train.micro_batch_size", opt(&c.train.micro_batch_size), "sequences per forward/backward; gradients accumulate over batch_size / micro_batch_size micro-batches; 0 = batch_size")
+    ("train.micro_batch_size", opt(&c.train.micro_batch_size), "sequences per forward/backward of one rank; gradients accumulate over batch_size / (dp * micro_batch_size) micro-batches; 0 = batch_size / (dp * parallel.micro_batches)")
     ("train.lr", opt(&c.train.lr), "peak learning rate")
     ("train.lr_min_ratio", opt(&c.train.lr_min_ratio), "final learning rate of the cosine decay, as a fraction of lr")
     ("train.warmup_steps", opt(&c.train.warmup_steps), "steps of linear warmup before the cosine decay")
@@ -73,7 +76,22 @@ po::options_description make_options(RunConfig& c) {
   runtime.add_options()
     ("runtime.threads", opt(&c.runtime.threads), "OpenMP/BLAS threads per rank; 0 = cores of the node / ranks on the node");
   po::options_description all(kHelpWidth, kHelpWidth / 2);
-  all.add(model).add(train).add(data).add(output).add(runtime);
+  po::options_description parallel("[parallel] the process mesh: ranks = dp * tp * pp", kHelpWidth, kHelpWidth / 2);
+  parallel.add_options()
+    ("parallel.dp", opt(&c.parallel.dp), "data-parallel replicas, each reading its own slice of every batch; 0 = ranks / (tp * pp)")
+    ("parallel.tp", opt(&c.parallel.tp), "tensor-parallel ranks (Megatron); must divide n_head and the padded vocabulary")
+    ("parallel.pp", opt(&c.parallel.pp), "pipeline stages; at most n_layer")
+    ("parallel.zero_stage", opt(&c.parallel.zero_stage), "0 = replicated optimizer; 1 = AdamW moments sharded over dp; 2 = gradients sharded too")
+    ("parallel.micro_batches", opt(&c.parallel.micro_batches), "micro-batches per step and dp rank (pipeline and accumulation); 0 = batch_size / (dp * micro_batch_size)")
+    ("parallel.schedule", opt(&c.parallel.schedule), "pipeline schedule: gpipe | 1f1b (1f1b needs micro_batches >= pp)")
+    ("parallel.activation_checkpointing", opt(&c.parallel.activation_checkpointing), "none | full (keep each layer's input, recompute the layer in backward)")
+    ("parallel.stage_layers", opt(&c.parallel.stage_layers), "layers per pipeline stage, e.g. 3,3,2,2; empty = balanced by cost (embedding and head included)")
+    ("parallel.ranks_per_node", opt(&c.parallel.ranks_per_node), "split each node's ranks into groups of this many, as if they were nodes (tests); 0 = real nodes");
+  po::options_description debug("[debug] failure injection for tests", kHelpWidth, kHelpWidth / 2);
+  debug.add_options()
+    ("debug.fail_rank", opt(&c.debug.fail_rank), "this rank throws an error in the forward of debug.fail_step; -1 = none")
+    ("debug.fail_step", opt(&c.debug.fail_step), "the step at which debug.fail_rank fails");
+  all.add(model).add(train).add(data).add(output).add(runtime).add(parallel).add(debug);
   return all;
 }
 
@@ -136,6 +154,81 @@ std::vector<std::string> normalise_overrides(const std::vector<std::string>& arg
   return out;
 }
 
+// parallel.dp = 0: every rank not used by tp and pp is a data-parallel replica.
+void resolve_dp(RunConfig& c, int world_size) {
+  auto& p = c.parallel;
+  auto str = [](int v) { return std::to_string(v); };
+  if (p.dp != 0) return;
+  if (p.tp < 1 || p.pp < 1 || world_size % (p.tp * p.pp) != 0)
+    fail("parallel.dp = 0 takes the ranks left by parallel.tp (" + str(p.tp) + ") * parallel.pp (" +
+         str(p.pp) + "), but the job has " + str(world_size) + " ranks, not a multiple of " +
+         str(p.tp * p.pp));
+  p.dp = world_size / (p.tp * p.pp);
+}
+
+// train.micro_batch_size and parallel.micro_batches describe the same split
+// of a step (batch_size = dp * micro_batches * micro_batch_size): either may
+// be left 0 and is then derived from the other.
+void resolve_micro_batches(RunConfig& c) {
+  auto& t = c.train;
+  const auto& p = c.parallel;
+  auto str = [](int v) { return std::to_string(v); };
+  if (p.dp < 1) fail("parallel.dp must be >= 1 (got " + str(p.dp) + ")");
+  if (t.batch_size < 1) fail("train.batch_size must be >= 1 (got " + str(t.batch_size) + ")");
+  if (t.micro_batch_size < 0) fail("train.micro_batch_size must be >= 0 (got " + str(t.micro_batch_size) + ")");
+  if (p.micro_batches < 0) fail("parallel.micro_batches must be >= 0 (got " + str(p.micro_batches) + ")");
+  if (t.batch_size % p.dp != 0)
+    fail("train.batch_size (" + str(t.batch_size) + ") must be divisible by parallel.dp (" + str(p.dp) + ")");
+  const int per_dp = t.batch_size / p.dp;
+  if (t.micro_batch_size == 0) {
+    const int m = p.micro_batches > 0 ? p.micro_batches : 1;
+    if (per_dp % m != 0)
+      fail("train.batch_size / parallel.dp (" + str(per_dp) + ") must be a multiple of parallel.micro_batches (" +
+           str(m) + ")");
+    t.micro_batch_size = per_dp / m;
+  }
+  if (per_dp % t.micro_batch_size != 0)
+    fail("train.batch_size (" + str(t.batch_size) + ") must be a multiple of train.micro_batch_size (" +
+         str(t.micro_batch_size) + ")" + (p.dp > 1 ? " times parallel.dp (" + str(p.dp) + ")" : ""));
+  const int m = per_dp / t.micro_batch_size;
+  if (p.micro_batches > 0 && p.micro_batches != m)
+    fail("parallel.micro_batches (" + str(p.micro_batches) + ") disagrees with train.batch_size (" +
+         str(t.batch_size) + ") / (parallel.dp (" + str(p.dp) + ") * train.micro_batch_size (" +
+         str(t.micro_batch_size) + ")) = " + str(m) + "; set one of them to 0");
+  c.parallel.micro_batches = m;
+}
+
+// The [parallel] keys against each other and the model. The world size is
+// checked where it is known, by the process mesh.
+void validate_parallel(const RunConfig& c) {
+  const auto& p = c.parallel;
+  const auto& m = c.model;
+  auto str = [](int v) { return std::to_string(v); };
+  if (p.tp < 1) fail("parallel.tp must be >= 1 (got " + str(p.tp) + ")");
+  if (p.pp < 1) fail("parallel.pp must be >= 1 (got " + str(p.pp) + ")");
+  if (p.zero_stage < 0 || p.zero_stage > 2)
+    fail("parallel.zero_stage must be 0, 1 or 2 (got " + str(p.zero_stage) + ")");
+  if (p.ranks_per_node < 0)
+    fail("parallel.ranks_per_node must be >= 0 (got " + str(p.ranks_per_node) + ")");
+  if (m.n_head % p.tp != 0)
+    fail("model.n_head (" + str(m.n_head) + ") must be divisible by parallel.tp (" + str(p.tp) +
+         "): tensor parallelism splits the heads");
+  if (m.padded_vocab_size() % p.tp != 0)
+    fail("the padded vocabulary (model.vocab_size " + str(m.vocab_size) + " -> " +
+         str(m.padded_vocab_size()) + ") must be divisible by parallel.tp (" + str(p.tp) + ")");
+  if (p.pp > m.n_layer)
+    fail("parallel.pp (" + str(p.pp) + ") is more pipeline stages than model.n_layer (" +
+         str(m.n_layer) + ") layers");
+  const ScheduleKind kind = parse_schedule(p.schedule);
+  if (kind == ScheduleKind::one_f_one_b && p.micro_batches < p.pp)
+    fail("parallel.micro_batches (" + str(p.micro_batches) + ") must be >= parallel.pp (" + str(p.pp) +
+         ") under parallel.schedule = 1f1b (raise train.batch_size, lower train.micro_batch_size, "
+         "or use gpipe)");
+  parse_checkpointing(p.activation_checkpointing);
+  if (!p.stage_layers.empty()) parse_stage_layers(p.stage_layers, m.n_layer, p.pp);
+  if (c.debug.fail_step < 1) fail("debug.fail_step must be >= 1 (got " + str(c.debug.fail_step) + ")");
+}
+
 void validate(const RunConfig& c) {
   c.model.validate();
   const auto& t = c.train;
@@ -164,12 +257,13 @@ void validate(const RunConfig& c) {
   if (c.data.path.empty()) fail("data.path is required (a token file; see data.tokenize_from)");
   if (c.output.dir.empty()) fail("output.dir must not be empty");
   if (c.runtime.threads < 0) fail("runtime.threads must be >= 0 (0 = automatic)");
+  validate_parallel(c);
 }
 
 }  // namespace
 
 RunConfig parse_run_config(const std::string& text, const std::string& source,
-                           const std::vector<std::string>& overrides) {
+                           const std::vector<std::string>& overrides, int world_size) {
   RunConfig c;
   po::options_description desc = make_options(c);
   po::variables_map vm;
@@ -196,7 +290,8 @@ RunConfig parse_run_config(const std::string& text, const std::string& source,
   } catch (const po::error& e) {
     fail(source + ": " + e.what());
   }
-  if (c.train.micro_batch_size == 0) c.train.micro_batch_size = c.train.batch_size;
+  resolve_dp(c, world_size);
+  resolve_micro_batches(c);
   validate(c);
   c.source = source;
   c.resolved = resolved_ini(desc, vm);
@@ -224,7 +319,9 @@ RunConfig load_run_config(MPI_Comm comm, const std::string& path,
   MPI_Bcast(&len, 1, MPI_LONG, 0, comm);
   text.resize(len);
   MPI_Bcast(text.data(), static_cast<int>(len), MPI_CHAR, 0, comm);
-  return parse_run_config(text, path, overrides);
+  int size = 1;
+  MPI_Comm_size(comm, &size);
+  return parse_run_config(text, path, overrides, size);
 }
 
 std::string run_config_help() {

@@ -19,7 +19,7 @@ struct TrainConfig {
   int seq_len = 64;            // [model] seq_len: T of every training sequence
   int steps = 100;
   int batch_size = 8;          // sequences per optimizer step
-  int micro_batch_size = 0;    // sequences per forward/backward; 0 = batch_size
+  int micro_batch_size = 0;    // sequences per forward/backward of one rank; 0 = derived
   double lr = 3e-4;
   double lr_min_ratio = 0.1;
   int warmup_steps = 10;
@@ -30,7 +30,6 @@ struct TrainConfig {
   double eps = 1e-8;
   uint64_t seed = 1337;
   int log_every = 10;
-  int grad_accum_steps() const { return batch_size / micro_batch_size; }
 };
 
 struct DataConfig {
@@ -47,12 +46,31 @@ struct RuntimeConfig {
   int threads = 0;  // OpenMP threads per rank; 0 = cores of the node / ranks on it
 };
 
+// [parallel] the process mesh and how the step is split over it.
+struct ParallelConfig {
+  int dp = 0, tp = 1, pp = 1;         // dp * tp * pp = ranks of the job; dp 0 = ranks / (tp * pp)
+  int zero_stage = 0;                 // 0, 1 (optimizer sharded over DP), 2 (+ gradients)
+  int micro_batches = 0;              // per DP rank and step; 0 = from train.micro_batch_size
+  std::string schedule = "1f1b";      // gpipe | 1f1b
+  std::string activation_checkpointing = "none";  // none | full
+  std::string stage_layers;           // "3,3,2,2"; empty = balanced by cost
+  int ranks_per_node = 0;             // > 0 splits each node into groups of this many ranks
+};
+
+// [debug] switches for tests of the failure paths.
+struct DebugConfig {
+  int fail_rank = -1;  // this rank throws a RankError ...
+  int fail_step = 1;   // ... in the forward of this step
+};
+
 struct RunConfig {
   GPTConfig model;
   TrainConfig train;
   DataConfig data;
   OutputConfig output;
   RuntimeConfig runtime;
+  ParallelConfig parallel;
+  DebugConfig debug;
   std::string source;    // the parameter file, or "(defaults)"
   std::string resolved;  // every key with its final value, as an INI text
 };
@@ -61,8 +79,9 @@ struct RunConfig {
 // command-line overrides ("--section.key=value" or "--section.key value").
 // Throws CollectiveError naming the key or the file on any error; every rank
 // that calls it with the same text throws the same error.
+// `world_size` (the ranks of the job) resolves parallel.dp = 0.
 RunConfig parse_run_config(const std::string& text, const std::string& source,
-                           const std::vector<std::string>& overrides);
+                           const std::vector<std::string>& overrides, int world_size = 1);
 
 // Collective over `comm`: rank 0 reads `path`, every rank parses the same
 // bytes (so a file visible on one node only still gives one clear error).

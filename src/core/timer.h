@@ -8,12 +8,32 @@
 
 namespace meshlm {
 
-enum class Section : int { forward, backward, optimizer, data, checkpoint, other, count };
+enum class Section : int {
+  forward, backward, tp_comm, pp_comm, dp_comm, optimizer, data, checkpoint, other, count
+};
 const char* section_name(Section s);
 
+inline double now_seconds() {
+  using clock = std::chrono::steady_clock;
+  return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
+}
+
+// Sections nest: while an inner section runs (tensor-parallel communication
+// inside a forward), the outer one is paused, so every second is booked once.
 class SectionTimers {
 public:
   void add(Section s, double seconds) { total_[static_cast<int>(s)] += seconds; }
+  void begin(Section s) {
+    const double now = now_seconds();
+    if (depth_ > 0) add(stack_[depth_ - 1], now - mark_);
+    if (depth_ < kMaxDepth) stack_[depth_++] = s;
+    mark_ = now;
+  }
+  void end() {
+    const double now = now_seconds();
+    if (depth_ > 0) add(stack_[--depth_], now - mark_);
+    mark_ = now;
+  }
   double total(Section s) const { return total_[static_cast<int>(s)]; }
   double sum() const {
     double s = 0;
@@ -27,26 +47,23 @@ public:
   }
 
 private:
+  static constexpr int kMaxDepth = 8;
   std::array<double, static_cast<int>(Section::count)> total_{};
+  std::array<Section, kMaxDepth> stack_{};
+  int depth_ = 0;
+  double mark_ = 0;
 };
-
-inline double now_seconds() {
-  using clock = std::chrono::steady_clock;
-  return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
-}
 
 // Adds the lifetime of the scope to one section.
 class ScopedTimer {
 public:
-  ScopedTimer(SectionTimers& t, Section s) : t_(t), s_(s), start_(now_seconds()) {}
-  ~ScopedTimer() { t_.add(s_, now_seconds() - start_); }
+  ScopedTimer(SectionTimers& t, Section s) : t_(t) { t_.begin(s); }
+  ~ScopedTimer() { t_.end(); }
   ScopedTimer(const ScopedTimer&) = delete;
   ScopedTimer& operator=(const ScopedTimer&) = delete;
 
 private:
   SectionTimers& t_;
-  Section s_;
-  double start_;
 };
 
 }  // namespace meshlm

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "comm/comm.h"
 #include "ops/ops.h"
 
 namespace meshlm {
@@ -21,37 +22,64 @@ void GPTConfig::validate() const {
   if (max_seq_len < 1) fail("model.max_seq_len must be >= 1 (got " + std::to_string(max_seq_len) + ")");
 }
 
-std::vector<ParamSpec> gpt_param_table(const GPTConfig& cfg) {
+Checkpointing parse_checkpointing(const std::string& s) {
+  if (s == "none") return Checkpointing::none;
+  if (s == "full") return Checkpointing::full;
+  throw CollectiveError("parallel.activation_checkpointing must be none or full (got '" + s + "')",
+                        MESHLM_HERE);
+}
+
+const char* checkpointing_name(Checkpointing c) {
+  return c == Checkpointing::full ? "full" : "none";
+}
+
+std::vector<ParamSpec> gpt_param_table(const GPTConfig& cfg, const ModelShard& shard) {
   const int64_t C = cfg.n_embd, Vp = cfg.padded_vocab_size(), maxT = cfg.max_seq_len;
+  const int tp = shard.tp_size;
+  const int lb = shard.layer_begin, le = shard.layer_end < 0 ? cfg.n_layer : shard.layer_end;
+  MESHLM_CHECK(tp >= 1 && shard.tp_rank >= 0 && shard.tp_rank < tp, "bad tensor-parallel rank");
+  MESHLM_CHECK(0 <= lb && lb <= le && le <= cfg.n_layer, "bad layer range");
   std::vector<ParamSpec> t;
   size_t offset = 0;
-  auto add = [&](std::string name, Shape shape, int tp_dim, int layer) {
-    ParamSpec p{std::move(name), shape, offset, tp_dim, layer};
+  int index = 0;  // position in the whole model's table
+  auto add = [&](std::string name, Shape full, int tp_dim, int parts, int layer, bool keep) {
+    const int idx = index++;
+    if (!keep) return;
+    Shape local = full;
+    if (tp_dim >= 0) {
+      MESHLM_CHECK(full.dims[tp_dim] % (static_cast<int64_t>(parts) * tp) == 0,
+                   name + " does not split evenly over the tensor-parallel group");
+      local.dims[tp_dim] /= tp;
+    }
+    ParamSpec p{std::move(name), local, offset, tp_dim, layer, full, parts, idx};
     offset += p.numel();
     t.push_back(std::move(p));
   };
   // Vocabulary-parallel embedding: TP splits the rows of wte (and so the
   // logits of the tied lm_head). Column-parallel layers (c_attn, c_fc) split
-  // their output rows (dim 0); row-parallel ones (c_proj) their input (dim 1).
-  add("wte.weight", {Vp, C}, 0, -1);
-  add("wpe.weight", {maxT, C}, -1, -1);
+  // their output rows (dim 0; c_attn's rows are q, k, v, each split by heads);
+  // row-parallel ones (c_proj) their input columns (dim 1).
+  const bool first = shard.first_stage, last = shard.last_stage;
+  add("wte.weight", {Vp, C}, 0, 1, -1, first || last);
+  add("wpe.weight", {maxT, C}, -1, 1, -1, first);
   for (int l = 0; l < cfg.n_layer; ++l) {
     const std::string h = "h." + std::to_string(l) + ".";
-    add(h + "ln_1.weight", {C}, -1, l);
-    add(h + "ln_1.bias", {C}, -1, l);
-    add(h + "attn.c_attn.weight", {3 * C, C}, 0, l);
-    add(h + "attn.c_attn.bias", {3 * C}, 0, l);
-    add(h + "attn.c_proj.weight", {C, C}, 1, l);
-    add(h + "attn.c_proj.bias", {C}, -1, l);
-    add(h + "ln_2.weight", {C}, -1, l);
-    add(h + "ln_2.bias", {C}, -1, l);
-    add(h + "mlp.c_fc.weight", {4 * C, C}, 0, l);
-    add(h + "mlp.c_fc.bias", {4 * C}, 0, l);
-    add(h + "mlp.c_proj.weight", {C, 4 * C}, 1, l);
-    add(h + "mlp.c_proj.bias", {C}, -1, l);
+    const bool mine = lb <= l && l < le;
+    add(h + "ln_1.weight", {C}, -1, 1, l, mine);
+    add(h + "ln_1.bias", {C}, -1, 1, l, mine);
+    add(h + "attn.c_attn.weight", {3 * C, C}, 0, 3, l, mine);
+    add(h + "attn.c_attn.bias", {3 * C}, 0, 3, l, mine);
+    add(h + "attn.c_proj.weight", {C, C}, 1, 1, l, mine);
+    add(h + "attn.c_proj.bias", {C}, -1, 1, l, mine);
+    add(h + "ln_2.weight", {C}, -1, 1, l, mine);
+    add(h + "ln_2.bias", {C}, -1, 1, l, mine);
+    add(h + "mlp.c_fc.weight", {4 * C, C}, 0, 1, l, mine);
+    add(h + "mlp.c_fc.bias", {4 * C}, 0, 1, l, mine);
+    add(h + "mlp.c_proj.weight", {C, 4 * C}, 1, 1, l, mine);
+    add(h + "mlp.c_proj.bias", {C}, -1, 1, l, mine);
   }
-  add("ln_f.weight", {C}, -1, -1);
-  add("ln_f.bias", {C}, -1, -1);
+  add("ln_f.weight", {C}, -1, 1, -1, last);
+  add("ln_f.bias", {C}, -1, 1, -1, last);
   return t;
 }
 
@@ -59,18 +87,81 @@ size_t table_numel(const std::vector<ParamSpec>& table) {
   return table.empty() ? 0 : table.back().offset + table.back().numel();
 }
 
-GPT::GPT(const GPTConfig& cfg) : cfg_(cfg) {
+namespace {
+// The logical tensor seen as (outer, D, inner) with D = full_shape[tp_dim]
+// made of tp_parts parts; rank r holds piece r of every part of every outer
+// row. Copies full -> part (to_part) or back.
+void shard_copy(const ParamSpec& s, float* full, float* part, int r, int tp, bool to_part) {
+  if (s.tp_dim < 0 || tp == 1) {
+    if (to_part)
+      std::memcpy(part, full, s.numel() * sizeof(float));
+    else
+      std::memcpy(full, part, s.numel() * sizeof(float));
+    return;
+  }
+  const Shape& f = s.full_shape;
+  size_t outer = 1, inner = 1;
+  for (int d = 0; d < s.tp_dim; ++d) outer *= f.dims[d];
+  for (int d = s.tp_dim + 1; d < f.ndim; ++d) inner *= f.dims[d];
+  const size_t D = f.dims[s.tp_dim], per_part = D / s.tp_parts, piece = per_part / tp;
+  for (size_t o = 0; o < outer; ++o) {
+    for (int p = 0; p < s.tp_parts; ++p) {
+      float* a = full + (o * D + p * per_part + r * piece) * inner;
+      float* b = part + (o * (D / tp) + p * piece) * inner;
+      if (to_part)
+        std::memcpy(b, a, piece * inner * sizeof(float));
+      else
+        std::memcpy(a, b, piece * inner * sizeof(float));
+    }
+  }
+}
+}  // namespace
+
+void shard_from_full(const ParamSpec& spec, const float* full, float* part, int tp_rank,
+                     int tp_size) {
+  shard_copy(spec, const_cast<float*>(full), part, tp_rank, tp_size, true);
+}
+
+void shard_to_full(const ParamSpec& spec, const float* part, float* full, int tp_rank,
+                   int tp_size) {
+  shard_copy(spec, full, const_cast<float*>(part), tp_rank, tp_size, false);
+}
+
+GPT::GPT(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts,
+         comm::Communicator* tp)
+    : cfg_(cfg), shard_(shard), opts_(opts), tp_(tp) {
   cfg_.validate();
-  table_ = gpt_param_table(cfg_);
+  if (shard_.layer_end < 0) shard_.layer_end = cfg_.n_layer;
+  MESHLM_CHECK(shard_.tp_size == 1 || tp_ != nullptr, "tensor parallelism needs its group");
+  MESHLM_CHECK(cfg_.n_head % shard_.tp_size == 0, "heads must split evenly over TP");
+  MESHLM_CHECK(cfg_.padded_vocab_size() % shard_.tp_size == 0, "vocabulary must split over TP");
+  MESHLM_CHECK(opts_.slots >= 1 && opts_.pad_multiple >= 1, "bad GPT options");
+  table_ = gpt_param_table(cfg_, shard_);
+  n_local_ = shard_.layer_end - shard_.layer_begin;
+  for (size_t i = 0; i < table_.size(); ++i) {
+    const ParamSpec& p = table_[i];
+    if (p.name == "wte.weight") idx_wte_ = static_cast<int>(i);
+    if (p.name == "wpe.weight") idx_wpe_ = static_cast<int>(i);
+    if (p.name == "ln_f.weight") idx_lnf_ = static_cast<int>(i);
+    if (p.layer == shard_.layer_begin && first_block_ == 0) first_block_ = i;
+  }
   num_params_ = table_numel(table_);
-  params_ = Buffer(num_params_ * sizeof(float), MemCategory::params, "gpt.params");
-  grads_ = Buffer(num_params_ * sizeof(float), MemCategory::grads, "gpt.grads");
+  padded_params_ = (num_params_ + opts_.pad_multiple - 1) / opts_.pad_multiple * opts_.pad_multiple;
+  params_ = Buffer(padded_params_ * sizeof(float), MemCategory::params, "gpt.params");
+  if (opts_.own_grads)
+    grads_ = Buffer(padded_params_ * sizeof(float), MemCategory::grads, "gpt.grads");
 }
 
 const ParamSpec& GPT::spec(const std::string& name) const {
   for (const auto& p : table_)
     if (p.name == name) return p;
-  throw RankError("no parameter named '" + name + "' in the GPT-2 table", MESHLM_HERE);
+  throw RankError("no parameter named '" + name + "' in this rank's GPT-2 table", MESHLM_HERE);
+}
+
+bool GPT::has(const std::string& name) const {
+  for (const auto& p : table_)
+    if (p.name == name) return true;
+  return false;
 }
 
 std::span<float> GPT::view(float* base, const std::string& name) const {
@@ -78,23 +169,35 @@ std::span<float> GPT::view(float* base, const std::string& name) const {
   return {t.as<float>(), static_cast<size_t>(t.numel())};
 }
 
-GPTTensors GPT::tensors(float* base) const {
-  // The table order is fixed by gpt_param_table(): 2 embeddings, 12 tensors
-  // per block, 2 for ln_f.
+BlockTensors GPT::block_tensors(int l, const std::function<float*(size_t)>& at) const {
+  // The table order is fixed by gpt_param_table(): 12 tensors per block.
   constexpr size_t kPerBlock = 12;
+  const size_t i = first_block_ + static_cast<size_t>(l) * kPerBlock;
+  return {at(i), at(i + 1), at(i + 2), at(i + 3), at(i + 4), at(i + 5),
+          at(i + 6), at(i + 7), at(i + 8), at(i + 9), at(i + 10), at(i + 11)};
+}
+
+GPTTensors GPT::tensors(float* base) const {
   auto at = [&](size_t i) { return base + table_[i].offset; };
   GPTTensors t;
-  t.wte = at(0);
-  t.wpe = at(1);
-  for (int l = 0; l < cfg_.n_layer; ++l) {
-    size_t i = 2 + l * kPerBlock;
-    t.blocks.push_back({at(i), at(i + 1), at(i + 2), at(i + 3), at(i + 4), at(i + 5), at(i + 6),
-                        at(i + 7), at(i + 8), at(i + 9), at(i + 10), at(i + 11)});
+  if (idx_wte_ >= 0) t.wte = at(idx_wte_);
+  if (idx_wpe_ >= 0) t.wpe = at(idx_wpe_);
+  for (int l = 0; l < n_local_; ++l) t.blocks.push_back(block_tensors(l, at));
+  if (idx_lnf_ >= 0) {
+    t.lnfw = at(idx_lnf_);
+    t.lnfb = at(idx_lnf_ + 1);
   }
-  size_t f = 2 + cfg_.n_layer * kPerBlock;
-  t.lnfw = at(f);
-  t.lnfb = at(f + 1);
   return t;
+}
+
+float* GPT::grad_at(size_t index) {
+  return opts_.own_grads ? grads() + table_[index].offset : grad_where_(index);
+}
+
+void GPT::set_grad_target(std::function<float*(size_t)> where, std::function<void(int)> block_done) {
+  MESHLM_CHECK(!opts_.own_grads, "set_grad_target() needs GPTOptions::own_grads = false");
+  grad_where_ = std::move(where);
+  block_done_ = std::move(block_done);
 }
 
 void GPT::init_weights(uint64_t seed) {
@@ -102,195 +205,322 @@ void GPT::init_weights(uint64_t seed) {
   const double kResidualStd = kStd / std::sqrt(2.0 * cfg_.n_layer);
   const size_t real_wte = static_cast<size_t>(cfg_.vocab_size) * cfg_.n_embd;
   float* base = params();
-  for (size_t i = 0; i < table_.size(); ++i) {
-    const ParamSpec& p = table_[i];
-    float* x = base + p.offset;
-    Rng rng(Rng::mix_seed(seed, i));
+  for (const ParamSpec& p : table_) {
+    // A split tensor is generated whole (workspace) and this rank keeps its part.
+    const bool split = p.tp_dim >= 0 && shard_.tp_size > 1;
+    const size_t n = static_cast<size_t>(p.full_shape.numel());
+    Buffer whole;
+    if (split) whole = Buffer(n * sizeof(float), MemCategory::workspace, "gpt.init_whole");
+    float* x = split ? whole.as<float>() : base + p.offset;
+    Rng rng(Rng::mix_seed(seed, static_cast<uint64_t>(p.index)));
     const bool is_ln_gain = p.name.find("ln_") != std::string::npos && p.name.ends_with(".weight");
     if (p.decay()) {
       const double sd = p.name.ends_with("c_proj.weight") ? kResidualStd : kStd;
-      size_t n = (p.name == "wte.weight") ? real_wte : p.numel();  // padded rows stay 0
-      for (size_t j = 0; j < n; ++j) x[j] = static_cast<float>(sd * rng.normal());
-      for (size_t j = n; j < p.numel(); ++j) x[j] = 0.0f;
+      const size_t real = (p.name == "wte.weight") ? real_wte : n;  // padded rows stay 0
+      for (size_t j = 0; j < real; ++j) x[j] = static_cast<float>(sd * rng.normal());
+      for (size_t j = real; j < n; ++j) x[j] = 0.0f;
     } else {
       const float v = is_ln_gain ? 1.0f : 0.0f;
-      for (size_t j = 0; j < p.numel(); ++j) x[j] = v;
+      for (size_t j = 0; j < n; ++j) x[j] = v;
     }
+    if (split) shard_from_full(p, x, base + p.offset, shard_.tp_rank, shard_.tp_size);
   }
 }
 
-size_t GPT::activation_bytes(const GPTConfig& cfg, int B, int Tn) {
-  const size_t BT = static_cast<size_t>(B) * Tn, C = cfg.n_embd, NH = cfg.n_head;
-  const size_t Vp = cfg.padded_vocab_size();
-  const size_t per_block = BT * C * 7 + BT * 4 + BT * 3 * C + BT * NH * Tn + BT * 4 * C * 2;
-  const size_t acts = BT * C + cfg.n_layer * per_block + BT * C + BT * 2 + BT * Vp + BT;
-  const size_t grads = BT * C * 3 + BT * 3 * C + BT * NH * Tn + BT * 4 * C * 2 + BT;
-  return (acts + grads) * sizeof(float);
-}
+// ---- activations --------------------------------------------------------------
 
-void GPT::ensure_activations(int B, int Tn) {
-  if (B == B_ && Tn == T_) return;
-  MESHLM_CHECK(Tn <= cfg_.max_seq_len, "sequence longer than the position table");
-  const size_t BT = static_cast<size_t>(B) * Tn, C = cfg_.n_embd, NH = cfg_.n_head;
-  const size_t Vp = cfg_.padded_vocab_size();
-  // Cut one buffer into the arrays, in order; the sizes here and in
-  // activation_bytes() are the same list.
-  size_t total = 0;
-  std::vector<std::pair<float**, size_t>> cuts;
-  auto cut = [&](float*& p, size_t n) {
-    cuts.emplace_back(&p, n);
-    total += n;
+struct GPT::ActLayout {
+  std::vector<SlotActs> slots;
+  BlockActs recompute{};
+  GradActs g{};
+  // Every array in allocation order: (where its pointer goes, floats, is a gradient).
+  struct Cut {
+    float** ptr;
+    size_t n;
+    bool grad;
   };
-  acts_.blocks.assign(cfg_.n_layer, BlockActs{});
-  cut(acts_.encoded, BT * C);
-  for (auto& a : acts_.blocks) {
+  std::vector<Cut> cuts;
+  size_t act_floats = 0, grad_floats = 0;
+};
+
+GPT::ActLayout GPT::plan_activations(const GPTConfig& cfg, const ModelShard& shard,
+                                     const GPTOptions& opts, int B, int Tn) {
+  const size_t BT = static_cast<size_t>(B) * Tn, C = cfg.n_embd;
+  const size_t tp = shard.tp_size, Cl = C / tp, NHl = cfg.n_head / tp;
+  const size_t Fl = 4 * C / tp, Vl = cfg.padded_vocab_size() / tp;
+  const int le = shard.layer_end < 0 ? cfg.n_layer : shard.layer_end;
+  const int n_local = le - shard.layer_begin;
+  const bool full = opts.checkpointing == Checkpointing::full;
+  ActLayout L;
+  L.slots.resize(opts.slots);
+  // The vectors are sized before any pointer into them is recorded.
+  for (auto& s : L.slots) s.blocks.assign(n_local, BlockActs{});
+  auto cut = [&](float*& p, size_t n, bool grad = false) {
+    L.cuts.push_back({&p, n, grad});
+    (grad ? L.grad_floats : L.act_floats) += n;
+  };
+  // Everything of one block but its output (res3).
+  auto cut_block_inner = [&](BlockActs& a) {
     cut(a.ln1, BT * C);
     cut(a.ln1_mean, BT);
     cut(a.ln1_rstd, BT);
-    cut(a.qkv, BT * 3 * C);
-    cut(a.atty, BT * C);
-    cut(a.att, BT * NH * Tn);
+    cut(a.qkv, BT * 3 * Cl);
+    cut(a.atty, BT * Cl);
+    cut(a.att, BT * NHl * Tn);
     cut(a.attproj, BT * C);
     cut(a.res2, BT * C);
     cut(a.ln2, BT * C);
     cut(a.ln2_mean, BT);
     cut(a.ln2_rstd, BT);
-    cut(a.fch, BT * 4 * C);
-    cut(a.fch_gelu, BT * 4 * C);
+    cut(a.fch, BT * Fl);
+    cut(a.fch_gelu, BT * Fl);
     cut(a.fcproj, BT * C);
-    cut(a.res3, BT * C);
+  };
+  if (full) cut_block_inner(L.recompute);
+  for (auto& s : L.slots) {
+    cut(s.input, BT * C);
+    for (auto& a : s.blocks) {
+      if (!full) cut_block_inner(a);
+      cut(a.res3, BT * C);
+    }
+    if (shard.last_stage) {
+      cut(s.lnf, BT * C);
+      cut(s.lnf_mean, BT);
+      cut(s.lnf_rstd, BT);
+      cut(s.logits, BT * Vl);
+      cut(s.losses, BT);
+      cut(s.xent_max, BT);
+      cut(s.xent_sums, 2 * BT);
+    }
   }
-  cut(acts_.lnf, BT * C);
-  cut(acts_.lnf_mean, BT);
-  cut(acts_.lnf_rstd, BT);
-  cut(acts_.probs, BT * Vp);
-  cut(acts_.losses, BT);
-  const size_t act_total = total;
-  cut(gacts_.dres, BT * C);
-  cut(gacts_.dln, BT * C);
-  cut(gacts_.dqkv, BT * 3 * C);
-  cut(gacts_.datty, BT * C);
-  cut(gacts_.datt, BT * NH * Tn);
-  cut(gacts_.dfch, BT * 4 * C);
-  cut(gacts_.dfch_gelu, BT * 4 * C);
-  cut(gacts_.dlosses, BT);
-  MESHLM_CHECK(total * sizeof(float) == activation_bytes(cfg_, B, Tn), "activation size mismatch");
+  cut(L.g.dres, BT * C, true);
+  cut(L.g.dln, BT * C, true);
+  cut(L.g.dqkv, BT * 3 * Cl, true);
+  cut(L.g.datty, BT * Cl, true);
+  cut(L.g.datt, BT * NHl * Tn, true);
+  cut(L.g.dfch, BT * Fl, true);
+  cut(L.g.dfch_gelu, BT * Fl, true);
+  cut(L.g.dlosses, BT, true);
+  return L;
+}
 
+size_t GPT::activation_bytes(const GPTConfig& cfg, const ModelShard& shard,
+                             const GPTOptions& opts, int B, int Tn) {
+  const ActLayout L = plan_activations(cfg, shard, opts, B, Tn);
+  return (L.act_floats + L.grad_floats) * sizeof(float);
+}
+
+void GPT::ensure_activations(int B, int Tn) {
+  if (B == B_ && Tn == T_) return;
+  MESHLM_CHECK(Tn <= cfg_.max_seq_len, "sequence longer than the position table");
   act_buf_ = Buffer();
   grad_act_buf_ = Buffer();
-  act_buf_ = Buffer(act_total * sizeof(float), MemCategory::activations, "gpt.activations");
-  grad_act_buf_ = Buffer((total - act_total) * sizeof(float), MemCategory::activations,
+  ActLayout L = plan_activations(cfg_, shard_, opts_, B, Tn);
+  act_buf_ = Buffer(L.act_floats * sizeof(float), MemCategory::activations, "gpt.activations");
+  grad_act_buf_ = Buffer(L.grad_floats * sizeof(float), MemCategory::activations,
                          "gpt.activation_grads");
-  size_t off = 0;
-  for (auto& [ptr, n] : cuts) {
-    *ptr = (off < act_total) ? act_buf_.as<float>() + off
-                             : grad_act_buf_.as<float>() + (off - act_total);
-    off += n;
+  size_t a = 0, g = 0;
+  for (auto& c : L.cuts) {
+    *c.ptr = c.grad ? grad_act_buf_.as<float>() + g : act_buf_.as<float>() + a;
+    (c.grad ? g : a) += c.n;
   }
+  if (opts_.checkpointing == Checkpointing::full) {
+    // Checkpointed blocks keep their output only; the rest is recomputed
+    // into the one shared block.
+    for (auto& s : L.slots) {
+      for (auto& b : s.blocks) {
+        float* res3 = b.res3;
+        b = L.recompute;
+        b.res3 = res3;
+      }
+    }
+  }
+  slots_ = std::move(L.slots);
+  recompute_ = L.recompute;
+  gacts_ = L.g;
   B_ = B;
   T_ = Tn;
 }
 
-float GPT::forward(const int32_t* tokens, const int32_t* targets, int B, int Tn) {
-  ensure_activations(B, Tn);
-  const int C = cfg_.n_embd, NH = cfg_.n_head, V = cfg_.vocab_size, Vp = cfg_.padded_vocab_size();
-  const int N = B * Tn;
-  tokens_.assign(tokens, tokens + N);
-  targets_.assign(targets, targets + N);
+float* GPT::stage_input(int slot) { return slots_.at(slot).input; }
+
+const float* GPT::stage_output(int slot) const {
+  const SlotActs& s = slots_.at(slot);
+  return s.blocks.empty() ? s.input : s.blocks.back().res3;
+}
+
+// ---- forward / backward ---------------------------------------------------------
+
+void GPT::tp_all_reduce(float* x, size_t n, bool max) {
+  if (shard_.tp_size == 1) return;
+  if (timers_) timers_->begin(Section::tp_comm);
+  tp_->all_reduce(x, x, n, DType::f32, max ? comm::ReduceOp::max : comm::ReduceOp::sum).wait();
+  if (timers_) timers_->end();
+}
+
+namespace {
+void add_bias(float* out, const float* bias, int N, int C) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    float* o = out + static_cast<size_t>(n) * C;
+    for (int c = 0; c < C; ++c) o[c] += bias[c];
+  }
+}
+
+void check_ids(const int32_t* ids, int N, int V, const char* what) {
   for (int i = 0; i < N; ++i) {
-    if (tokens[i] < 0 || tokens[i] >= V || targets[i] < 0 || targets[i] >= V)
-      throw RankError("token id out of range [0, model.vocab_size=" + std::to_string(V) +
+    if (ids[i] < 0 || ids[i] >= V)
+      throw RankError(std::string(what) + " id " + std::to_string(ids[i]) +
+                          " out of range [0, model.vocab_size=" + std::to_string(V) +
                           ") at position " + std::to_string(i) + " of the micro-batch",
                       MESHLM_HERE);
   }
-  const GPTTensors p = tensors(params());
+}
+}  // namespace
 
-  ops::encoder_forward(acts_.encoded, tokens, p.wte, p.wpe, B, Tn, C);
-  const float* x = acts_.encoded;  // (B,T,C) the residual stream entering the block
-  for (int l = 0; l < cfg_.n_layer; ++l) {
-    const BlockTensors& w = p.blocks[l];
-    BlockActs& a = acts_.blocks[l];
-    ops::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1w, w.ln1b, N, C);
-    ops::matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, N, C, 3 * C);
-    ops::attention_forward(a.atty, a.att, a.qkv, B, Tn, C, NH);
-    ops::matmul_forward(a.attproj, a.atty, w.attprojw, w.attprojb, N, C, C);
-    ops::residual_forward(a.res2, x, a.attproj, static_cast<size_t>(N) * C);
-    ops::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2w, w.ln2b, N, C);
-    ops::matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, N, C, 4 * C);
-    ops::gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * 4 * C);
-    ops::matmul_forward(a.fcproj, a.fch_gelu, w.fcprojw, w.fcprojb, N, 4 * C, C);
-    ops::residual_forward(a.res3, a.res2, a.fcproj, static_cast<size_t>(N) * C);
-    x = a.res3;
+// One transformer block (Megatron tensor parallelism):
+//   attention: Y = X A, A split along its columns (heads) across the TP group;
+//              Z = Y B, B split along its rows, summed over the group.
+//   MLP:       the same with c_fc (columns) and c_proj (rows).
+// The sums are the only communication of a block's forward; the biases of the
+// row-parallel layers are added once, after the sum.
+void GPT::block_forward(const BlockTensors& w, BlockActs& a, const float* x, int B, int Tn) {
+  const int tp = shard_.tp_size, C = cfg_.n_embd, Cl = C / tp, NHl = cfg_.n_head / tp;
+  const int Fl = 4 * C / tp, N = B * Tn;
+  const size_t NC = static_cast<size_t>(N) * C;
+  const bool split = tp > 1;
+  ops::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1w, w.ln1b, N, C);
+  ops::matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, N, C, 3 * Cl);
+  ops::attention_forward(a.atty, a.att, a.qkv, B, Tn, Cl, NHl);
+  ops::matmul_forward<float>(a.attproj, a.atty, w.attprojw, split ? nullptr : w.attprojb, N, Cl, C);
+  if (split) {
+    tp_all_reduce(a.attproj, NC);  // reduce from the TP region
+    add_bias(a.attproj, w.attprojb, N, C);
   }
-  ops::layernorm_forward(acts_.lnf, acts_.lnf_mean, acts_.lnf_rstd, x, p.lnfw, p.lnfb, N, C);
-  // lm_head tied to wte: logits(N,Vp) = lnf(N,C) wte(Vp,C)^T
-  ops::matmul_forward<float>(acts_.probs, acts_.lnf, p.wte, nullptr, N, C, Vp);
-  ops::softmax_crossentropy_forward(acts_.losses, acts_.probs, targets, N, V, Vp);
+  ops::residual_forward(a.res2, x, a.attproj, NC);
+  ops::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2w, w.ln2b, N, C);
+  ops::matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, N, C, Fl);
+  ops::gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * Fl);
+  ops::matmul_forward<float>(a.fcproj, a.fch_gelu, w.fcprojw, split ? nullptr : w.fcprojb, N, Fl, C);
+  if (split) {
+    tp_all_reduce(a.fcproj, NC);
+    add_bias(a.fcproj, w.fcprojb, N, C);
+  }
+  ops::residual_forward(a.res3, a.res2, a.fcproj, NC);
+}
+
+float GPT::forward(int slot, const int32_t* tokens, const int32_t* targets, int B, int Tn) {
+  ensure_activations(B, Tn);
+  MESHLM_CHECK(slot >= 0 && slot < opts_.slots, "activation slot out of range");
+  SlotActs& s = slots_[slot];
+  const int C = cfg_.n_embd, V = cfg_.vocab_size, tp = shard_.tp_size;
+  const int Vl = cfg_.padded_vocab_size() / tp, v0 = shard_.tp_rank * Vl, N = B * Tn;
+  const GPTTensors p = tensors(params());
+  if (shard_.first_stage) {
+    check_ids(tokens, N, V, "token");
+    s.tokens.assign(tokens, tokens + N);
+    // Vocabulary-parallel lookup: each rank contributes the rows it holds.
+    ops::embedding_forward(s.input, tokens, p.wte, N, C, v0, Vl);
+    tp_all_reduce(s.input, static_cast<size_t>(N) * C);
+    ops::position_forward(s.input, p.wpe, B, Tn, C);
+  }
+  const float* x = s.input;
+  for (int l = 0; l < n_local_; ++l) {
+    block_forward(p.blocks[l], s.blocks[l], x, B, Tn);
+    x = s.blocks[l].res3;
+  }
+  s.forwarded = true;
+  if (!shard_.last_stage) return 0.0f;
+
+  check_ids(targets, N, V, "target");
+  s.targets.assign(targets, targets + N);
+  ops::layernorm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, x, p.lnfw, p.lnfb, N, C);
+  // lm_head tied to wte, vocabulary-parallel: logits(N,Vl) = lnf(N,C) wte_part(Vl,C)^T;
+  // the softmax is assembled from two small reductions, never from all logits.
+  ops::matmul_forward<float>(s.logits, s.lnf, p.wte, nullptr, N, C, Vl);
+  ops::xent_local_max(s.xent_max, s.logits, N, Vl, v0, V);
+  tp_all_reduce(s.xent_max, N, /*max=*/true);
+  ops::xent_local_sums(s.xent_sums, s.logits, s.xent_max, targets, N, Vl, v0, V);
+  tp_all_reduce(s.xent_sums, 2 * static_cast<size_t>(N));
+  ops::xent_losses(s.losses, s.xent_max, s.xent_sums, N);
   double sum = 0;
-  for (int i = 0; i < N; ++i) sum += acts_.losses[i];
-  have_forward_ = true;
+  for (int i = 0; i < N; ++i) sum += s.losses[i];
   return static_cast<float>(sum / N);
 }
 
-void GPT::zero_grads() { std::memset(grads(), 0, num_params_ * sizeof(float)); }
+void GPT::zero_grads() {
+  if (opts_.own_grads) std::memset(grads(), 0, padded_params_ * sizeof(float));
+}
 
-void GPT::backward(float loss_scale) {
-  MESHLM_CHECK(have_forward_, "backward() needs a forward() of its own first");
-  const int B = B_, Tn = T_;
-  const int C = cfg_.n_embd, NH = cfg_.n_head, V = cfg_.vocab_size, Vp = cfg_.padded_vocab_size();
+void GPT::backward(int slot, float loss_scale) {
+  MESHLM_CHECK(slot >= 0 && slot < static_cast<int>(slots_.size()), "activation slot out of range");
+  SlotActs& s = slots_[slot];
+  MESHLM_CHECK(s.forwarded, "backward() needs a forward() of its own first");
+  const int B = B_, Tn = T_, tp = shard_.tp_size;
+  const int C = cfg_.n_embd, Cl = C / tp, NHl = cfg_.n_head / tp, Fl = 4 * C / tp;
+  const int V = cfg_.vocab_size, Vl = cfg_.padded_vocab_size() / tp, v0 = shard_.tp_rank * Vl;
   const int N = B * Tn;
   const size_t NC = static_cast<size_t>(N) * C;
   const GPTTensors p = tensors(params());
-  const GPTTensors g = tensors(grads());
+  auto gat = [&](size_t i) { return grad_at(i); };
   auto zero = [](float* a, size_t n) { std::memset(a, 0, n * sizeof(float)); };
+  const bool full = opts_.checkpointing == Checkpointing::full;
 
-  // Loss = loss_scale * mean_n losses[n]
-  const float dl = loss_scale / static_cast<float>(N);
-  for (int i = 0; i < N; ++i) gacts_.dlosses[i] = dl;
-  ops::softmax_crossentropy_backward(acts_.probs, gacts_.dlosses, targets_.data(), N, V, Vp);
-  float* dlogits = acts_.probs;  // (N,Vp), in place
-
-  // lm_head: dlnf = dlogits wte ; dwte += dlogits^T lnf
-  zero(gacts_.dln, NC);
-  ops::matmul_backward<float>(gacts_.dln, g.wte, nullptr, dlogits, acts_.lnf, p.wte, N, C, Vp);
-  const float* x_last = acts_.blocks.back().res3;
-  zero(gacts_.dres, NC);
-  ops::layernorm_backward(gacts_.dres, g.lnfw, g.lnfb, gacts_.dln, x_last, p.lnfw, acts_.lnf_mean,
-                          acts_.lnf_rstd, N, C);
-
+  if (shard_.last_stage) {
+    // Loss = loss_scale * mean_n losses[n]
+    const float dl = loss_scale / static_cast<float>(N);
+    for (int i = 0; i < N; ++i) gacts_.dlosses[i] = dl;
+    ops::xent_local_backward(s.logits, s.xent_max, s.xent_sums, gacts_.dlosses, s.targets.data(),
+                             N, Vl, v0, V);
+    // lm_head: dlnf = dlogits wte_part summed over TP; dwte_part += dlogits^T lnf
+    zero(gacts_.dln, NC);
+    ops::matmul_backward<float>(gacts_.dln, grad_at(idx_wte_), nullptr, s.logits, s.lnf, p.wte, N,
+                                C, Vl);
+    tp_all_reduce(gacts_.dln, NC);
+    zero(gacts_.dres, NC);
+    ops::layernorm_backward(gacts_.dres, grad_at(idx_lnf_), grad_at(idx_lnf_ + 1), gacts_.dln,
+                            stage_output(slot), p.lnfw, s.lnf_mean, s.lnf_rstd, N, C);
+  }
   // dres holds d loss / d (output of block l); walking down, the residual
   // adds pass it through unchanged and each branch accumulates into it.
-  for (int l = cfg_.n_layer - 1; l >= 0; --l) {
+  for (int l = n_local_ - 1; l >= 0; --l) {
     const BlockTensors& w = p.blocks[l];
-    const BlockTensors& gw = g.blocks[l];
-    BlockActs& a = acts_.blocks[l];
-    const float* x = (l == 0) ? acts_.encoded : acts_.blocks[l - 1].res3;
+    const BlockTensors gw = block_tensors(l, gat);
+    BlockActs& a = s.blocks[l];
+    const float* x = (l == 0) ? s.input : s.blocks[l - 1].res3;
+    if (full) block_forward(w, a, x, B, Tn);  // recompute from the kept input
 
     // MLP branch: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2))))
-    zero(gacts_.dfch_gelu, 4 * NC);
+    zero(gacts_.dfch_gelu, static_cast<size_t>(N) * Fl);
     ops::matmul_backward(gacts_.dfch_gelu, gw.fcprojw, gw.fcprojb, gacts_.dres, a.fch_gelu,
-                         w.fcprojw, N, 4 * C, C);
-    zero(gacts_.dfch, 4 * NC);
-    ops::gelu_backward(gacts_.dfch, a.fch, gacts_.dfch_gelu, 4 * NC);
+                         w.fcprojw, N, Fl, C);
+    zero(gacts_.dfch, static_cast<size_t>(N) * Fl);
+    ops::gelu_backward(gacts_.dfch, a.fch, gacts_.dfch_gelu, static_cast<size_t>(N) * Fl);
     zero(gacts_.dln, NC);
-    ops::matmul_backward(gacts_.dln, gw.fcw, gw.fcb, gacts_.dfch, a.ln2, w.fcw, N, C, 4 * C);
+    ops::matmul_backward(gacts_.dln, gw.fcw, gw.fcb, gacts_.dfch, a.ln2, w.fcw, N, C, Fl);
+    tp_all_reduce(gacts_.dln, NC);  // backward of the copy into the TP region
     ops::layernorm_backward(gacts_.dres, gw.ln2w, gw.ln2b, gacts_.dln, a.res2, w.ln2w, a.ln2_mean,
                             a.ln2_rstd, N, C);
 
     // Attention branch: res2 = x + c_proj(attn(c_attn(ln_1(x))))
-    zero(gacts_.datty, NC);
+    zero(gacts_.datty, static_cast<size_t>(N) * Cl);
     ops::matmul_backward(gacts_.datty, gw.attprojw, gw.attprojb, gacts_.dres, a.atty, w.attprojw,
-                         N, C, C);
-    zero(gacts_.dqkv, 3 * NC);
-    ops::attention_backward(gacts_.dqkv, gacts_.datt, gacts_.datty, a.qkv, a.att, B, Tn, C, NH);
+                         N, Cl, C);
+    zero(gacts_.dqkv, static_cast<size_t>(N) * 3 * Cl);
+    ops::attention_backward(gacts_.dqkv, gacts_.datt, gacts_.datty, a.qkv, a.att, B, Tn, Cl, NHl);
     zero(gacts_.dln, NC);
-    ops::matmul_backward(gacts_.dln, gw.qkvw, gw.qkvb, gacts_.dqkv, a.ln1, w.qkvw, N, C, 3 * C);
+    ops::matmul_backward(gacts_.dln, gw.qkvw, gw.qkvb, gacts_.dqkv, a.ln1, w.qkvw, N, C, 3 * Cl);
+    tp_all_reduce(gacts_.dln, NC);
     ops::layernorm_backward(gacts_.dres, gw.ln1w, gw.ln1b, gacts_.dln, x, w.ln1w, a.ln1_mean,
                             a.ln1_rstd, N, C);
+    if (block_done_) block_done_(shard_.layer_begin + l);
   }
-  ops::encoder_backward(g.wte, g.wpe, gacts_.dres, tokens_.data(), B, Tn, C);
-  // probs now hold dlogits: a second backward() needs a new forward().
-  have_forward_ = false;
+  if (shard_.first_stage) {
+    ops::embedding_backward(grad_at(idx_wte_), gacts_.dres, s.tokens.data(), N, C, v0, Vl);
+    ops::position_backward(grad_at(idx_wpe_), gacts_.dres, B, Tn, C);
+  }
+  // logits now hold dlogits: a second backward() needs a new forward().
+  s.forwarded = false;
 }
 
 }  // namespace meshlm

@@ -3,6 +3,7 @@
 // excluded from the softmax (probability 0, never the argmax) and get exactly
 // zero gradient, so the padded rows of wte never move.
 #include <cmath>
+#include <limits>
 
 #include "ops/ops.h"
 
@@ -52,5 +53,77 @@ template void softmax_crossentropy_forward<float>(float*, float*, const int32_t*
 template void softmax_crossentropy_forward<double>(double*, double*, const int32_t*, int, int, int);
 template void softmax_crossentropy_backward<float>(float*, const float*, const int32_t*, int, int, int);
 template void softmax_crossentropy_backward<double>(double*, const double*, const int32_t*, int, int, int);
+
+}  // namespace meshlm::ops
+
+namespace meshlm::ops {
+
+// Real (unpadded) columns of this rank's part: [0, nreal).
+static inline int real_columns(int Vl, int v0, int V) {
+  const int n = V - v0;
+  return n < 0 ? 0 : (n > Vl ? Vl : n);
+}
+
+template <typename T>
+void xent_local_max(T* rowmax, const T* logits, int N, int Vl, int v0, int V) {
+  const int nreal = real_columns(Vl, v0, V);
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const T* row = logits + static_cast<size_t>(n) * Vl;
+    T mx = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : mx)
+    for (int v = 0; v < nreal; ++v) mx = row[v] > mx ? row[v] : mx;
+    rowmax[n] = mx;
+  }
+}
+
+template <typename T>
+void xent_local_sums(T* sums, const T* logits, const T* rowmax, const int32_t* targets, int N,
+                     int Vl, int v0, int V) {
+  const int nreal = real_columns(Vl, v0, V);
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const T* row = logits + static_cast<size_t>(n) * Vl;
+    const T mx = rowmax[n];
+    T sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int v = 0; v < nreal; ++v) sum += std::exp(row[v] - mx);
+    const int t = targets[n] - v0;
+    sums[2 * n] = sum;
+    sums[2 * n + 1] = (t >= 0 && t < nreal) ? row[t] : T(0);
+  }
+}
+
+template <typename T>
+void xent_losses(T* losses, const T* rowmax, const T* sums, int N) {
+  // -log p[target] from the log-sum-exp, finite even where p underflows.
+  for (int n = 0; n < N; ++n) losses[n] = std::log(sums[2 * n]) + rowmax[n] - sums[2 * n + 1];
+}
+
+template <typename T>
+void xent_local_backward(T* logits_dlogits, const T* rowmax, const T* sums, const T* dlosses,
+                         const int32_t* targets, int N, int Vl, int v0, int V) {
+  const int nreal = real_columns(Vl, v0, V);
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    T* row = logits_dlogits + static_cast<size_t>(n) * Vl;
+    const T mx = rowmax[n], inv = T(1) / sums[2 * n], d = dlosses[n];
+#pragma omp simd
+    for (int v = 0; v < nreal; ++v) row[v] = std::exp(row[v] - mx) * inv * d;
+    for (int v = nreal; v < Vl; ++v) row[v] = 0;
+    const int t = targets[n] - v0;
+    if (t >= 0 && t < nreal) row[t] -= d;
+  }
+}
+
+#define MESHLM_XENT(T)                                                                         \
+  template void xent_local_max<T>(T*, const T*, int, int, int, int);                           \
+  template void xent_local_sums<T>(T*, const T*, const T*, const int32_t*, int, int, int, int); \
+  template void xent_losses<T>(T*, const T*, const T*, int);                                   \
+  template void xent_local_backward<T>(T*, const T*, const T*, const T*, const int32_t*, int,  \
+                                       int, int, int);
+MESHLM_XENT(float)
+MESHLM_XENT(double)
+#undef MESHLM_XENT
 
 }  // namespace meshlm::ops

@@ -31,6 +31,21 @@ void encoder_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, 
 template <typename T>
 void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int B, int Tn, int C);
 
+// Vocabulary-parallel token embedding: this rank holds rows [v0, v0 + Vl) of
+// wte. out(N,C) = wte_part[token - v0] for tokens in range, 0 elsewhere, so a
+// sum over the tensor-parallel group gives wte[token].
+template <typename T>
+void embedding_forward(T* out, const int32_t* tokens, const T* wte_part, int N, int C, int v0, int Vl);
+// dwte_part[token - v0] += dout[n] for tokens in range.
+template <typename T>
+void embedding_backward(T* dwte_part, const T* dout, const int32_t* tokens, int N, int C, int v0,
+                        int Vl);
+// out(B,T,C) += wpe[t];  dwpe[t] += sum_b dout[b,t]
+template <typename T>
+void position_forward(T* out, const T* wpe, int B, int Tn, int C);
+template <typename T>
+void position_backward(T* dwpe, const T* dout, int B, int Tn, int C);
+
 // ---- layer norm (eps = 1e-5, as GPT-2) ------------------------------------------
 // out(N,C) = (inp - mean) * rstd * w + b; mean(N), rstd(N) saved for backward.
 template <typename T>
@@ -85,5 +100,28 @@ void softmax_crossentropy_forward(T* losses, T* logits_probs, const int32_t* tar
 template <typename T>
 void softmax_crossentropy_backward(T* probs_dlogits, const T* dlosses, const int32_t* targets,
                                    int N, int V, int Vp);
+
+// ---- vocabulary-parallel softmax cross-entropy (Megatron) -----------------------
+// logits(N,Vl) hold columns [v0, v0 + Vl) of the padded vocabulary; columns
+// at or beyond V are padding and take no part. The full softmax is assembled
+// from per-rank pieces with two reductions over the tensor-parallel group, so
+// the full logits are never gathered:
+//   1. xent_local_max:  rowmax(N) = max of this rank's real columns (-inf if none)
+//      -> MAX over the group
+//   2. xent_local_sums: sums(N,2) = [sum exp(l - rowmax), logit of the target if
+//      this rank holds it, else 0] -> SUM over the group
+//   3. xent_losses:     losses(N) = log(sums[n,0]) + rowmax[n] - sums[n,1]
+// Backward, in place: dlogits = (exp(l - rowmax) / sums[n,0] - [v == target]) * dlosses[n],
+// padded columns exactly 0.
+template <typename T>
+void xent_local_max(T* rowmax, const T* logits, int N, int Vl, int v0, int V);
+template <typename T>
+void xent_local_sums(T* sums, const T* logits, const T* rowmax, const int32_t* targets, int N,
+                     int Vl, int v0, int V);
+template <typename T>
+void xent_losses(T* losses, const T* rowmax, const T* sums, int N);
+template <typename T>
+void xent_local_backward(T* logits_dlogits, const T* rowmax, const T* sums, const T* dlosses,
+                         const int32_t* targets, int N, int Vl, int v0, int V);
 
 }  // namespace meshlm::ops

@@ -2,13 +2,20 @@
 // from the configuration before anything is allocated, and set beside what
 // the tracked allocator measured at the end of the run.
 //
-// One rank, no parallelism yet (the process mesh divides these by the DP,
-// TP and PP degrees and ZeRO stage when it comes):
-//   params      = N * 4                 N = parameters of the table (fp32)
-//   grads       = N * 4
-//   optimizer   = 2 N * 4               AdamW m and v
-//   activations = GPT::activation_bytes(cfg, micro_batch_size, seq_len)
-//   other       = windows * 4           the shuffled order of one epoch
+// For a rank holding `shard` (its pipeline stage's layers, its tensor-
+// parallel part), with n = parameters of its table, padded to np (a multiple
+// of dp under ZeRO, so shards are equal: S = np / dp):
+//   params      = np * 4
+//   grads       = np * 4                   ZeRO 0, 1
+//               = (S + Lb + E) * 4         ZeRO 2: the owned shard, a bucket of the
+//                                          largest block (Lb) and the embeddings
+//                                          and final norm (E), reduced at step end
+//   optimizer   = 2 n * 4                  ZeRO 0: AdamW m and v of everything
+//               = 2 S * 4                  ZeRO 1, 2: of the owned shard only
+//   activations = GPT::activation_bytes(cfg, shard, options, micro_batch, seq_len)
+//   comm        = slots * B * T * C * 4    pipeline stages > 0: gradients being sent back
+//   workspace   = largest split tensor, whole, * 4   (tp > 1: initialisation)
+//   other       = windows * 4              the shuffled order of one epoch
 #pragma once
 
 #include <array>
@@ -17,9 +24,34 @@
 
 #include "core/alloc.h"
 #include "model/config.h"
+#include "model/gpt.h"
 
 namespace meshlm {
 
+// What one rank holds, as the training engine builds it.
+struct RankShape {
+  ModelShard shard;
+  GPTOptions model;      // slots, checkpointing, padding, own_grads
+  int micro_batch = 1;   // B
+  int seq_len = 1;       // T
+  int dp = 1;
+  int zero_stage = 0;
+  int pipeline_stage = 0;
+};
+
+// The ZeRO view of a rank's flat buffer: np padded elements, shard S each.
+struct ZeroLayout {
+  size_t n = 0, padded = 0, shard = 0;
+};
+ZeroLayout zero_layout(const GPTConfig& cfg, const RankShape& r);
+// Elements of the largest transformer block of the shard, and of the tensors
+// outside the blocks (wte, wpe, ln_f) it holds.
+size_t largest_block_numel(const std::vector<ParamSpec>& table);
+size_t edge_numel(const std::vector<ParamSpec>& table);
+
+MemoryByCategory predict_memory(const GPTConfig& model, const RankShape& rank,
+                                uint64_t windows_per_epoch, bool shuffle);
+// The whole model on one rank, no parallelism.
 MemoryByCategory predict_memory(const GPTConfig& model, int micro_batch_size, int seq_len,
                                 uint64_t windows_per_epoch, bool shuffle);
 

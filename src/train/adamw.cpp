@@ -1,14 +1,21 @@
 #include "train/adamw.h"
 
+#include <algorithm>
 #include <cmath>
+
+#include "core/error.h"
 
 #include "ops/parallel.h"
 
 namespace meshlm {
 
-AdamW::AdamW(const std::vector<ParamSpec>& table, const AdamWConfig& cfg)
-    : table_(table), cfg_(cfg) {
-  const size_t n = table_numel(table_);
+AdamW::AdamW(const std::vector<ParamSpec>& table, const AdamWConfig& cfg, size_t begin,
+             size_t end)
+    : table_(table), cfg_(cfg), begin_(begin), end_(end == SIZE_MAX ? table_numel(table) : end) {
+  MESHLM_CHECK(begin_ <= end_, "AdamW range is reversed");
+  // A ZeRO shard may reach into the padding past the table: its moments are
+  // still end - begin long, so every DP rank holds the same bytes.
+  const size_t n = end_ - begin_;
   m_ = Buffer(n * sizeof(float), MemCategory::optimizer, "adamw.m");
   v_ = Buffer(n * sizeof(float), MemCategory::optimizer, "adamw.v");
 }
@@ -19,15 +26,16 @@ void AdamW::step(float* params, const float* grads, float lr) {
   const float bc1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b1), t_));
   const float bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(b2), t_)));
   const float step_size = lr / bc1;
-  float* m = m_.as<float>();
-  float* v = v_.as<float>();
   for (const ParamSpec& p : table_) {
+    // The part of this tensor inside [begin, end).
+    const size_t lo = std::max(p.offset, begin_), hi = std::min(p.offset + p.numel(), end_);
+    if (lo >= hi) continue;
     const float decay = p.decay() ? 1.0f - lr * cfg_.weight_decay : 1.0f;
-    float* x = params + p.offset;
-    const float* g = grads + p.offset;
-    float* mt = m + p.offset;
-    float* vt = v + p.offset;
-    const long n = static_cast<long>(p.numel());
+    float* x = params + lo;
+    const float* g = grads + (lo - begin_);
+    float* mt = m_.as<float>() + (lo - begin_);
+    float* vt = v_.as<float>() + (lo - begin_);
+    const long n = static_cast<long>(hi - lo);
 #pragma omp parallel for simd schedule(static)
     for (long i = 0; i < n; ++i) {
       float gi = g[i];
@@ -40,7 +48,7 @@ void AdamW::step(float* params, const float* grads, float lr) {
   }
 }
 
-double grad_norm(const float* grads, size_t n) {
+double sum_of_squares(const float* grads, size_t n) {
   // Fixed blocks summed in a fixed order: the result does not depend on the
   // number of threads, so runs with different thread counts agree bit for bit.
   constexpr size_t kBlock = 1 << 16;
@@ -55,7 +63,7 @@ double grad_norm(const float* grads, size_t n) {
   }
   double total = 0.0;
   for (double s : partial) total += s;
-  return std::sqrt(total);
+  return total;
 }
 
 double clip_grad_norm(float* grads, size_t n, double max_norm) {

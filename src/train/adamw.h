@@ -8,6 +8,7 @@
 //   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -26,24 +27,33 @@ struct AdamWConfig {
 
 class AdamW {
 public:
-  // Moments for every element of the table (category: optimizer).
-  AdamW(const std::vector<ParamSpec>& table, const AdamWConfig& cfg);
-  // One step of every tensor of the table; params/grads are flat buffers laid
-  // out by the table.
+  // Moments (category: optimizer) for the elements [begin, end) of the flat
+  // buffer laid out by `table`: the whole table by default, this rank's
+  // shard under ZeRO (which may reach into the padding past the table).
+  AdamW(const std::vector<ParamSpec>& table, const AdamWConfig& cfg, size_t begin = 0,
+        size_t end = SIZE_MAX);
+  // One step of the elements [begin, end): `params` is the whole flat buffer,
+  // `grads` the gradients of those elements (grads[0] belongs to element begin).
   void step(float* params, const float* grads, float lr);
   int64_t steps_taken() const { return t_; }
+  size_t begin() const { return begin_; }
+  size_t end() const { return end_; }
   const float* m() const { return m_.as<float>(); }
   const float* v() const { return v_.as<float>(); }
 
 private:
   std::vector<ParamSpec> table_;
   AdamWConfig cfg_;
+  size_t begin_ = 0, end_ = 0;
   int64_t t_ = 0;
   Buffer m_, v_;
 };
 
-// sqrt(sum g^2) over n elements, accumulated in double in a fixed order.
-double grad_norm(const float* grads, size_t n);
+// sum g^2 over n elements, accumulated in double in a fixed order (the
+// result does not depend on the number of threads).
+double sum_of_squares(const float* grads, size_t n);
+// sqrt(sum_of_squares(grads, n)).
+inline double grad_norm(const float* grads, size_t n) { return std::sqrt(sum_of_squares(grads, n)); }
 // Scales grads so that their norm is at most max_norm, as
 // torch.nn.utils.clip_grad_norm_: coefficient min(1, max_norm / (norm + 1e-6)).
 // Returns the norm before clipping. max_norm <= 0 disables clipping.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/alloc.h"
@@ -40,44 +41,75 @@ std::vector<Stat> reduce_stats(const std::vector<double>& v, MPI_Comm comm) {
 }
 }  // namespace
 
-void print_memory_table(const MemoryByCategory& predicted, MPI_Comm comm) {
-  // Per category: predicted, current, peak; then the tracked total and the
-  // process figures, which also show what the tracker does not see (MPI,
-  // BLAS and HDF5 buffers, code, the C++ heap).
+std::vector<RankMemory> gather_memory(const MemoryByCategory& predicted, MPI_Comm comm) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
   const MemTracker& t = MemTracker::get();
-  std::vector<double> v;
+  RankMemory mine;
+  mine.predicted = predicted;
   for (int c = 0; c < kNumMemCategories; ++c) {
     const auto cat = static_cast<MemCategory>(c);
-    v.push_back(static_cast<double>(at(predicted, cat)));
-    v.push_back(static_cast<double>(t.current(cat)));
-    v.push_back(static_cast<double>(t.peak(cat)));
+    mine.current[c] = t.current(cat);
+    mine.peak[c] = t.peak(cat);
   }
-  const ProcessMemory pm = read_process_memory();
-  v.push_back(static_cast<double>(total(predicted)));
-  v.push_back(static_cast<double>(t.current_total()));
-  v.push_back(static_cast<double>(t.peak_total()));
-  v.push_back(0.0);
-  v.push_back(static_cast<double>(pm.rss));
-  v.push_back(static_cast<double>(pm.rss_peak));
-  v.push_back(0.0);
-  v.push_back(static_cast<double>(pm.pss));
-  v.push_back(0.0);
-  const std::vector<Stat> s = reduce_stats(v, comm);
+  mine.process = read_process_memory();
+  static_assert(std::is_trivially_copyable_v<RankMemory>);
+  std::vector<RankMemory> all(rank == 0 ? size : 0);
+  MPI_Gather(&mine, sizeof(RankMemory), MPI_BYTE, all.data(), sizeof(RankMemory), MPI_BYTE, 0,
+             comm);
+  return all;
+}
 
-  log::info("# Memory per rank, host (predicted | measured by the tracked allocator; peak min / avg / max over ranks)");
-  log::info("# {:<12} {:>11} {:>11} {:>11} {:>11} {:>11}", "category", "predicted", "current",
-            "peak min", "peak avg", "peak max");
-  auto row = [&](const char* name, size_t i, bool has_peak = true) {
-    const Stat &pred = s[3 * i], &cur = s[3 * i + 1], &pk = s[3 * i + 2];
-    auto cell = [](double b) { return b > 0 ? format_bytes(b) : std::string("-"); };
-    auto peak = [&](double b) { return has_peak ? format_bytes(b) : std::string("-"); };
-    log::info("  {:<12} {:>11} {:>11} {:>11} {:>11} {:>11}", name, cell(pred.max), cell(cur.avg),
-              peak(pk.min), peak(pk.avg), peak(pk.max));
+void print_memory_table(const std::vector<RankMemory>& ranks,
+                        const std::vector<std::string>& labels) {
+  if (ranks.empty()) return;
+  const double n = static_cast<double>(ranks.size());
+  auto stat = [&](auto get) {
+    Stat s{get(ranks[0]), 0, get(ranks[0])};
+    for (const RankMemory& r : ranks) {
+      const double v = get(r);
+      s.min = std::min(s.min, v);
+      s.max = std::max(s.max, v);
+      s.avg += v / n;
+    }
+    return s;
   };
-  for (int c = 0; c < kNumMemCategories; ++c) row(mem_category_name(static_cast<MemCategory>(c)), c);
-  row("tracked", kNumMemCategories);
-  row("process rss", kNumMemCategories + 1);  // current = VmRSS, peak = VmHWM
-  row("process pss", kNumMemCategories + 2, false);  // Pss: shared pages split between sharers
+  auto b = [](double x) { return x > 0 ? format_bytes(x) : std::string("-"); };
+  // Per category over the ranks; the tracked total and the process figures
+  // also show what the tracker does not see (MPI, BLAS and HDF5 buffers,
+  // code, the C++ heap).
+  log::info("# Memory per rank, host: predicted | peak measured by the tracked allocator "
+            "(min / avg / max over {} ranks)", ranks.size());
+  log::info("# {:<12} {:>11} {:>11} {:>11} | {:>11} {:>11} {:>11}", "category", "pred min",
+            "pred avg", "pred max", "peak min", "peak avg", "peak max");
+  auto row = [&](const std::string& name, Stat p, Stat k) {
+    log::info("  {:<12} {:>11} {:>11} {:>11} | {:>11} {:>11} {:>11}", name, b(p.min), b(p.avg),
+              b(p.max), b(k.min), b(k.avg), b(k.max));
+  };
+  for (int c = 0; c < kNumMemCategories; ++c)
+    row(mem_category_name(static_cast<MemCategory>(c)),
+        stat([c](const RankMemory& r) { return static_cast<double>(r.predicted[c]); }),
+        stat([c](const RankMemory& r) { return static_cast<double>(r.peak[c]); }));
+  row("tracked", stat([](const RankMemory& r) { return static_cast<double>(total(r.predicted)); }),
+      stat([](const RankMemory& r) { return static_cast<double>(total(r.peak)); }));
+  const Stat none{0, 0, 0};
+  row("process rss", none, stat([](const RankMemory& r) { return double(r.process.rss_peak); }));
+  row("process pss", none, stat([](const RankMemory& r) { return double(r.process.pss); }));
+
+  // One line per rank: measured peak per category, and whether the
+  // tracked total matched the prediction.
+  std::string head = fmt::format("# {:>5} {:<16}", "rank", "");
+  for (int c = 0; c < kNumMemCategories; ++c)
+    head += fmt::format(" {:>10}", mem_category_name(static_cast<MemCategory>(c)));
+  log::info("{} {:>10} {:>10}", head, "tracked", "predicted");
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    std::string line = fmt::format("  {:>5} {:<16}", r, r < labels.size() ? labels[r] : "");
+    for (int c = 0; c < kNumMemCategories; ++c)
+      line += fmt::format(" {:>10}", b(static_cast<double>(ranks[r].peak[c])));
+    log::info("{} {:>10} {:>10}", line, b(static_cast<double>(total(ranks[r].peak))),
+              b(static_cast<double>(total(ranks[r].predicted))));
+  }
 }
 
 void print_timing_table(const SectionTimers& timers, double total_seconds, MPI_Comm comm) {

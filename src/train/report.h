@@ -6,13 +6,26 @@
 #include <mpi.h>
 
 #include <string>
+#include <vector>
 
 #include "core/alloc.h"
 #include "core/timer.h"
 
 namespace meshlm {
 
-void print_memory_table(const MemoryByCategory& predicted, MPI_Comm comm);
+// One rank's memory at the end of a run.
+struct RankMemory {
+  MemoryByCategory predicted{}, current{}, peak{};
+  ProcessMemory process;
+};
+// Collective over `comm`: every rank's figures (its prediction, the tracked
+// allocator, /proc) on rank 0, in rank order; empty on the other ranks.
+std::vector<RankMemory> gather_memory(const MemoryByCategory& predicted, MPI_Comm comm);
+// Rank 0: per category predicted and measured peak, min / avg / max over the
+// ranks; then one line per rank (labels[r], e.g. its mesh coordinates) with
+// its measured peaks. Prints nothing elsewhere.
+void print_memory_table(const std::vector<RankMemory>& ranks,
+                        const std::vector<std::string>& labels);
 // `timers` should account for the whole run (SectionTimers::account_rest_as_other).
 void print_timing_table(const SectionTimers& timers, double total_seconds, MPI_Comm comm);
 

@@ -2,7 +2,7 @@
 
 #include <cblas.h>
 #include <omp.h>
-#include <unistd.h>
+#include <fmt/core.h>
 
 #include <algorithm>
 #include <cmath>
@@ -16,7 +16,8 @@
 #include "io/tokens.h"
 #include "model/gpt.h"
 #include "plan/memory.h"
-#include "train/adamw.h"
+#include "mesh/mesh.h"
+#include "train/engine.h"
 #include "train/report.h"
 #include "train/schedule.h"
 
@@ -70,108 +71,92 @@ io::TokenReader open_training_data(const DataConfig& d, int vocab_size, MPI_Comm
   return std::move(*reader);
 }
 
-// Collective: one line per rank (host, threads), gathered to rank 0 and
-// printed in rank order.
-void print_rank_lines(int threads, MPI_Comm comm) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  constexpr int kHostLen = 64;
-  char host[kHostLen] = {0};
-  gethostname(host, kHostLen - 1);
-  std::vector<char> hosts(rank == 0 ? static_cast<size_t>(size) * kHostLen : 0);
-  std::vector<int> thr(rank == 0 ? size : 0);
-  MPI_Gather(host, kHostLen, MPI_CHAR, hosts.data(), kHostLen, MPI_CHAR, 0, comm);
-  MPI_Gather(&threads, 1, MPI_INT, thr.data(), 1, MPI_INT, 0, comm);
-  for (int r = 0; r < static_cast<int>(thr.size()); ++r)
-    log::info("#  rank {:>4} | host {:<20} | device cpu | threads {}", r,
-              std::string(&hosts[static_cast<size_t>(r) * kHostLen]), thr[r]);
-}
-
 }  // namespace
 
-TrainSummary run_training(const RunConfig& cfg, MPI_Comm comm) {
+TrainSummary run_training(const RunConfig& cfg, MPI_Comm comm, bool gather_final_params) {
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
   const double t_start = now_seconds();
   SectionTimers timers;
   const TrainConfig& tc = cfg.train;
+  const ParallelConfig& pc = cfg.parallel;
 
+  const ProcessMesh mesh(comm, MeshLayout(pc.dp, pc.tp, pc.pp), pc.ranks_per_node);
+  const MeshCoords me = mesh.coords();
   const int threads = configure_threads(cfg.runtime.threads, comm);
-  log::info("# meshlm {} | {} rank(s) | parameter file {}", MESHLM_VERSION, size, cfg.source);
-  print_rank_lines(threads, comm);
+  log::info("# meshlm {} | {} rank(s) = dp {} x tp {} x pp {} on {} node(s) | parameter file {}",
+            MESHLM_VERSION, size, pc.dp, pc.tp, pc.pp, mesh.node_count(), cfg.source);
+  mesh.print_rank_lines(fmt::format("device cpu | threads {}", threads));
 
   io::TokenReader data = open_training_data(cfg.data, cfg.model.vocab_size, comm);
-  const int B = tc.micro_batch_size, T = tc.seq_len, accum = tc.grad_accum_steps();
+  const int B = tc.micro_batch_size, T = tc.seq_len, m = pc.micro_batches;
   std::unique_ptr<io::BatchLoader> loader;
   try_all(comm, "data.path: ", [&] {
     loader = std::make_unique<io::BatchLoader>(data, B, T, cfg.data.shuffle, tc.seed,
-                                               cfg.model.vocab_size);
+                                               cfg.model.vocab_size, me.dp, pc.dp);
   }, MESHLM_HERE);
   log::info("# data: {} ({} tokens, {} sequences of {} per epoch)", cfg.data.path, data.size(),
             loader->windows_per_epoch(), T);
 
-  const MemoryByCategory predicted = predict_memory(cfg.model, B, T, loader->windows_per_epoch(),
-                                                    cfg.data.shuffle);
-  log::info("# memory predicted per rank: {} (params {}, grads {}, optimizer {}, activations {})",
-            format_bytes(total(predicted)), format_bytes(at(predicted, MemCategory::params)),
-            format_bytes(at(predicted, MemCategory::grads)),
-            format_bytes(at(predicted, MemCategory::optimizer)),
-            format_bytes(at(predicted, MemCategory::activations)));
+  const RankShape shape = Engine::rank_shape(cfg, me);
+  const MemoryByCategory predicted =
+      predict_memory(cfg.model, shape, loader->windows_per_epoch(), cfg.data.shuffle);
+  {
+    const double mine = static_cast<double>(total(predicted));
+    double lo = 0, hi = 0, sum = 0;
+    MPI_Allreduce(&mine, &lo, 1, MPI_DOUBLE, MPI_MIN, comm);
+    MPI_Allreduce(&mine, &hi, 1, MPI_DOUBLE, MPI_MAX, comm);
+    MPI_Allreduce(&mine, &sum, 1, MPI_DOUBLE, MPI_SUM, comm);
+    log::info("# memory predicted per rank: min {} | avg {} | max {} (rank 0: params {}, grads {}, "
+              "optimizer {}, activations {})",
+              format_bytes(lo), format_bytes(sum / size), format_bytes(hi),
+              format_bytes(at(predicted, MemCategory::params)),
+              format_bytes(at(predicted, MemCategory::grads)),
+              format_bytes(at(predicted, MemCategory::optimizer)),
+              format_bytes(at(predicted, MemCategory::activations)));
+  }
 
-  GPT model(cfg.model);
-  model.init_weights(tc.seed);
-  AdamW opt(model.table(), {static_cast<float>(tc.beta1), static_cast<float>(tc.beta2),
-                            static_cast<float>(tc.eps), static_cast<float>(tc.weight_decay)});
+  Engine engine(cfg, mesh, timers);
   const LRSchedule sched{tc.lr, tc.lr_min_ratio, tc.warmup_steps, tc.steps};
+  const size_t n_full = table_numel(gpt_param_table(cfg.model));
   log::info("# model: GPT-2 L={} NH={} C={} V={} (padded {}) | {} parameters ({})",
             cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.vocab_size,
-            cfg.model.padded_vocab_size(), model.num_params(),
-            format_bytes(static_cast<double>(model.num_params()) * sizeof(float)));
-  log::info("# batch: {} sequences x {} tokens = {} micro-batch(es) of {} | {} steps",
-            tc.batch_size, T, accum, B, tc.steps);
+            cfg.model.padded_vocab_size(), n_full,
+            format_bytes(static_cast<double>(n_full) * sizeof(float)));
+  std::string layers;
+  for (int l : Engine::stage_layers(cfg)) layers += (layers.empty() ? "" : ",") + std::to_string(l);
+  log::info("# parallel: layers per stage {} | schedule {} | activation checkpointing {} | "
+            "ZeRO stage {} | pipeline bubble {:.1f}%",
+            layers, pc.schedule, pc.activation_checkpointing, pc.zero_stage,
+            100.0 * bubble_fraction(pc.pp, m));
+  log::info("# batch: {} sequences x {} tokens = dp {} x {} micro-batch(es) of {} | {} steps",
+            tc.batch_size, T, pc.dp, m, B, tc.steps);
 
   std::unique_ptr<io::RunLog> runlog;
   try_all(comm, "output.dir: ", [&] {
     if (rank == 0) runlog = std::make_unique<io::RunLog>(cfg.output.dir, cfg.resolved);
   }, MESHLM_HERE);
 
-  std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
+  const size_t BT = static_cast<size_t>(B) * T;
+  std::vector<int32_t> inputs(m * BT), targets(inputs.size());
   TrainSummary summary;
   log::info("# {:>6} {:>9} {:>10} {:>10} {:>10} {:>11}", "step", "loss", "lr", "grad_norm",
             "ms/step", "tokens/s");
   for (int step = 0; step < tc.steps; ++step) {
     const double t0 = now_seconds();
-    model.zero_grads();
-    double loss = 0;
-    for (int micro = 0; micro < accum; ++micro) {
-      {
-        ScopedTimer st(timers, Section::data);
-        loader->next(inputs.data(), targets.data());
-      }
-      {
-        ScopedTimer st(timers, Section::forward);
-        loss += model.forward(inputs.data(), targets.data(), B, T);
-      }
-      {
-        ScopedTimer st(timers, Section::backward);
-        model.backward(1.0f / accum);
-      }
-    }
-    loss /= accum;
-    const double lr = sched.at(step);
-    double norm;
     {
-      ScopedTimer st(timers, Section::optimizer);
-      norm = clip_grad_norm(model.grads(), model.num_params(), tc.grad_clip);
-      opt.step(model.params(), model.grads(), static_cast<float>(lr));
+      ScopedTimer st(timers, Section::data);
+      for (int micro = 0; micro < m; ++micro)
+        loader->next(inputs.data() + micro * BT, targets.data() + micro * BT);
     }
+    const double lr = sched.at(step);
+    const StepResult res = engine.step(inputs.data(), targets.data(), static_cast<float>(lr), step + 1);
     const double dt = now_seconds() - t0;
-    StepRecord r{step + 1, loss, lr, norm, dt, static_cast<double>(tc.batch_size) * T / dt};
+    StepRecord r{step + 1, res.loss, lr, res.grad_norm, dt, static_cast<double>(tc.batch_size) * T / dt};
     summary.steps.push_back(r);
-    if (!std::isfinite(loss))
-      throw CollectiveError("loss is " + std::to_string(loss) + " at step " +
+    if (!std::isfinite(r.loss))
+      throw CollectiveError("loss is " + std::to_string(r.loss) + " at step " +
                                 std::to_string(step + 1) + "; lower train.lr or raise train.warmup_steps",
                             MESHLM_HERE);
     if ((step + 1) % tc.log_every == 0 || step + 1 == tc.steps || step == 0) {
@@ -182,10 +167,25 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm comm) {
   }
   summary.seconds = now_seconds() - t_start;
   timers.account_rest_as_other(summary.seconds);
-  print_memory_table(predicted, comm);
+  const std::vector<RankMemory> mem = gather_memory(predicted, comm);
+  std::vector<std::string> labels;
+  for (int r = 0; r < static_cast<int>(mem.size()); ++r) {
+    const MeshCoords c = mesh.layout().coords(r);
+    labels.push_back(fmt::format("dp {} tp {} pp {}", c.dp, c.tp, c.pp));
+  }
+  print_memory_table(mem, labels);
   print_timing_table(timers, summary.seconds, comm);
+  if (gather_final_params) summary.final_params = engine.gather_params();
   if (runlog) {
-    runlog->write_memory(predicted);
+    std::vector<MemoryByCategory> pred, cur, peak;
+    std::vector<ProcessMemory> proc;
+    for (const RankMemory& r : mem) {
+      pred.push_back(r.predicted);
+      cur.push_back(r.current);
+      peak.push_back(r.peak);
+      proc.push_back(r.process);
+    }
+    runlog->write_memory(pred, cur, peak, proc);
     runlog->write_timing(timers);
     runlog->close();
     log::info("# run log: {}/run.h5", cfg.output.dir);

@@ -1,6 +1,5 @@
-// The training loop of one rank (data parallelism and the process mesh come
-// with later layers; every function here is already called by every rank of
-// `comm` together).
+// The training loop: every function here is called by every rank of `comm`
+// together. The ranks form the process mesh of [parallel] (dp x tp x pp).
 #pragma once
 
 #include <mpi.h>
@@ -23,13 +22,17 @@ struct StepRecord {
 struct TrainSummary {
   std::vector<StepRecord> steps;  // every step, logged or not
   double seconds = 0;
+  // The whole model's parameters at the end, in the order of
+  // gpt_param_table(cfg.model), on rank 0 when asked for (tests).
+  std::vector<float> final_params;
 };
 
 // Collective over `comm`: prepares the data (tokenizing data.tokenize_from
 // when asked), builds and initialises the model, trains train.steps steps,
 // prints a line every train.log_every steps and the memory and timing tables
-// at the end, and writes <output.dir>/run.h5 on rank 0.
-TrainSummary run_training(const RunConfig& cfg, MPI_Comm comm);
+// at the end, and writes <output.dir>/run.h5 on rank 0. A [parallel] layout
+// whose dp * tp * pp is not the size of `comm` is a CollectiveError.
+TrainSummary run_training(const RunConfig& cfg, MPI_Comm comm, bool gather_final_params = false);
 
 // Collective: OpenMP and BLAS threads of this rank (runtime.threads, or the
 // cores of the node divided by the ranks on it). Returns the count set.

@@ -55,7 +55,7 @@ def main():
         # One line per logged step, printed once (rank 0 only) although 2 ranks run.
         logged = [1] + [s for s in range(1, steps + 1) if s % log_every == 0 or s == steps]
         logged = sorted(set(logged))
-        lines = [l for l in p.stdout.splitlines() if l.strip() and l.split()[0].isdigit()]
+        lines = [l for l in p.stdout.splitlines() if len(l.split()) == 6 and l.split()[0].isdigit()]
         check([int(l.split()[0]) for l in lines] == logged,
               f"stdout has one line per logged step {logged}")
         check("# Memory per rank" in p.stdout and "# Time per section" in p.stdout,
@@ -90,20 +90,24 @@ def main():
             lr = m["lr"][...]
             check(np.all(lr > 0) and lr.max() <= 1e-3 + 1e-12, "learning rates within (0, train.lr]")
             check(np.all(m["tokens_per_s"][...] > 0), "tokens_per_s positive")
+            # One entry per rank (2 ranks, data-parallel by default).
             for c in CATEGORIES:
-                check(f"memory/{c}/peak_bytes" in f, f"/memory/{c}/peak_bytes present")
+                check(f"memory/{c}/peak_bytes" in f and f[f"memory/{c}/peak_bytes"].shape == (2,),
+                      f"/memory/{c}/peak_bytes holds one entry per rank")
+            peak = {c: f[f"memory/{c}/peak_bytes"][...].astype(np.int64) for c in CATEGORIES}
+            pred = {c: f[f"memory/{c}/predicted_bytes"][...].astype(np.int64) for c in CATEGORIES}
             for c in ["params", "grads", "optimizer", "activations"]:
-                check(int(f[f"memory/{c}/peak_bytes"][()]) > 0, f"/memory/{c}/peak_bytes > 0")
+                check(np.all(peak[c] > 0), f"/memory/{c}/peak_bytes > 0 on every rank")
             # params, grads and both AdamW moments hold one float per parameter.
-            p_bytes = int(f["memory/params/peak_bytes"][()])
-            check(int(f["memory/grads/peak_bytes"][()]) == p_bytes, "grads bytes == params bytes")
-            check(int(f["memory/optimizer/peak_bytes"][()]) == 2 * p_bytes,
+            check(np.array_equal(peak["grads"], peak["params"]), "grads bytes == params bytes")
+            check(np.array_equal(peak["optimizer"], 2 * peak["params"]),
                   "optimizer bytes == 2 x params bytes (AdamW m, v)")
-            # The memory model predicts every tracked category exactly.
+            # The memory model predicts every tracked category of every rank exactly.
             for c in CATEGORIES:
-                pred = int(f[f"memory/{c}/predicted_bytes"][()])
-                peak = int(f[f"memory/{c}/peak_bytes"][()])
-                check(pred == peak, f"/memory/{c}: predicted {pred} == measured peak {peak}")
+                check(np.array_equal(pred[c], peak[c]),
+                      f"/memory/{c}: predicted {list(pred[c])} == measured peak {list(peak[c])}")
+            for name in ["rss_bytes", "rss_peak_bytes", "pss_bytes"]:
+                check(f[f"memory/process/{name}"].shape == (2,), f"/memory/process/{name} per rank")
             first_losses = loss
 
         # Same parameter file, same seed: the same losses, bit for bit.

@@ -31,7 +31,7 @@ TEST(Config, ParsesFileAndDefaults) {
   EXPECT_EQ(c.model.n_layer, 3);
   EXPECT_EQ(c.model.vocab_size, 100);
   EXPECT_EQ(c.train.seq_len, 8);
-  EXPECT_EQ(c.train.grad_accum_steps(), 2);
+  EXPECT_EQ(c.parallel.micro_batches, 2);  // batch_size / micro_batch_size
   EXPECT_DOUBLE_EQ(c.train.lr, 0.01);
   EXPECT_DOUBLE_EQ(c.train.weight_decay, 0.1);  // default
   EXPECT_EQ(c.data.path, "tokens.h5");

@@ -78,7 +78,6 @@ std::string read_config_attr(hid_t file) {
 TEST_F(RunLogTest, RowsMemoryTimingAndConfigReadBack) {
   const std::string config = "[model]\nn_layer = 2\nn_embd = 64\n\n[train]\nlr = 0.001\n";
   const std::string dir = (dir_ / "runs" / "r1").string();  // parents are created
-  Buffer held(4096, MemCategory::activations, "test activations");
   {
     RunLog log(dir, config);
     EXPECT_EQ(log.path(), (fs::path(dir) / "run.h5").string());
@@ -86,9 +85,17 @@ TEST_F(RunLogTest, RowsMemoryTimingAndConfigReadBack) {
     log.append(2, 4.25, 2e-3, 0.5, 1100.0);
     log.append(10, 3.0, 3e-3, 0.25, 1200.0);
     EXPECT_EQ(log.rows(), 3);
-    MemoryByCategory predicted{};
-    for (int i = 0; i < kNumMemCategories; ++i) predicted[i] = 1000 + i;
-    log.write_memory(predicted);
+    // Two ranks' figures: entry r of every dataset is rank r.
+    MemoryByCategory predicted{}, current{}, peak{};
+    for (int i = 0; i < kNumMemCategories; ++i) {
+      predicted[i] = 1000 + i;
+      current[i] = 2000 + i;
+      peak[i] = 3000 + i;
+    }
+    MemoryByCategory peak1 = peak;
+    peak1[0] = 7;
+    ProcessMemory proc{10, 20, 30}, proc1{11, 21, 31};
+    log.write_memory({predicted, predicted}, {current, current}, {peak, peak1}, {proc, proc1});
     SectionTimers timers;
     timers.add(Section::forward, 1.5);
     timers.add(Section::backward, 2.5);
@@ -119,18 +126,18 @@ TEST_F(RunLogTest, RowsMemoryTimingAndConfigReadBack) {
   EXPECT_EQ(read_column<double>(f, "/metrics/tokens_per_s", H5T_NATIVE_DOUBLE),
             (std::vector<double>{1000.0, 1100.0, 1200.0}));
 
+  auto col = [&](const std::string& name) {
+    return read_column<int64_t>(f, name.c_str(), H5T_NATIVE_INT64);
+  };
   for (int i = 0; i < kNumMemCategories; ++i) {
     std::string g = std::string("/memory/") + mem_category_name(static_cast<MemCategory>(i));
-    read_scalar<int64_t>(f, g + "/peak_bytes", H5T_NATIVE_INT64);
-    read_scalar<int64_t>(f, g + "/current_bytes", H5T_NATIVE_INT64);
-    EXPECT_EQ(read_scalar<int64_t>(f, g + "/predicted_bytes", H5T_NATIVE_INT64), 1000 + i);
+    EXPECT_EQ(col(g + "/predicted_bytes"), (std::vector<int64_t>{1000 + i, 1000 + i}));
+    EXPECT_EQ(col(g + "/current_bytes"), (std::vector<int64_t>{2000 + i, 2000 + i}));
+    EXPECT_EQ(col(g + "/peak_bytes"), (std::vector<int64_t>{3000 + i, i == 0 ? 7 : 3000 + i}));
   }
-  EXPECT_GE(read_scalar<int64_t>(f, "/memory/activations/current_bytes", H5T_NATIVE_INT64),
-            4096);
-  EXPECT_GE(read_scalar<int64_t>(f, "/memory/activations/peak_bytes", H5T_NATIVE_INT64), 4096);
-  EXPECT_GT(read_scalar<int64_t>(f, "/memory/process/rss_bytes", H5T_NATIVE_INT64), 0);
-  EXPECT_GT(read_scalar<int64_t>(f, "/memory/process/rss_peak_bytes", H5T_NATIVE_INT64), 0);
-  read_scalar<int64_t>(f, "/memory/process/pss_bytes", H5T_NATIVE_INT64);
+  EXPECT_EQ(col("/memory/process/rss_bytes"), (std::vector<int64_t>{10, 11}));
+  EXPECT_EQ(col("/memory/process/rss_peak_bytes"), (std::vector<int64_t>{20, 21}));
+  EXPECT_EQ(col("/memory/process/pss_bytes"), (std::vector<int64_t>{30, 31}));
 
   EXPECT_EQ(read_scalar<double>(f, "/timing/forward/seconds", H5T_NATIVE_DOUBLE), 1.5);
   EXPECT_EQ(read_scalar<double>(f, "/timing/backward/seconds", H5T_NATIVE_DOUBLE), 2.5);
