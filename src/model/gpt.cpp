@@ -138,12 +138,16 @@ GPT::GPT(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts,
   MESHLM_CHECK(opts_.slots >= 1 && opts_.pad_multiple >= 1, "bad GPT options");
   table_ = gpt_param_table(cfg_, shard_);
   n_local_ = shard_.layer_end - shard_.layer_begin;
+  bool found_block = false;
   for (size_t i = 0; i < table_.size(); ++i) {
     const ParamSpec& p = table_[i];
     if (p.name == "wte.weight") idx_wte_ = static_cast<int>(i);
     if (p.name == "wpe.weight") idx_wpe_ = static_cast<int>(i);
     if (p.name == "ln_f.weight") idx_lnf_ = static_cast<int>(i);
-    if (p.layer == shard_.layer_begin && first_block_ == 0) first_block_ = i;
+    if (p.layer == shard_.layer_begin && !found_block) {
+      first_block_ = i;
+      found_block = true;
+    }
   }
   num_params_ = table_numel(table_);
   padded_params_ = (num_params_ + opts_.pad_multiple - 1) / opts_.pad_multiple * opts_.pad_multiple;

@@ -1,0 +1,316 @@
+// Distributed training equals training on one rank: for a covering set of
+// layouts (dp, tp, pp) with dp*tp*pp in {2, 4, 8}, across ZeRO 0/1/2, GPipe
+// and 1F1B, activation checkpointing none/full, 10 steps give the single-rank
+// losses within 1e-5 relative and the same final parameters (gathered to
+// their logical shapes) within 1e-5; and the memory each rank holds is what
+// the layout promises, measured on the tracked allocator.
+//
+// Each layout runs on the first W ranks of the job (a sub-communicator);
+// the other ranks wait. Rank 0 compares.
+// meshlm-test-ranks: 8
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "app/config.h"
+#include "core/alloc.h"
+#include "core/log.h"
+#include "io/tokens.h"
+#include "model/gpt.h"
+#include "plan/memory.h"
+#include "train/engine.h"
+#include "train/trainer.h"
+
+using namespace meshlm;
+namespace fs = std::filesystem;
+
+namespace {
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int s = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
+}
+
+// L=4 so that up to 4 stages get a layer each; NH=8 so that tp=8 splits
+// the heads; batch 8 of micro-batches of 1, so every layout has enough
+// micro-batches for 1F1B.
+const char* kConfig = R"(
+[model]
+n_layer = 4
+n_head = 8
+n_embd = 32
+vocab_size = 256
+seq_len = 16
+max_seq_len = 16
+[train]
+steps = 10
+batch_size = 8
+micro_batch_size = 1
+lr = 3e-3
+warmup_steps = 2
+grad_clip = 1.0
+seed = 7
+log_every = 100
+[data]
+shuffle = true
+)";
+
+struct Layout {
+  int dp, tp, pp, zero;
+  const char* schedule;
+  const char* ckpt;
+  std::string name() const {
+    return "dp" + std::to_string(dp) + " tp" + std::to_string(tp) + " pp" + std::to_string(pp) +
+           " zero" + std::to_string(zero) + " " + schedule + " ckpt=" + ckpt;
+  }
+};
+
+struct RunResult {
+  std::vector<double> losses;
+  std::vector<float> params;  // rank 0 of the run
+  std::vector<RankShape> shapes;
+  // Per rank of the run, on rank 0: measured peak bytes per category.
+  std::vector<MemoryByCategory> peaks;
+  std::vector<MemoryByCategory> predicted;
+};
+
+class ParallelTraining : public ::testing::Test {
+protected:
+  static void SetUpTestSuite() {
+    // One token file for every run, written by rank 0.
+    dir_ = fs::temp_directory_path() / "meshlm_parallel_training";
+    if (world_rank() == 0) {
+      fs::remove_all(dir_);
+      fs::create_directories(dir_);
+      io::tokenize_bytes("/usr/share/common-licenses/GPL-3", (dir_ / "tokens.h5").string());
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  static void TearDownTestSuite() {
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (world_rank() == 0) fs::remove_all(dir_);
+  }
+
+  // Collective over the world: trains `l` on the first dp*tp*pp ranks.
+  static RunResult train(const Layout& l) {
+    const int w = l.dp * l.tp * l.pp;
+    RunResult res;
+    if (w > world_size()) return res;
+    MPI_Comm sub;
+    MPI_Comm_split(MPI_COMM_WORLD, world_rank() < w ? 0 : MPI_UNDEFINED, world_rank(), &sub);
+    if (sub != MPI_COMM_NULL) {
+      const std::vector<std::string> overrides = {
+          "--data.path=" + (dir_ / "tokens.h5").string(),
+          "--output.dir=" + (dir_ / ("run" + std::to_string(w))).string(),
+          "--parallel.dp=" + std::to_string(l.dp),
+          "--parallel.tp=" + std::to_string(l.tp),
+          "--parallel.pp=" + std::to_string(l.pp),
+          "--parallel.zero_stage=" + std::to_string(l.zero),
+          "--parallel.schedule=" + std::string(l.schedule),
+          "--parallel.activation_checkpointing=" + std::string(l.ckpt)};
+      const RunConfig cfg = parse_run_config(kConfig, "test", overrides, w);
+      MemTracker::get().reset_peaks();
+      const int saved = log::rank();
+      log::set_rank(1);  // quiet: the tables of 30 runs say nothing here
+      const TrainSummary s = run_training(cfg, sub, /*gather_final_params=*/true);
+      log::set_rank(saved);
+      for (const StepRecord& r : s.steps) res.losses.push_back(r.loss);
+      res.params = s.final_params;
+      // Every rank's measured peaks and prediction, gathered to rank 0.
+      MemoryByCategory peak{};
+      for (int c = 0; c < kNumMemCategories; ++c)
+        peak[c] = MemTracker::get().peak(static_cast<MemCategory>(c));
+      int r = 0;
+      MPI_Comm_rank(sub, &r);
+      const MeshCoords me{(r / l.tp) % l.dp, r % l.tp, r / (l.tp * l.dp)};
+      const RankShape shape = Engine::rank_shape(cfg, me);
+      const io::TokenReader reader = io::TokenReader::open((dir_ / "tokens.h5").string());
+      const uint64_t windows = (reader.size() - 1) / cfg.train.seq_len;
+      const MemoryByCategory pred = predict_memory(cfg.model, shape, windows, cfg.data.shuffle);
+      res.peaks.resize(r == 0 ? w : 0);
+      res.predicted.resize(r == 0 ? w : 0);
+      MPI_Gather(&peak, sizeof(peak), MPI_BYTE, res.peaks.data(), sizeof(peak), MPI_BYTE, 0, sub);
+      MPI_Gather(&pred, sizeof(pred), MPI_BYTE, res.predicted.data(), sizeof(pred), MPI_BYTE, 0,
+                 sub);
+      if (r == 0)
+        for (int q = 0; q < w; ++q)
+          res.shapes.push_back(Engine::rank_shape(cfg, {(q / l.tp) % l.dp, q % l.tp, q / (l.tp * l.dp)}));
+      MPI_Comm_free(&sub);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    return res;
+  }
+
+  static const RunResult& reference() {
+    static const RunResult ref = train({1, 1, 1, 0, "1f1b", "none"});
+    return ref;
+  }
+
+  static fs::path dir_;
+};
+fs::path ParallelTraining::dir_;
+
+// Norm-wise relative error ||a - ref|| / ||ref||. Layouts sum in different
+// orders (TP and DP reductions), so values differ in the last bits; AdamW
+// then moves an element whose gradient is at rounding level by up to lr per
+// step in either direction, which an element-wise relative error would
+// report as a large error of a few meaningless elements.
+double norm_rel(const std::vector<float>& a, const std::vector<float>& ref) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = static_cast<double>(a[i]) - ref[i];
+    diff += d * d;
+    norm += static_cast<double>(ref[i]) * ref[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+// The worst element against the largest reference value (printed only).
+double max_rel(const std::vector<float>& a, const std::vector<float>& ref) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - ref[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(ref[i])));
+  }
+  return diff / scale;
+}
+
+constexpr double kLossTol = 1e-5;
+constexpr double kParamTol = 1e-5;
+
+const Layout kLayouts[] = {
+    // 2 ranks
+    {2, 1, 1, 0, "1f1b", "none"},
+    {1, 2, 1, 0, "1f1b", "full"},
+    {1, 1, 2, 0, "1f1b", "none"},
+    {1, 1, 2, 0, "gpipe", "full"},
+    {2, 1, 1, 2, "1f1b", "none"},
+    // 4 ranks
+    {4, 1, 1, 1, "1f1b", "none"},
+    {4, 1, 1, 2, "1f1b", "full"},
+    {1, 4, 1, 0, "1f1b", "none"},
+    {1, 1, 4, 0, "1f1b", "none"},
+    {1, 1, 4, 0, "gpipe", "none"},
+    {2, 2, 1, 2, "1f1b", "none"},
+    {2, 1, 2, 1, "gpipe", "none"},
+    {1, 2, 2, 0, "1f1b", "full"},
+    {2, 1, 2, 2, "1f1b", "full"},
+    // 8 ranks
+    {2, 2, 2, 0, "1f1b", "none"},
+    {2, 2, 2, 1, "gpipe", "full"},
+    {2, 2, 2, 2, "1f1b", "full"},
+    {2, 2, 2, 1, "1f1b", "none"},
+    {8, 1, 1, 2, "1f1b", "none"},
+    {1, 8, 1, 0, "gpipe", "none"},
+    {4, 2, 1, 1, "1f1b", "none"},
+    {2, 4, 1, 2, "1f1b", "full"},
+    {1, 2, 4, 0, "gpipe", "none"},
+    {4, 1, 2, 2, "1f1b", "none"},
+    {2, 1, 4, 1, "1f1b", "full"},
+};
+
+}  // namespace
+
+TEST_F(ParallelTraining, EveryLayoutMatchesOneRank) {
+  ASSERT_EQ(world_size(), 8) << "run this test on 8 ranks";
+  const RunResult& ref = reference();
+  for (const Layout& l : kLayouts) {
+    const RunResult r = train(l);
+    if (world_rank() != 0) continue;
+    SCOPED_TRACE(l.name());
+    ASSERT_EQ(r.losses.size(), ref.losses.size());
+    double worst = 0;
+    for (size_t i = 0; i < ref.losses.size(); ++i)
+      worst = std::max(worst, std::abs(r.losses[i] - ref.losses[i]) / std::abs(ref.losses[i]));
+    EXPECT_LE(worst, kLossTol);
+    ASSERT_EQ(r.params.size(), ref.params.size());
+    const double prel = norm_rel(r.params, ref.params);
+    EXPECT_LE(prel, kParamTol);
+    std::printf("  %-38s loss rel %.2e  params rel %.2e (worst element %.2e)\n",
+                l.name().c_str(), worst, prel, max_rel(r.params, ref.params));
+    // The loss moved: the comparison is of a run that learns.
+    EXPECT_LT(ref.losses.back(), ref.losses.front() - 0.1);
+  }
+}
+
+TEST_F(ParallelTraining, SameLayoutSameBits) {
+  const Layout l{2, 2, 2, 2, "1f1b", "full"};
+  const RunResult a = train(l), b = train(l);
+  if (world_rank() != 0) return;
+  EXPECT_EQ(a.losses, b.losses);
+  EXPECT_EQ(a.params, b.params);
+}
+
+TEST_F(ParallelTraining, MemoryPerRankIsPredictedExactly) {
+  for (const Layout& l : {Layout{2, 2, 2, 0, "1f1b", "none"}, Layout{2, 2, 2, 2, "gpipe", "full"},
+                          Layout{4, 1, 2, 1, "1f1b", "full"}}) {
+    const RunResult r = train(l);
+    if (world_rank() != 0) continue;
+    SCOPED_TRACE(l.name());
+    for (size_t q = 0; q < r.peaks.size(); ++q)
+      for (int c = 0; c < kNumMemCategories; ++c)
+        EXPECT_EQ(r.peaks[q][c], r.predicted[q][c])
+            << "rank " << q << " category " << mem_category_name(static_cast<MemCategory>(c));
+  }
+}
+
+TEST_F(ParallelTraining, ZeroShardsOptimizerAndGradients) {
+  const RunResult one = train({1, 1, 1, 0, "1f1b", "none"});
+  const RunResult z0 = train({4, 1, 1, 0, "1f1b", "none"});
+  const RunResult z1 = train({4, 1, 1, 1, "1f1b", "none"});
+  const RunResult z2 = train({4, 1, 1, 2, "1f1b", "none"});
+  if (world_rank() != 0) return;
+  auto at = [](const RunResult& r, int q, MemCategory c) { return r.peaks[q][static_cast<int>(c)]; };
+  const size_t n = table_numel(gpt_param_table(
+      parse_run_config(kConfig, "t", {"--data.path=x"}).model));
+  const size_t shard = (n + 3) / 4;  // the flat buffer padded to a multiple of dp = 4
+  EXPECT_EQ(at(one, 0, MemCategory::optimizer), 2 * n * sizeof(float));
+  for (int q = 0; q < 4; ++q) {
+    // ZeRO 0 replicates AdamW's moments; ZeRO 1 and 2 keep 1/dp of them.
+    EXPECT_EQ(at(z0, q, MemCategory::optimizer), at(one, 0, MemCategory::optimizer));
+    EXPECT_EQ(at(z1, q, MemCategory::optimizer), 2 * shard * sizeof(float));
+    EXPECT_EQ(at(z2, q, MemCategory::optimizer), 2 * shard * sizeof(float));
+    // Gradients: whole under ZeRO 0/1; under ZeRO 2 the shard, one block's
+    // bucket and the embeddings + final norm.
+    EXPECT_EQ(at(z1, q, MemCategory::grads), 4 * shard * sizeof(float));
+    EXPECT_LT(at(z2, q, MemCategory::grads), at(z1, q, MemCategory::grads));
+    const std::vector<ParamSpec> table = gpt_param_table(
+        parse_run_config(kConfig, "t", {"--data.path=x"}).model);
+    EXPECT_EQ(at(z2, q, MemCategory::grads),
+              (shard + largest_block_numel(table) + edge_numel(table)) * sizeof(float));
+  }
+}
+
+TEST_F(ParallelTraining, TensorParallelismHalvesSplitMatrices) {
+  const RunResult one = train({1, 1, 1, 0, "1f1b", "none"});
+  const RunResult tp2 = train({1, 2, 1, 0, "1f1b", "none"});
+  if (world_rank() != 0) return;
+  const GPTConfig model = parse_run_config(kConfig, "t", {"--data.path=x"}).model;
+  size_t split = 0, replicated = 0, split_matrices = 0, matrices = 0;
+  for (const ParamSpec& p : gpt_param_table(model)) {
+    (p.tp_dim >= 0 ? split : replicated) += p.numel();
+    if (p.decay()) {
+      matrices += p.numel();
+      if (p.tp_dim >= 0) split_matrices += p.numel();
+    }
+  }
+  // Every matrix but the position table is split (wpe is small and replicated).
+  EXPECT_EQ(matrices - split_matrices,
+            static_cast<size_t>(model.max_seq_len) * model.n_embd);
+  const size_t p1 = one.peaks[0][static_cast<int>(MemCategory::params)];
+  EXPECT_EQ(p1, (split + replicated) * sizeof(float));
+  for (int q = 0; q < 2; ++q)
+    EXPECT_EQ(tp2.peaks[q][static_cast<int>(MemCategory::params)],
+              (split / 2 + replicated) * sizeof(float));
+}
