@@ -46,3 +46,36 @@ add_test(NAME cli_rank_error_mid_run
   COMMAND bash ${_cli}/rank_error_mid_run.sh "${_mpiexec2}" $<TARGET_FILE:meshlm> ${_tiny})
 set_tests_properties(cli_rank_error_mid_run PROPERTIES LABELS cli TIMEOUT 90
   ENVIRONMENT "OMP_NUM_THREADS=1")
+
+# [parallel]: impossible layouts are errors naming the keys and the numbers,
+# on every rank, before anything is written.
+meshlm_cli_error(layout_not_world_size "parallel.dp \\* parallel.tp \\* parallel.pp = 2 \\* 2 \\* 1 = 4, but the job has 2 ranks" train ${_tiny} --parallel.dp=2 --parallel.tp=2)
+meshlm_cli_error(dp_auto_not_divisible "parallel.dp = 0 takes the ranks left by parallel.tp \\(1\\) \\* parallel.pp \\(3\\), but the job has 2 ranks" train ${_tiny} --parallel.pp=3)
+meshlm_cli_error(tp_does_not_divide_heads "model.n_head \\(2\\) must be divisible by parallel.tp \\(4\\)" train ${_tiny} --parallel.tp=4 --parallel.dp=1)
+meshlm_cli_error(tp_does_not_divide_vocab "padded vocabulary \\(model.vocab_size 256 -> 256\\) must be divisible by parallel.tp \\(3\\)" train ${_tiny} --model.n_head=3 --model.n_embd=48 --parallel.tp=3 --parallel.dp=1)
+meshlm_cli_error(more_stages_than_layers "parallel.pp \\(4\\) is more pipeline stages than model.n_layer \\(2\\)" train ${_tiny} --parallel.pp=4 --parallel.dp=1)
+meshlm_cli_error(too_few_micro_batches_for_1f1b "parallel.micro_batches \\(1\\) must be >= parallel.pp \\(2\\) under parallel.schedule = 1f1b" train ${_tiny} --parallel.pp=2 --train.micro_batch_size=4)
+meshlm_cli_error(batch_not_divisible_by_dp "train.batch_size \\(3\\) must be divisible by parallel.dp \\(2\\)" train ${_tiny} --train.batch_size=3)
+meshlm_cli_error(micro_batches_disagree "parallel.micro_batches \\(3\\) disagrees with train.batch_size \\(4\\)" train ${_tiny} --parallel.micro_batches=3)
+meshlm_cli_error(unknown_schedule "parallel.schedule" train ${_tiny} --parallel.schedule=zigzag)
+meshlm_cli_error(unknown_checkpointing "parallel.activation_checkpointing must be none or full \\(got 'some'\\)" train ${_tiny} --parallel.activation_checkpointing=some)
+meshlm_cli_error(bad_zero_stage "parallel.zero_stage must be 0, 1 or 2 \\(got 3\\)" train ${_tiny} --parallel.zero_stage=3)
+meshlm_cli_error(stage_layers_wrong_sum "parallel.stage_layers" train ${_tiny} --parallel.pp=2 --parallel.stage_layers=2,2)
+
+# An error injected on one rank in the middle of a 3D-parallel run (tp=2,
+# pp=2) ends the whole job, naming that rank, within the timeout.
+string(JOIN " " _mpiexec4 ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${MESHLM_MPIEXEC_PREFLAGS})
+add_test(NAME cli_injected_rank_failure
+  COMMAND bash ${_cli}/injected_failure.sh "${_mpiexec4}" $<TARGET_FILE:meshlm> ${_tiny})
+set_tests_properties(cli_injected_rank_failure PROPERTIES LABELS cli TIMEOUT 90
+  ENVIRONMENT "OMP_NUM_THREADS=1")
+
+# The issue's acceptance run: 8 ranks as dp=2 x tp=2 x pp=2 log the losses
+# of one rank.
+string(JOIN " " _mpiexec8 ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 8 ${MESHLM_MPIEXEC_PREFLAGS})
+string(JOIN " " _mpiexec1 ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 ${MESHLM_MPIEXEC_PREFLAGS})
+add_test(NAME cli_3d_parallel_same_losses
+  COMMAND bash ${_cli}/same_losses.sh "${_mpiexec1}" "${_mpiexec8}" $<TARGET_FILE:meshlm> ${_tiny}
+          --parallel.dp=2 --parallel.tp=2 --parallel.pp=2)
+set_tests_properties(cli_3d_parallel_same_losses PROPERTIES LABELS cli TIMEOUT 120
+  ENVIRONMENT "OMP_NUM_THREADS=1")
