@@ -129,10 +129,11 @@ void shard_to_full(const ParamSpec& spec, const float* part, float* full, int tp
 
 GPT::GPT(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts,
          comm::Communicator* tp)
-    : cfg_(cfg), shard_(shard), opts_(opts), tp_(tp) {
+    : cfg_(cfg), shard_(shard), opts_(opts), tp_(tp, nullptr) {
   cfg_.validate();
   if (shard_.layer_end < 0) shard_.layer_end = cfg_.n_layer;
-  MESHLM_CHECK(shard_.tp_size == 1 || tp_ != nullptr, "tensor parallelism needs its group");
+  MESHLM_CHECK(shard_.tp_size == 1 || (tp != nullptr && tp->size() == shard_.tp_size),
+               "tensor parallelism needs its group");
   MESHLM_CHECK(cfg_.n_head % shard_.tp_size == 0, "heads must split evenly over TP");
   MESHLM_CHECK(cfg_.padded_vocab_size() % shard_.tp_size == 0, "vocabulary must split over TP");
   MESHLM_CHECK(opts_.slots >= 1 && opts_.pad_multiple >= 1, "bad GPT options");
@@ -355,13 +356,6 @@ const float* GPT::stage_output(int slot) const {
 
 // ---- forward / backward ---------------------------------------------------------
 
-void GPT::tp_all_reduce(float* x, size_t n, bool max) {
-  if (shard_.tp_size == 1) return;
-  if (timers_) timers_->begin(Section::tp_comm);
-  tp_->all_reduce(x, x, n, DType::f32, max ? comm::ReduceOp::max : comm::ReduceOp::sum).wait();
-  if (timers_) timers_->end();
-}
-
 namespace {
 void add_bias(float* out, const float* bias, int N, int C) {
 #pragma omp parallel for schedule(static)
@@ -394,20 +388,22 @@ void GPT::block_forward(const BlockTensors& w, BlockActs& a, const float* x, int
   const size_t NC = static_cast<size_t>(N) * C;
   const bool split = tp > 1;
   ops::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1w, w.ln1b, N, C);
+  tp_.copy_to_region_forward(a.ln1, NC);
   ops::matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, N, C, 3 * Cl);
   ops::attention_forward(a.atty, a.att, a.qkv, B, Tn, Cl, NHl);
   ops::matmul_forward<float>(a.attproj, a.atty, w.attprojw, split ? nullptr : w.attprojb, N, Cl, C);
   if (split) {
-    tp_all_reduce(a.attproj, NC);  // reduce from the TP region
+    tp_.reduce_from_region_forward(a.attproj, NC);
     add_bias(a.attproj, w.attprojb, N, C);
   }
   ops::residual_forward(a.res2, x, a.attproj, NC);
   ops::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2w, w.ln2b, N, C);
+  tp_.copy_to_region_forward(a.ln2, NC);
   ops::matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, N, C, Fl);
   ops::gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * Fl);
   ops::matmul_forward<float>(a.fcproj, a.fch_gelu, w.fcprojw, split ? nullptr : w.fcprojb, N, Fl, C);
   if (split) {
-    tp_all_reduce(a.fcproj, NC);
+    tp_.reduce_from_region_forward(a.fcproj, NC);
     add_bias(a.fcproj, w.fcprojb, N, C);
   }
   ops::residual_forward(a.res3, a.res2, a.fcproj, NC);
@@ -425,7 +421,7 @@ float GPT::forward(int slot, const int32_t* tokens, const int32_t* targets, int 
     s.tokens.assign(tokens, tokens + N);
     // Vocabulary-parallel lookup: each rank contributes the rows it holds.
     ops::embedding_forward(s.input, tokens, p.wte, N, C, v0, Vl);
-    tp_all_reduce(s.input, static_cast<size_t>(N) * C);
+    tp_.reduce_from_region_forward(s.input, static_cast<size_t>(N) * C);
     ops::position_forward(s.input, p.wpe, B, Tn, C);
   }
   const float* x = s.input;
@@ -439,13 +435,14 @@ float GPT::forward(int slot, const int32_t* tokens, const int32_t* targets, int 
   check_ids(targets, N, V, "target");
   s.targets.assign(targets, targets + N);
   ops::layernorm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, x, p.lnfw, p.lnfb, N, C);
+  tp_.copy_to_region_forward(s.lnf, static_cast<size_t>(N) * C);
   // lm_head tied to wte, vocabulary-parallel: logits(N,Vl) = lnf(N,C) wte_part(Vl,C)^T;
   // the softmax is assembled from two small reductions, never from all logits.
   ops::matmul_forward<float>(s.logits, s.lnf, p.wte, nullptr, N, C, Vl);
   ops::xent_local_max(s.xent_max, s.logits, N, Vl, v0, V);
-  tp_all_reduce(s.xent_max, N, /*max=*/true);
+  tp_.max_over_region(s.xent_max, N);
   ops::xent_local_sums(s.xent_sums, s.logits, s.xent_max, targets, N, Vl, v0, V);
-  tp_all_reduce(s.xent_sums, 2 * static_cast<size_t>(N));
+  tp_.sum_over_region(s.xent_sums, 2 * static_cast<size_t>(N));
   ops::xent_losses(s.losses, s.xent_max, s.xent_sums, N);
   double sum = 0;
   for (int i = 0; i < N; ++i) sum += s.losses[i];
@@ -480,7 +477,7 @@ void GPT::backward(int slot, float loss_scale) {
     zero(gacts_.dln, NC);
     ops::matmul_backward<float>(gacts_.dln, grad_at(idx_wte_), nullptr, s.logits, s.lnf, p.wte, N,
                                 C, Vl);
-    tp_all_reduce(gacts_.dln, NC);
+    tp_.copy_to_region_backward(gacts_.dln, NC);
     zero(gacts_.dres, NC);
     ops::layernorm_backward(gacts_.dres, grad_at(idx_lnf_), grad_at(idx_lnf_ + 1), gacts_.dln,
                             stage_output(slot), p.lnfw, s.lnf_mean, s.lnf_rstd, N, C);
@@ -495,6 +492,7 @@ void GPT::backward(int slot, float loss_scale) {
     if (full) block_forward(w, a, x, B, Tn);  // recompute from the kept input
 
     // MLP branch: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2))))
+    tp_.reduce_from_region_backward(gacts_.dres, NC);
     zero(gacts_.dfch_gelu, static_cast<size_t>(N) * Fl);
     ops::matmul_backward(gacts_.dfch_gelu, gw.fcprojw, gw.fcprojb, gacts_.dres, a.fch_gelu,
                          w.fcprojw, N, Fl, C);
@@ -502,11 +500,12 @@ void GPT::backward(int slot, float loss_scale) {
     ops::gelu_backward(gacts_.dfch, a.fch, gacts_.dfch_gelu, static_cast<size_t>(N) * Fl);
     zero(gacts_.dln, NC);
     ops::matmul_backward(gacts_.dln, gw.fcw, gw.fcb, gacts_.dfch, a.ln2, w.fcw, N, C, Fl);
-    tp_all_reduce(gacts_.dln, NC);  // backward of the copy into the TP region
+    tp_.copy_to_region_backward(gacts_.dln, NC);
     ops::layernorm_backward(gacts_.dres, gw.ln2w, gw.ln2b, gacts_.dln, a.res2, w.ln2w, a.ln2_mean,
                             a.ln2_rstd, N, C);
 
     // Attention branch: res2 = x + c_proj(attn(c_attn(ln_1(x))))
+    tp_.reduce_from_region_backward(gacts_.dres, NC);
     zero(gacts_.datty, static_cast<size_t>(N) * Cl);
     ops::matmul_backward(gacts_.datty, gw.attprojw, gw.attprojb, gacts_.dres, a.atty, w.attprojw,
                          N, Cl, C);
@@ -514,12 +513,13 @@ void GPT::backward(int slot, float loss_scale) {
     ops::attention_backward(gacts_.dqkv, gacts_.datt, gacts_.datty, a.qkv, a.att, B, Tn, Cl, NHl);
     zero(gacts_.dln, NC);
     ops::matmul_backward(gacts_.dln, gw.qkvw, gw.qkvb, gacts_.dqkv, a.ln1, w.qkvw, N, C, 3 * Cl);
-    tp_all_reduce(gacts_.dln, NC);
+    tp_.copy_to_region_backward(gacts_.dln, NC);
     ops::layernorm_backward(gacts_.dres, gw.ln1w, gw.ln1b, gacts_.dln, x, w.ln1w, a.ln1_mean,
                             a.ln1_rstd, N, C);
     if (block_done_) block_done_(shard_.layer_begin + l);
   }
   if (shard_.first_stage) {
+    tp_.reduce_from_region_backward(gacts_.dres, NC);
     ops::embedding_backward(grad_at(idx_wte_), gacts_.dres, s.tokens.data(), N, C, v0, Vl);
     ops::position_backward(grad_at(idx_wpe_), gacts_.dres, B, Tn, C);
   }

@@ -30,6 +30,7 @@
 #include "core/tensor.h"
 #include "core/timer.h"
 #include "model/config.h"
+#include "model/tp_region.h"
 
 namespace meshlm {
 
@@ -170,7 +171,7 @@ public:
   void set_grad_target(std::function<float*(size_t index)> where,
                        std::function<void(int layer)> block_done);
   // Tensor-parallel communication time is booked under Section::tp_comm here.
-  void set_timers(SectionTimers* t) { timers_ = t; }
+  void set_timers(SectionTimers* t) { tp_.set_timers(t); }
 
   // Bytes of activations this shard keeps for micro-batches of (B, T) (for
   // the planner); equals what ensure_activations() allocates.
@@ -233,14 +234,11 @@ private:
   BlockTensors block_tensors(int local_layer, const std::function<float*(size_t)>& at) const;
   void block_forward(const BlockTensors& w, BlockActs& a, const float* x, int B, int Tn);
   float* grad_at(size_t index);
-  // Sum over the tensor-parallel group, in place (identity when tp == 1).
-  void tp_all_reduce(float* x, size_t n, bool max = false);
 
   GPTConfig cfg_;
   ModelShard shard_;
   GPTOptions opts_;
-  comm::Communicator* tp_ = nullptr;
-  SectionTimers* timers_ = nullptr;
+  TPRegion tp_;
   int n_local_ = 0;           // layers of this stage
   size_t first_block_ = 0;    // table index of the stage's first block tensor
   int idx_wte_ = -1, idx_wpe_ = -1, idx_lnf_ = -1;

@@ -125,7 +125,10 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm comm, bool gather_final
             cfg.model.padded_vocab_size(), n_full,
             format_bytes(static_cast<double>(n_full) * sizeof(float)));
   std::string layers;
-  for (int l : Engine::stage_layers(cfg)) layers += (layers.empty() ? "" : ",") + std::to_string(l);
+  for (int l : Engine::stage_layers(cfg)) {
+    if (!layers.empty()) layers += ',';
+    layers += std::to_string(l);
+  }
   log::info("# parallel: layers per stage {} | schedule {} | activation checkpointing {} | "
             "ZeRO stage {} | pipeline bubble {:.1f}%",
             layers, pc.schedule, pc.activation_checkpointing, pc.zero_stage,
