@@ -25,12 +25,9 @@
 namespace meshlm::ops {
 
 // ---- embeddings -------------------------------------------------------------
-// out(B,T,C) = wte[tokens[b,t]] + wpe[t]
-template <typename T>
-void encoder_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int B, int Tn, int C);
-template <typename T>
-void encoder_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int B, int Tn, int C);
-
+// out(B,T,C) = wte[tokens[b,t]] + wpe[t], built in two steps so that wte can be
+// split over the tensor-parallel group (with one rank, v0 = 0 and Vl = Vp).
+//
 // Vocabulary-parallel token embedding: this rank holds rows [v0, v0 + Vl) of
 // wte. out(N,C) = wte_part[token - v0] for tokens in range, 0 elsewhere, so a
 // sum over the tensor-parallel group gives wte[token].
@@ -88,22 +85,11 @@ void residual_forward(T* out, const T* a, const T* b, size_t n);
 template <typename T>
 void residual_backward(T* da, T* db, const T* dout, size_t n);
 
-// ---- softmax cross-entropy over a padded vocabulary -----------------------------
-// In place: logits(N,Vp) in, probabilities out. Only the first V columns take
-// part; columns [V, Vp) get probability 0 (they never win). losses(N) =
-// -log p[target]. Targets must lie in [0, V).
-template <typename T>
-void softmax_crossentropy_forward(T* losses, T* logits_probs, const int32_t* targets, int N, int V,
-                                  int Vp);
-// In place: probabilities in, dlogits(N,Vp) = (p - onehot(target)) * dloss[n]
-// out (overwrites; padded columns get exactly 0).
-template <typename T>
-void softmax_crossentropy_backward(T* probs_dlogits, const T* dlosses, const int32_t* targets,
-                                   int N, int V, int Vp);
-
 // ---- vocabulary-parallel softmax cross-entropy (Megatron) -----------------------
-// logits(N,Vl) hold columns [v0, v0 + Vl) of the padded vocabulary; columns
-// at or beyond V are padding and take no part. The full softmax is assembled
+// logits(N,Vl) hold columns [v0, v0 + Vl) of the padded vocabulary (with one
+// rank, v0 = 0 and Vl = Vp). Columns at or beyond V are padding and take no
+// part: probability 0 (they never win, whatever their value) and exactly zero
+// gradient. Targets must lie in [0, V). The full softmax is assembled
 // from per-rank pieces with two reductions over the tensor-parallel group, so
 // the full logits are never gathered:
 //   1. xent_local_max:  rowmax(N) = max of this rank's real columns (-inf if none)

@@ -7,7 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <functional>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "core/rng.h"
@@ -36,9 +39,12 @@ double dot(const std::vector<double>& a, const std::vector<double>& b) {
   return s;
 }
 
-// Checks `analytic` = dL/dx against finite differences of `loss` over x.
+// Checks `analytic` = dL/dx against finite differences of `loss` over x. With
+// may_be_zero, x may be a tensor the loss does not read at all (a part holding
+// only vocabulary padding): then both sides must be exactly 0.
 void expect_matches_fd(std::vector<double>& x, const std::vector<double>& analytic,
-                       const std::function<double()>& loss, const char* what) {
+                       const std::function<double()>& loss, const char* what,
+                       bool may_be_zero = false) {
   ASSERT_EQ(x.size(), analytic.size()) << what;
   double max_ref = 0, max_err = 0;
   for (size_t i = 0; i < x.size(); ++i) {
@@ -52,7 +58,8 @@ void expect_matches_fd(std::vector<double>& x, const std::vector<double>& analyt
     max_ref = std::max(max_ref, std::fabs(fd));
     max_err = std::max(max_err, std::fabs(fd - analytic[i]));
   }
-  EXPECT_GT(max_ref, 0.0) << what << ": gradient is identically zero, the check proves nothing";
+  if (!may_be_zero)
+    EXPECT_GT(max_ref, 0.0) << what << ": gradient is identically zero, the check proves nothing";
   EXPECT_LE(max_err, kGradTol * max_ref) << what << ": max |fd - analytic| = " << max_err
                                          << ", max |fd| = " << max_ref;
 }
@@ -187,45 +194,180 @@ TEST(OpsGradcheck, Residual) {
   expect_matches_fd(b, db, loss, "residual db");
 }
 
-TEST(OpsGradcheck, Encoder) {
-  const int B = 2, T = 4, C = 3, V = 5, maxT = 6;
-  const std::vector<int32_t> tokens = {1, 3, 1, 0, 4, 4, 2, 1};  // repeated ids on purpose
-  auto wte = randn(V * C, 61), wpe = randn(maxT * C, 62), R = randn(B * T * C, 63);
-  auto loss = [&] {
-    std::vector<double> y(B * T * C);
-    ops::encoder_forward(y.data(), tokens.data(), wte.data(), wpe.data(), B, T, C);
-    return dot(y, R);
-  };
-  std::vector<double> dwte(V * C), dwpe(maxT * C);
-  ops::encoder_backward(dwte.data(), dwpe.data(), R.data(), tokens.data(), B, T, C);
-  expect_matches_fd(wte, dwte, loss, "encoder dwte");
-  expect_matches_fd(wpe, dwpe, loss, "encoder dwpe");
+// Vocabulary-parallel embedding with tensor parallelism emulated by hand: the
+// Vp rows of wte are split into P equal parts, the parts' lookups are summed
+// (the all-reduce of the model), then the position embedding is added once.
+TEST(OpsGradcheck, EmbeddingVocabParallel) {
+  const int B = 2, T = 4, C = 3, V = 7, Vp = 8, maxT = 6, N = B * T;
+  // Repeated ids on purpose, ids in every part, the last real id V - 1.
+  const std::vector<int32_t> tokens = {1, 6, 1, 0, 4, 4, 2, 5};
+  for (int P : {1, 2, 4}) {
+    SCOPED_TRACE("P=" + std::to_string(P));
+    const int Vl = Vp / P;
+    std::vector<std::vector<double>> wte(P);
+    for (int p = 0; p < P; ++p) wte[p] = randn(static_cast<size_t>(Vl) * C, 61 + p);
+    auto wpe = randn(maxT * C, 65), R = randn(N * C, 66);
+    auto forward = [&] {
+      std::vector<double> y(N * C, 0.0), part(N * C);
+      for (int p = 0; p < P; ++p) {
+        ops::embedding_forward(part.data(), tokens.data(), wte[p].data(), N, C, p * Vl, Vl);
+        for (int i = 0; i < N * C; ++i) y[i] += part[i];
+      }
+      ops::position_forward(y.data(), wpe.data(), B, T, C);
+      return y;
+    };
+    auto loss = [&] { return dot(forward(), R); };
+
+    // The sum over parts is exactly wte[token] + wpe[t].
+    const auto y = forward();
+    for (int n = 0; n < N; ++n) {
+      const int tok = tokens[n], t = n % T;
+      for (int c = 0; c < C; ++c)
+        EXPECT_EQ(y[n * C + c], wte[tok / Vl][(tok % Vl) * C + c] + wpe[t * C + c]) << "n=" << n;
+    }
+
+    // Gradients accumulate: start from non-zero values and subtract them after.
+    std::vector<std::vector<double>> dwte(P), dwte0(P);
+    for (int p = 0; p < P; ++p) {
+      dwte[p] = dwte0[p] = randn(wte[p].size(), 71 + p);
+      ops::embedding_backward(dwte[p].data(), R.data(), tokens.data(), N, C, p * Vl, Vl);
+      for (size_t i = 0; i < dwte[p].size(); ++i) dwte[p][i] -= dwte0[p][i];
+    }
+    auto dwpe = randn(wpe.size(), 75);
+    const auto dwpe0 = dwpe;
+    ops::position_backward(dwpe.data(), R.data(), B, T, C);
+    for (size_t i = 0; i < dwpe.size(); ++i) dwpe[i] -= dwpe0[i];
+
+    for (int p = 0; p < P; ++p)
+      expect_matches_fd(wte[p], dwte[p], loss, ("embedding dwte part " + std::to_string(p)).c_str());
+    expect_matches_fd(wpe, dwpe, loss, "position dwpe");
+    // The padded row (id V, never a token) is never written.
+    for (int c = 0; c < C; ++c) EXPECT_EQ(dwte[P - 1][((Vp - 1) % Vl) * C + c], 0.0);
+  }
 }
 
-TEST(OpsGradcheck, SoftmaxCrossEntropyPaddedVocab) {
-  const int N = 4, V = 11, Vp = 16;
-  const std::vector<int32_t> targets = {0, 10, 5, 5};
-  auto logits = randn(N * Vp, 71, 3.0), dl = randn(N, 72);
+namespace {
+
+// The loss exactly as the model assembles it over P tensor-parallel parts of
+// the logits: MAX over the parts of xent_local_max, SUM over the parts of
+// xent_local_sums, then xent_losses.
+template <typename T>
+struct XentResult {
+  std::vector<T> rowmax, sums, losses;
+};
+
+template <typename T>
+XentResult<T> xent_assemble(const std::vector<std::vector<T>>& parts,
+                            const std::vector<int32_t>& targets, int Vl, int V) {
+  const int N = static_cast<int>(targets.size()), P = static_cast<int>(parts.size());
+  XentResult<T> r{std::vector<T>(N, -std::numeric_limits<T>::infinity()), std::vector<T>(2 * N, 0),
+                  std::vector<T>(N)};
+  std::vector<T> mx(N), s(2 * N);
+  for (int p = 0; p < P; ++p) {
+    ops::xent_local_max(mx.data(), parts[p].data(), N, Vl, p * Vl, V);
+    for (int n = 0; n < N; ++n) r.rowmax[n] = std::max(r.rowmax[n], mx[n]);
+  }
+  for (int p = 0; p < P; ++p) {
+    ops::xent_local_sums(s.data(), parts[p].data(), r.rowmax.data(), targets.data(), N, Vl, p * Vl,
+                         V);
+    for (int i = 0; i < 2 * N; ++i) r.sums[i] += s[i];
+  }
+  ops::xent_losses(r.losses.data(), r.rowmax.data(), r.sums.data(), N);
+  return r;
+}
+
+// dlogits of every part, from the assembled reductions.
+template <typename T>
+std::vector<std::vector<T>> xent_dlogits(const std::vector<std::vector<T>>& parts,
+                                         const XentResult<T>& r, const std::vector<T>& dlosses,
+                                         const std::vector<int32_t>& targets, int Vl, int V) {
+  const int N = static_cast<int>(targets.size());
+  auto d = parts;
+  for (size_t p = 0; p < parts.size(); ++p)
+    ops::xent_local_backward(d[p].data(), r.rowmax.data(), r.sums.data(), dlosses.data(),
+                             targets.data(), N, Vl, static_cast<int>(p) * Vl, V);
+  return d;
+}
+
+// logits(N,Vp) with V real columns, split by columns into P parts of Vl = Vp/P.
+void check_vocab_parallel_xent(int V, int Vp, int P, const std::vector<int32_t>& targets,
+                               uint64_t seed) {
+  SCOPED_TRACE("V=" + std::to_string(V) + " Vp=" + std::to_string(Vp) + " P=" + std::to_string(P));
+  const int N = static_cast<int>(targets.size()), Vl = Vp / P;
+  auto logits = randn(static_cast<size_t>(N) * Vp, seed, 3.0), dl = randn(N, seed + 1);
   // Padded logits larger than every real one: they must still never win.
   for (int n = 0; n < N; ++n)
     for (int v = V; v < Vp; ++v) logits[n * Vp + v] = 100.0;
-  auto loss = [&] {
-    std::vector<double> buf = logits, losses(N);
-    ops::softmax_crossentropy_forward(losses.data(), buf.data(), targets.data(), N, V, Vp);
-    return dot(losses, dl);
-  };
-  std::vector<double> buf = logits, losses(N);
-  ops::softmax_crossentropy_forward(losses.data(), buf.data(), targets.data(), N, V, Vp);
+  std::vector<std::vector<double>> parts(P, std::vector<double>(static_cast<size_t>(N) * Vl));
+  for (int p = 0; p < P; ++p)
+    for (int n = 0; n < N; ++n)
+      for (int v = 0; v < Vl; ++v) parts[p][n * Vl + v] = logits[n * Vp + p * Vl + v];
+
+  // Losses against a direct log-softmax over the V real columns.
+  const auto r = xent_assemble(parts, targets, Vl, V);
   for (int n = 0; n < N; ++n) {
-    double s = 0;
-    for (int v = 0; v < V; ++v) s += buf[n * Vp + v];
-    EXPECT_NEAR(s, 1.0, 1e-12);
-    for (int v = V; v < Vp; ++v) EXPECT_EQ(buf[n * Vp + v], 0.0);
+    const double* row = &logits[n * Vp];
+    double mx = row[0], z = 0;
+    for (int v = 0; v < V; ++v) {
+      mx = std::max(mx, row[v]);
+      z += std::exp(row[v]);
+    }
+    EXPECT_EQ(r.rowmax[n], mx) << "n=" << n;
+    EXPECT_NEAR(r.losses[n], -(row[targets[n]] - std::log(z)), 1e-12) << "n=" << n;
   }
-  ops::softmax_crossentropy_backward(buf.data(), dl.data(), targets.data(), N, V, Vp);
-  for (int n = 0; n < N; ++n)
-    for (int v = V; v < Vp; ++v) EXPECT_EQ(buf[n * Vp + v], 0.0) << "padded column got a gradient";
-  // Over all Vp columns: the padded ones do not enter the loss, so their
-  // finite differences are 0 too.
-  expect_matches_fd(logits, buf, loss, "cross-entropy dlogits");
+  // A part holding only padding contributes -inf to the max and 0 to the sums.
+  for (int p = 0; p < P; ++p) {
+    if (p * Vl < V) continue;
+    std::vector<double> mx(N), s(2 * N);
+    ops::xent_local_max(mx.data(), parts[p].data(), N, Vl, p * Vl, V);
+    ops::xent_local_sums(s.data(), parts[p].data(), r.rowmax.data(), targets.data(), N, Vl, p * Vl,
+                         V);
+    for (int n = 0; n < N; ++n) {
+      EXPECT_EQ(mx[n], -std::numeric_limits<double>::infinity());
+      EXPECT_EQ(s[2 * n], 0.0);
+      EXPECT_EQ(s[2 * n + 1], 0.0);
+    }
+  }
+
+  // dlogits of every part over ALL its columns: the padded ones do not enter
+  // the loss, so their finite differences are 0, and backward writes exactly 0.
+  const auto d = xent_dlogits(parts, r, dl, targets, Vl, V);
+  for (int n = 0; n < N; ++n) {
+    double rowsum = 0;  // sum_v (p_v - onehot_v) dl = 0
+    for (int p = 0; p < P; ++p)
+      for (int v = 0; v < Vl; ++v) {
+        if (p * Vl + v >= V)
+          EXPECT_EQ(d[p][n * Vl + v], 0.0) << "padded column " << p * Vl + v << " got a gradient";
+        rowsum += d[p][n * Vl + v];
+      }
+    EXPECT_NEAR(rowsum, 0.0, 1e-12) << "n=" << n;
+  }
+  auto loss = [&] { return dot(xent_assemble(parts, targets, Vl, V).losses, dl); };
+  for (int p = 0; p < P; ++p)
+    expect_matches_fd(parts[p], d[p], loss, ("xent dlogits part " + std::to_string(p)).c_str(),
+                      /*may_be_zero=*/p * Vl >= V);
+
+  // The float ops against the double ones, assembled the same way.
+  std::vector<std::vector<float>> fparts;
+  for (const auto& part : parts) fparts.push_back(cast<float>(part));
+  const auto dlf = cast<float>(dl);
+  const auto rf = xent_assemble(fparts, targets, Vl, V);
+  expect_close(rf.losses, r.losses, "xent losses float vs double");
+  const auto df = xent_dlogits(fparts, rf, dlf, targets, Vl, V);
+  for (int p = 0; p < P; ++p) expect_close(df[p], d[p], "xent dlogits float vs double");
+}
+
+}  // namespace
+
+TEST(OpsGradcheck, CrossEntropyVocabParallelPaddedVocab) {
+  // Vp = 16: with P = 2 the second part holds real columns 8..10 and padding
+  // 11..15; with P = 4 the last part is all padding. Targets in every part
+  // that holds real columns.
+  const std::vector<int32_t> targets = {0, 10, 5, 8, 7, 9, 5};
+  for (int P : {1, 2, 4}) check_vocab_parallel_xent(11, 16, P, targets, 81);
+}
+
+TEST(OpsGradcheck, CrossEntropyVocabParallelPaddingOnlyPart) {
+  // V = 7, Vp = 16, P = 2: the second part holds only padding columns.
+  check_vocab_parallel_xent(7, 16, 2, {0, 6, 3, 3}, 91);
 }
