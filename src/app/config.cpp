@@ -97,15 +97,19 @@ po::options_description make_options(RunConfig& c) {
 
 [[noreturn]] void fail(const std::string& msg) { throw CollectiveError(msg, MESHLM_HERE); }
 
-// Every key with its final value, grouped by section, as an INI text.
-std::string resolved_ini(const po::options_description& desc, const po::variables_map& vm) {
+// Every key with its final value, grouped by section, as an INI text. `c`
+// is the resolved configuration (derived values such as parallel.dp = 0
+// filled in): its values are the defaults of a fresh option table.
+std::string resolved_ini(RunConfig c) {
+  const po::options_description desc = make_options(c);
   std::map<std::string, std::vector<std::pair<std::string, std::string>>> sections;
   std::vector<std::string> order;
   for (const auto& opt : desc.options()) {
     const std::string& key = opt->long_name();
     const auto dot = key.find('.');
     const std::string section = key.substr(0, dot);
-    const boost::any& v = vm[key].value();
+    boost::any v;
+    opt->semantic()->apply_default(v);
     std::string s;
     if (auto p = boost::any_cast<int>(&v)) s = std::to_string(*p);
     else if (auto p = boost::any_cast<uint64_t>(&v)) s = std::to_string(*p);
@@ -294,7 +298,7 @@ RunConfig parse_run_config(const std::string& text, const std::string& source,
   resolve_micro_batches(c);
   validate(c);
   c.source = source;
-  c.resolved = resolved_ini(desc, vm);
+  c.resolved = resolved_ini(c);
   return c;
 }
 
