@@ -326,10 +326,20 @@ std::vector<float> Engine::gather_params() {
       src = part.data();
     }
     for (const ParamSpec& p : table) {
-      // The tied wte of the last stage is a copy of the first stage's.
-      if (p.name == "wte.weight" && !s.shard.first_stage) continue;
-      shard_to_full(p, src + p.offset, full.data() + full_table[p.index].offset, c.tp,
-                    s.shard.tp_size);
+      float* dst = full.data() + full_table[p.index].offset;
+      if (p.name == "wte.weight" && !s.shard.first_stage) {
+        // The tied wte of the last stage must equal the first stage's, bit
+        // for bit (stage 0 comes first in rank order, so it is already here).
+        std::vector<float> copy(full_table[p.index].numel());
+        std::copy(dst, dst + copy.size(), copy.begin());
+        shard_to_full(p, src + p.offset, copy.data(), c.tp, s.shard.tp_size);
+        if (!std::equal(copy.begin(), copy.end(), dst))
+          throw RankError("the tied wte.weight of the last pipeline stage (rank " +
+                              std::to_string(r) + ") differs from the first stage's",
+                          MESHLM_HERE);
+        continue;
+      }
+      shard_to_full(p, src + p.offset, dst, c.tp, s.shard.tp_size);
     }
   }
   return full;

@@ -54,7 +54,8 @@ public:
 
   // Collective over the world: the whole model's parameters, tensor after
   // tensor in the order of gpt_param_table(cfg) (logical shapes), on world
-  // rank 0; empty on the other ranks.
+  // rank 0; empty on the other ranks. Throws RankError (rank 0) when the
+  // last stage's copy of the tied wte differs from the first stage's.
   std::vector<float> gather_params();
 
   const GPT& model() const { return *model_; }
