@@ -11,7 +11,10 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <stdlib.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <filesystem>
 #include <string>
@@ -89,13 +92,19 @@ class ParallelTraining : public ::testing::Test {
 protected:
   static void SetUpTestSuite() {
     // One token file for every run, written by rank 0.
-    dir_ = fs::temp_directory_path() / "meshlm_parallel_training";
+    // A fresh directory made by rank 0, its name broadcast.
+    char name[4096] = {0};
     if (world_rank() == 0) {
-      fs::remove_all(dir_);
-      fs::create_directories(dir_);
-      io::tokenize_bytes("/usr/share/common-licenses/GPL-3", (dir_ / "tokens.h5").string());
+      std::string tmpl = (fs::temp_directory_path() / "meshlm_parallel_XXXXXX").string();
+      if (::mkdtemp(tmpl.data()) == nullptr) {  // no ASSERT here: the others wait in Bcast
+        std::perror("mkdtemp");
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
+      std::snprintf(name, sizeof(name), "%s", tmpl.c_str());
+      io::tokenize_bytes("/usr/share/common-licenses/GPL-3", (fs::path(name) / "tokens.h5").string());
     }
-    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Bcast(name, sizeof(name), MPI_CHAR, 0, MPI_COMM_WORLD);
+    dir_ = name;
   }
   static void TearDownTestSuite() {
     MPI_Barrier(MPI_COMM_WORLD);

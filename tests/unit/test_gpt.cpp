@@ -179,3 +179,114 @@ TEST(GPT, RejectsTokenOutsideVocabulary) {
   tok[5] = 64;
   EXPECT_THROW(m.forward(tok.data(), tgt.data(), 1, 16), RankError);
 }
+
+// ---- shards: pipeline stages and tensor-parallel parts ----------------------
+
+TEST(GPTShard, TensorParallelPartsTileTheLogicalTensor) {
+  // c_attn's rows are q, k, v; each is split by heads, so rank t's part is
+  // rows [t*C/tp, (t+1)*C/tp) of q, then of k, then of v.
+  const GPTConfig c = small_config();
+  const int tp = 2, C = c.n_embd;
+  for (const ParamSpec& whole : gpt_param_table(c)) {
+    const size_t n = whole.numel();
+    std::vector<float> full(n), back(n, -1.0f);
+    for (size_t i = 0; i < n; ++i) full[i] = static_cast<float>(i);
+    size_t covered = 0;
+    for (int t = 0; t < tp; ++t) {
+      const auto part_table = gpt_param_table(c, {.tp_rank = t, .tp_size = tp});
+      const ParamSpec* p = nullptr;
+      for (const auto& q : part_table)
+        if (q.name == whole.name) p = &q;
+      ASSERT_NE(p, nullptr) << whole.name;
+      EXPECT_EQ(p->full_shape, whole.shape);
+      EXPECT_EQ(p->index, whole.index);
+      std::vector<float> part(p->numel());
+      shard_from_full(*p, full.data(), part.data(), t, tp);
+      shard_to_full(*p, part.data(), back.data(), t, tp);
+      covered += part.size();
+      if (whole.name == "h.0.attn.c_attn.weight") {
+        // First element of rank t's k rows: row C + t*C/2 of the whole.
+        const size_t k_row = static_cast<size_t>(C) / tp;  // rows of q in the part
+        EXPECT_EQ(part[k_row * C], full[(C + t * C / tp) * C]);
+      }
+    }
+    EXPECT_EQ(covered, whole.tp_dim >= 0 ? n : tp * n) << whole.name;
+    EXPECT_EQ(back, full) << whole.name << ": the parts do not tile the tensor";
+  }
+}
+
+TEST(GPTShard, StageTablesHoldTheirLayersAndTheTiedEmbedding) {
+  GPTConfig c = small_config();
+  c.n_layer = 3;
+  auto names = [&](const ModelShard& s) {
+    std::vector<std::string> v;
+    for (const auto& p : gpt_param_table(c, s)) v.push_back(p.name);
+    return v;
+  };
+  const auto mid = names({.layer_begin = 1, .layer_end = 2, .first_stage = false, .last_stage = false});
+  ASSERT_EQ(mid.size(), 12u);
+  EXPECT_EQ(mid.front(), "h.1.ln_1.weight");
+  const auto last = names({.layer_begin = 2, .layer_end = 3, .first_stage = false, .last_stage = true});
+  EXPECT_EQ(last.front(), "wte.weight");  // the tied lm_head, first in the table
+  EXPECT_EQ(last.back(), "ln_f.bias");
+  const auto first = names({.layer_begin = 0, .layer_end = 1, .first_stage = true, .last_stage = false});
+  EXPECT_EQ(first[1], "wpe.weight");
+  EXPECT_EQ(first.back(), "h.0.mlp.c_proj.bias");
+}
+
+// Three stages of a 3-layer model run one after the other on one rank,
+// passing activations forward and their gradients back by hand, give the
+// whole model's loss and gradients: the pipeline's arithmetic, without MPI.
+// (The middle stage, which holds neither embedding nor head, is the case a
+// wrong first-block index breaks.)
+TEST(GPTShard, ChainedStagesEqualTheWholeModel) {
+  GPTConfig c = small_config();
+  c.n_layer = 3;
+  const int B = 2, T = 8, V = c.vocab_size;
+  std::vector<int32_t> tok(B * T), tgt(B * T);
+  random_batch(tok, tgt, V, 11);
+  GPT whole(c);
+  whole.init_weights(5);
+  whole.zero_grads();
+  const float loss = whole.forward(tok.data(), tgt.data(), B, T);
+  whole.backward();
+
+  std::vector<GPT> stages;
+  stages.reserve(3);
+  for (int s = 0; s < 3; ++s) {
+    stages.emplace_back(c, ModelShard{.layer_begin = s, .layer_end = s + 1, .first_stage = s == 0,
+                                      .last_stage = s == 2});
+    stages.back().init_weights(5);
+    stages.back().zero_grads();
+    stages.back().ensure_activations(B, T);
+  }
+  const size_t act = static_cast<size_t>(B) * T * c.n_embd;
+  float staged = 0;
+  for (int s = 0; s < 3; ++s) {
+    if (s > 0) std::memcpy(stages[s].stage_input(0), stages[s - 1].stage_output(0), act * 4);
+    staged = stages[s].forward(0, tok.data(), tgt.data(), B, T);
+  }
+  EXPECT_EQ(staged, loss);
+  for (int s = 2; s >= 0; --s) {
+    if (s < 2) std::memcpy(stages[s].grad_stream(), stages[s + 1].grad_stream(), act * 4);
+    stages[s].backward(0, 1.0f);
+  }
+  for (int s = 0; s < 3; ++s) {
+    for (const ParamSpec& p : stages[s].table()) {
+      const auto mine = stages[s].grad(p.name);
+      const auto ref = whole.grad(p.name);
+      if (p.name == "wte.weight") continue;  // split between stages 0 and 2, below
+      EXPECT_TRUE(std::equal(mine.begin(), mine.end(), ref.begin())) << p.name;
+    }
+  }
+  // The tied embedding: the two stages' gradients sum to the whole model's.
+  const auto g0 = stages[0].grad("wte.weight"), g2 = stages[2].grad("wte.weight");
+  const auto ref = whole.grad("wte.weight");
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    worst = std::max(worst, std::abs(static_cast<double>(g0[i]) + g2[i] - ref[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(ref[i])));
+  }
+  EXPECT_GT(scale, 0.0);
+  EXPECT_LE(worst, 1e-6 * scale);
+}
