@@ -66,16 +66,18 @@ double sum_of_squares(const float* grads, size_t n) {
   return total;
 }
 
+void clip_to_norm(float* grads, size_t n, double norm, double max_norm) {
+  if (max_norm <= 0.0) return;
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef >= 1.0) return;
+  const float c = static_cast<float>(coef);
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; ++i) grads[i] *= c;
+}
+
 double clip_grad_norm(float* grads, size_t n, double max_norm) {
   const double norm = grad_norm(grads, n);
-  if (max_norm > 0.0) {
-    const double coef = max_norm / (norm + 1e-6);
-    if (coef < 1.0) {
-      const float c = static_cast<float>(coef);
-#pragma omp parallel for simd schedule(static)
-      for (size_t i = 0; i < n; ++i) grads[i] *= c;
-    }
-  }
+  clip_to_norm(grads, n, norm, max_norm);
   return norm;
 }
 

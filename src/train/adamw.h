@@ -58,5 +58,8 @@ inline double grad_norm(const float* grads, size_t n) { return std::sqrt(sum_of_
 // torch.nn.utils.clip_grad_norm_: coefficient min(1, max_norm / (norm + 1e-6)).
 // Returns the norm before clipping. max_norm <= 0 disables clipping.
 double clip_grad_norm(float* grads, size_t n, double max_norm);
+// The scaling step of clip_grad_norm, for gradients whose (global) norm is
+// already known: the shards of a distributed step.
+void clip_to_norm(float* grads, size_t n, double norm, double max_norm);
 
 }  // namespace meshlm

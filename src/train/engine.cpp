@@ -198,10 +198,11 @@ void Engine::run_schedule(const int32_t* tokens, const int32_t* targets, int ste
 }
 
 void Engine::reduce_gradients() {
-  const int wte = model_->has("wte.weight") ? 0 : -1;  // wte is always first in the table
-  const size_t wte_n = wte == 0 ? model_->table()[0].numel() : 0;
+  // wte, where the stage holds it, is the first tensor of the table.
+  const bool has_wte = model_->has("wte.weight");
+  const size_t wte_n = has_wte ? model_->table()[0].numel() : 0;
   float* wte_grad = nullptr;
-  if (wte == 0)
+  if (has_wte)
     wte_grad = shape_.zero_stage == 2 ? edge_grads_.as<float>() + edge_offset_[0] : model_->grads();
   // The first and last stage hold the same wte: sum their gradients.
   if (emb_ && emb_->size() > 1) {
@@ -255,15 +256,7 @@ double Engine::clip_owned(double max_norm) {
     world_->all_reduce(&local, &total, 1, DType::f64, comm::ReduceOp::sum).wait();
   }
   const double norm = std::sqrt(total);
-  if (max_norm > 0.0) {
-    const double coef = max_norm / (norm + 1e-6);
-    if (coef < 1.0) {
-      const float cf = static_cast<float>(coef);
-      const long n = static_cast<long>(own_end_ - own_begin_);
-#pragma omp parallel for simd schedule(static)
-      for (long i = 0; i < n; ++i) g[i] *= cf;
-    }
-  }
+  clip_to_norm(g, own_end_ - own_begin_, norm, max_norm);
   return norm;
 }
 

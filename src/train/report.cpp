@@ -41,6 +41,17 @@ std::vector<Stat> reduce_stats(const std::vector<double>& v, MPI_Comm comm) {
 }
 }  // namespace
 
+void print_predicted_memory(const MemoryByCategory& predicted, MPI_Comm comm) {
+  const Stat s = reduce_stats({static_cast<double>(total(predicted))}, comm)[0];
+  log::info("# memory predicted per rank: min {} | avg {} | max {} (rank 0: params {}, grads {}, "
+            "optimizer {}, activations {})",
+            format_bytes(s.min), format_bytes(s.avg), format_bytes(s.max),
+            format_bytes(at(predicted, MemCategory::params)),
+            format_bytes(at(predicted, MemCategory::grads)),
+            format_bytes(at(predicted, MemCategory::optimizer)),
+            format_bytes(at(predicted, MemCategory::activations)));
+}
+
 std::vector<RankMemory> gather_memory(const MemoryByCategory& predicted, MPI_Comm comm) {
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);

@@ -21,6 +21,9 @@ struct RankMemory {
 // Collective over `comm`: every rank's figures (its prediction, the tracked
 // allocator, /proc) on rank 0, in rank order; empty on the other ranks.
 std::vector<RankMemory> gather_memory(const MemoryByCategory& predicted, MPI_Comm comm);
+// Collective over `comm`: one line before the run, the predicted total per
+// rank as min / avg / max, and rank 0's largest categories.
+void print_predicted_memory(const MemoryByCategory& predicted, MPI_Comm comm);
 // Rank 0: per category predicted and measured peak, min / avg / max over the
 // ranks; then one line per rank (labels[r], e.g. its mesh coordinates) with
 // its measured peaks. Prints nothing elsewhere.

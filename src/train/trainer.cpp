@@ -102,20 +102,7 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm comm, bool gather_final
   const RankShape shape = Engine::rank_shape(cfg, me);
   const MemoryByCategory predicted =
       predict_memory(cfg.model, shape, loader->windows_per_epoch(), cfg.data.shuffle);
-  {
-    const double mine = static_cast<double>(total(predicted));
-    double lo = 0, hi = 0, sum = 0;
-    MPI_Allreduce(&mine, &lo, 1, MPI_DOUBLE, MPI_MIN, comm);
-    MPI_Allreduce(&mine, &hi, 1, MPI_DOUBLE, MPI_MAX, comm);
-    MPI_Allreduce(&mine, &sum, 1, MPI_DOUBLE, MPI_SUM, comm);
-    log::info("# memory predicted per rank: min {} | avg {} | max {} (rank 0: params {}, grads {}, "
-              "optimizer {}, activations {})",
-              format_bytes(lo), format_bytes(sum / size), format_bytes(hi),
-              format_bytes(at(predicted, MemCategory::params)),
-              format_bytes(at(predicted, MemCategory::grads)),
-              format_bytes(at(predicted, MemCategory::optimizer)),
-              format_bytes(at(predicted, MemCategory::activations)));
-  }
+  print_predicted_memory(predicted, comm);
 
   Engine engine(cfg, mesh, timers);
   const LRSchedule sched{tc.lr, tc.lr_min_ratio, tc.warmup_steps, tc.steps};

@@ -24,6 +24,7 @@
 #include "core/alloc.h"
 #include "core/log.h"
 #include "io/tokens.h"
+#include "mesh/mesh.h"
 #include "model/gpt.h"
 #include "plan/memory.h"
 #include "train/engine.h"
@@ -82,7 +83,6 @@ struct Layout {
 struct RunResult {
   std::vector<double> losses;
   std::vector<float> params;  // rank 0 of the run
-  std::vector<RankShape> shapes;
   // Per rank of the run, on rank 0: measured peak bytes per category.
   std::vector<MemoryByCategory> peaks;
   std::vector<MemoryByCategory> predicted;
@@ -142,8 +142,7 @@ protected:
         peak[c] = MemTracker::get().peak(static_cast<MemCategory>(c));
       int r = 0;
       MPI_Comm_rank(sub, &r);
-      const MeshCoords me{(r / l.tp) % l.dp, r % l.tp, r / (l.tp * l.dp)};
-      const RankShape shape = Engine::rank_shape(cfg, me);
+      const RankShape shape = Engine::rank_shape(cfg, MeshLayout(l.dp, l.tp, l.pp).coords(r));
       const io::TokenReader reader = io::TokenReader::open((dir_ / "tokens.h5").string());
       const uint64_t windows = (reader.size() - 1) / cfg.train.seq_len;
       const MemoryByCategory pred = predict_memory(cfg.model, shape, windows, cfg.data.shuffle);
@@ -152,9 +151,6 @@ protected:
       MPI_Gather(&peak, sizeof(peak), MPI_BYTE, res.peaks.data(), sizeof(peak), MPI_BYTE, 0, sub);
       MPI_Gather(&pred, sizeof(pred), MPI_BYTE, res.predicted.data(), sizeof(pred), MPI_BYTE, 0,
                  sub);
-      if (r == 0)
-        for (int q = 0; q < w; ++q)
-          res.shapes.push_back(Engine::rank_shape(cfg, {(q / l.tp) % l.dp, q % l.tp, q / (l.tp * l.dp)}));
       MPI_Comm_free(&sub);
     }
     MPI_Barrier(MPI_COMM_WORLD);
