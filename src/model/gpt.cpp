@@ -205,10 +205,25 @@ void GPT::set_grad_target(std::function<float*(size_t)> where, std::function<voi
   block_done_ = std::move(block_done);
 }
 
-void GPT::init_weights(uint64_t seed) {
+void gpt_init_tensor(const GPTConfig& cfg, const ParamSpec& p, uint64_t seed, float* x) {
   const double kStd = 0.02;
-  const double kResidualStd = kStd / std::sqrt(2.0 * cfg_.n_layer);
-  const size_t real_wte = static_cast<size_t>(cfg_.vocab_size) * cfg_.n_embd;
+  const double kResidualStd = kStd / std::sqrt(2.0 * cfg.n_layer);
+  const size_t n = static_cast<size_t>(p.full_shape.numel());
+  Rng rng(Rng::mix_seed(seed, static_cast<uint64_t>(p.index)));
+  const bool is_ln_gain = p.name.find("ln_") != std::string::npos && p.name.ends_with(".weight");
+  if (p.full_shape.ndim >= 2) {
+    const double sd = p.name.ends_with("c_proj.weight") ? kResidualStd : kStd;
+    const size_t real_wte = static_cast<size_t>(cfg.vocab_size) * cfg.n_embd;
+    const size_t real = (p.name == "wte.weight") ? real_wte : n;  // padded rows stay 0
+    for (size_t j = 0; j < real; ++j) x[j] = static_cast<float>(sd * rng.normal());
+    for (size_t j = real; j < n; ++j) x[j] = 0.0f;
+  } else {
+    const float v = is_ln_gain ? 1.0f : 0.0f;
+    for (size_t j = 0; j < n; ++j) x[j] = v;
+  }
+}
+
+void GPT::init_weights(uint64_t seed) {
   float* base = params();
   for (const ParamSpec& p : table_) {
     // A split tensor is generated whole (workspace) and this rank keeps its part.
@@ -217,17 +232,7 @@ void GPT::init_weights(uint64_t seed) {
     Buffer whole;
     if (split) whole = Buffer(n * sizeof(float), MemCategory::workspace, "gpt.init_whole");
     float* x = split ? whole.as<float>() : base + p.offset;
-    Rng rng(Rng::mix_seed(seed, static_cast<uint64_t>(p.index)));
-    const bool is_ln_gain = p.name.find("ln_") != std::string::npos && p.name.ends_with(".weight");
-    if (p.decay()) {
-      const double sd = p.name.ends_with("c_proj.weight") ? kResidualStd : kStd;
-      const size_t real = (p.name == "wte.weight") ? real_wte : n;  // padded rows stay 0
-      for (size_t j = 0; j < real; ++j) x[j] = static_cast<float>(sd * rng.normal());
-      for (size_t j = real; j < n; ++j) x[j] = 0.0f;
-    } else {
-      const float v = is_ln_gain ? 1.0f : 0.0f;
-      for (size_t j = 0; j < n; ++j) x[j] = v;
-    }
+    gpt_init_tensor(cfg_, p, seed, x);
     if (split) shard_from_full(p, x, base + p.offset, shard_.tp_rank, shard_.tp_size);
   }
 }

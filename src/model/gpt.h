@@ -75,6 +75,13 @@ void shard_from_full(const ParamSpec& spec, const float* full, float* part, int 
 void shard_to_full(const ParamSpec& spec, const float* part, float* full, int tp_rank,
                    int tp_size);
 
+// The GPT-2 initial value of the logical tensor `spec` (full_shape, written
+// whole to `out`): N(0, 0.02) for matrices, residual projections (c_proj)
+// scaled by 1/sqrt(2L), zero biases, unit LayerNorm gains, zero padded
+// vocabulary rows. Each tensor has its own stream seeded from (seed,
+// spec.index), so values do not depend on the layout.
+void gpt_init_tensor(const GPTConfig& cfg, const ParamSpec& spec, uint64_t seed, float* out);
+
 // Pointers into a flat buffer laid out by the table. Local shapes per tensor
 // (Cl = C / tp, Fl = 4C / tp, Vl = Vp / tp):
 struct BlockTensors {
