@@ -1,0 +1,288 @@
+#include "io/base_source.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+#include "io/h5.h"
+#include "io/safetensors.h"
+
+namespace meshlm::io {
+
+namespace {
+
+std::string dims_str(const std::vector<int64_t>& d) {
+  return fmt::format("[{}]", fmt::join(d, ", "));
+}
+
+std::vector<int64_t> dims_of(const Shape& s) { return {s.dims.begin(), s.dims.begin() + s.ndim}; }
+
+std::string model_str(const GPTConfig& c) {
+  return "GPT-2 with n_layer " + std::to_string(c.n_layer) + ", n_embd " +
+         std::to_string(c.n_embd) + ", vocab_size " + std::to_string(c.vocab_size) +
+         ", max_seq_len " + std::to_string(c.max_seq_len);
+}
+
+// The part every source shares: the whole model's table, and the check that
+// a requested spec is one of its tensors (a spec of another config would
+// silently read the wrong values).
+class TableSource : public BaseSource {
+protected:
+  explicit TableSource(const GPTConfig& cfg) : cfg_(cfg), table_(gpt_param_table(cfg)) {}
+
+  // Position of `spec` in the whole model's table.
+  size_t find(const ParamSpec& spec) const {
+    for (size_t i = 0; i < table_.size(); ++i) {
+      if (table_[i].name != spec.name) continue;
+      if (!(table_[i].full_shape == spec.full_shape))
+        throw RankError(describe() + ": tensor '" + spec.name + "' asked for with shape " +
+                            dims_str(dims_of(spec.full_shape)) + " but the model's is " +
+                            dims_str(dims_of(table_[i].full_shape)),
+                        MESHLM_HERE);
+      return i;
+    }
+    throw RankError(describe() + ": tensor '" + spec.name + "' is not part of " + model_str(cfg_),
+                    MESHLM_HERE);
+  }
+
+  GPTConfig cfg_;
+  std::vector<ParamSpec> table_;
+};
+
+// ---------------------------------------------------------------------------
+// GPT-2 initialisation
+// ---------------------------------------------------------------------------
+
+class InitSource final : public TableSource {
+public:
+  InitSource(const GPTConfig& cfg, uint64_t seed) : TableSource(cfg), seed_(seed) {}
+  std::string describe() const override {
+    return "GPT-2 initialisation, seed " + std::to_string(seed_);
+  }
+  std::vector<std::string> files() const override { return {}; }
+  void read(const ParamSpec& spec, float* out) override {
+    gpt_init_tensor(cfg_, table_[find(spec)], seed_, out);
+  }
+
+private:
+  uint64_t seed_;
+};
+
+// ---------------------------------------------------------------------------
+// Hugging Face safetensors
+// ---------------------------------------------------------------------------
+
+// How one meshlm tensor sits in a Hugging Face GPT-2 file.
+enum class HFLayout {
+  same,        // the same shape and layout
+  transposed,  // Conv1D weight stored (in, out)
+  vocab_rows,  // wte: vocab_size rows, padded here to padded_vocab_size with zeros
+  first_rows,  // wpe: at least max_seq_len rows, the first max_seq_len taken
+};
+
+HFLayout hf_layout(const std::string& name) {
+  if (name == "wte.weight") return HFLayout::vocab_rows;
+  if (name == "wpe.weight") return HFLayout::first_rows;
+  for (const char* s :
+       {"attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"})
+    if (name.ends_with(s)) return HFLayout::transposed;
+  return HFLayout::same;
+}
+
+class SafetensorsSource final : public TableSource {
+public:
+  SafetensorsSource(const std::string& path, const GPTConfig& cfg) : TableSource(cfg), file_(path) {
+    for (const ParamSpec& p : table_) file_names_.push_back(check(p));
+  }
+  std::string describe() const override { return "safetensors file '" + file_.path() + "'"; }
+  std::vector<std::string> files() const override { return {file_.path()}; }
+
+  void read(const ParamSpec& spec, float* out) override {
+    const size_t i = find(spec);
+    const ParamSpec& p = table_[i];
+    const std::string& name = file_names_[i];
+    const size_t C = static_cast<size_t>(cfg_.n_embd);
+    switch (hf_layout(p.name)) {
+      case HFLayout::same:
+        file_.read_f32(name, out);
+        break;
+      case HFLayout::vocab_rows: {
+        const size_t real = static_cast<size_t>(cfg_.vocab_size) * C;
+        file_.read_f32(name, out, 0, real);
+        std::fill(out + real, out + p.full_shape.numel(), 0.0f);
+        break;
+      }
+      case HFLayout::first_rows:
+        file_.read_f32(name, out, 0, static_cast<uint64_t>(cfg_.max_seq_len) * C);
+        break;
+      case HFLayout::transposed: {
+        // File (in, out) -> meshlm (out, in): out[o][k] = file[k][o].
+        const size_t rows = static_cast<size_t>(p.full_shape[0]);
+        const size_t cols = static_cast<size_t>(p.full_shape[1]);
+        std::vector<float> tmp(rows * cols);
+        file_.read_f32(name, tmp.data());
+        for (size_t o = 0; o < rows; ++o)
+          for (size_t k = 0; k < cols; ++k) out[o * cols + k] = tmp[k * rows + o];
+        break;
+      }
+    }
+  }
+
+private:
+  [[noreturn]] void fail(const std::string& what) const {
+    throw RankError(describe() + ": " + what, MESHLM_HERE);
+  }
+
+  // The name in the file of meshlm tensor `p`, after checking its shape
+  // and dtype.
+  std::string check(const ParamSpec& p) const {
+    const std::string prefixed = "transformer." + p.name;
+    const bool plain = file_.has(p.name), pre = file_.has(prefixed);
+    if (plain && pre)
+      fail("holds both '" + p.name + "' and '" + prefixed + "'; meshlm cannot tell which to use");
+    if (!plain && !pre)
+      fail("no tensor '" + p.name + "' (nor '" + prefixed + "'), which " + model_str(cfg_) +
+           " needs");
+    const SafetensorsTensor& t = file_.info(plain ? p.name : prefixed);
+
+    const int64_t C = cfg_.n_embd;
+    const std::vector<int64_t> full = dims_of(p.full_shape);
+    const std::string has = "tensor '" + t.name + "' has shape " + dims_str(t.shape);
+    switch (hf_layout(p.name)) {
+      case HFLayout::same:
+        if (t.shape != full) fail(has + "; meshlm expects " + dims_str(full));
+        break;
+      case HFLayout::transposed:
+        if (t.shape != std::vector<int64_t>{full[1], full[0]})
+          fail(has + "; meshlm expects " + dims_str({full[1], full[0]}) +
+               " (Hugging Face Conv1D weights are stored (in, out))");
+        break;
+      case HFLayout::vocab_rows:
+        if (t.shape != std::vector<int64_t>{cfg_.vocab_size, C})
+          fail(has + "; meshlm expects " + dims_str({cfg_.vocab_size, C}) +
+               " (vocab_size rows of n_embd)");
+        break;
+      case HFLayout::first_rows:
+        if (t.shape.size() != 2 || t.shape[1] != C || t.shape[0] < cfg_.max_seq_len)
+          fail(has + "; meshlm expects [" + std::to_string(cfg_.max_seq_len) + ", " +
+               std::to_string(C) + "] (max_seq_len rows of n_embd; more rows are allowed and " +
+               "only the first max_seq_len are used)");
+        break;
+    }
+    if (!safetensors_dtype_is_float(t.dtype))
+      fail("tensor '" + t.name + "' has dtype '" + t.dtype +
+           "' which meshlm cannot read as float (F32, F16, BF16 and F64 can be)");
+    return t.name;
+  }
+
+  SafetensorsFile file_;
+  std::vector<std::string> file_names_;  // per table entry: its name in the file
+};
+
+// ---------------------------------------------------------------------------
+// meshlm HDF5
+// ---------------------------------------------------------------------------
+
+std::string dataset_path(const std::string& name) { return "params/" + name; }
+
+class Hdf5Source final : public TableSource {
+public:
+  Hdf5Source(const std::string& path, const GPTConfig& cfg) : TableSource(cfg), path_(path) {
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) fail("no such file");
+    file_ = h5::open_file(path);
+    if (h5::has_attr(file_, "format_version")) {
+      const int64_t v = h5::read_scalar_attr<int64_t>(file_, "format_version");
+      if (v != kParamsFormatVersion)
+        fail("format_version " + std::to_string(v) + " is not supported (this meshlm reads " +
+             std::to_string(kParamsFormatVersion) + ")");
+    }
+    if (h5::has_attr(file_, "vocab_size")) {
+      const int64_t v = h5::read_scalar_attr<int64_t>(file_, "vocab_size");
+      if (v != cfg_.vocab_size)
+        fail("written for vocab_size " + std::to_string(v) + ", the model has " +
+             std::to_string(cfg_.vocab_size));
+    }
+    for (const ParamSpec& p : table_) {
+      const std::string ds = dataset_path(p.name);
+      if (!h5::exists(file_, ds))
+        fail("no dataset '/" + ds + "', which " + model_str(cfg_) + " needs");
+      h5::Dataset d = h5::open_dataset(file_, ds);
+      std::vector<int64_t> got;
+      for (hsize_t x : h5::shape(d)) got.push_back(static_cast<int64_t>(x));
+      if (got != dims_of(p.full_shape))
+        fail("dataset '/" + ds + "' has shape " + dims_str(got) + "; meshlm expects " +
+             dims_str(dims_of(p.full_shape)));
+      h5::check_type(d, H5T_NATIVE_FLOAT);
+    }
+  }
+  std::string describe() const override { return "meshlm HDF5 file '" + path_ + "'"; }
+  std::vector<std::string> files() const override { return {path_}; }
+  void read(const ParamSpec& spec, float* out) override {
+    const ParamSpec& p = table_[find(spec)];
+    h5::Dataset d = h5::open_dataset(file_, dataset_path(p.name));
+    h5::read_all(d, H5T_NATIVE_FLOAT, out);
+  }
+
+private:
+  [[noreturn]] void fail(const std::string& what) const {
+    throw RankError(describe() + ": " + what, MESHLM_HERE);
+  }
+
+  std::string path_;
+  h5::File file_;
+};
+
+std::string lower_extension(const std::string& path) {
+  std::string ext = std::filesystem::path(path).extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return ext;
+}
+
+}  // namespace
+
+std::unique_ptr<BaseSource> open_base_source(const std::string& spec_string, const GPTConfig& cfg,
+                                             uint64_t seed) {
+  if (spec_string.empty() || spec_string == "init") return std::make_unique<InitSource>(cfg, seed);
+  const std::string ext = lower_extension(spec_string);
+  if (ext == ".safetensors") return std::make_unique<SafetensorsSource>(spec_string, cfg);
+  if (ext == ".h5" || ext == ".hdf5") return std::make_unique<Hdf5Source>(spec_string, cfg);
+  throw RankError("base weights '" + spec_string +
+                      "': unknown kind of file; meshlm reads \"init\" (GPT-2 initialisation), "
+                      "*.safetensors (Hugging Face GPT-2) or *.h5 / *.hdf5 (meshlm /params/<name> "
+                      "layout)",
+                  MESHLM_HERE);
+}
+
+void write_params_h5(const std::string& path, const GPTConfig& cfg,
+                     const std::vector<float>& full_params) {
+  const std::vector<ParamSpec> table = gpt_param_table(cfg);
+  const size_t n = table_numel(table);
+  if (full_params.size() != n)
+    throw RankError("cannot write base file '" + path + "': " + std::to_string(full_params.size()) +
+                        " parameters given, " + model_str(cfg) + " has " + std::to_string(n),
+                    MESHLM_HERE);
+  h5::AtomicWrite out(path);
+  h5::File file = h5::create_file(out.tmp_path());
+  for (const ParamSpec& p : table) {
+    std::vector<hsize_t> dims;
+    for (int64_t d : dims_of(p.full_shape)) dims.push_back(static_cast<hsize_t>(d));
+    h5::write_dataset(file, dataset_path(p.name), full_params.data() + p.offset, dims);
+  }
+  h5::write_scalar_attr<int32_t>(file, "format_version", kParamsFormatVersion);
+  h5::write_scalar_attr<int32_t>(file, "n_layer", cfg.n_layer);
+  h5::write_scalar_attr<int32_t>(file, "n_head", cfg.n_head);
+  h5::write_scalar_attr<int32_t>(file, "n_embd", cfg.n_embd);
+  h5::write_scalar_attr<int32_t>(file, "vocab_size", cfg.vocab_size);
+  h5::write_scalar_attr<int32_t>(file, "max_seq_len", cfg.max_seq_len);
+  h5::close_file(file, out.tmp_path());
+  out.commit();
+}
+
+}  // namespace meshlm::io

@@ -1,0 +1,72 @@
+// Where the frozen base model's weights come from, one logical tensor at a
+// time: a reader fills the tensor it is asked for and holds no other, so
+// loading GPT-2 XL never needs a second copy of the model in memory.
+//
+// Three kinds of source, chosen by open_base_source()'s spec string:
+//
+//  * "" or "init": GPT-2 initialisation from a seed (gpt_init_tensor), the
+//    exact values a fresh GPT::init_weights(seed) gives.
+//  * "*.safetensors": a Hugging Face GPT-2 checkpoint. Names may carry a
+//    "transformer." prefix; the Conv1D weights (attn.c_attn, attn.c_proj,
+//    mlp.c_fc, mlp.c_proj) are stored (in, out) and are transposed to
+//    meshlm's (out, in); wte has vocab_size rows and is padded with zero rows
+//    to padded_vocab_size; wpe may have MORE rows than max_seq_len (GPT-2's
+//    1024 positions trained at a shorter context): its first max_seq_len rows
+//    are taken. Tensors meshlm does not use (h.N.attn.bias, h.N.attn.
+//    masked_bias, the tied lm_head.weight, ...) are ignored. F32, F16, BF16
+//    and F64 are read; values are converted exactly to float (F64 rounds).
+//  * "*.h5" / "*.hdf5": a meshlm file, one float32 dataset per logical
+//    tensor at /params/<name> in meshlm names and layout (linear weights
+//    (out, in), wte already padded), as write_params_h5() writes it. The
+//    root attributes format_version (when present) must be 1 and vocab_size
+//    (when present) must equal the model's: padded rows would hide a
+//    different vocabulary from the shape check.
+//
+// Errors are RankErrors naming the tensor and the file.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/gpt.h"
+
+namespace meshlm::io {
+
+inline constexpr int kParamsFormatVersion = 1;
+
+class BaseSource {
+public:
+  virtual ~BaseSource() = default;
+  // "safetensors file 'x'", "meshlm HDF5 file 'x'", "GPT-2 initialisation, seed 1337".
+  virtual std::string describe() const = 0;
+  // The files whose bytes define the source (for the cache hash); empty for init.
+  virtual std::vector<std::string> files() const = 0;
+  // Fills out[0:numel(full_shape)] with the logical tensor `spec` (spec.
+  // full_shape, meshlm layout: linear weights (out, in), wte padded to
+  // full_shape[0] rows with zeros). `spec` may come from a shard's table:
+  // only its name, full_shape and index are used. Throws RankError naming
+  // the tensor and the file when it is missing or its shape does not match.
+  virtual void read(const ParamSpec& spec, float* out) = 0;
+};
+
+// Opens the source named by `spec_string` for the model `cfg` (seed: for
+// "init" only) and checks up front that every tensor of gpt_param_table(cfg)
+// is there with the right shape and a readable dtype: one RankError naming
+// the first problem. An unknown extension is a RankError naming the file and
+// what is accepted.
+std::unique_ptr<BaseSource> open_base_source(const std::string& spec_string, const GPTConfig& cfg,
+                                             uint64_t seed);
+
+// Writes a meshlm base file: /params/<name> for every tensor of
+// gpt_param_table(cfg) (float32, logical shapes), root attributes
+// format_version = kParamsFormatVersion and n_layer, n_head, n_embd,
+// vocab_size, max_seq_len. `full_params` holds the tensors in table order
+// (as Engine::gather_params returns them). Written under a temporary name
+// and renamed when complete.
+void write_params_h5(const std::string& path, const GPTConfig& cfg,
+                     const std::vector<float>& full_params);
+
+}  // namespace meshlm::io
