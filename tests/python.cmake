@@ -47,3 +47,9 @@ add_test(NAME h5py_run_log
           --meshlm $<TARGET_FILE:meshlm> --config ${PROJECT_SOURCE_DIR}/inputs/tiny.cfg)
 set_tests_properties(torch_gpt2_grads_v256 torch_gpt2_grads_v250 torch_adamw h5py_run_log
   PROPERTIES LABELS python TIMEOUT 300 ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
+# The int8 and NF4 formats byte for byte against an independent numpy
+# implementation; the NF4 levels against the normal quantiles that define them.
+add_test(NAME torch_nf4_format
+  COMMAND ${MESHLM_PYTHON} ${_torch}/check_nf4.py $<TARGET_FILE:meshlm_quantdump>)
+set_tests_properties(torch_nf4_format
+  PROPERTIES LABELS python TIMEOUT 300 ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")

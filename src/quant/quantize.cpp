@@ -1,0 +1,239 @@
+// The CPU reference of the block formats: layout, quantize, dequantize.
+#include "quant/quantize.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+
+namespace meshlm::quant {
+
+namespace {
+
+// The registry of quantization types: the parameter-file name of each.
+struct QuantTypeInfo {
+  QuantType type;
+  const char* name;
+};
+constexpr QuantTypeInfo kQuantTypes[] = {
+    {QuantType::f32, "f32"}, {QuantType::int8, "int8"}, {QuantType::nf4, "nf4"}};
+
+size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+size_t align_up(size_t a) { return ceil_div(a, kQAlign) * kQAlign; }
+
+// Elements [b * block, min((b + 1) * block, n)) of block b.
+size_t block_end(size_t b, size_t block, size_t n) { return std::min((b + 1) * block, n); }
+
+float block_absmax(const float* x, size_t i0, size_t i1) {
+  float m = 0.0f;
+  for (size_t i = i0; i < i1; ++i) m = std::max(m, std::fabs(x[i]));
+  return m;
+}
+
+// ---- int8 ---------------------------------------------------------------------
+
+void quantize_q8(const float* x, const QTensor& t) {
+  const size_t n = t.n, nb = ceil_div(n, kQ8Block);
+  int8_t* q = static_cast<int8_t*>(t.data);
+#pragma omp parallel for schedule(static)
+  for (size_t b = 0; b < nb; ++b) {
+    const size_t i0 = b * kQ8Block, i1 = block_end(b, kQ8Block, n);
+    const float a = block_absmax(x, i0, i1);
+    t.absmax[b] = a;
+    for (size_t i = i0; i < i1; ++i) q[i] = q8_quantize(x[i], a);
+  }
+}
+
+void dequantize_q8(const QTensor& t, size_t first, size_t count, float* out) {
+  const int8_t* q = static_cast<const int8_t*>(t.data);
+  size_t i = first;
+  const size_t end = first + count;
+  while (i < end) {
+    const size_t b = i / kQ8Block, b0 = b * kQ8Block;
+    const float s = q8_scale(t.absmax[b]);
+    if (i == b0 && b0 + kQ8Block <= end) {
+      // A whole block: one scale, a fixed-length loop the compiler vectorises.
+      const int8_t* qb = q + b0;
+      for (int k = 0; k < kQ8Block; ++k) out[k] = q8_dequantize(qb[k], s);
+      out += kQ8Block;
+      i += kQ8Block;
+      continue;
+    }
+    const size_t stop = std::min(b0 + kQ8Block, end);
+    for (; i < stop; ++i) *out++ = q8_dequantize(q[i], s);
+  }
+}
+
+// ---- nf4 ----------------------------------------------------------------------
+
+void quantize_nf4(const float* x, const QTensor& t) {
+  const size_t n = t.n, nb = ceil_div(n, kNF4Block), ng = ceil_div(nb, kNF4AbsmaxBlock);
+  uint8_t* packed = static_cast<uint8_t*>(t.data);
+  std::vector<float> absmax(nb);
+#pragma omp parallel for schedule(static)
+  for (size_t b = 0; b < nb; ++b) {
+    const size_t i0 = b * kNF4Block, i1 = block_end(b, kNF4Block, n);
+    const float a = block_absmax(x, i0, i1);
+    absmax[b] = a;
+    // i0 is even: pairs (i, i + 1) never straddle two blocks.
+    for (size_t i = i0; i < i1; i += 2) {
+      const uint8_t hi = nf4_quantize(x[i], a);
+      const uint8_t lo = i + 1 < i1 ? nf4_quantize(x[i + 1], a) : 0;
+      packed[i / 2] = static_cast<uint8_t>(hi << 4 | lo);
+    }
+  }
+  // Double quantization. The mean is summed in double in block order, one
+  // fixed order whatever the thread count.
+  double sum = 0.0;
+  for (size_t b = 0; b < nb; ++b) sum += absmax[b];
+  const float offset = static_cast<float>(sum / static_cast<double>(nb));
+  *t.offset = offset;
+#pragma omp parallel for schedule(static)
+  for (size_t g = 0; g < ng; ++g) {
+    const size_t b0 = g * kNF4AbsmaxBlock, b1 = block_end(g, kNF4AbsmaxBlock, nb);
+    float a2 = 0.0f;
+    for (size_t b = b0; b < b1; ++b) a2 = std::max(a2, std::fabs(absmax[b] - offset));
+    t.absmax2[g] = a2;
+    for (size_t b = b0; b < b1; ++b) t.absmax_q[b] = nf4_absmax_quantize(absmax[b], a2, offset);
+  }
+}
+
+float nf4_block_absmax(const QTensor& t, size_t b) {
+  return nf4_absmax_dequantize(t.absmax_q[b], t.absmax2[b / kNF4AbsmaxBlock], *t.offset);
+}
+
+void dequantize_nf4(const QTensor& t, size_t first, size_t count, float* out) {
+  const uint8_t* packed = static_cast<const uint8_t*>(t.data);
+  size_t i = first;
+  const size_t end = first + count;
+  while (i < end) {
+    const size_t b = i / kNF4Block, b0 = b * kNF4Block;
+    const float a = nf4_block_absmax(t, b);
+    if (i == b0 && b0 + kNF4Block <= end) {
+      // A whole block: the 16 levels scaled once, then one table look-up per
+      // nibble. Each entry is the same product nf4_dequantize forms.
+      float scaled[16];
+      for (int c = 0; c < 16; ++c) scaled[c] = kNF4Levels[c] * a;
+      const uint8_t* p = packed + b0 / 2;
+      for (int j = 0; j < kNF4Block / 2; ++j) {
+        out[2 * j] = scaled[p[j] >> 4];
+        out[2 * j + 1] = scaled[p[j] & 0x0F];
+      }
+      out += kNF4Block;
+      i += kNF4Block;
+      continue;
+    }
+    const size_t stop = std::min(b0 + kNF4Block, end);
+    for (; i < stop; ++i) *out++ = nf4_dequantize(nf4_code_at(packed, i), a);
+  }
+}
+
+}  // namespace
+
+QuantType parse_quant_type(const std::string& name) {
+  for (const auto& q : kQuantTypes)
+    if (name == q.name) return q.type;
+  throw CollectiveError("quant.type must be nf4, int8 or f32 (got '" + name + "')", MESHLM_HERE);
+}
+
+const char* quant_type_name(QuantType t) {
+  for (const auto& q : kQuantTypes)
+    if (t == q.type) return q.name;
+  return "?";
+}
+
+const char* qelem_name(QElem e) {
+  switch (e) {
+    case QElem::u8: return "u8";
+    case QElem::i8: return "i8";
+    case QElem::f32: return "f32";
+  }
+  return "?";
+}
+
+const QArray* QLayout::find(std::string_view name) const {
+  for (int k = 0; k < narrays; ++k)
+    if (name == arrays[k].name) return &arrays[k];
+  return nullptr;
+}
+
+QLayout qlayout(QuantType type, size_t n) {
+  MESHLM_CHECK(n > 0, "a quantized tensor has at least one element");
+  QLayout L;
+  L.type = type;
+  L.n = n;
+  size_t at = 0;
+  auto add = [&](const char* name, QElem elem, size_t count) {
+    QArray& a = L.arrays[L.narrays++];
+    a = {name, elem, count, at};
+    at = align_up(at + a.bytes());
+  };
+  switch (type) {
+    case QuantType::f32:
+      add("data", QElem::f32, n);
+      break;
+    case QuantType::int8:
+      L.nblocks = ceil_div(n, kQ8Block);
+      add("data", QElem::i8, n);
+      add("absmax", QElem::f32, L.nblocks);
+      break;
+    case QuantType::nf4:
+      L.nblocks = ceil_div(n, kNF4Block);
+      L.ngroups = ceil_div(L.nblocks, kNF4AbsmaxBlock);
+      add("data", QElem::u8, ceil_div(n, 2));
+      add("absmax", QElem::i8, L.nblocks);
+      add("absmax2", QElem::f32, L.ngroups);
+      add("offset", QElem::f32, 1);
+      break;
+  }
+  MESHLM_CHECK(L.narrays > 0, "unknown quantization type");
+  L.total_bytes = at;
+  return L;
+}
+
+QTensor qtensor_at(const QLayout& L, uint8_t* base) {
+  MESHLM_CHECK(reinterpret_cast<uintptr_t>(base) % alignof(float) == 0,
+               "quantized tensor base must be 4-byte aligned");
+  auto at = [&](const char* name) -> uint8_t* {
+    const QArray* a = L.find(name);
+    return a ? base + a->offset : nullptr;
+  };
+  QTensor t;
+  t.type = L.type;
+  t.n = L.n;
+  t.data = at("data");
+  switch (L.type) {
+    case QuantType::f32: break;
+    case QuantType::int8: t.absmax = reinterpret_cast<float*>(at("absmax")); break;
+    case QuantType::nf4:
+      t.absmax_q = reinterpret_cast<int8_t*>(at("absmax"));
+      t.absmax2 = reinterpret_cast<float*>(at("absmax2"));
+      t.offset = reinterpret_cast<float*>(at("offset"));
+      break;
+  }
+  return t;
+}
+
+void quantize_ref(const float* x, const QTensor& out) {
+  MESHLM_CHECK(out.n > 0 && out.data, "empty quantized tensor");
+  switch (out.type) {
+    case QuantType::f32: std::memcpy(out.data, x, out.n * sizeof(float)); return;
+    case QuantType::int8: quantize_q8(x, out); return;
+    case QuantType::nf4: quantize_nf4(x, out); return;
+  }
+}
+
+void dequantize_ref(const QTensor& t, size_t first, size_t count, float* out) {
+  MESHLM_CHECK(first <= t.n && count <= t.n - first, "dequantize range out of the tensor");
+  switch (t.type) {
+    case QuantType::f32:
+      std::memcpy(out, static_cast<const float*>(t.data) + first, count * sizeof(float));
+      return;
+    case QuantType::int8: dequantize_q8(t, first, count, out); return;
+    case QuantType::nf4: dequantize_nf4(t, first, count, out); return;
+  }
+}
+
+}  // namespace meshlm::quant

@@ -1,0 +1,95 @@
+// Whole tensors in the block formats of quant/formats.h: where the arrays of
+// one quantized tensor lie in memory (QLayout), a view of them (QTensor), and
+// the scalar CPU reference that quantizes and dequantizes (the `_ref` every
+// other implementation is tested against).
+//
+// One logical tensor of n elements is a few arrays placed back to back, each
+// starting at a multiple of kQAlign bytes from the tensor's start:
+//   f32:  data    (n fp32)
+//   int8: data    (n int8 codes)           absmax  (nblocks fp32)
+//   nf4:  data    (ceil(n/2) packed bytes) absmax  (nblocks int8 = absmax_q)
+//         absmax2 (ngroups fp32)           offset  (1 fp32)
+// with nblocks = ceil(n / 64) and ngroups = ceil(nblocks / 256). Each array
+// has a name, an element type and a count, so that a file format can store
+// it as the dataset /q/<tensor>/<name>.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "quant/formats.h"
+
+namespace meshlm::quant {
+
+// "f32", "int8", "nf4" (the values of the parameter quant.type). Anything
+// else throws CollectiveError: every rank reads the same parameter file.
+QuantType parse_quant_type(const std::string& name);
+const char* quant_type_name(QuantType t);
+
+// ---- layout -------------------------------------------------------------------
+
+constexpr size_t kQAlign = 64;  // bytes; a cache line, and a whole block of every format
+
+enum class QElem : uint8_t { u8, i8, f32 };
+constexpr size_t qelem_size(QElem e) { return e == QElem::f32 ? 4 : 1; }
+const char* qelem_name(QElem e);  // "u8", "i8", "f32"
+
+// One array of a quantized tensor.
+struct QArray {
+  const char* name = "";  // "data", "absmax", "absmax2" or "offset"
+  QElem elem = QElem::u8;
+  size_t count = 0;       // elements
+  size_t offset = 0;      // bytes from the tensor's start, a multiple of kQAlign
+  size_t bytes() const { return count * qelem_size(elem); }
+};
+
+// Where the arrays of one tensor of n elements lie.
+struct QLayout {
+  QuantType type = QuantType::f32;
+  size_t n = 0;
+  size_t nblocks = 0;  // int8, nf4: ceil(n / 64)
+  size_t ngroups = 0;  // nf4: ceil(nblocks / 256)
+  int narrays = 0;
+  std::array<QArray, 4> arrays{};  // in memory order; [0] is always "data"
+  size_t total_bytes = 0;          // a multiple of kQAlign: the next tensor may follow
+
+  const QArray* find(std::string_view name) const;  // null when the type has no such array
+  double bits_per_weight() const { return 8.0 * static_cast<double>(total_bytes) / n; }
+};
+
+QLayout qlayout(QuantType type, size_t n);
+
+// ---- view ---------------------------------------------------------------------
+
+// A quantized tensor in memory; owns nothing. The pointers of arrays that the
+// type does not have are null. A `const QTensor&` is used for reading.
+struct QTensor {
+  QuantType type = QuantType::f32;
+  size_t n = 0;
+  void* data = nullptr;        // f32: float[n]; int8: int8_t[n]; nf4: uint8_t[ceil(n/2)]
+  float* absmax = nullptr;     // int8: [nblocks]
+  int8_t* absmax_q = nullptr;  // nf4: [nblocks], the double-quantized absmax codes
+  float* absmax2 = nullptr;    // nf4: [ngroups]
+  float* offset = nullptr;     // nf4: [1]
+};
+
+// The view of a tensor laid out by `layout` from `base` (aligned to at least
+// 4 bytes; kQAlign is best).
+QTensor qtensor_at(const QLayout& layout, uint8_t* base);
+
+// ---- reference implementation --------------------------------------------------
+
+// Quantizes x[0, out.n) (finite values) into out. Blocks are independent and
+// the offset of nf4 is summed in one fixed order, so the bytes do not depend
+// on the number of OpenMP threads.
+void quantize_ref(const float* x, const QTensor& out);
+
+// out[0, count) = elements [first, first + count) of t, for any range (it
+// need not start or end on a block boundary). Serial: callers parallelise
+// over ranges (qlinear's dequantize_rows does so over rows).
+void dequantize_ref(const QTensor& t, size_t first, size_t count, float* out);
+
+}  // namespace meshlm::quant
