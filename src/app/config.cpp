@@ -10,7 +10,9 @@
 
 #include "core/error.h"
 #include "model/gpt.h"
+#include "model/lora.h"
 #include "plan/partition.h"
+#include "quant/quantize.h"
 #include "train/pipeline_schedule.h"
 
 namespace po = boost::program_options;
@@ -87,11 +89,23 @@ po::options_description make_options(RunConfig& c) {
     ("parallel.activation_checkpointing", opt(&c.parallel.activation_checkpointing), "none | full (keep each layer's input, recompute the layer in backward)")
     ("parallel.stage_layers", opt(&c.parallel.stage_layers), "layers per pipeline stage, e.g. 3,3,2,2; empty = balanced by cost (embedding and head included)")
     ("parallel.ranks_per_node", opt(&c.parallel.ranks_per_node), "split each node's ranks into groups of this many, as if they were nodes (tests); 0 = real nodes");
+  po::options_description finetune("[finetune] what trains", kHelpWidth, kHelpWidth / 2);
+  finetune.add_options()
+    ("finetune.mode", opt(&c.finetune.mode), "full = every parameter trains; lora = LoRA adapters on a frozen, quantized base ([quant])")
+    ("finetune.lora_rank", opt(&c.finetune.lora_rank), "LoRA rank r")
+    ("finetune.lora_alpha", opt(&c.finetune.lora_alpha), "LoRA alpha: adapters are scaled by alpha / r")
+    ("finetune.lora_targets", opt(&c.finetune.lora_targets), "matrices with adapters, comma-separated: qkv, attn-out, mlp-up, mlp-down");
+  po::options_description quant("[quant] the frozen base model (finetune.mode = lora)", kHelpWidth, kHelpWidth / 2);
+  quant.add_options()
+    ("quant.type", opt(&c.quant.type), "format of the base's matrices: nf4 (4.127 bits/weight) | int8 (8.5) | f32; vectors stay f32")
+    ("quant.share", opt(&c.quant.share), "node = quantized once on rank 0, one copy per node in MPI shared memory; per_rank = every rank loads and quantizes its own copy")
+    ("quant.base", opt(&c.quant.base), "base weights: *.safetensors (Hugging Face GPT-2 names) or *.h5 (meshlm /params/<name>); empty = GPT-2 initialisation from train.seed")
+    ("quant.cache", opt(&c.quant.cache), "HDF5 quantized-model cache: loaded when it matches the base and settings, (re)written otherwise; empty = none");
   po::options_description debug("[debug] failure injection for tests", kHelpWidth, kHelpWidth / 2);
   debug.add_options()
     ("debug.fail_rank", opt(&c.debug.fail_rank), "this rank throws an error in the forward of debug.fail_step; -1 = none")
     ("debug.fail_step", opt(&c.debug.fail_step), "the step at which debug.fail_rank fails");
-  all.add(model).add(train).add(data).add(output).add(runtime).add(parallel).add(debug);
+  all.add(model).add(train).add(data).add(output).add(runtime).add(parallel).add(finetune).add(quant).add(debug);
   return all;
 }
 
@@ -233,6 +247,20 @@ void validate_parallel(const RunConfig& c) {
   if (c.debug.fail_step < 1) fail("debug.fail_step must be >= 1 (got " + str(c.debug.fail_step) + ")");
 }
 
+// [finetune] and [quant].
+void validate_finetune(const RunConfig& c) {
+  const auto& f = c.finetune;
+  const auto& q = c.quant;
+  if (f.mode != "full" && f.mode != "lora")
+    fail("finetune.mode must be full or lora (got '" + f.mode + "')");
+  if (f.lora_rank < 1) fail("finetune.lora_rank must be >= 1 (got " + std::to_string(f.lora_rank) + ")");
+  if (!(f.lora_alpha > 0)) fail("finetune.lora_alpha must be > 0");
+  parse_lora_targets(f.lora_targets);
+  quant::parse_quant_type(q.type);
+  if (q.share != "node" && q.share != "per_rank")
+    fail("quant.share must be node or per_rank (got '" + q.share + "')");
+}
+
 void validate(const RunConfig& c) {
   c.model.validate();
   const auto& t = c.train;
@@ -262,6 +290,7 @@ void validate(const RunConfig& c) {
   if (c.output.dir.empty()) fail("output.dir must not be empty");
   if (c.runtime.threads < 0) fail("runtime.threads must be >= 0 (0 = automatic)");
   validate_parallel(c);
+  validate_finetune(c);
 }
 
 }  // namespace

@@ -57,6 +57,22 @@ struct ParallelConfig {
   int ranks_per_node = 0;             // > 0 splits each node into groups of this many ranks
 };
 
+// [finetune] what trains: the whole model, or LoRA adapters on a frozen base.
+struct FinetuneConfig {
+  std::string mode = "full";  // full | lora
+  int lora_rank = 8;          // r
+  double lora_alpha = 16;     // adapters scaled by alpha / r
+  std::string lora_targets = "qkv,attn-out,mlp-up,mlp-down";
+};
+
+// [quant] the frozen base model under finetune.mode = lora.
+struct QuantConfig {
+  std::string type = "nf4";    // nf4 | int8 | f32: format of the base's matrices
+  std::string share = "node";  // node: one copy per node in shared memory; per_rank: one per rank
+  std::string base;            // *.safetensors (Hugging Face GPT-2) | *.h5 (meshlm /params) | "" = GPT-2 init from train.seed
+  std::string cache;           // HDF5 quantized-model cache; "" = none
+};
+
 // [debug] switches for tests of the failure paths.
 struct DebugConfig {
   int fail_rank = -1;  // this rank throws a RankError ...
@@ -70,6 +86,8 @@ struct RunConfig {
   OutputConfig output;
   RuntimeConfig runtime;
   ParallelConfig parallel;
+  FinetuneConfig finetune;
+  QuantConfig quant;
   DebugConfig debug;
   std::string source;    // the parameter file, or "(defaults)"
   std::string resolved;  // every key with its final value, as an INI text

@@ -1,6 +1,7 @@
 // meshlm: train GPT-2 language models with MPI.
 //
 //   meshlm train FILE.cfg [--section.key=value ...]
+//   meshlm quantize FILE.cfg [--section.key=value ...]
 //   meshlm tokenize IN.txt OUT.h5
 //
 // Error contract (core/error.h): a CollectiveError (every rank fails the same
@@ -15,9 +16,12 @@
 #include <vector>
 
 #include "app/config.h"
+#include "core/alloc.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "io/tokens.h"
+#include "quant/base_loader.h"
+#include "train/report.h"
 #include "train/trainer.h"
 
 namespace {
@@ -27,6 +31,7 @@ const char* kUsage =
     "\n"
     "commands:\n"
     "  train FILE.cfg [--section.key=value ...]   train a model from a parameter file\n"
+    "  quantize FILE.cfg [--section.key=value]    build the quantized base model's cache (quant.cache) ahead of a run\n"
     "  tokenize IN.txt OUT.h5                     byte-level tokens (vocabulary 256) of a text file\n"
     "  help [train]                               this text, or every parameter of train\n"
     "  version                                    print the version\n"
@@ -60,6 +65,37 @@ int cmd_train(const std::vector<std::string>& args) {
   }
   meshlm::RunConfig cfg = meshlm::load_run_config(MPI_COMM_WORLD, args[0], overrides);
   meshlm::run_training(cfg, MPI_COMM_WORLD);
+  return 0;
+}
+
+// Rank 0 builds quant.cache from quant.base with the run's settings (or
+// finds it up to date); the other ranks wait for the result.
+int cmd_quantize(const std::vector<std::string>& args) {
+  if (args.empty() || args[0] == "--help" || args[0] == "-h")
+    throw meshlm::CollectiveError("usage: meshlm quantize FILE.cfg [--section.key=value ...] "
+                                  "(the [quant] keys of a train parameter file)",
+                                  MESHLM_HERE);
+  std::vector<std::string> overrides(args.begin() + 1, args.end());
+  const meshlm::RunConfig cfg = meshlm::load_run_config(MPI_COMM_WORLD, args[0], overrides);
+  if (cfg.quant.cache.empty())
+    throw meshlm::CollectiveError("quant.cache is empty: meshlm quantize builds that file, name it",
+                                  MESHLM_HERE);
+  const meshlm::quant::BaseSettings s = meshlm::base_settings_of(cfg);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  meshlm::try_all(MPI_COMM_WORLD, "quant: ", [&] {
+    if (rank != 0) return;
+    const meshlm::quant::StoreManifest m = meshlm::quant::make_manifest(cfg.model, s.type);
+    meshlm::log::info("# quantize: base {} -> {} {} ({} tensors, {})",
+                      s.source.empty() ? "GPT-2 initialisation, train.seed" : s.source,
+                      cfg.quant.type, cfg.quant.cache, m.entries.size(),
+                      meshlm::format_bytes(static_cast<double>(m.bytes)));
+    meshlm::Buffer store(m.bytes, meshlm::MemCategory::quantized, "quant.store");
+    const meshlm::quant::FillReport r = meshlm::quant::fill_store(cfg.model, s, m, store.as<uint8_t>(),
+                                                                  /*use_cache=*/true);
+    meshlm::log::info("# quantize: {} in {:.2f} s", r.cache_hit ? "cache is up to date" : r.cache,
+                      r.seconds);
+  }, MESHLM_HERE);
   return 0;
 }
 
@@ -97,6 +133,8 @@ int main(int argc, char** argv) {
     std::vector<std::string> args(argv + std::min(argc, 2), argv + argc);
     if (cmd == "train") {
       status = cmd_train(args);
+    } else if (cmd == "quantize") {
+      status = cmd_quantize(args);
     } else if (cmd == "tokenize") {
       status = cmd_tokenize(args);
     } else if (cmd == "help" || cmd == "--help" || cmd == "-h") {

@@ -1,5 +1,6 @@
 #include "model/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -83,6 +84,11 @@ std::vector<ParamSpec> gpt_param_table(const GPTConfig& cfg, const ModelShard& s
   return t;
 }
 
+std::vector<ParamSpec> trainable_table(const GPTConfig& cfg, const ModelShard& shard,
+                                       const GPTOptions& opts) {
+  return opts.lora.enabled ? lora_param_table(cfg, shard, opts.lora) : gpt_param_table(cfg, shard);
+}
+
 size_t table_numel(const std::vector<ParamSpec>& table) {
   return table.empty() ? 0 : table.back().offset + table.back().numel();
 }
@@ -137,11 +143,12 @@ GPT::GPT(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts,
   MESHLM_CHECK(cfg_.n_head % shard_.tp_size == 0, "heads must split evenly over TP");
   MESHLM_CHECK(cfg_.padded_vocab_size() % shard_.tp_size == 0, "vocabulary must split over TP");
   MESHLM_CHECK(opts_.slots >= 1 && opts_.pad_multiple >= 1, "bad GPT options");
-  table_ = gpt_param_table(cfg_, shard_);
+  base_table_ = gpt_param_table(cfg_, shard_);
+  table_ = opts_.lora.enabled ? lora_param_table(cfg_, shard_, opts_.lora) : base_table_;
   n_local_ = shard_.layer_end - shard_.layer_begin;
   bool found_block = false;
-  for (size_t i = 0; i < table_.size(); ++i) {
-    const ParamSpec& p = table_[i];
+  for (size_t i = 0; i < base_table_.size(); ++i) {
+    const ParamSpec& p = base_table_[i];
     if (p.name == "wte.weight") idx_wte_ = static_cast<int>(i);
     if (p.name == "wpe.weight") idx_wpe_ = static_cast<int>(i);
     if (p.name == "ln_f.weight") idx_lnf_ = static_cast<int>(i);
@@ -150,11 +157,64 @@ GPT::GPT(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts,
       found_block = true;
     }
   }
+  lora_index_.assign(n_local_, {-1, -1, -1, -1});
+  if (opts_.lora.enabled) {
+    for (size_t i = 0; i < table_.size(); ++i) {
+      const ParamSpec& p = table_[i];
+      for (int t = 0; t < kLoraTargets; ++t)
+        if (p.name == lora_base_name(p.layer, t) + ".lora_A")
+          lora_index_[p.layer - shard_.layer_begin][t] = static_cast<int>(i);
+    }
+  }
   num_params_ = table_numel(table_);
   padded_params_ = (num_params_ + opts_.pad_multiple - 1) / opts_.pad_multiple * opts_.pad_multiple;
-  params_ = Buffer(padded_params_ * sizeof(float), MemCategory::params, "gpt.params");
+  params_ = Buffer(padded_params_ * sizeof(float), MemCategory::params,
+                   opts_.lora.enabled ? "lora.params" : "gpt.params");
   if (opts_.own_grads)
-    grads_ = Buffer(padded_params_ * sizeof(float), MemCategory::grads, "gpt.grads");
+    grads_ = Buffer(padded_params_ * sizeof(float), MemCategory::grads,
+                    opts_.lora.enabled ? "lora.grads" : "gpt.grads");
+}
+
+size_t GPT::frozen_numel(const GPTConfig& cfg, const ModelShard& shard) {
+  size_t n = 0;
+  for (const ParamSpec& p : gpt_param_table(cfg, shard))
+    if (p.shape.ndim == 1) n += p.numel();
+  return n;
+}
+
+void GPT::attach_base(const std::function<quant::QTensor(const ParamSpec&)>& tensor_of) {
+  MESHLM_CHECK(opts_.lora.enabled, "attach_base() is for LoRA fine-tuning (a frozen base)");
+  qbase_.assign(base_table_.size(), quant::QSlice{});
+  has_qbase_.assign(base_table_.size(), false);
+  frozen_offset_.assign(base_table_.size(), SIZE_MAX);
+  size_t n = 0;
+  for (size_t i = 0; i < base_table_.size(); ++i)
+    if (base_table_[i].shape.ndim == 1) {
+      frozen_offset_[i] = n;
+      n += base_table_[i].numel();
+    }
+  frozen_ = Buffer(n * sizeof(float), MemCategory::params, "lora.frozen_vectors");
+  std::vector<float> whole;
+  for (size_t i = 0; i < base_table_.size(); ++i) {
+    const ParamSpec& p = base_table_[i];
+    const quant::QTensor q = tensor_of(p);
+    MESHLM_CHECK(q.n == static_cast<size_t>(p.full_shape.numel()),
+                 "the frozen base's " + p.name + " has the wrong size");
+    if (p.shape.ndim == 1) {
+      whole.resize(q.n);
+      quant::dequantize_ref(q, 0, q.n, whole.data());
+      shard_from_full(p, whole.data(), frozen_.as<float>() + frozen_offset_[i], shard_.tp_rank,
+                      shard_.tp_size);
+    } else {
+      qbase_[i] = quant::make_qslice(q, p.full_shape.dims[0], p.full_shape.dims[1], p.tp_dim,
+                                     p.tp_parts, shard_.tp_rank, shard_.tp_size);
+      has_qbase_[i] = true;
+    }
+  }
+}
+
+const quant::QSlice* GPT::qbase(size_t i) const {
+  return i < has_qbase_.size() && has_qbase_[i] ? &qbase_[i] : nullptr;
 }
 
 const ParamSpec& GPT::spec(const std::string& name) const {
@@ -183,7 +243,12 @@ BlockTensors GPT::block_tensors(int l, const std::function<float*(size_t)>& at) 
 }
 
 GPTTensors GPT::tensors(float* base) const {
-  auto at = [&](size_t i) { return base + table_[i].offset; };
+  // Full training: the flat buffer. LoRA: frozen vectors; matrices are null
+  // (they are quantized, see qbase()).
+  auto at = [&](size_t i) -> float* {
+    if (!opts_.lora.enabled) return base + table_[i].offset;
+    return frozen_offset_[i] == SIZE_MAX ? nullptr : frozen_.as<float>() + frozen_offset_[i];
+  };
   GPTTensors t;
   if (idx_wte_ >= 0) t.wte = at(idx_wte_);
   if (idx_wpe_ >= 0) t.wpe = at(idx_wpe_);
@@ -232,7 +297,10 @@ void GPT::init_weights(uint64_t seed) {
     Buffer whole;
     if (split) whole = Buffer(n * sizeof(float), MemCategory::workspace, "gpt.init_whole");
     float* x = split ? whole.as<float>() : base + p.offset;
-    gpt_init_tensor(cfg_, p, seed, x);
+    if (opts_.lora.enabled)
+      lora_init_tensor(p, seed, x);
+    else
+      gpt_init_tensor(cfg_, p, seed, x);
     if (split) shard_from_full(p, x, base + p.offset, shard_.tp_rank, shard_.tp_size);
   }
 }
@@ -311,6 +379,14 @@ GPT::ActLayout GPT::plan_activations(const GPTConfig& cfg, const ModelShard& sha
   cut(L.g.dfch, BT * Fl, true);
   cut(L.g.dfch_gelu, BT * Fl, true);
   cut(L.g.dlosses, BT, true);
+  if (opts.lora.enabled) {
+    const size_t r = opts.lora.rank;
+    cut(L.g.lora_u, BT * r, true);
+    cut(L.g.lora_du, BT * r, true);
+    cut(L.g.lora_tmp, r * C, true);
+    cut(L.g.qtile, static_cast<size_t>(quant::kQLinearTileRows) * std::max(C, Fl), true);
+    if (shard.first_stage) cut(L.g.wpe_rows, static_cast<size_t>(Tn) * C, true);
+  }
   return L;
 }
 
@@ -387,16 +463,16 @@ void check_ids(const int32_t* ids, int N, int V, const char* what) {
 //   MLP:       the same with c_fc (columns) and c_proj (rows).
 // The sums are the only communication of a block's forward; the biases of the
 // row-parallel layers are added once, after the sum.
-void GPT::block_forward(const BlockTensors& w, BlockActs& a, const float* x, int B, int Tn) {
+void GPT::block_forward(int l, const BlockTensors& w, BlockActs& a, const float* x, int B, int Tn) {
   const int tp = shard_.tp_size, C = cfg_.n_embd, Cl = C / tp, NHl = cfg_.n_head / tp;
   const int Fl = 4 * C / tp, N = B * Tn;
   const size_t NC = static_cast<size_t>(N) * C;
   const bool split = tp > 1;
   ops::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1w, w.ln1b, N, C);
   tp_.copy_to_region_forward(a.ln1, NC);
-  ops::matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, N, C, 3 * Cl);
+  linear_forward(l, 0, a.qkv, a.ln1, w.qkvw, w.qkvb, N, C, 3 * Cl);
   ops::attention_forward(a.atty, a.att, a.qkv, B, Tn, Cl, NHl);
-  ops::matmul_forward<float>(a.attproj, a.atty, w.attprojw, split ? nullptr : w.attprojb, N, Cl, C);
+  linear_forward(l, 1, a.attproj, a.atty, w.attprojw, split ? nullptr : w.attprojb, N, Cl, C);
   if (split) {
     tp_.reduce_from_region_forward(a.attproj, NC);
     add_bias(a.attproj, w.attprojb, N, C);
@@ -404,14 +480,64 @@ void GPT::block_forward(const BlockTensors& w, BlockActs& a, const float* x, int
   ops::residual_forward(a.res2, x, a.attproj, NC);
   ops::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2w, w.ln2b, N, C);
   tp_.copy_to_region_forward(a.ln2, NC);
-  ops::matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, N, C, Fl);
+  linear_forward(l, 2, a.fch, a.ln2, w.fcw, w.fcb, N, C, Fl);
   ops::gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * Fl);
-  ops::matmul_forward<float>(a.fcproj, a.fch_gelu, w.fcprojw, split ? nullptr : w.fcprojb, N, Fl, C);
+  linear_forward(l, 3, a.fcproj, a.fch_gelu, w.fcprojw, split ? nullptr : w.fcprojb, N, Fl, C);
   if (split) {
     tp_.reduce_from_region_forward(a.fcproj, NC);
     add_bias(a.fcproj, w.fcprojb, N, C);
   }
   ops::residual_forward(a.res3, a.res2, a.fcproj, NC);
+}
+
+namespace {
+// Table offsets of the four matrices inside a block's 12 tensors (gpt_param_table order).
+constexpr size_t kTargetOffset[kLoraTargets] = {2, 4, 8, 10};
+}  // namespace
+
+void GPT::linear_forward(int l, int t, float* out, const float* inp, const float* w,
+                         const float* bias, int N, int IC, int OC) {
+  if (const quant::QSlice* q = qbase(first_block_ + l * 12 + kTargetOffset[t]))
+    quant::qlinear_forward(out, inp, *q, bias, N, gacts_.qtile);
+  else
+    ops::matmul_forward(out, inp, w, bias, N, IC, OC);
+  const int a = lora_index_[l][t];
+  if (a < 0) return;
+  // Column-parallel: u = x A^T is whole on every rank, B's rows are this
+  // rank's outputs. Row-parallel: u is this rank's partial sum, and so is
+  // s u B^T, which the sum over the group completes, like x W^T.
+  lora_forward(out, inp, params() + table_[a].offset, params() + table_[a + 1].offset,
+               opts_.lora.scale(), N, IC, OC, opts_.lora.rank, gacts_.lora_u);
+}
+
+void GPT::linear_backward(int l, int t, float* dinp, float* dw, float* dbias, const float* dout,
+                          const float* inp, const float* w, int N, int IC, int OC) {
+  if (const quant::QSlice* q = qbase(first_block_ + l * 12 + kTargetOffset[t]))
+    quant::qlinear_backward_input(dinp, dout, *q, N, gacts_.qtile);  // frozen: no dW, no dbias
+  else
+    ops::matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC);
+  const int a = lora_index_[l][t];
+  if (a < 0) return;
+  const ParamSpec &sa = table_[a], &sb = table_[a + 1];
+  // The replicated factor (A of a column-parallel layer, B of a row-parallel
+  // one) gets a partial gradient on each TP rank: computed apart, summed over
+  // the group, then accumulated.
+  const bool split = shard_.tp_size > 1;
+  const bool a_partial = split && sa.tp_dim < 0, b_partial = split && sb.tp_dim < 0;
+  float* dA = grad_at(a);
+  float* dB = grad_at(a + 1);
+  float* tmp = gacts_.lora_tmp;
+  if (a_partial) std::memset(tmp, 0, sa.numel() * sizeof(float));
+  if (b_partial) std::memset(tmp, 0, sb.numel() * sizeof(float));
+  lora_backward(dinp, a_partial ? tmp : dA, b_partial ? tmp : dB, dout, inp,
+                params() + sa.offset, params() + sb.offset, opts_.lora.scale(), N, IC, OC,
+                opts_.lora.rank, gacts_.lora_u, gacts_.lora_du);
+  if (a_partial || b_partial) {
+    const size_t n = a_partial ? sa.numel() : sb.numel();
+    float* g = a_partial ? dA : dB;
+    tp_.sum_over_region(tmp, n);
+    for (size_t i = 0; i < n; ++i) g[i] += tmp[i];
+  }
 }
 
 float GPT::forward(int slot, const int32_t* tokens, const int32_t* targets, int B, int Tn) {
@@ -425,13 +551,29 @@ float GPT::forward(int slot, const int32_t* tokens, const int32_t* targets, int 
     check_ids(tokens, N, V, "token");
     s.tokens.assign(tokens, tokens + N);
     // Vocabulary-parallel lookup: each rank contributes the rows it holds.
-    ops::embedding_forward(s.input, tokens, p.wte, N, C, v0, Vl);
+    if (const quant::QSlice* q = qbase(idx_wte_)) {
+      for (int n = 0; n < N; ++n) {
+        float* o = s.input + static_cast<size_t>(n) * C;
+        const int v = tokens[n] - v0;
+        if (v >= 0 && v < Vl)
+          quant::dequantize_rows(*q, v, 1, o);
+        else
+          std::memset(o, 0, C * sizeof(float));
+      }
+    } else {
+      ops::embedding_forward(s.input, tokens, p.wte, N, C, v0, Vl);
+    }
     tp_.reduce_from_region_forward(s.input, static_cast<size_t>(N) * C);
-    ops::position_forward(s.input, p.wpe, B, Tn, C);
+    if (const quant::QSlice* q = qbase(idx_wpe_)) {
+      quant::dequantize_rows(*q, 0, Tn, gacts_.wpe_rows);
+      ops::position_forward(s.input, static_cast<const float*>(gacts_.wpe_rows), B, Tn, C);
+    } else {
+      ops::position_forward(s.input, p.wpe, B, Tn, C);
+    }
   }
   const float* x = s.input;
   for (int l = 0; l < n_local_; ++l) {
-    block_forward(p.blocks[l], s.blocks[l], x, B, Tn);
+    block_forward(l, p.blocks[l], s.blocks[l], x, B, Tn);
     x = s.blocks[l].res3;
   }
   s.forwarded = true;
@@ -443,7 +585,10 @@ float GPT::forward(int slot, const int32_t* tokens, const int32_t* targets, int 
   tp_.copy_to_region_forward(s.lnf, static_cast<size_t>(N) * C);
   // lm_head tied to wte, vocabulary-parallel: logits(N,Vl) = lnf(N,C) wte_part(Vl,C)^T;
   // the softmax is assembled from two small reductions, never from all logits.
-  ops::matmul_forward<float>(s.logits, s.lnf, p.wte, nullptr, N, C, Vl);
+  if (const quant::QSlice* q = qbase(idx_wte_))
+    quant::qlinear_forward(s.logits, s.lnf, *q, nullptr, N, gacts_.qtile);
+  else
+    ops::matmul_forward<float>(s.logits, s.lnf, p.wte, nullptr, N, C, Vl);
   ops::xent_local_max(s.xent_max, s.logits, N, Vl, v0, V);
   tp_.max_over_region(s.xent_max, N);
   ops::xent_local_sums(s.xent_sums, s.logits, s.xent_max, targets, N, Vl, v0, V);
@@ -468,7 +613,9 @@ void GPT::backward(int slot, float loss_scale) {
   const int N = B * Tn;
   const size_t NC = static_cast<size_t>(N) * C;
   const GPTTensors p = tensors(params());
-  auto gat = [&](size_t i) { return grad_at(i); };
+  // Gradients of base tensors: none when the base is frozen (LoRA).
+  const bool frozen = opts_.lora.enabled;
+  auto gat = [&](size_t i) { return frozen ? nullptr : grad_at(i); };
   auto zero = [](float* a, size_t n) { std::memset(a, 0, n * sizeof(float)); };
   const bool full = opts_.checkpointing == Checkpointing::full;
 
@@ -480,11 +627,14 @@ void GPT::backward(int slot, float loss_scale) {
                              N, Vl, v0, V);
     // lm_head: dlnf = dlogits wte_part summed over TP; dwte_part += dlogits^T lnf
     zero(gacts_.dln, NC);
-    ops::matmul_backward<float>(gacts_.dln, grad_at(idx_wte_), nullptr, s.logits, s.lnf, p.wte, N,
-                                C, Vl);
+    if (const quant::QSlice* q = qbase(idx_wte_))
+      quant::qlinear_backward_input(gacts_.dln, s.logits, *q, N, gacts_.qtile);
+    else
+      ops::matmul_backward<float>(gacts_.dln, grad_at(idx_wte_), nullptr, s.logits, s.lnf, p.wte,
+                                  N, C, Vl);
     tp_.copy_to_region_backward(gacts_.dln, NC);
     zero(gacts_.dres, NC);
-    ops::layernorm_backward(gacts_.dres, grad_at(idx_lnf_), grad_at(idx_lnf_ + 1), gacts_.dln,
+    ops::layernorm_backward(gacts_.dres, gat(idx_lnf_), gat(idx_lnf_ + 1), gacts_.dln,
                             stage_output(slot), p.lnfw, s.lnf_mean, s.lnf_rstd, N, C);
   }
   // dres holds d loss / d (output of block l); walking down, the residual
@@ -494,17 +644,17 @@ void GPT::backward(int slot, float loss_scale) {
     const BlockTensors gw = block_tensors(l, gat);
     BlockActs& a = s.blocks[l];
     const float* x = (l == 0) ? s.input : s.blocks[l - 1].res3;
-    if (full) block_forward(w, a, x, B, Tn);  // recompute from the kept input
+    if (full) block_forward(l, w, a, x, B, Tn);  // recompute from the kept input
 
     // MLP branch: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2))))
     tp_.reduce_from_region_backward(gacts_.dres, NC);
     zero(gacts_.dfch_gelu, static_cast<size_t>(N) * Fl);
-    ops::matmul_backward(gacts_.dfch_gelu, gw.fcprojw, gw.fcprojb, gacts_.dres, a.fch_gelu,
-                         w.fcprojw, N, Fl, C);
+    linear_backward(l, 3, gacts_.dfch_gelu, gw.fcprojw, gw.fcprojb, gacts_.dres, a.fch_gelu,
+                    w.fcprojw, N, Fl, C);
     zero(gacts_.dfch, static_cast<size_t>(N) * Fl);
     ops::gelu_backward(gacts_.dfch, a.fch, gacts_.dfch_gelu, static_cast<size_t>(N) * Fl);
     zero(gacts_.dln, NC);
-    ops::matmul_backward(gacts_.dln, gw.fcw, gw.fcb, gacts_.dfch, a.ln2, w.fcw, N, C, Fl);
+    linear_backward(l, 2, gacts_.dln, gw.fcw, gw.fcb, gacts_.dfch, a.ln2, w.fcw, N, C, Fl);
     tp_.copy_to_region_backward(gacts_.dln, NC);
     ops::layernorm_backward(gacts_.dres, gw.ln2w, gw.ln2b, gacts_.dln, a.res2, w.ln2w, a.ln2_mean,
                             a.ln2_rstd, N, C);
@@ -512,18 +662,18 @@ void GPT::backward(int slot, float loss_scale) {
     // Attention branch: res2 = x + c_proj(attn(c_attn(ln_1(x))))
     tp_.reduce_from_region_backward(gacts_.dres, NC);
     zero(gacts_.datty, static_cast<size_t>(N) * Cl);
-    ops::matmul_backward(gacts_.datty, gw.attprojw, gw.attprojb, gacts_.dres, a.atty, w.attprojw,
-                         N, Cl, C);
+    linear_backward(l, 1, gacts_.datty, gw.attprojw, gw.attprojb, gacts_.dres, a.atty,
+                    w.attprojw, N, Cl, C);
     zero(gacts_.dqkv, static_cast<size_t>(N) * 3 * Cl);
     ops::attention_backward(gacts_.dqkv, gacts_.datt, gacts_.datty, a.qkv, a.att, B, Tn, Cl, NHl);
     zero(gacts_.dln, NC);
-    ops::matmul_backward(gacts_.dln, gw.qkvw, gw.qkvb, gacts_.dqkv, a.ln1, w.qkvw, N, C, 3 * Cl);
+    linear_backward(l, 0, gacts_.dln, gw.qkvw, gw.qkvb, gacts_.dqkv, a.ln1, w.qkvw, N, C, 3 * Cl);
     tp_.copy_to_region_backward(gacts_.dln, NC);
     ops::layernorm_backward(gacts_.dres, gw.ln1w, gw.ln1b, gacts_.dln, x, w.ln1w, a.ln1_mean,
                             a.ln1_rstd, N, C);
     if (block_done_) block_done_(shard_.layer_begin + l);
   }
-  if (shard_.first_stage) {
+  if (shard_.first_stage && !frozen) {
     tp_.reduce_from_region_backward(gacts_.dres, NC);
     ops::embedding_backward(grad_at(idx_wte_), gacts_.dres, s.tokens.data(), N, C, v0, Vl);
     ops::position_backward(grad_at(idx_wpe_), gacts_.dres, B, Tn, C);

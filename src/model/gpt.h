@@ -20,6 +20,7 @@
 // tensor, so checkpoints and tests can always speak of the whole model.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -30,7 +31,9 @@
 #include "core/tensor.h"
 #include "core/timer.h"
 #include "model/config.h"
+#include "model/lora.h"
 #include "model/tp_region.h"
+#include "quant/qlinear.h"
 
 namespace meshlm {
 
@@ -115,7 +118,12 @@ struct GPTOptions {
   Checkpointing checkpointing = Checkpointing::none;
   size_t pad_multiple = 1;  // flat buffers padded to a multiple of this (ZeRO shards)
   bool own_grads = true;    // false: gradients go where set_grad_target() says (ZeRO-2)
+  LoraOptions lora;         // enabled: the base is frozen (attach_base) and only adapters train
 };
+
+// What a rank trains: the base table (full training) or the adapters (LoRA).
+std::vector<ParamSpec> trainable_table(const GPTConfig& cfg, const ModelShard& shard,
+                                       const GPTOptions& opts);
 
 class GPT {
 public:
@@ -140,12 +148,25 @@ public:
   std::span<float> param(const std::string& name) { return view(params(), name); }
   std::span<float> grad(const std::string& name) { return view(grads(), name); }
 
-  // GPT-2 initialisation: N(0, 0.02) for matrices, residual projections
-  // (c_proj) scaled by 1/sqrt(2L), zero biases, unit LayerNorm gains, zero
-  // padded vocabulary rows. Each logical tensor has its own stream seeded
-  // from (seed, its index in the whole model's table), and a shard takes its
-  // part of it: values do not depend on the layout.
+  // Initialises the trainable tensors: GPT-2's initialisation
+  // (gpt_init_tensor) in full training, the adapters' (lora_init_tensor)
+  // under LoRA. Each logical tensor has its own stream seeded from (seed, its
+  // index in the whole model's table), and a shard takes its part of it:
+  // values do not depend on the layout.
   void init_weights(uint64_t seed);
+
+  // ---- LoRA: the frozen base -------------------------------------------------
+  bool lora() const { return opts_.lora.enabled; }
+  // The base tensors of this shard (the whole model's table cut to the shard),
+  // whatever is trained.
+  const std::vector<ParamSpec>& base_table() const { return base_table_; }
+  // Under LoRA: `tensor_of(spec)` gives the quantized logical tensor of each
+  // base table entry (spec.full_shape). Matrices are used in place, never
+  // copied (zero copy from a node-shared window); vectors (biases, LayerNorm)
+  // are copied into this rank's part (frozen, booked as params).
+  void attach_base(const std::function<quant::QTensor(const ParamSpec&)>& tensor_of);
+  // Elements of the frozen vectors a shard keeps (planner).
+  static size_t frozen_numel(const GPTConfig& cfg, const ModelShard& shard);
 
   // ---- one pipeline stage, one micro-batch in activation slot `slot` -------
   // Forward. First stage: reads tokens(B,T); other stages: their input
@@ -231,6 +252,12 @@ private:
     float* dfch;       // (B,T,Fl)
     float* dfch_gelu;  // (B,T,Fl)
     float* dlosses;    // (B,T)
+    // LoRA / quantized base scratch (null in full training)
+    float* lora_u;     // (B*T, r)
+    float* lora_du;    // (B*T, r)
+    float* lora_tmp;   // (r*C) a replicated adapter's partial gradient, summed over TP
+    float* qtile;      // (kQLinearTileRows, max(C, Fl)) dequantized rows of a frozen matrix
+    float* wpe_rows;   // (T, C) dequantized positions (first stage)
   };
   struct ActLayout;
   static ActLayout plan_activations(const GPTConfig& cfg, const ModelShard& shard,
@@ -239,7 +266,15 @@ private:
   std::span<float> view(float* base, const std::string& name) const;
   GPTTensors tensors(float* base) const;
   BlockTensors block_tensors(int local_layer, const std::function<float*(size_t)>& at) const;
-  void block_forward(const BlockTensors& w, BlockActs& a, const float* x, int B, int Tn);
+  void block_forward(int l, const BlockTensors& w, BlockActs& a, const float* x, int B, int Tn);
+  // One linear layer of local block l: target t (0 qkv, 1 attn-out, 2 mlp-up,
+  // 3 mlp-down; lora.h) with its fp32 weight w or its frozen quantized base,
+  // plus its adapter when there is one.
+  void linear_forward(int l, int t, float* out, const float* inp, const float* w,
+                      const float* bias, int N, int IC, int OC);
+  void linear_backward(int l, int t, float* dinp, float* dw, float* dbias, const float* dout,
+                       const float* inp, const float* w, int N, int IC, int OC);
+  const quant::QSlice* qbase(size_t base_index) const;
   float* grad_at(size_t index);
 
   GPTConfig cfg_;
@@ -249,9 +284,17 @@ private:
   int n_local_ = 0;           // layers of this stage
   size_t first_block_ = 0;    // table index of the stage's first block tensor
   int idx_wte_ = -1, idx_wpe_ = -1, idx_lnf_ = -1;
-  std::vector<ParamSpec> table_;
+  std::vector<ParamSpec> table_;       // trained: base_table_ (full) or the adapters (LoRA)
+  std::vector<ParamSpec> base_table_;  // the shard's base tensors
   size_t num_params_ = 0, padded_params_ = 0;
   Buffer params_, grads_;
+  // LoRA: frozen base matrices (per base_table_ index; empty entries for
+  // vectors) and vectors (frozen_, at frozen_offset_ per base index).
+  std::vector<quant::QSlice> qbase_;
+  std::vector<bool> has_qbase_;
+  Buffer frozen_;
+  std::vector<size_t> frozen_offset_;
+  std::vector<std::array<int, kLoraTargets>> lora_index_;  // per local block: table_ index of A, or -1
   std::function<float*(size_t)> grad_where_;
   std::function<void(int)> block_done_;
 

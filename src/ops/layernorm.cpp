@@ -59,6 +59,7 @@ void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, cons
       dx[c] += s * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat);
     }
   }
+  if (dw == nullptr) return;  // frozen gain and bias (LoRA fine-tuning)
 #pragma omp parallel
   {
     auto [c0, c1] = thread_range(C);

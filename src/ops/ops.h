@@ -45,6 +45,7 @@ void position_backward(T* dwpe, const T* dout, int B, int Tn, int C);
 
 // ---- layer norm (eps = 1e-5, as GPT-2) ------------------------------------------
 // out(N,C) = (inp - mean) * rstd * w + b; mean(N), rstd(N) saved for backward.
+// In backward, dw and db may be null together (frozen gain and bias).
 template <typename T>
 void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int N, int C);
 template <typename T>

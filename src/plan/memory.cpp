@@ -8,7 +8,7 @@ namespace meshlm {
 
 ZeroLayout zero_layout(const GPTConfig& cfg, const RankShape& r) {
   ZeroLayout z;
-  z.n = table_numel(gpt_param_table(cfg, r.shard));
+  z.n = table_numel(trainable_table(cfg, r.shard, r.model));
   const size_t pad = r.model.pad_multiple;
   z.padded = (z.n + pad - 1) / pad * pad;
   z.shard = z.padded / static_cast<size_t>(r.dp);
@@ -37,10 +37,12 @@ size_t edge_numel(const std::vector<ParamSpec>& table) {
 MemoryByCategory predict_memory(const GPTConfig& model, const RankShape& r,
                                 uint64_t windows_per_epoch, bool shuffle) {
   MemoryByCategory m{};
-  const std::vector<ParamSpec> table = gpt_param_table(model, r.shard);
+  const std::vector<ParamSpec> table = trainable_table(model, r.shard, r.model);
   const ZeroLayout z = zero_layout(model, r);
   constexpr size_t f = sizeof(float);
   at(m, MemCategory::params) = z.padded * f;
+  if (r.model.lora.enabled) at(m, MemCategory::params) += GPT::frozen_numel(model, r.shard) * f;
+  at(m, MemCategory::quantized) = r.quantized_bytes;
   at(m, MemCategory::grads) = r.zero_stage < 2
                                   ? z.padded * f
                                   : (z.shard + largest_block_numel(table) + edge_numel(table)) * f;
@@ -56,6 +58,7 @@ MemoryByCategory predict_memory(const GPTConfig& model, const RankShape& r,
       if (p.tp_dim >= 0) largest = std::max(largest, static_cast<size_t>(p.full_shape.numel()));
     at(m, MemCategory::workspace) = largest * f;
   }
+  at(m, MemCategory::workspace) = std::max(at(m, MemCategory::workspace), r.base_staging_bytes);
   at(m, MemCategory::other) = shuffle ? windows_per_epoch * sizeof(uint32_t) : 0;
   return m;
 }

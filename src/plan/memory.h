@@ -16,6 +16,16 @@
 //   comm        = slots * B * T * C * 4    pipeline stages > 0: gradients being sent back
 //   workspace   = largest split tensor, whole, * 4   (tp > 1: initialisation)
 //   other       = windows * 4              the shuffled order of one epoch
+//
+// Under LoRA (finetune.mode = lora) the table is the adapters' (n counts
+// adapter elements only: the base has no gradients and no optimizer state),
+// and:
+//   params     += frozen vectors of the shard (biases, LayerNorm) * 4
+//   quantized   = the whole quantized store on the rank that holds it (node
+//                 rank 0 under quant.share = node; every rank under per_rank)
+//   workspace   = max(the above, the largest source tensor * 4 on a rank
+//                 that quantizes: rank 0, or every rank under per_rank)
+//   activations include the adapters' and dequantization scratch.
 #pragma once
 
 #include <array>
@@ -37,6 +47,9 @@ struct RankShape {
   int dp = 1;
   int zero_stage = 0;
   int pipeline_stage = 0;
+  // LoRA on a frozen base (set where the mesh is known):
+  size_t quantized_bytes = 0;     // the store held in this rank's memory (node holder or per_rank)
+  size_t base_staging_bytes = 0;  // the fp32 source tensor of a rank that quantizes
 };
 
 // The ZeRO view of a rank's flat buffer: np padded elements, shard S each.

@@ -36,10 +36,17 @@ RankShape Engine::rank_shape(const RunConfig& cfg, const MeshCoords& c) {
   r.dp = p.dp;
   r.zero_stage = p.zero_stage;
   r.pipeline_stage = c.pp;
+  if (cfg.finetune.mode == "lora") {
+    r.model.lora.enabled = true;
+    r.model.lora.rank = cfg.finetune.lora_rank;
+    r.model.lora.alpha = static_cast<float>(cfg.finetune.lora_alpha);
+    r.model.lora.targets = parse_lora_targets(cfg.finetune.lora_targets);
+  }
   return r;
 }
 
-Engine::Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& timers)
+Engine::Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& timers,
+               const quant::FrozenBase* base)
     : cfg_(cfg), mesh_(mesh), timers_(timers) {
   tp_ = comm::make_mpi_communicator(mesh.tp());
   dp_ = comm::make_mpi_communicator(mesh.dp());
@@ -58,6 +65,10 @@ Engine::Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& tim
   model_ = std::make_unique<GPT>(cfg.model, shape_.shard, shape_.model,
                                  shape_.shard.tp_size > 1 ? tp_.get() : nullptr);
   model_->set_timers(&timers_);
+  if (model_->lora()) {
+    MESHLM_CHECK(base != nullptr, "finetune.mode = lora needs the frozen base model");
+    model_->attach_base([base](const ParamSpec& p) { return base->tensor(p.name); });
+  }
   model_->init_weights(cfg.train.seed);
   // Activations up front: the pipeline receives into them before the first
   // forward, and the memory is all there from the start.
@@ -205,7 +216,7 @@ void Engine::reduce_gradients() {
   if (has_wte)
     wte_grad = shape_.zero_stage == 2 ? edge_grads_.as<float>() + edge_offset_[0] : model_->grads();
   // The first and last stage hold the same wte: sum their gradients.
-  if (emb_ && emb_->size() > 1) {
+  if (has_wte && emb_ && emb_->size() > 1) {
     ScopedTimer t(timers_, Section::pp_comm);
     emb_->all_reduce(wte_grad, wte_grad, wte_n, DType::f32, comm::ReduceOp::sum).wait();
   }
@@ -294,7 +305,7 @@ std::vector<float> Engine::gather_params() {
   // Every rank of DP replica 0 sends its shard to world rank 0, which puts
   // each tensor's part into the logical tensor. Collective over the world.
   const MeshLayout& layout = mesh_.layout();
-  const std::vector<ParamSpec> full_table = gpt_param_table(cfg_.model);
+  const std::vector<ParamSpec> full_table = trainable_table(cfg_.model, {}, shape_.model);
   std::vector<float> full;
   constexpr int kTag = 7301;
   const MeshCoords me = mesh_.coords();
@@ -310,7 +321,7 @@ std::vector<float> Engine::gather_params() {
     const MeshCoords c = layout.coords(r);
     if (c.dp != 0) continue;
     const RankShape s = rank_shape(cfg_, c);
-    const std::vector<ParamSpec> table = gpt_param_table(cfg_.model, s.shard);
+    const std::vector<ParamSpec> table = trainable_table(cfg_.model, s.shard, s.model);
     const float* src = model_->params();
     if (r != 0) {
       part.resize(table_numel(table));

@@ -27,6 +27,7 @@
 #include "mesh/mesh.h"
 #include "model/gpt.h"
 #include "plan/memory.h"
+#include "quant/base_loader.h"
 #include "train/adamw.h"
 #include "train/pipeline_schedule.h"
 
@@ -39,8 +40,10 @@ struct StepResult {
 
 class Engine {
 public:
-  // Collective over mesh.world(). The mesh must outlive the engine.
-  Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& timers);
+  // Collective over mesh.world(). The mesh must outlive the engine; so must
+  // `base`, the frozen base model, which finetune.mode = lora needs.
+  Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& timers,
+         const quant::FrozenBase* base = nullptr);
   ~Engine();
 
   // The layers of every pipeline stage (parallel.stage_layers, or balanced
@@ -52,9 +55,10 @@ public:
   // micro_batches() micro-batches of (B, T) each, one after the other.
   StepResult step(const int32_t* tokens, const int32_t* targets, float lr, int step_number);
 
-  // Collective over the world: the whole model's parameters, tensor after
-  // tensor in the order of gpt_param_table(cfg) (logical shapes), on world
-  // rank 0; empty on the other ranks. Throws RankError (rank 0) when the
+  // Collective over the world: the whole model's trained parameters, tensor
+  // after tensor in the order of trainable_table(cfg, {}, options) (the GPT-2
+  // table, or the adapters' under LoRA; logical shapes), on world rank 0;
+  // empty on the other ranks. Throws RankError (rank 0) when the
   // last stage's copy of the tied wte differs from the first stage's.
   std::vector<float> gather_params();
 

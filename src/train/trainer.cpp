@@ -16,6 +16,7 @@
 #include "io/tokens.h"
 #include "model/gpt.h"
 #include "plan/memory.h"
+#include "quant/base_loader.h"
 #include "mesh/mesh.h"
 #include "train/engine.h"
 #include "train/report.h"
@@ -38,6 +39,16 @@ int configure_threads(int requested, MPI_Comm comm) {
   omp_set_num_threads(threads);
   openblas_set_num_threads(threads);
   return threads;
+}
+
+quant::BaseSettings base_settings_of(const RunConfig& cfg) {
+  quant::BaseSettings s;
+  s.type = quant::parse_quant_type(cfg.quant.type);
+  s.per_rank = cfg.quant.share == "per_rank";
+  s.source = cfg.quant.base;
+  s.cache = cfg.quant.cache;
+  s.seed = cfg.train.seed;
+  return s;
 }
 
 namespace {
@@ -99,12 +110,34 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm comm, bool gather_final
   log::info("# data: {} ({} tokens, {} sequences of {} per epoch)", cfg.data.path, data.size(),
             loader->windows_per_epoch(), T);
 
-  const RankShape shape = Engine::rank_shape(cfg, me);
+  RankShape shape = Engine::rank_shape(cfg, me);
+  const bool lora = shape.model.lora.enabled;
+  quant::BaseSettings base_settings;
+  if (lora) {
+    base_settings = base_settings_of(cfg);
+    const quant::StoreManifest manifest = quant::make_manifest(cfg.model, base_settings.type);
+    const bool holder = base_settings.per_rank || mesh.node_rank() == 0;
+    const bool quantizes = base_settings.per_rank || mesh.rank() == 0;
+    shape.quantized_bytes = holder ? manifest.bytes : 0;
+    shape.base_staging_bytes = quantizes ? manifest.largest_numel * sizeof(float) : 0;
+  }
   const MemoryByCategory predicted =
       predict_memory(cfg.model, shape, loader->windows_per_epoch(), cfg.data.shuffle);
   print_predicted_memory(predicted, comm);
 
-  Engine engine(cfg, mesh, timers);
+  std::unique_ptr<quant::FrozenBase> base;
+  if (lora) {
+    ScopedTimer st(timers, Section::checkpoint);
+    base = quant::FrozenBase::load(cfg.model, base_settings, mesh);
+    log::info("# base: {} | {} {} in {} ({} per {}) | cache {} | {:.2f} s",
+              cfg.quant.base.empty() ? "GPT-2 initialisation, train.seed" : cfg.quant.base,
+              cfg.quant.type, format_bytes(static_cast<double>(base->manifest().bytes)),
+              base_settings.per_rank ? "private copies" : "node-shared windows",
+              format_bytes(static_cast<double>(base->manifest().bytes)),
+              base_settings.per_rank ? "rank" : "node", base->report().cache, base->seconds());
+  }
+
+  Engine engine(cfg, mesh, timers, base.get());
   const LRSchedule sched{tc.lr, tc.lr_min_ratio, tc.warmup_steps, tc.steps};
   const size_t n_full = table_numel(gpt_param_table(cfg.model));
   log::info("# model: GPT-2 L={} NH={} C={} V={} (padded {}) | {} parameters ({})",
@@ -120,6 +153,13 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm comm, bool gather_final
             "ZeRO stage {} | pipeline bubble {:.1f}%",
             layers, pc.schedule, pc.activation_checkpointing, pc.zero_stage,
             100.0 * bubble_fraction(pc.pp, m));
+  if (lora) {
+    const size_t n_lora = table_numel(trainable_table(cfg.model, {}, shape.model));
+    log::info("# lora: rank {} alpha {} on {} | {} trainable parameters ({:.2f}% of the base, "
+              "which is frozen: no gradients, no optimizer state)",
+              cfg.finetune.lora_rank, cfg.finetune.lora_alpha, cfg.finetune.lora_targets, n_lora,
+              100.0 * static_cast<double>(n_lora) / static_cast<double>(n_full));
+  }
   log::info("# batch: {} sequences x {} tokens = dp {} x {} micro-batch(es) of {} | {} steps",
             tc.batch_size, T, pc.dp, m, B, tc.steps);
 

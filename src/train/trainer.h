@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "app/config.h"
+#include "quant/base_loader.h"
 
 namespace meshlm {
 
@@ -37,5 +38,8 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm comm, bool gather_final
 // Collective: OpenMP and BLAS threads of this rank (runtime.threads, or the
 // cores of the node divided by the ranks on it). Returns the count set.
 int configure_threads(int requested, MPI_Comm comm);
+
+// [quant] and train.seed as the base loader takes them.
+quant::BaseSettings base_settings_of(const RunConfig& cfg);
 
 }  // namespace meshlm

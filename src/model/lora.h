@@ -1,0 +1,77 @@
+// LoRA adapters on a frozen base (finetune.mode = lora).
+//
+// A linear layer y = x W^T + b with W (OC, IC) frozen gets a low-rank update
+//   y = x W^T + b + s (x A^T) B^T,    A (r, IC), B (OC, r), s = alpha / r.
+// A starts uniform in [-1/sqrt(IC), 1/sqrt(IC)] and B at zero, so the
+// adapted model starts as the base model.
+//
+// The adapter table is derived from the base table (gpt_param_table): for
+// every targeted matrix <name> it holds <name>.lora_A and <name>.lora_B, in
+// the order of the base table, with layer set, so gradients, AdamW state,
+// ZeRO shards and checkpoints of the adapters work exactly as those of full
+// training. Tensor parallelism splits the adapters consistently with the
+// base matrix:
+//   column-parallel W (rows split: c_attn, c_fc): B is split by rows like W
+//     (q, k and v each split for c_attn); A is replicated;
+//   row-parallel W (columns split: both c_proj): A is split by columns like
+//     W; B is replicated.
+// The replicated factor's gradient is a partial sum on each TP rank (it sees
+// only its part of the other factor) and is summed over the TP group.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace meshlm {
+
+struct ParamSpec;
+struct ModelShard;
+
+// Which matrices of a block get adapters (bits), as written in
+// finetune.lora_targets: qkv, attn-out, mlp-up, mlp-down.
+enum LoraTarget : unsigned {
+  kLoraQKV = 1u << 0,      // attn.c_attn.weight (3C, C)
+  kLoraAttnOut = 1u << 1,  // attn.c_proj.weight (C, C)
+  kLoraMlpUp = 1u << 2,    // mlp.c_fc.weight (4C, C)
+  kLoraMlpDown = 1u << 3,  // mlp.c_proj.weight (C, 4C)
+};
+constexpr int kLoraTargets = 4;
+// The base tensor of target t (0..3) in block l: "h.<l>.attn.c_attn.weight" ...
+std::string lora_base_name(int layer, int target);
+
+struct LoraOptions {
+  bool enabled = false;
+  int rank = 8;         // r
+  float alpha = 16.0f;  // s = alpha / r
+  unsigned targets = kLoraQKV | kLoraAttnOut | kLoraMlpUp | kLoraMlpDown;
+  float scale() const { return alpha / static_cast<float>(rank); }
+};
+
+// "qkv,attn-out,mlp-up,mlp-down" (any non-empty subset, any order) to bits;
+// CollectiveError naming finetune.lora_targets otherwise.
+unsigned parse_lora_targets(const std::string& s);
+std::string lora_targets_text(unsigned targets);
+
+// The adapters of a shard (local shapes, offsets into one flat buffer).
+std::vector<ParamSpec> lora_param_table(const GPTConfig& cfg, const ModelShard& shard,
+                                        const LoraOptions& lora);
+
+// The value of the logical adapter tensor `spec` at initialisation (written
+// whole): A uniform(-1/sqrt(IC), 1/sqrt(IC)) from its own stream of `seed`,
+// B zero.
+void lora_init_tensor(const ParamSpec& spec, uint64_t seed, float* out);
+
+// out(N, OC) += s * (inp(N, IC) A^T) B^T. u (N, r) is scratch and holds
+// inp A^T afterwards.
+void lora_forward(float* out, const float* inp, const float* A, const float* B, float s, int N,
+                  int IC, int OC, int r, float* u);
+// Backward of lora_forward: dinp += du A, dA += du^T inp, dB += s dout^T u
+// with u = inp A^T (recomputed here into `u`) and du = s dout B (left in `du`).
+// Any of dinp, dA, dB may be null.
+void lora_backward(float* dinp, float* dA, float* dB, const float* dout, const float* inp,
+                   const float* A, const float* B, float s, int N, int IC, int OC, int r, float* u,
+                   float* du);
+
+}  // namespace meshlm

@@ -1,0 +1,175 @@
+#include "quant/base_loader.h"
+
+#include <algorithm>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/progress.h"
+#include "core/timer.h"
+#include "io/base_source.h"
+#include "io/hash.h"
+#include "io/quant_cache.h"
+#include "quant/formats.h"
+
+namespace meshlm::quant {
+
+namespace {
+constexpr size_t kStoreAlign = 64;
+// MPI counts are int: the store goes out in pieces of at most 1 GiB.
+constexpr size_t kBcastChunk = size_t{1} << 30;
+
+// The cache key's settings: everything that changes the bytes of the store.
+io::CacheKey cache_key(const GPTConfig& cfg, const BaseSettings& s, const io::BaseSource& src) {
+  io::CacheKey key;
+  const std::vector<std::string> files = src.files();
+  if (files.empty()) {
+    key.source_hash = io::xxh3_128_hex(src.describe().data(), src.describe().size());
+  } else if (files.size() == 1) {
+    key.source_hash = io::xxh3_128_file(files[0]);
+  } else {
+    std::string all;
+    for (const std::string& f : files) all += io::xxh3_128_file(f);
+    key.source_hash = io::xxh3_128_hex(all.data(), all.size());
+  }
+  key.settings = {
+      {"quant_type", quant_type_name(s.type)},
+      {"q8_block", std::to_string(kQ8Block)},
+      {"nf4_block", std::to_string(kNF4Block)},
+      {"nf4_absmax_block", std::to_string(kNF4AbsmaxBlock)},
+      {"model", "n_layer=" + std::to_string(cfg.n_layer) + " n_head=" + std::to_string(cfg.n_head) +
+                    " n_embd=" + std::to_string(cfg.n_embd) + " vocab_size=" +
+                    std::to_string(cfg.vocab_size) + " max_seq_len=" + std::to_string(cfg.max_seq_len)},
+  };
+  return key;
+}
+}  // namespace
+
+const StoreEntry& StoreManifest::at(const std::string& name) const {
+  for (const StoreEntry& e : entries)
+    if (e.spec.name == name) return e;
+  throw RankError("no tensor named '" + name + "' in the quantized base model", MESHLM_HERE);
+}
+
+StoreManifest make_manifest(const GPTConfig& cfg, QuantType matrices) {
+  StoreManifest m;
+  size_t offset = 0;
+  for (const ParamSpec& p : gpt_param_table(cfg)) {
+    StoreEntry e;
+    e.spec = p;
+    e.type = p.full_shape.ndim >= 2 ? matrices : QuantType::f32;
+    const size_t n = static_cast<size_t>(p.full_shape.numel());
+    e.layout = qlayout(e.type, n);
+    e.offset = offset;
+    offset += (e.layout.total_bytes + kStoreAlign - 1) / kStoreAlign * kStoreAlign;
+    m.largest_numel = std::max(m.largest_numel, n);
+    m.entries.push_back(std::move(e));
+  }
+  m.bytes = offset;
+  return m;
+}
+
+std::vector<io::CacheTensor> cache_layout(const StoreManifest& m) {
+  std::vector<io::CacheTensor> out;
+  for (const StoreEntry& e : m.entries) {
+    io::CacheTensor t;
+    t.name = e.spec.name;
+    for (int d = 0; d < e.spec.full_shape.ndim; ++d) t.shape.push_back(e.spec.full_shape.dims[d]);
+    t.format = quant_type_name(e.type);
+    for (int i = 0; i < e.layout.narrays; ++i) {
+      const QArray& a = e.layout.arrays[i];
+      const io::CacheType type = a.elem == QElem::f32  ? io::CacheType::f32
+                                 : a.elem == QElem::i8 ? io::CacheType::i8
+                                                       : io::CacheType::u8;
+      t.arrays.push_back({a.name, type, a.count, e.offset + a.offset});
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+FillReport fill_store(const GPTConfig& cfg, const BaseSettings& s, const StoreManifest& m,
+                      uint8_t* store, bool use_cache) {
+  const double t0 = now_seconds();
+  FillReport rep;
+  std::unique_ptr<io::BaseSource> src = io::open_base_source(s.source, cfg, s.seed);
+  const bool cached = use_cache && !s.cache.empty();
+  io::CacheKey key;
+  std::vector<io::CacheTensor> layout;
+  rep.cache = "off";
+  if (cached) {
+    key = cache_key(cfg, s, *src);
+    layout = cache_layout(m);
+    const io::CacheLookup look = io::read_quant_cache(s.cache, key, layout, store, m.bytes);
+    if (look.status == io::CacheStatus::hit) {
+      rep.cache_hit = true;
+      rep.cache = "hit (" + s.cache + ")";
+      rep.seconds = now_seconds() - t0;
+      return rep;
+    }
+    if (look.status == io::CacheStatus::corrupt)
+      log::warn("quant.cache: {}; quantizing again and replacing it", look.reason);
+    else
+      log::info("# quant.cache: {}; quantizing", look.reason);
+    rep.cache = "miss (" + look.reason + ")";
+  }
+  {
+    // The one full-precision tensor held at a time.
+    Buffer staging(m.largest_numel * sizeof(float), MemCategory::workspace, "quant.source_tensor");
+    ProgressBar bar(std::string("quantize ") + quant_type_name(s.type), m.entries.size());
+    for (size_t i = 0; i < m.entries.size(); ++i) {
+      const StoreEntry& e = m.entries[i];
+      src->read(e.spec, staging.as<float>());
+      quantize_ref(staging.as<float>(), qtensor_at(e.layout, store + e.offset));
+      bar.update(i + 1, e.spec.name);
+    }
+    bar.finish();
+  }
+  if (cached) {
+    io::write_quant_cache(s.cache, key, layout, store, m.bytes);
+    rep.cache += "; written to " + s.cache;
+  }
+  rep.seconds = now_seconds() - t0;
+  return rep;
+}
+
+std::unique_ptr<FrozenBase> FrozenBase::load(const GPTConfig& cfg, const BaseSettings& s,
+                                             const ProcessMesh& mesh) {
+  const double t0 = now_seconds();
+  std::unique_ptr<FrozenBase> b(new FrozenBase);
+  b->manifest_ = make_manifest(cfg, s.type);
+  const size_t bytes = b->manifest_.bytes;
+  MPI_Comm world = mesh.world();
+  if (s.per_rank) {
+    b->store_ = NodeStore::private_copy(bytes);
+    try_all(world, "quant.base: ", [&] {
+      b->report_ = fill_store(cfg, s, b->manifest_, b->store_->data(), /*use_cache=*/false);
+    }, MESHLM_HERE);
+  } else {
+    b->store_ = NodeStore::shared(mesh.node(), bytes);
+    try_all(world, "quant: ", [&] {
+      if (mesh.rank() == 0)
+        b->report_ = fill_store(cfg, s, b->manifest_, b->store_->data(), /*use_cache=*/true);
+    }, MESHLM_HERE);
+    // World rank 0 is rank 0 of its node and of the leaders.
+    MPI_Comm leaders = MPI_COMM_NULL;
+    MPI_Comm_split(world, mesh.node_rank() == 0 ? 0 : MPI_UNDEFINED, mesh.rank(), &leaders);
+    if (leaders != MPI_COMM_NULL) {
+      for (size_t off = 0; off < bytes; off += kBcastChunk) {
+        const size_t n = std::min(kBcastChunk, bytes - off);
+        MPI_Bcast(b->store_->data() + off, static_cast<int>(n), MPI_BYTE, 0, leaders);
+      }
+      MPI_Comm_free(&leaders);
+    }
+    b->store_->publish();
+  }
+  b->seconds_ = now_seconds() - t0;
+  return b;
+}
+
+QTensor FrozenBase::tensor(const std::string& name) const {
+  const StoreEntry& e = manifest_.at(name);
+  return qtensor_at(e.layout, store_->data() + e.offset);
+}
+
+}  // namespace meshlm::quant

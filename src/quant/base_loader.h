@@ -1,0 +1,101 @@
+// The frozen base model, from its source to every rank (DESIGN.md, flow 2).
+//
+// Rank 0 opens the source (safetensors, meshlm HDF5, or GPT-2 initialisation)
+// and, unless the HDF5 cache already holds the result for the same source
+// bytes and settings, streams it tensor by tensor: read one logical tensor
+// (the only full-precision tensor ever held), quantize it into its place in
+// the store, next. The store is the node's MPI shared window (quant.share =
+// node), so rank 0 writes straight into shared memory; the quantized bytes
+// then go to one leader per node (MPI_Bcast over the node leaders), which
+// receives them straight into its node's window. Every rank then reads its
+// own TP/PP slice of each matrix from the window, in place.
+//
+// Peak host memory of a node: one quantized copy, plus (on rank 0's node)
+// one source tensor in fp32.
+//
+// quant.share = per_rank: every rank opens the source and quantizes its own
+// full copy (the naive behaviour; the baseline of the measurements; the
+// cache is not used).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mesh/mesh.h"
+#include "model/config.h"
+#include "model/gpt.h"
+#include "quant/node_store.h"
+#include "quant/quantize.h"
+
+namespace meshlm::io {
+struct CacheTensor;
+}
+
+namespace meshlm::quant {
+
+struct BaseSettings {
+  QuantType type = QuantType::nf4;  // of the matrices; vectors are kept in f32
+  bool per_rank = false;            // quant.share = per_rank
+  std::string source;               // quant.base ("" = GPT-2 initialisation from `seed`)
+  std::string cache;                // quant.cache ("" = none)
+  uint64_t seed = 0;                // train.seed
+};
+
+// Every tensor of the whole model's table (logical shapes) at its place in
+// the store: matrices in the chosen format, vectors in f32, each tensor's
+// start aligned to 64 bytes. Every rank computes the same manifest from the
+// configuration alone.
+struct StoreEntry {
+  ParamSpec spec;
+  QuantType type;
+  QLayout layout;
+  size_t offset = 0;  // bytes into the store
+};
+struct StoreManifest {
+  std::vector<StoreEntry> entries;
+  size_t bytes = 0;          // of the whole store
+  size_t largest_numel = 0;  // largest tensor (rank 0's fp32 staging while quantizing)
+  const StoreEntry& at(const std::string& name) const;
+};
+StoreManifest make_manifest(const GPTConfig& cfg, QuantType matrices);
+
+// The arrays of every tensor as the cache stores them (/q/<name>/<array>).
+std::vector<io::CacheTensor> cache_layout(const StoreManifest& m);
+
+// What filling the store did, for the log.
+struct FillReport {
+  bool cache_hit = false;
+  std::string cache;  // one sentence: "off", "hit", "miss (reason); written"
+  double seconds = 0;
+};
+
+// One rank's work: fills `store` (m.bytes) from the cache when `use_cache`
+// and it matches, otherwise from the source tensor by tensor (then writes
+// the cache when one is configured). Throws RankError naming the file and
+// tensor on bad input; never leaves a partial cache file.
+FillReport fill_store(const GPTConfig& cfg, const BaseSettings& s, const StoreManifest& m,
+                      uint8_t* store, bool use_cache);
+
+class FrozenBase {
+public:
+  // Collective over mesh.world(). Errors (a missing tensor, a bad file) are
+  // CollectiveErrors on every rank: no rank waits for bytes that never come.
+  static std::unique_ptr<FrozenBase> load(const GPTConfig& cfg, const BaseSettings& s,
+                                          const ProcessMesh& mesh);
+
+  // The logical tensor `name` in the store (a view into the window).
+  QTensor tensor(const std::string& name) const;
+  const StoreManifest& manifest() const { return manifest_; }
+  const NodeStore& store() const { return *store_; }
+  const FillReport& report() const { return report_; }  // rank 0's (per_rank: this rank's)
+  double seconds() const { return seconds_; }            // the whole load, on this rank
+
+private:
+  StoreManifest manifest_;
+  std::unique_ptr<NodeStore> store_;
+  FillReport report_;
+  double seconds_ = 0;
+};
+
+}  // namespace meshlm::quant

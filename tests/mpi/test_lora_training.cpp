@@ -1,0 +1,307 @@
+// LoRA fine-tuning on a frozen quantized base over the process mesh:
+//  * the base is quantized once and every rank of a node sees the same bytes
+//    through the node's shared window (same checksum on every rank, equal
+//    to a private quantization), with one holder per node, also when
+//    parallel.ranks_per_node makes one machine act as several nodes;
+//  * LoRA training under many dp x tp x pp layouts gives the single-rank
+//    losses within 1e-5 and the same adapters;
+//  * every rank's memory is the prediction, category by category; the base
+//    has no gradients and no optimizer state; only holders keep the bytes.
+// meshlm-test-ranks: 8
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <xxhash.h>
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "app/config.h"
+#include "core/alloc.h"
+#include "core/log.h"
+#include "io/tokens.h"
+#include "mesh/mesh.h"
+#include "model/gpt.h"
+#include "plan/memory.h"
+#include "quant/base_loader.h"
+#include "train/engine.h"
+#include "train/trainer.h"
+
+using namespace meshlm;
+namespace fs = std::filesystem;
+
+namespace {
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int s = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
+}
+
+// NH = 8 so that tp = 8 splits the heads; C = 64 keeps NF4 blocks whole in
+// some rows and split across rows in others (C / tp = 8 for tp = 8).
+const char* kConfig = R"(
+[model]
+n_layer = 4
+n_head = 8
+n_embd = 64
+vocab_size = 256
+seq_len = 16
+max_seq_len = 16
+[train]
+steps = 8
+batch_size = 8
+micro_batch_size = 1
+lr = 1e-2
+warmup_steps = 2
+weight_decay = 0.01
+grad_clip = 1.0
+seed = 21
+log_every = 100
+[finetune]
+mode = lora
+lora_rank = 4
+lora_alpha = 8
+[quant]
+type = nf4
+share = node
+[data]
+shuffle = true
+)";
+
+struct Layout {
+  int dp, tp, pp, zero;
+  const char* schedule;
+  const char* ckpt;
+  int ranks_per_node = 0;
+  const char* share = "node";
+  std::string name() const {
+    return "dp" + std::to_string(dp) + " tp" + std::to_string(tp) + " pp" + std::to_string(pp) +
+           " zero" + std::to_string(zero) + " " + schedule + " ckpt=" + ckpt +
+           " rpn=" + std::to_string(ranks_per_node) + " " + share;
+  }
+};
+
+struct RunResult {
+  std::vector<double> losses;
+  std::vector<float> adapters;  // rank 0 of the run
+  std::vector<MemoryByCategory> peaks, predicted;
+};
+
+class LoraTraining : public ::testing::Test {
+protected:
+  static void SetUpTestSuite() {
+    char name[4096] = {0};
+    if (world_rank() == 0) {
+      std::string tmpl = (fs::temp_directory_path() / "meshlm_lora_XXXXXX").string();
+      if (::mkdtemp(tmpl.data()) == nullptr) {
+        std::perror("mkdtemp");
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
+      std::snprintf(name, sizeof(name), "%s", tmpl.c_str());
+      io::tokenize_bytes("/usr/share/common-licenses/GPL-3", (fs::path(name) / "tokens.h5").string());
+    }
+    MPI_Bcast(name, sizeof(name), MPI_CHAR, 0, MPI_COMM_WORLD);
+    dir_ = name;
+  }
+  static void TearDownTestSuite() {
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (world_rank() == 0) fs::remove_all(dir_);
+  }
+
+  static RunConfig config(const Layout& l, int w, std::vector<std::string> extra = {}) {
+    std::vector<std::string> o = {
+        "--data.path=" + (dir_ / "tokens.h5").string(),
+        "--output.dir=" + (dir_ / ("run" + std::to_string(w))).string(),
+        "--parallel.dp=" + std::to_string(l.dp),
+        "--parallel.tp=" + std::to_string(l.tp),
+        "--parallel.pp=" + std::to_string(l.pp),
+        "--parallel.zero_stage=" + std::to_string(l.zero),
+        "--parallel.schedule=" + std::string(l.schedule),
+        "--parallel.activation_checkpointing=" + std::string(l.ckpt),
+        "--parallel.ranks_per_node=" + std::to_string(l.ranks_per_node),
+        "--quant.share=" + std::string(l.share)};
+    o.insert(o.end(), extra.begin(), extra.end());
+    return parse_run_config(kConfig, "test", o, w);
+  }
+
+  // Collective over the world: trains `l` on the first dp*tp*pp ranks.
+  static RunResult train(const Layout& l, std::vector<std::string> extra = {}) {
+    const int w = l.dp * l.tp * l.pp;
+    RunResult res;
+    MPI_Comm sub;
+    MPI_Comm_split(MPI_COMM_WORLD, world_rank() < w ? 0 : MPI_UNDEFINED, world_rank(), &sub);
+    if (sub != MPI_COMM_NULL) {
+      const RunConfig cfg = config(l, w, extra);
+      MemTracker::get().reset_peaks();
+      const int saved = log::rank();
+      log::set_rank(1);
+      const TrainSummary s = run_training(cfg, sub, /*gather_final_params=*/true);
+      log::set_rank(saved);
+      for (const StepRecord& r : s.steps) res.losses.push_back(r.loss);
+      res.adapters = s.final_params;
+      MemoryByCategory peak{};
+      for (int c = 0; c < kNumMemCategories; ++c)
+        peak[c] = MemTracker::get().peak(static_cast<MemCategory>(c));
+      // The prediction as the trainer makes it, from a mesh of the same shape.
+      const ProcessMesh mesh(sub, MeshLayout(l.dp, l.tp, l.pp), l.ranks_per_node);
+      RankShape shape = Engine::rank_shape(cfg, mesh.coords());
+      const quant::BaseSettings bs = base_settings_of(cfg);
+      const quant::StoreManifest m = quant::make_manifest(cfg.model, bs.type);
+      shape.quantized_bytes = (bs.per_rank || mesh.node_rank() == 0) ? m.bytes : 0;
+      shape.base_staging_bytes = (bs.per_rank || mesh.rank() == 0) ? m.largest_numel * 4 : 0;
+      const io::TokenReader reader = io::TokenReader::open((dir_ / "tokens.h5").string());
+      const uint64_t windows = (reader.size() - 1) / cfg.train.seq_len;
+      const MemoryByCategory pred = predict_memory(cfg.model, shape, windows, cfg.data.shuffle);
+      const int r = mesh.rank();
+      res.peaks.resize(r == 0 ? w : 0);
+      res.predicted.resize(r == 0 ? w : 0);
+      MPI_Gather(&peak, sizeof(peak), MPI_BYTE, res.peaks.data(), sizeof(peak), MPI_BYTE, 0, sub);
+      MPI_Gather(&pred, sizeof(pred), MPI_BYTE, res.predicted.data(), sizeof(pred), MPI_BYTE, 0,
+                 sub);
+      MPI_Comm_free(&sub);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    return res;
+  }
+
+  static const RunResult& reference() {
+    static const RunResult ref = train({1, 1, 1, 0, "1f1b", "none"});
+    return ref;
+  }
+
+  static fs::path dir_;
+};
+fs::path LoraTraining::dir_;
+
+double norm_rel(const std::vector<float>& a, const std::vector<float>& ref) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = static_cast<double>(a[i]) - ref[i];
+    diff += d * d;
+    norm += static_cast<double>(ref[i]) * ref[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+constexpr double kLossTol = 1e-5;
+constexpr double kAdapterTol = 1e-5;
+
+const Layout kLayouts[] = {
+    {2, 1, 1, 0, "1f1b", "none"},
+    {1, 2, 1, 0, "1f1b", "full"},
+    {1, 1, 2, 0, "gpipe", "none"},
+    {2, 2, 1, 2, "1f1b", "none"},
+    {1, 2, 2, 0, "1f1b", "none", 2},
+    {2, 2, 2, 0, "1f1b", "none"},
+    {2, 2, 2, 1, "gpipe", "full", 4},
+    {2, 2, 2, 2, "1f1b", "none", 2, "per_rank"},
+    {1, 8, 1, 0, "gpipe", "none"},
+    {4, 2, 1, 1, "1f1b", "none", 4},
+    {1, 2, 4, 0, "gpipe", "none"},
+    {8, 1, 1, 2, "1f1b", "none", 1},
+};
+
+// XXH3-64 of the bytes a rank sees.
+uint64_t view_checksum(const quant::FrozenBase& b) {
+  return XXH3_64bits(b.store().data(), b.store().bytes());
+}
+
+}  // namespace
+
+TEST_F(LoraTraining, EveryLayoutMatchesOneRank) {
+  ASSERT_EQ(world_size(), 8) << "run this test on 8 ranks";
+  const RunResult& ref = reference();
+  for (const Layout& l : kLayouts) {
+    const RunResult r = train(l);
+    if (world_rank() != 0) continue;
+    SCOPED_TRACE(l.name());
+    ASSERT_EQ(r.losses.size(), ref.losses.size());
+    double worst = 0;
+    for (size_t i = 0; i < ref.losses.size(); ++i)
+      worst = std::max(worst, std::abs(r.losses[i] - ref.losses[i]) / std::abs(ref.losses[i]));
+    EXPECT_LE(worst, kLossTol);
+    ASSERT_EQ(r.adapters.size(), ref.adapters.size());
+    const double arel = norm_rel(r.adapters, ref.adapters);
+    EXPECT_LE(arel, kAdapterTol);
+    std::printf("  %-52s loss rel %.2e  adapters rel %.2e\n", l.name().c_str(), worst, arel);
+  }
+  if (world_rank() == 0) EXPECT_LT(ref.losses.back(), ref.losses.front() - 0.1);
+}
+
+TEST_F(LoraTraining, Int8BaseAcrossLayouts) {
+  const std::vector<std::string> int8 = {"--quant.type=int8"};
+  const RunResult one = train({1, 1, 1, 0, "1f1b", "none"}, int8);
+  const RunResult many = train({2, 2, 2, 0, "1f1b", "none", 4}, int8);
+  if (world_rank() != 0) return;
+  for (size_t i = 0; i < one.losses.size(); ++i)
+    EXPECT_NEAR(many.losses[i], one.losses[i], kLossTol * one.losses[i]);
+  EXPECT_LE(norm_rel(many.adapters, one.adapters), kAdapterTol);
+  // A different base format is a different model.
+  EXPECT_NE(one.losses.back(), reference().losses.back());
+}
+
+TEST_F(LoraTraining, MemoryPerRankIsPredictedExactly) {
+  for (const Layout& l : {Layout{2, 2, 2, 0, "1f1b", "none"}, Layout{2, 2, 2, 2, "gpipe", "full", 4},
+                          Layout{4, 1, 2, 1, "1f1b", "none", 2, "per_rank"}}) {
+    const RunResult r = train(l);
+    if (world_rank() != 0) continue;
+    SCOPED_TRACE(l.name());
+    size_t holders = 0;
+    for (size_t q = 0; q < r.peaks.size(); ++q) {
+      for (int c = 0; c < kNumMemCategories; ++c)
+        EXPECT_EQ(r.peaks[q][c], r.predicted[q][c])
+            << "rank " << q << " category " << mem_category_name(static_cast<MemCategory>(c));
+      if (r.peaks[q][static_cast<int>(MemCategory::quantized)] > 0) ++holders;
+    }
+    // One copy per node (8 ranks on one machine, or 8 / ranks_per_node
+    // nodes), or one per rank.
+    const size_t expect = std::string(l.share) == "per_rank" ? 8
+                          : l.ranks_per_node > 0     ? 8 / l.ranks_per_node
+                                                     : 1;
+    EXPECT_EQ(holders, expect);
+  }
+}
+
+TEST_F(LoraTraining, EveryRankSeesTheSameBase) {
+  for (int rpn : {0, 4, 2, 1}) {
+    const RunConfig cfg = config({8, 1, 1, 0, "1f1b", "none", rpn}, 8);
+    const ProcessMesh mesh(MPI_COMM_WORLD, MeshLayout(8, 1, 1), rpn);
+    const auto shared = quant::FrozenBase::load(cfg.model, base_settings_of(cfg), mesh);
+    quant::BaseSettings priv = base_settings_of(cfg);
+    priv.per_rank = true;
+    const auto own = quant::FrozenBase::load(cfg.model, priv, mesh);
+    const uint64_t mine = view_checksum(*shared), reference = view_checksum(*own);
+    std::vector<uint64_t> all(world_size());
+    MPI_Gather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+    int holder = shared->store().holder() ? 1 : 0, holders = 0;
+    MPI_Reduce(&holder, &holders, 1, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
+    // Ranks of one node see one segment: the same address range in the window.
+    if (world_rank() != 0) continue;
+    SCOPED_TRACE("ranks_per_node " + std::to_string(rpn));
+    for (int q = 0; q < world_size(); ++q) EXPECT_EQ(all[q], reference) << "rank " << q;
+    EXPECT_EQ(holders, rpn == 0 ? 1 : 8 / rpn);
+  }
+}
+
+TEST_F(LoraTraining, BadBaseIsOneClearErrorOnEveryRank) {
+  const RunConfig cfg = config({8, 1, 1, 0, "1f1b", "none", 4}, 8,
+                               {"--quant.base=" + (dir_ / "missing.safetensors").string()});
+  const ProcessMesh mesh(MPI_COMM_WORLD, MeshLayout(8, 1, 1), 4);
+  try {
+    quant::FrozenBase::load(cfg.model, base_settings_of(cfg), mesh);
+    ADD_FAILURE() << "no error";
+  } catch (const CollectiveError& e) {
+    EXPECT_NE(std::string(e.what()).find("missing.safetensors"), std::string::npos) << e.what();
+  }
+}
