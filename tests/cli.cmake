@@ -62,6 +62,28 @@ meshlm_cli_error(unknown_checkpointing "parallel.activation_checkpointing must b
 meshlm_cli_error(bad_zero_stage "parallel.zero_stage must be 0, 1 or 2 \\(got 3\\)" train ${_tiny} --parallel.zero_stage=3)
 meshlm_cli_error(stage_layers_wrong_sum "parallel.stage_layers" train ${_tiny} --parallel.pp=2 --parallel.stage_layers=2,2)
 
+# [finetune] and [quant]: bad values name the key; a base that cannot be read
+# is one error on every rank, and no cache or output is written.
+meshlm_cli_error(finetune_mode_unknown "finetune.mode must be full or lora \\(got 'qlora'\\)" train ${_tiny} --finetune.mode=qlora)
+meshlm_cli_error(quant_type_unknown "quant.type must be nf4, int8 or f32 \\(got 'fp4'\\)" train ${_tiny} --finetune.mode=lora --quant.type=fp4)
+meshlm_cli_error(quant_share_unknown "quant.share must be node or per_rank \\(got 'numa'\\)" train ${_tiny} --finetune.mode=lora --quant.share=numa)
+meshlm_cli_error(lora_target_unknown "finetune.lora_targets: unknown target 'ffn'" train ${_tiny} --finetune.mode=lora --finetune.lora_targets=qkv,ffn)
+meshlm_cli_error(lora_rank_zero "finetune.lora_rank must be >= 1 \\(got 0\\)" train ${_tiny} --finetune.mode=lora --finetune.lora_rank=0)
+meshlm_cli_error(base_file_missing "safetensors file '/nonexistent/base.safetensors'" train ${_tiny} --finetune.mode=lora --quant.base=/nonexistent/base.safetensors --quant.cache=@SCRATCH@/out/cache.h5)
+meshlm_cli_error(base_file_unknown_kind "base weights '/usr/share/common-licenses/GPL-3': unknown kind of file" train ${_tiny} --finetune.mode=lora --quant.base=/usr/share/common-licenses/GPL-3 --quant.cache=@SCRATCH@/out/cache.h5)
+meshlm_cli_error(quantize_without_cache "quant.cache is empty" quantize ${_tiny} --finetune.mode=lora)
+
+# LoRA on a frozen NF4 base shared once per node, as a user runs it:
+# quantize ahead, 8 ranks dp 2 x tp 2 x pp 2, a corrupt cache replaced,
+# per_rank and one rank giving the same losses.
+string(JOIN " " _mpiexec8q ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 8 ${MESHLM_MPIEXEC_PREFLAGS})
+string(JOIN " " _mpiexec1q ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 ${MESHLM_MPIEXEC_PREFLAGS})
+add_test(NAME cli_qlora_shared_base
+  COMMAND bash ${_cli}/qlora_run.sh "${_mpiexec1q}" "${_mpiexec8q}" $<TARGET_FILE:meshlm>
+          ${PROJECT_SOURCE_DIR}/inputs/qlora-tiny.cfg)
+set_tests_properties(cli_qlora_shared_base PROPERTIES LABELS cli TIMEOUT 300
+  ENVIRONMENT "OMP_NUM_THREADS=1")
+
 # An error injected on one rank in the middle of a 3D-parallel run (tp=2,
 # pp=2) ends the whole job, naming that rank, within the timeout.
 string(JOIN " " _mpiexec4 ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${MESHLM_MPIEXEC_PREFLAGS})

@@ -75,7 +75,11 @@ int cmd_quantize(const std::vector<std::string>& args) {
     throw meshlm::CollectiveError("usage: meshlm quantize FILE.cfg [--section.key=value ...] "
                                   "(the [quant] keys of a train parameter file)",
                                   MESHLM_HERE);
-  std::vector<std::string> overrides(args.begin() + 1, args.end());
+  // The layout of the later run does not matter here (the cache holds the
+  // whole model), and this job may have any number of ranks: dp = 1 keeps a
+  // parallel.dp = 0 from being resolved against them.
+  std::vector<std::string> overrides = {"--parallel.dp=1"};
+  overrides.insert(overrides.end(), args.begin() + 1, args.end());
   const meshlm::RunConfig cfg = meshlm::load_run_config(MPI_COMM_WORLD, args[0], overrides);
   if (cfg.quant.cache.empty())
     throw meshlm::CollectiveError("quant.cache is empty: meshlm quantize builds that file, name it",
