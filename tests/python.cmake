@@ -53,3 +53,11 @@ add_test(NAME torch_nf4_format
   COMMAND ${MESHLM_PYTHON} ${_torch}/check_nf4.py $<TARGET_FILE:meshlm_quantdump>)
 set_tests_properties(torch_nf4_format
   PROPERTIES LABELS python TIMEOUT 300 ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
+# torch -> safetensors (Hugging Face layout) -> meshlm quantize -> the HDF5
+# cache read by h5py and decoded from the published formats with numpy.
+string(JOIN " " _mpiexec_one ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 ${MESHLM_MPIEXEC_PREFLAGS})
+add_test(NAME h5py_quant_cache
+  COMMAND ${MESHLM_PYTHON} ${_torch}/check_quant_cache.py
+          --mpiexec "${_mpiexec_one}" --meshlm $<TARGET_FILE:meshlm>)
+set_tests_properties(h5py_quant_cache
+  PROPERTIES LABELS python TIMEOUT 300 ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
