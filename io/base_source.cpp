@@ -16,6 +16,9 @@ namespace meshlm::io {
 
 namespace {
 
+// Floats of a Conv1D weight transposed per step (1 MiB).
+constexpr size_t kTransposeChunkFloats = size_t{1} << 18;
+
 std::string dims_str(const std::vector<int64_t>& d) {
   return fmt::format("[{}]", fmt::join(d, ", "));
 }
@@ -124,10 +127,17 @@ public:
         // File (in, out) -> meshlm (out, in): out[o][k] = file[k][o].
         const size_t rows = static_cast<size_t>(p.full_shape[0]);
         const size_t cols = static_cast<size_t>(p.full_shape[1]);
-        std::vector<float> tmp(rows * cols);
-        file_.read_f32(name, tmp.data());
-        for (size_t o = 0; o < rows; ++o)
-          for (size_t k = 0; k < cols; ++k) out[o * cols + k] = tmp[k * rows + o];
+        // A few file rows at a time (at most kTransposeChunkFloats): no
+        // second whole-tensor buffer, which would raise rank 0's peak and
+        // stay in its heap after the load.
+        const size_t per_chunk = std::max<size_t>(1, kTransposeChunkFloats / rows);
+        std::vector<float> tmp(std::min(per_chunk, cols) * rows);
+        for (size_t k0 = 0; k0 < cols; k0 += per_chunk) {
+          const size_t nk = std::min(per_chunk, cols - k0);
+          file_.read_f32(name, tmp.data(), k0 * rows, nk * rows);
+          for (size_t o = 0; o < rows; ++o)
+            for (size_t k = 0; k < nk; ++k) out[o * cols + k0 + k] = tmp[k * rows + o];
+        }
         break;
       }
     }

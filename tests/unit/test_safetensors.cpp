@@ -789,3 +789,25 @@ TEST_F(SafetensorsTest, InitSourceEqualsInitWeights) {
     }
   }
 }
+
+// Conv1D weights larger than the transposition step (1 MiB of floats) are
+// transposed a few file rows at a time: C = 512 makes c_fc (2048, 512) and
+// c_proj (512, 2048) span several steps, with a last step shorter than the rest.
+TEST_F(SafetensorsTest, LargeConv1DWeightsTransposeInSteps) {
+  GPTConfig cfg;
+  cfg.n_layer = 1;
+  cfg.n_embd = 520;  // 2080 rows of c_fc: 262144 / 2080 = 126 file rows per step, 520 = 4 * 126 + 16
+  cfg.n_head = 4;
+  cfg.vocab_size = 64;
+  cfg.max_seq_len = 8;
+  HFModel m = make_hf_gpt2(cfg, /*wpe_rows=*/8);
+  const std::string p = file("wide.safetensors");
+  write_safetensors(p, m.tensors);
+  std::unique_ptr<BaseSource> src = open_base_source(p, cfg, 0);
+  for (const ParamSpec& spec : gpt_param_table(cfg)) {
+    if (!is_conv1d(spec.name)) continue;
+    std::vector<float> got(static_cast<size_t>(spec.full_shape.numel()), -1.0f);
+    src->read(spec, got.data());
+    EXPECT_EQ(bits(got), bits(m.expected.at(spec.name))) << spec.name;
+  }
+}
