@@ -1,5 +1,10 @@
 #include "quant/base_loader.h"
 
+#include <hdf5.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include <algorithm>
 
 #include "core/alloc.h"
@@ -42,6 +47,15 @@ io::CacheKey cache_key(const GPTConfig& cfg, const BaseSettings& s, const io::Ba
                     std::to_string(cfg.vocab_size) + " max_seq_len=" + std::to_string(cfg.max_seq_len)},
   };
   return key;
+}
+// Gives back to the system what reading and quantizing freed: HDF5's free
+// lists and the heap glibc would keep for reuse. Rank 0 holds the node's
+// copy; memory it no longer uses must not count against the node.
+void release_freed_memory() {
+  H5garbage_collect();
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
 }
 }  // namespace
 
@@ -104,6 +118,7 @@ FillReport fill_store(const GPTConfig& cfg, const BaseSettings& s, const StoreMa
     if (look.status == io::CacheStatus::hit) {
       rep.cache_hit = true;
       rep.cache = "hit (" + s.cache + ")";
+      release_freed_memory();
       rep.seconds = now_seconds() - t0;
       return rep;
     }
@@ -129,6 +144,7 @@ FillReport fill_store(const GPTConfig& cfg, const BaseSettings& s, const StoreMa
     io::write_quant_cache(s.cache, key, layout, store, m.bytes);
     rep.cache += "; written to " + s.cache;
   }
+  release_freed_memory();
   rep.seconds = now_seconds() - t0;
   return rep;
 }
