@@ -91,6 +91,13 @@ add_test(NAME cli_injected_rank_failure
   COMMAND bash ${_cli}/injected_failure.sh "${_mpiexec4}" $<TARGET_FILE:meshlm> ${_tiny})
 set_tests_properties(cli_injected_rank_failure PROPERTIES LABELS cli TIMEOUT 90
   ENVIRONMENT "OMP_NUM_THREADS=1")
+# The same under LoRA: the failing rank's unwinding must not wait in the
+# collective that frees the node's shared window.
+add_test(NAME cli_injected_rank_failure_lora
+  COMMAND bash ${_cli}/injected_failure.sh "${_mpiexec4}" $<TARGET_FILE:meshlm>
+          ${PROJECT_SOURCE_DIR}/inputs/qlora-tiny.cfg --quant.cache=)
+set_tests_properties(cli_injected_rank_failure_lora PROPERTIES LABELS cli TIMEOUT 150
+  ENVIRONMENT "OMP_NUM_THREADS=1")
 
 # The issue's acceptance run: 8 ranks as dp=2 x tp=2 x pp=2 log the losses
 # of one rank.

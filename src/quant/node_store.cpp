@@ -1,6 +1,7 @@
 #include "quant/node_store.h"
 
 #include <cstring>
+#include <exception>
 #include <string>
 
 #include "core/error.h"
@@ -54,6 +55,11 @@ void NodeStore::publish() {
 NodeStore::~NodeStore() {
   if (win_ == MPI_WIN_NULL) return;
   if (holder_) MemTracker::get().on_free(MemCategory::quantized, Device::cpu, bytes_);
+  // MPI_Win_free is collective over the node. A rank unwinding from its own
+  // error is on its way to MPI_Abort (core/error.h): waiting here for ranks
+  // that will never come would hang the job instead. (Under a CollectiveError
+  // every rank skips it alike; MPI_Finalize releases the segment.)
+  if (std::uncaught_exceptions() > 0) return;
   MPI_Win_free(&win_);
 }
 

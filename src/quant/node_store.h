@@ -27,7 +27,8 @@ public:
   static std::unique_ptr<NodeStore> shared(MPI_Comm node, size_t bytes);
   // This rank's own copy.
   static std::unique_ptr<NodeStore> private_copy(size_t bytes);
-  // share = node: collective over the node communicator (frees the window).
+  // share = node: collective over the node communicator (frees the window),
+  // except while an exception unwinds (see node_store.cpp).
   ~NodeStore();
   NodeStore(const NodeStore&) = delete;
   NodeStore& operator=(const NodeStore&) = delete;

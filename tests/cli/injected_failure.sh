@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# injected_failure.sh "MPIEXEC LINE (4 ranks)" MESHLM TINY_CFG
+# injected_failure.sh "MPIEXEC LINE (4 ranks)" MESHLM CFG [OVERRIDES...]
 #
 # debug.fail_rank makes one rank throw in the forward of debug.fail_step, in
 # the middle of a tp=2 x pp=2 run whose other ranks are inside collectives
@@ -9,6 +9,7 @@ set -u
 mpiexec_line=$1
 meshlm=$2
 cfg=$3
+shift 3
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 cd "$scratch"
@@ -16,7 +17,7 @@ fail=0
 for bad in 1 2; do
   # shellcheck disable=SC2086
   timeout 60 $mpiexec_line "$meshlm" train "$cfg" --parallel.tp=2 --parallel.pp=2 \
-    --debug.fail_rank=$bad --debug.fail_step=3 --data.path=tokens.h5 --output.dir=out >log 2>&1
+    --debug.fail_rank=$bad --debug.fail_step=3 --data.path=tokens.h5 --output.dir=out "$@" >log 2>&1
   rc=$?
   cat log
   echo "---- rank $bad failing: exit status $rc"
