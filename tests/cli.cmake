@@ -108,3 +108,10 @@ add_test(NAME cli_3d_parallel_same_losses
           --parallel.dp=2 --parallel.tp=2 --parallel.pp=2)
 set_tests_properties(cli_3d_parallel_same_losses PROPERTIES LABELS cli TIMEOUT 120
   ENVIRONMENT "OMP_NUM_THREADS=1")
+
+# Two processes writing one quantization cache at once, while a third reads
+# it: every read finds one writer's whole file, and no temporary file is
+# left behind.
+add_test(NAME cli_concurrent_cache_writers
+  COMMAND bash ${_cli}/concurrent_cache_writers.sh $<TARGET_FILE:meshlm_cache_writer>)
+set_tests_properties(cli_concurrent_cache_writers PROPERTIES LABELS cli TIMEOUT 240)
