@@ -20,11 +20,16 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 // cudaStream_t as <cuda_runtime_api.h> declares it, without that header.
 struct CUstream_st;
 using cudaStream_t = CUstream_st*;
+
+namespace meshlm::quant {
+struct QSlice;  // quant/qlinear.h
+}
 
 namespace meshlm::cuda {
 
@@ -49,5 +54,19 @@ void gelu_forward(float* out, const float* inp, size_t n, cudaStream_t stream);
 // dinp must not overlap inp or dout.
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n,
                    cudaStream_t stream);
+
+// ---- quantized weights (quant/formats.h) ----------------------------------------
+// out(n, local_cols) = local rows [i0, i0 + n) of the quantized matrix W of
+// `w`, dequantized, row-major: quant::dequantize_rows on the GPU, with the
+// same split of W over the tensor-parallel ranks (quant/qlinear.h). The
+// pointers of w.t (data, absmax, absmax_q, absmax2, offset: those its type
+// has) are device memory, which the caller has uploaded; R, K and the split
+// are read on the host. f32, int8 and nf4; the bits equal those of the CPU
+// reference (tests/cuda/test_cuda_quant.cpp), for the reason given in
+// cuda/quant.cu. n may be 0 (nothing is launched). Throws RankError for a
+// range outside the local matrix, a split that does not divide evenly (as
+// make_qslice checks) or a null pointer.
+void dequantize_rows(const quant::QSlice& w, int64_t i0, int64_t n, float* out,
+                     cudaStream_t stream);
 
 }  // namespace meshlm::cuda
