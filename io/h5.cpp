@@ -357,11 +357,14 @@ std::string read_string_attr(hid_t obj, const std::string& name) {
     H5free_memory(p);
     return value;
   }
+  // One byte more than stored: a NUL-padded (or space-padded) string of
+  // `size` characters has no terminator, and H5T_C_S1 is NUL-terminated, so
+  // reading it into `size` bytes would drop its last character.
   size_t size = H5Tget_size(stored);
-  H5Tset_size(mem, size);
-  std::string buf(size, '\0');
+  H5Tset_size(mem, size + 1);
+  std::string buf(size + 1, '\0');
   check(H5Aread(attr, mem, buf.data()), obj, label, "cannot read attribute");
-  buf.resize(strnlen(buf.data(), size));  // fixed-size strings are padded with NULs
+  buf.resize(strnlen(buf.data(), size + 1));
   return buf;
 }
 

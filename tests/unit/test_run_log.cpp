@@ -234,3 +234,30 @@ TEST_F(RunLogTest, H5HelpersRoundTripAndTypeChecks) {
   }
   EXPECT_THROW(h5::open_file((dir_ / "missing.h5").string()), RankError);
 }
+
+// Fixed-length string attributes as other writers make them (h5py's
+// np.bytes_, Fortran codes): NUL-padded without a terminator, or
+// NUL-terminated with room to spare. The whole text comes back.
+TEST_F(RunLogTest, FixedLengthStringAttributesReadWhole) {
+  const std::string path = (dir_ / "strings.h5").string();
+  {
+    h5::File f = h5::create_file(path);
+    for (auto [name, pad, size] : {std::tuple{"nullpad", H5T_STR_NULLPAD, 5},
+                                   std::tuple{"nullterm", H5T_STR_NULLTERM, 8},
+                                   std::tuple{"spacepad", H5T_STR_SPACEPAD, 5}}) {
+      h5::Datatype t(H5Tcopy(H5T_C_S1));
+      H5Tset_size(t, size);
+      H5Tset_strpad(t, pad);
+      h5::Dataspace s(H5Screate(H5S_SCALAR));
+      hid_t a = H5Acreate2(f, name, t, s, H5P_DEFAULT, H5P_DEFAULT);
+      ASSERT_GE(a, 0);
+      char buf[8] = {'h', 'e', 'l', 'l', 'o', 0, 0, 0};
+      ASSERT_GE(H5Awrite(a, t, buf), 0);
+      H5Aclose(a);
+    }
+  }
+  h5::File f = h5::open_file(path);
+  EXPECT_EQ(h5::read_string_attr(f, "nullpad"), "hello");
+  EXPECT_EQ(h5::read_string_attr(f, "nullterm"), "hello");
+  EXPECT_EQ(h5::read_string_attr(f, "spacepad"), "hello");
+}
