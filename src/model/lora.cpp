@@ -46,8 +46,11 @@ unsigned parse_lora_targets(const std::string& s) {
 
 std::string lora_targets_text(unsigned targets) {
   std::string s;
-  for (int t = 0; t < kLoraTargets; ++t)
-    if (targets & (1u << t)) s += (s.empty() ? "" : ",") + std::string(kTargetNames[t]);
+  for (int t = 0; t < kLoraTargets; ++t) {
+    if (!(targets & (1u << t))) continue;
+    if (!s.empty()) s += ',';
+    s += kTargetNames[t];
+  }
   return s;
 }
 
