@@ -95,11 +95,11 @@ po::options_description make_options(RunConfig& c) {
     ("finetune.lora_rank", opt(&c.finetune.lora_rank), "LoRA rank r")
     ("finetune.lora_alpha", opt(&c.finetune.lora_alpha), "LoRA alpha: adapters are scaled by alpha / r")
     ("finetune.lora_targets", opt(&c.finetune.lora_targets), "matrices with adapters, comma-separated: qkv, attn-out, mlp-up, mlp-down");
-  po::options_description quant("[quant] the frozen base model (finetune.mode = lora)", kHelpWidth, kHelpWidth / 2);
+  po::options_description quant("[quant] the base model: its weights and, under LoRA, their quantization", kHelpWidth, kHelpWidth / 2);
   quant.add_options()
     ("quant.type", opt(&c.quant.type), "format of the base's matrices: nf4 (4.127 bits/weight) | int8 (8.5) | f32; vectors stay f32")
     ("quant.share", opt(&c.quant.share), "node = quantized once on rank 0, one copy per node in MPI shared memory; per_rank = every rank loads and quantizes its own copy")
-    ("quant.base", opt(&c.quant.base), "base weights: *.safetensors (Hugging Face GPT-2 names) or *.h5 (meshlm /params/<name>); empty = GPT-2 initialisation from train.seed")
+    ("quant.base", opt(&c.quant.base), "base weights: *.safetensors (Hugging Face GPT-2 names) or *.h5 (meshlm /params/<name>); empty = GPT-2 initialisation from train.seed. With finetune.mode = full the whole model starts from them (fp32, nothing quantized)")
     ("quant.cache", opt(&c.quant.cache), "HDF5 quantized-model cache: loaded when it matches the base and settings, (re)written otherwise; empty = none");
   po::options_description debug("[debug] failure injection for tests", kHelpWidth, kHelpWidth / 2);
   debug.add_options()

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "comm/mpi_comm.h"
+#include "io/base_source.h"
 #include "core/error.h"
 #include "plan/partition.h"
 
@@ -70,6 +71,7 @@ Engine::Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& tim
     model_->attach_base([base](const ParamSpec& p) { return base->tensor(p.name); });
   }
   model_->init_weights(cfg.train.seed);
+  if (!model_->lora() && !cfg.quant.base.empty()) load_base_params();
   // Activations up front: the pipeline receives into them before the first
   // forward, and the memory is all there from the start.
   model_->ensure_activations(B_, T_);
@@ -129,6 +131,28 @@ Engine::Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& tim
 }
 
 Engine::~Engine() = default;
+
+void Engine::load_base_params() {
+  // Full training from given weights: every rank reads the logical tensors
+  // of its shard, one at a time, and keeps its part (a split tensor passes
+  // through the same whole-tensor workspace as initialisation).
+  try_all(mesh_.world(), "quant.base: ", [&] {
+    std::unique_ptr<io::BaseSource> src =
+        io::open_base_source(cfg_.quant.base, cfg_.model, cfg_.train.seed);
+    const int tp_rank = shape_.shard.tp_rank, tp_size = shape_.shard.tp_size;
+    for (const ParamSpec& p : model_->table()) {
+      float* dst = model_->params() + p.offset;
+      if (p.tp_dim < 0 || tp_size == 1) {
+        src->read(p, dst);
+        continue;
+      }
+      Buffer whole(static_cast<size_t>(p.full_shape.numel()) * sizeof(float),
+                   MemCategory::workspace, "base.whole_tensor");
+      src->read(p, whole.as<float>());
+      shard_from_full(p, whole.as<float>(), dst, tp_rank, tp_size);
+    }
+  }, MESHLM_HERE);
+}
 
 void Engine::reduce_to_owners(float* src, size_t a, size_t b) {
   ScopedTimer t(timers_, Section::dp_comm);

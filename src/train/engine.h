@@ -75,6 +75,9 @@ private:
   // into the shards of their owners (collective over DP).
   void reduce_to_owners(float* src, size_t a, size_t b);
   double clip_owned(double max_norm);
+  // Full training with quant.base set: the parameters start from those
+  // weights (collective over the world).
+  void load_base_params();
 
   const RunConfig& cfg_;
   const ProcessMesh& mesh_;
