@@ -40,48 +40,47 @@ std::vector<ParamSpec> gpt_param_table(const GPTConfig& cfg, const ModelShard& s
   const int lb = shard.layer_begin, le = shard.layer_end < 0 ? cfg.n_layer : shard.layer_end;
   MESHLM_CHECK(tp >= 1 && shard.tp_rank >= 0 && shard.tp_rank < tp, "bad tensor-parallel rank");
   MESHLM_CHECK(0 <= lb && lb <= le && le <= cfg.n_layer, "bad layer range");
-  std::vector<ParamSpec> t;
-  size_t offset = 0;
-  int index = 0;  // position in the whole model's table
-  auto add = [&](std::string name, Shape full, int tp_dim, int parts, int layer, bool keep) {
-    const int idx = index++;
-    if (!keep) return;
-    Shape local = full;
-    if (tp_dim >= 0) {
-      MESHLM_CHECK(full.dims[tp_dim] % (static_cast<int64_t>(parts) * tp) == 0,
-                   name + " does not split evenly over the tensor-parallel group");
-      local.dims[tp_dim] /= tp;
-    }
-    ParamSpec p{std::move(name), local, offset, tp_dim, layer, full, parts, idx};
-    offset += p.numel();
-    t.push_back(std::move(p));
-  };
+  TableBuilder b(tp);
   // Vocabulary-parallel embedding: TP splits the rows of wte (and so the
   // logits of the tied lm_head). Column-parallel layers (c_attn, c_fc) split
   // their output rows (dim 0; c_attn's rows are q, k, v, each split by heads);
   // row-parallel ones (c_proj) their input columns (dim 1).
   const bool first = shard.first_stage, last = shard.last_stage;
-  add("wte.weight", {Vp, C}, 0, 1, -1, first || last);
-  add("wpe.weight", {maxT, C}, -1, 1, -1, first);
+  b.add("wte.weight", {Vp, C}, 0, 1, -1, first || last);
+  b.add("wpe.weight", {maxT, C}, -1, 1, -1, first);
   for (int l = 0; l < cfg.n_layer; ++l) {
     const std::string h = "h." + std::to_string(l) + ".";
     const bool mine = lb <= l && l < le;
-    add(h + "ln_1.weight", {C}, -1, 1, l, mine);
-    add(h + "ln_1.bias", {C}, -1, 1, l, mine);
-    add(h + "attn.c_attn.weight", {3 * C, C}, 0, 3, l, mine);
-    add(h + "attn.c_attn.bias", {3 * C}, 0, 3, l, mine);
-    add(h + "attn.c_proj.weight", {C, C}, 1, 1, l, mine);
-    add(h + "attn.c_proj.bias", {C}, -1, 1, l, mine);
-    add(h + "ln_2.weight", {C}, -1, 1, l, mine);
-    add(h + "ln_2.bias", {C}, -1, 1, l, mine);
-    add(h + "mlp.c_fc.weight", {4 * C, C}, 0, 1, l, mine);
-    add(h + "mlp.c_fc.bias", {4 * C}, 0, 1, l, mine);
-    add(h + "mlp.c_proj.weight", {C, 4 * C}, 1, 1, l, mine);
-    add(h + "mlp.c_proj.bias", {C}, -1, 1, l, mine);
+    b.add(h + "ln_1.weight", {C}, -1, 1, l, mine);
+    b.add(h + "ln_1.bias", {C}, -1, 1, l, mine);
+    b.add(h + "attn.c_attn.weight", {3 * C, C}, 0, 3, l, mine);
+    b.add(h + "attn.c_attn.bias", {3 * C}, 0, 3, l, mine);
+    b.add(h + "attn.c_proj.weight", {C, C}, 1, 1, l, mine);
+    b.add(h + "attn.c_proj.bias", {C}, -1, 1, l, mine);
+    b.add(h + "ln_2.weight", {C}, -1, 1, l, mine);
+    b.add(h + "ln_2.bias", {C}, -1, 1, l, mine);
+    b.add(h + "mlp.c_fc.weight", {4 * C, C}, 0, 1, l, mine);
+    b.add(h + "mlp.c_fc.bias", {4 * C}, 0, 1, l, mine);
+    b.add(h + "mlp.c_proj.weight", {C, 4 * C}, 1, 1, l, mine);
+    b.add(h + "mlp.c_proj.bias", {C}, -1, 1, l, mine);
   }
-  add("ln_f.weight", {C}, -1, 1, -1, last);
-  add("ln_f.bias", {C}, -1, 1, -1, last);
-  return t;
+  b.add("ln_f.weight", {C}, -1, 1, -1, last);
+  b.add("ln_f.bias", {C}, -1, 1, -1, last);
+  return b.take();
+}
+
+void TableBuilder::add(std::string name, Shape full, int tp_dim, int parts, int layer, bool keep) {
+  const int idx = index_++;
+  if (!keep) return;
+  Shape local = full;
+  if (tp_dim >= 0) {
+    MESHLM_CHECK(full.dims[tp_dim] % (static_cast<int64_t>(parts) * tp_) == 0,
+                 name + " does not split evenly over the tensor-parallel group");
+    local.dims[tp_dim] /= tp_;
+  }
+  ParamSpec p{std::move(name), local, offset_, tp_dim, layer, full, parts, idx};
+  offset_ += p.numel();
+  table_.push_back(std::move(p));
 }
 
 std::vector<ParamSpec> trainable_table(const GPTConfig& cfg, const ModelShard& shard,

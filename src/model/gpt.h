@@ -66,6 +66,22 @@ struct ModelShard {
   bool last_stage = true;               // holds ln_f + lm_head (tied wte), computes the loss
 };
 
+// Builds a table in memory order for one shard: add() is called for every
+// tensor of the whole model, in order (its position is the tensor's index);
+// those the shard keeps get their local shape (tp_dim divided by tp_size)
+// and the next offset.
+class TableBuilder {
+public:
+  explicit TableBuilder(int tp_size) : tp_(tp_size) {}
+  void add(std::string name, Shape full, int tp_dim, int parts, int layer, bool keep);
+  std::vector<ParamSpec> take() { return std::move(table_); }
+
+private:
+  int tp_ = 1, index_ = 0;
+  size_t offset_ = 0;
+  std::vector<ParamSpec> table_;
+};
+
 // The table, in memory order: wte (first or last stage), wpe (first stage),
 // the stage's blocks, ln_f (last stage). Without a shard: the whole model.
 std::vector<ParamSpec> gpt_param_table(const GPTConfig& cfg, const ModelShard& shard = {});

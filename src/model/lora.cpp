@@ -60,22 +60,7 @@ std::vector<ParamSpec> lora_param_table(const GPTConfig& cfg, const ModelShard& 
   const std::vector<ParamSpec> full = gpt_param_table(cfg);
   const int tp = shard.tp_size, le = shard.layer_end < 0 ? cfg.n_layer : shard.layer_end;
   const int64_t r = lora.rank;
-  std::vector<ParamSpec> t;
-  size_t offset = 0;
-  int index = 0;  // position in the whole model's adapter table
-  auto add = [&](std::string name, Shape full_shape, int tp_dim, int parts, int layer, bool keep) {
-    const int idx = index++;
-    if (!keep) return;
-    Shape local = full_shape;
-    if (tp_dim >= 0) {
-      MESHLM_CHECK(full_shape.dims[tp_dim] % (static_cast<int64_t>(parts) * tp) == 0,
-                   name + " does not split evenly over the tensor-parallel group");
-      local.dims[tp_dim] /= tp;
-    }
-    ParamSpec p{std::move(name), local, offset, tp_dim, layer, full_shape, parts, idx};
-    offset += p.numel();
-    t.push_back(std::move(p));
-  };
+  TableBuilder t(tp);  // index: position in the whole model's adapter table
   for (const ParamSpec& w : full) {
     if (w.layer < 0) continue;
     int target = -1;
@@ -85,11 +70,11 @@ std::vector<ParamSpec> lora_param_table(const GPTConfig& cfg, const ModelShard& 
     const int64_t OC = w.full_shape.dims[0], IC = w.full_shape.dims[1];
     const bool mine = shard.layer_begin <= w.layer && w.layer < le;
     const bool column_parallel = w.tp_dim == 0;
-    add(w.name + ".lora_A", {r, IC}, column_parallel ? -1 : 1, 1, w.layer, mine);
-    add(w.name + ".lora_B", {OC, r}, column_parallel ? 0 : -1, column_parallel ? w.tp_parts : 1,
+    t.add(w.name + ".lora_A", {r, IC}, column_parallel ? -1 : 1, 1, w.layer, mine);
+    t.add(w.name + ".lora_B", {OC, r}, column_parallel ? 0 : -1, column_parallel ? w.tp_parts : 1,
         w.layer, mine);
   }
-  return t;
+  return t.take();
 }
 
 void lora_init_tensor(const ParamSpec& spec, uint64_t seed, float* out) {
