@@ -51,6 +51,19 @@ quant::BaseSettings base_settings_of(const RunConfig& cfg) {
   return s;
 }
 
+RankShape planned_rank_shape(const RunConfig& cfg, const ProcessMesh& mesh) {
+  RankShape shape = Engine::rank_shape(cfg, mesh.coords());
+  if (shape.model.lora.enabled) {
+    const quant::BaseSettings s = base_settings_of(cfg);
+    const quant::StoreManifest manifest = quant::make_manifest(cfg.model, s.type);
+    const bool holder = s.per_rank || mesh.node_rank() == 0;
+    const bool quantizes = s.per_rank || mesh.rank() == 0;
+    shape.quantized_bytes = holder ? manifest.bytes : 0;
+    shape.base_staging_bytes = quantizes ? manifest.largest_numel * sizeof(float) : 0;
+  }
+  return shape;
+}
+
 namespace {
 
 // Collective: makes sure data.path exists, tokenizing data.tokenize_from on
@@ -110,17 +123,9 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm comm, bool gather_final
   log::info("# data: {} ({} tokens, {} sequences of {} per epoch)", cfg.data.path, data.size(),
             loader->windows_per_epoch(), T);
 
-  RankShape shape = Engine::rank_shape(cfg, me);
+  const RankShape shape = planned_rank_shape(cfg, mesh);
   const bool lora = shape.model.lora.enabled;
-  quant::BaseSettings base_settings;
-  if (lora) {
-    base_settings = base_settings_of(cfg);
-    const quant::StoreManifest manifest = quant::make_manifest(cfg.model, base_settings.type);
-    const bool holder = base_settings.per_rank || mesh.node_rank() == 0;
-    const bool quantizes = base_settings.per_rank || mesh.rank() == 0;
-    shape.quantized_bytes = holder ? manifest.bytes : 0;
-    shape.base_staging_bytes = quantizes ? manifest.largest_numel * sizeof(float) : 0;
-  }
+  const quant::BaseSettings base_settings = base_settings_of(cfg);
   const MemoryByCategory predicted =
       predict_memory(cfg.model, shape, loader->windows_per_epoch(), cfg.data.shuffle);
   print_predicted_memory(predicted, comm);

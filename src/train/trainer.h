@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "app/config.h"
+#include "mesh/mesh.h"
+#include "plan/memory.h"
 #include "quant/base_loader.h"
 
 namespace meshlm {
@@ -41,5 +43,11 @@ int configure_threads(int requested, MPI_Comm comm);
 
 // [quant] and train.seed as the base loader takes them.
 quant::BaseSettings base_settings_of(const RunConfig& cfg);
+
+// What this rank of `mesh` will hold, as the planner predicts it: its shard
+// and, under LoRA, the quantized store where this rank holds it (the node's
+// rank 0, or every rank under quant.share = per_rank) and the fp32 staging
+// of a rank that quantizes (the cache may spare it).
+RankShape planned_rank_shape(const RunConfig& cfg, const ProcessMesh& mesh);
 
 }  // namespace meshlm

@@ -12,8 +12,6 @@
 #include <mpi.h>
 #include <xxhash.h>
 
-#include <stdlib.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -23,31 +21,18 @@
 
 #include "app/config.h"
 #include "core/alloc.h"
-#include "core/log.h"
 #include "io/base_source.h"
-#include "io/tokens.h"
 #include "mesh/mesh.h"
 #include "model/gpt.h"
-#include "plan/memory.h"
+#include "mpi/training_runs.h"
 #include "quant/base_loader.h"
-#include "train/engine.h"
 #include "train/trainer.h"
 
 using namespace meshlm;
+using namespace meshlm::testing;
 namespace fs = std::filesystem;
 
 namespace {
-
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int s = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
 
 // NH = 8 so that tp = 8 splits the heads; C = 64 keeps NF4 blocks whole in
 // some rows and split across rows in others (C / tp = 8 for tp = 8).
@@ -93,87 +78,34 @@ struct Layout {
   }
 };
 
-struct RunResult {
-  std::vector<double> losses;
-  std::vector<float> adapters;  // rank 0 of the run
-  std::vector<MemoryByCategory> peaks, predicted;
-};
-
 class LoraTraining : public ::testing::Test {
 protected:
-  static void SetUpTestSuite() {
-    char name[4096] = {0};
-    if (world_rank() == 0) {
-      std::string tmpl = (fs::temp_directory_path() / "meshlm_lora_XXXXXX").string();
-      if (::mkdtemp(tmpl.data()) == nullptr) {
-        std::perror("mkdtemp");
-        MPI_Abort(MPI_COMM_WORLD, 1);
-      }
-      std::snprintf(name, sizeof(name), "%s", tmpl.c_str());
-      io::tokenize_bytes("/usr/share/common-licenses/GPL-3", (fs::path(name) / "tokens.h5").string());
-    }
-    MPI_Bcast(name, sizeof(name), MPI_CHAR, 0, MPI_COMM_WORLD);
-    dir_ = name;
-  }
-  static void TearDownTestSuite() {
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (world_rank() == 0) fs::remove_all(dir_);
+  static void SetUpTestSuite() { dir_ = make_run_dir("meshlm_lora"); }
+  static void TearDownTestSuite() { remove_run_dir(dir_); }
+
+  static std::vector<std::string> layout_overrides(const Layout& l) {
+    return {"--parallel.dp=" + std::to_string(l.dp),
+            "--parallel.tp=" + std::to_string(l.tp),
+            "--parallel.pp=" + std::to_string(l.pp),
+            "--parallel.zero_stage=" + std::to_string(l.zero),
+            "--parallel.schedule=" + std::string(l.schedule),
+            "--parallel.activation_checkpointing=" + std::string(l.ckpt),
+            "--parallel.ranks_per_node=" + std::to_string(l.ranks_per_node),
+            "--quant.share=" + std::string(l.share)};
   }
 
   static RunConfig config(const Layout& l, int w, std::vector<std::string> extra = {}) {
-    std::vector<std::string> o = {
-        "--data.path=" + (dir_ / "tokens.h5").string(),
-        "--output.dir=" + (dir_ / ("run" + std::to_string(w))).string(),
-        "--parallel.dp=" + std::to_string(l.dp),
-        "--parallel.tp=" + std::to_string(l.tp),
-        "--parallel.pp=" + std::to_string(l.pp),
-        "--parallel.zero_stage=" + std::to_string(l.zero),
-        "--parallel.schedule=" + std::string(l.schedule),
-        "--parallel.activation_checkpointing=" + std::string(l.ckpt),
-        "--parallel.ranks_per_node=" + std::to_string(l.ranks_per_node),
-        "--quant.share=" + std::string(l.share)};
+    std::vector<std::string> o = {"--data.path=" + (dir_ / "tokens.h5").string()};
+    for (auto& v : layout_overrides(l)) o.push_back(v);
     o.insert(o.end(), extra.begin(), extra.end());
     return parse_run_config(kConfig, "test", o, w);
   }
 
   // Collective over the world: trains `l` on the first dp*tp*pp ranks.
   static RunResult train(const Layout& l, std::vector<std::string> extra = {}) {
-    const int w = l.dp * l.tp * l.pp;
-    RunResult res;
-    MPI_Comm sub;
-    MPI_Comm_split(MPI_COMM_WORLD, world_rank() < w ? 0 : MPI_UNDEFINED, world_rank(), &sub);
-    if (sub != MPI_COMM_NULL) {
-      const RunConfig cfg = config(l, w, extra);
-      MemTracker::get().reset_peaks();
-      const int saved = log::rank();
-      log::set_rank(1);
-      const TrainSummary s = run_training(cfg, sub, /*gather_final_params=*/true);
-      log::set_rank(saved);
-      for (const StepRecord& r : s.steps) res.losses.push_back(r.loss);
-      res.adapters = s.final_params;
-      MemoryByCategory peak{};
-      for (int c = 0; c < kNumMemCategories; ++c)
-        peak[c] = MemTracker::get().peak(static_cast<MemCategory>(c));
-      // The prediction as the trainer makes it, from a mesh of the same shape.
-      const ProcessMesh mesh(sub, MeshLayout(l.dp, l.tp, l.pp), l.ranks_per_node);
-      RankShape shape = Engine::rank_shape(cfg, mesh.coords());
-      const quant::BaseSettings bs = base_settings_of(cfg);
-      const quant::StoreManifest m = quant::make_manifest(cfg.model, bs.type);
-      shape.quantized_bytes = (bs.per_rank || mesh.node_rank() == 0) ? m.bytes : 0;
-      shape.base_staging_bytes = (bs.per_rank || mesh.rank() == 0) ? m.largest_numel * 4 : 0;
-      const io::TokenReader reader = io::TokenReader::open((dir_ / "tokens.h5").string());
-      const uint64_t windows = (reader.size() - 1) / cfg.train.seq_len;
-      const MemoryByCategory pred = predict_memory(cfg.model, shape, windows, cfg.data.shuffle);
-      const int r = mesh.rank();
-      res.peaks.resize(r == 0 ? w : 0);
-      res.predicted.resize(r == 0 ? w : 0);
-      MPI_Gather(&peak, sizeof(peak), MPI_BYTE, res.peaks.data(), sizeof(peak), MPI_BYTE, 0, sub);
-      MPI_Gather(&pred, sizeof(pred), MPI_BYTE, res.predicted.data(), sizeof(pred), MPI_BYTE, 0,
-                 sub);
-      MPI_Comm_free(&sub);
-    }
-    MPI_Barrier(MPI_COMM_WORLD);
-    return res;
+    std::vector<std::string> o = layout_overrides(l);
+    o.insert(o.end(), extra.begin(), extra.end());
+    return train_on_first_ranks(kConfig, o, l.dp * l.tp * l.pp, dir_);
   }
 
   static const RunResult& reference() {
@@ -184,16 +116,6 @@ protected:
   static fs::path dir_;
 };
 fs::path LoraTraining::dir_;
-
-double norm_rel(const std::vector<float>& a, const std::vector<float>& ref) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double d = static_cast<double>(a[i]) - ref[i];
-    diff += d * d;
-    norm += static_cast<double>(ref[i]) * ref[i];
-  }
-  return std::sqrt(diff / norm);
-}
 
 constexpr double kLossTol = 1e-5;
 constexpr double kAdapterTol = 1e-5;
@@ -228,12 +150,10 @@ TEST_F(LoraTraining, EveryLayoutMatchesOneRank) {
     if (world_rank() != 0) continue;
     SCOPED_TRACE(l.name());
     ASSERT_EQ(r.losses.size(), ref.losses.size());
-    double worst = 0;
-    for (size_t i = 0; i < ref.losses.size(); ++i)
-      worst = std::max(worst, std::abs(r.losses[i] - ref.losses[i]) / std::abs(ref.losses[i]));
+    const double worst = worst_loss_rel(r.losses, ref.losses);
     EXPECT_LE(worst, kLossTol);
-    ASSERT_EQ(r.adapters.size(), ref.adapters.size());
-    const double arel = norm_rel(r.adapters, ref.adapters);
+    ASSERT_EQ(r.params.size(), ref.params.size());
+    const double arel = norm_rel(r.params, ref.params);
     EXPECT_LE(arel, kAdapterTol);
     std::printf("  %-52s loss rel %.2e  adapters rel %.2e\n", l.name().c_str(), worst, arel);
   }
@@ -247,7 +167,7 @@ TEST_F(LoraTraining, Int8BaseAcrossLayouts) {
   if (world_rank() != 0) return;
   for (size_t i = 0; i < one.losses.size(); ++i)
     EXPECT_NEAR(many.losses[i], one.losses[i], kLossTol * one.losses[i]);
-  EXPECT_LE(norm_rel(many.adapters, one.adapters), kAdapterTol);
+  EXPECT_LE(norm_rel(many.params, one.params), kAdapterTol);
   // A different base format is a different model.
   EXPECT_NE(one.losses.back(), reference().losses.back());
 }
@@ -334,9 +254,9 @@ TEST_F(LoraTraining, FullTrainingStartsFromTheBase) {
   const RunResult from_other = train({1, 1, 1, 0, "1f1b", "none"}, with_base(other));
   if (world_rank() != 0) return;
   EXPECT_EQ(from_file.losses, plain.losses);
-  EXPECT_EQ(from_file.adapters, plain.adapters);  // the whole model's parameters here
+  EXPECT_EQ(from_file.params, plain.params);
   for (size_t i = 0; i < plain.losses.size(); ++i)
     EXPECT_NEAR(sharded.losses[i], plain.losses[i], kLossTol * plain.losses[i]);
-  EXPECT_LE(norm_rel(sharded.adapters, plain.adapters), kAdapterTol);
+  EXPECT_LE(norm_rel(sharded.params, plain.params), kAdapterTol);
   EXPECT_NE(from_other.losses.front(), plain.losses.front());
 }

@@ -11,40 +11,24 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
-#include <stdlib.h>
-
 #include <algorithm>
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <string>
 #include <vector>
 
 #include "app/config.h"
 #include "core/alloc.h"
-#include "core/log.h"
-#include "io/tokens.h"
-#include "mesh/mesh.h"
 #include "model/gpt.h"
+#include "mpi/training_runs.h"
 #include "plan/memory.h"
-#include "train/engine.h"
-#include "train/trainer.h"
 
 using namespace meshlm;
+using namespace meshlm::testing;
 namespace fs = std::filesystem;
 
 namespace {
-
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int s = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
 
 // L=4 so that up to 4 stages get a layer each; NH=8 so that tp=8 splits
 // the heads; batch 8 of micro-batches of 1, so every layout has enough
@@ -80,81 +64,20 @@ struct Layout {
   }
 };
 
-struct RunResult {
-  std::vector<double> losses;
-  std::vector<float> params;  // rank 0 of the run
-  // Per rank of the run, on rank 0: measured peak bytes per category.
-  std::vector<MemoryByCategory> peaks;
-  std::vector<MemoryByCategory> predicted;
-};
-
 class ParallelTraining : public ::testing::Test {
 protected:
-  static void SetUpTestSuite() {
-    // One token file for every run, written by rank 0.
-    // A fresh directory made by rank 0, its name broadcast.
-    char name[4096] = {0};
-    if (world_rank() == 0) {
-      std::string tmpl = (fs::temp_directory_path() / "meshlm_parallel_XXXXXX").string();
-      if (::mkdtemp(tmpl.data()) == nullptr) {  // no ASSERT here: the others wait in Bcast
-        std::perror("mkdtemp");
-        MPI_Abort(MPI_COMM_WORLD, 1);
-      }
-      std::snprintf(name, sizeof(name), "%s", tmpl.c_str());
-      io::tokenize_bytes("/usr/share/common-licenses/GPL-3", (fs::path(name) / "tokens.h5").string());
-    }
-    MPI_Bcast(name, sizeof(name), MPI_CHAR, 0, MPI_COMM_WORLD);
-    dir_ = name;
-  }
-  static void TearDownTestSuite() {
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (world_rank() == 0) fs::remove_all(dir_);
-  }
+  static void SetUpTestSuite() { dir_ = make_run_dir("meshlm_parallel"); }
+  static void TearDownTestSuite() { remove_run_dir(dir_); }
 
   // Collective over the world: trains `l` on the first dp*tp*pp ranks.
   static RunResult train(const Layout& l) {
-    const int w = l.dp * l.tp * l.pp;
-    RunResult res;
-    if (w > world_size()) return res;
-    MPI_Comm sub;
-    MPI_Comm_split(MPI_COMM_WORLD, world_rank() < w ? 0 : MPI_UNDEFINED, world_rank(), &sub);
-    if (sub != MPI_COMM_NULL) {
-      const std::vector<std::string> overrides = {
-          "--data.path=" + (dir_ / "tokens.h5").string(),
-          "--output.dir=" + (dir_ / ("run" + std::to_string(w))).string(),
-          "--parallel.dp=" + std::to_string(l.dp),
-          "--parallel.tp=" + std::to_string(l.tp),
-          "--parallel.pp=" + std::to_string(l.pp),
-          "--parallel.zero_stage=" + std::to_string(l.zero),
-          "--parallel.schedule=" + std::string(l.schedule),
-          "--parallel.activation_checkpointing=" + std::string(l.ckpt)};
-      const RunConfig cfg = parse_run_config(kConfig, "test", overrides, w);
-      MemTracker::get().reset_peaks();
-      const int saved = log::rank();
-      log::set_rank(1);  // quiet: the tables of 30 runs say nothing here
-      const TrainSummary s = run_training(cfg, sub, /*gather_final_params=*/true);
-      log::set_rank(saved);
-      for (const StepRecord& r : s.steps) res.losses.push_back(r.loss);
-      res.params = s.final_params;
-      // Every rank's measured peaks and prediction, gathered to rank 0.
-      MemoryByCategory peak{};
-      for (int c = 0; c < kNumMemCategories; ++c)
-        peak[c] = MemTracker::get().peak(static_cast<MemCategory>(c));
-      int r = 0;
-      MPI_Comm_rank(sub, &r);
-      const RankShape shape = Engine::rank_shape(cfg, MeshLayout(l.dp, l.tp, l.pp).coords(r));
-      const io::TokenReader reader = io::TokenReader::open((dir_ / "tokens.h5").string());
-      const uint64_t windows = (reader.size() - 1) / cfg.train.seq_len;
-      const MemoryByCategory pred = predict_memory(cfg.model, shape, windows, cfg.data.shuffle);
-      res.peaks.resize(r == 0 ? w : 0);
-      res.predicted.resize(r == 0 ? w : 0);
-      MPI_Gather(&peak, sizeof(peak), MPI_BYTE, res.peaks.data(), sizeof(peak), MPI_BYTE, 0, sub);
-      MPI_Gather(&pred, sizeof(pred), MPI_BYTE, res.predicted.data(), sizeof(pred), MPI_BYTE, 0,
-                 sub);
-      MPI_Comm_free(&sub);
-    }
-    MPI_Barrier(MPI_COMM_WORLD);
-    return res;
+    return train_on_first_ranks(
+        kConfig,
+        {"--parallel.dp=" + std::to_string(l.dp), "--parallel.tp=" + std::to_string(l.tp),
+         "--parallel.pp=" + std::to_string(l.pp), "--parallel.zero_stage=" + std::to_string(l.zero),
+         "--parallel.schedule=" + std::string(l.schedule),
+         "--parallel.activation_checkpointing=" + std::string(l.ckpt)},
+        l.dp * l.tp * l.pp, dir_);
   }
 
   static const RunResult& reference() {
@@ -165,31 +88,6 @@ protected:
   static fs::path dir_;
 };
 fs::path ParallelTraining::dir_;
-
-// Norm-wise relative error ||a - ref|| / ||ref||. Layouts sum in different
-// orders (TP and DP reductions), so values differ in the last bits; AdamW
-// then moves an element whose gradient is at rounding level by up to lr per
-// step in either direction, which an element-wise relative error would
-// report as a large error of a few meaningless elements.
-double norm_rel(const std::vector<float>& a, const std::vector<float>& ref) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double d = static_cast<double>(a[i]) - ref[i];
-    diff += d * d;
-    norm += static_cast<double>(ref[i]) * ref[i];
-  }
-  return std::sqrt(diff / norm);
-}
-
-// The worst element against the largest reference value (printed only).
-double max_rel(const std::vector<float>& a, const std::vector<float>& ref) {
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - ref[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(ref[i])));
-  }
-  return diff / scale;
-}
 
 constexpr double kLossTol = 1e-5;
 constexpr double kParamTol = 1e-5;
@@ -235,9 +133,7 @@ TEST_F(ParallelTraining, EveryLayoutMatchesOneRank) {
     if (world_rank() != 0) continue;
     SCOPED_TRACE(l.name());
     ASSERT_EQ(r.losses.size(), ref.losses.size());
-    double worst = 0;
-    for (size_t i = 0; i < ref.losses.size(); ++i)
-      worst = std::max(worst, std::abs(r.losses[i] - ref.losses[i]) / std::abs(ref.losses[i]));
+    const double worst = worst_loss_rel(r.losses, ref.losses);
     EXPECT_LE(worst, kLossTol);
     ASSERT_EQ(r.params.size(), ref.params.size());
     const double prel = norm_rel(r.params, ref.params);

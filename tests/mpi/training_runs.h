@@ -1,0 +1,147 @@
+// Training runs of one job under many layouts, for the tests that compare
+// them with one rank (test_parallel_training, test_lora_training).
+//
+// A run of W ranks trains on the first W ranks of MPI_COMM_WORLD (a
+// sub-communicator); the others wait at the barrier that ends every run.
+// Rank 0 gets the losses, the gathered final parameters and every rank's
+// measured peak bytes and predicted bytes per category.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <stdlib.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "app/config.h"
+#include "core/alloc.h"
+#include "core/log.h"
+#include "io/tokens.h"
+#include "mesh/mesh.h"
+#include "plan/memory.h"
+#include "train/trainer.h"
+
+namespace meshlm::testing {
+
+inline int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+inline int world_size() {
+  int s = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &s);
+  return s;
+}
+
+struct RunResult {
+  std::vector<double> losses;
+  std::vector<float> params;  // the trained parameters, gathered on rank 0
+  std::vector<MemoryByCategory> peaks, predicted;  // per rank of the run, on rank 0
+};
+
+// Collective over the world: a fresh directory made by rank 0 (its name
+// broadcast) holding tokens.h5, the GPL-3 text tokenized byte-level.
+inline std::filesystem::path make_run_dir(const char* prefix) {
+  namespace fs = std::filesystem;
+  char name[4096] = {0};
+  if (world_rank() == 0) {
+    std::string tmpl = (fs::temp_directory_path() / (std::string(prefix) + "_XXXXXX")).string();
+    if (::mkdtemp(tmpl.data()) == nullptr) {  // no ASSERT here: the others wait in Bcast
+      std::perror("mkdtemp");
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    std::snprintf(name, sizeof(name), "%s", tmpl.c_str());
+    io::tokenize_bytes("/usr/share/common-licenses/GPL-3", (fs::path(name) / "tokens.h5").string());
+  }
+  MPI_Bcast(name, sizeof(name), MPI_CHAR, 0, MPI_COMM_WORLD);
+  return name;
+}
+
+// Collective over the world.
+inline void remove_run_dir(const std::filesystem::path& dir) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// Collective over the world: trains `config_text` with `overrides` (the
+// layout among them) on the first `w` ranks, reading dir/tokens.h5.
+inline RunResult train_on_first_ranks(const char* config_text,
+                                      std::vector<std::string> overrides, int w,
+                                      const std::filesystem::path& dir) {
+  RunResult res;
+  if (w > world_size()) return res;
+  MPI_Comm sub;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() < w ? 0 : MPI_UNDEFINED, world_rank(), &sub);
+  if (sub != MPI_COMM_NULL) {
+    overrides.insert(overrides.begin(),
+                     {"--data.path=" + (dir / "tokens.h5").string(),
+                      "--output.dir=" + (dir / ("run" + std::to_string(w))).string()});
+    const RunConfig cfg = parse_run_config(config_text, "test", overrides, w);
+    MemTracker::get().reset_peaks();
+    const int saved = log::rank();
+    log::set_rank(1);  // quiet: the tables of many runs say nothing here
+    const TrainSummary s = run_training(cfg, sub, /*gather_final_params=*/true);
+    log::set_rank(saved);
+    for (const StepRecord& r : s.steps) res.losses.push_back(r.loss);
+    res.params = s.final_params;
+    MemoryByCategory peak{};
+    for (int c = 0; c < kNumMemCategories; ++c)
+      peak[c] = MemTracker::get().peak(static_cast<MemCategory>(c));
+    // The prediction as the trainer makes it, on a mesh of the same shape.
+    const ParallelConfig& p = cfg.parallel;
+    const ProcessMesh mesh(sub, MeshLayout(p.dp, p.tp, p.pp), p.ranks_per_node);
+    const io::TokenReader reader = io::TokenReader::open((dir / "tokens.h5").string());
+    const uint64_t windows = (reader.size() - 1) / cfg.train.seq_len;
+    const MemoryByCategory pred =
+        predict_memory(cfg.model, planned_rank_shape(cfg, mesh), windows, cfg.data.shuffle);
+    const int r = mesh.rank();
+    res.peaks.resize(r == 0 ? w : 0);
+    res.predicted.resize(r == 0 ? w : 0);
+    MPI_Gather(&peak, sizeof(peak), MPI_BYTE, res.peaks.data(), sizeof(peak), MPI_BYTE, 0, sub);
+    MPI_Gather(&pred, sizeof(pred), MPI_BYTE, res.predicted.data(), sizeof(pred), MPI_BYTE, 0,
+               sub);
+    MPI_Comm_free(&sub);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return res;
+}
+
+// Norm-wise relative error ||a - ref|| / ||ref||. Layouts sum in different
+// orders (TP and DP reductions), so values differ in the last bits; AdamW
+// then moves an element whose gradient is at rounding level by up to lr per
+// step in either direction, which an element-wise relative error would
+// report as a large error of a few meaningless elements.
+inline double norm_rel(const std::vector<float>& a, const std::vector<float>& ref) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = static_cast<double>(a[i]) - ref[i];
+    diff += d * d;
+    norm += static_cast<double>(ref[i]) * ref[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+// The worst element against the largest reference value (printed only).
+inline double max_rel(const std::vector<float>& a, const std::vector<float>& ref) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - ref[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(ref[i])));
+  }
+  return diff / scale;
+}
+
+// The worst relative difference of two loss curves of the same length.
+inline double worst_loss_rel(const std::vector<double>& a, const std::vector<double>& ref) {
+  double worst = 0;
+  for (size_t i = 0; i < ref.size(); ++i)
+    worst = std::max(worst, std::abs(a[i] - ref[i]) / std::abs(ref[i]));
+  return worst;
+}
+
+}  // namespace meshlm::testing
