@@ -72,6 +72,9 @@ meshlm_cli_error(lora_rank_zero "finetune.lora_rank must be >= 1 \\(got 0\\)" tr
 meshlm_cli_error(base_file_missing "safetensors file '/nonexistent/base.safetensors'" train ${_tiny} --finetune.mode=lora --quant.base=/nonexistent/base.safetensors --quant.cache=@SCRATCH@/out/cache.h5)
 meshlm_cli_error(base_file_unknown_kind "base weights '/usr/share/common-licenses/GPL-3': unknown kind of file" train ${_tiny} --finetune.mode=lora --quant.base=/usr/share/common-licenses/GPL-3 --quant.cache=@SCRATCH@/out/cache.h5)
 meshlm_cli_error(quantize_without_cache "quant.cache is empty" quantize ${_tiny} --finetune.mode=lora)
+# The base streamed to the other node's leader, then the cache cannot be
+# written: one error on both ranks, after the last tensor was sent.
+meshlm_cli_error(cache_not_writable "quant: .*/proc/meshlm/cache.h5" train ${_tiny} --finetune.mode=lora --parallel.ranks_per_node=1 --quant.cache=/proc/meshlm/cache.h5)
 
 # LoRA on a frozen NF4 base shared once per node, as a user runs it:
 # quantize ahead, 8 ranks dp 2 x tp 2 x pp 2, a corrupt cache replaced,

@@ -21,8 +21,16 @@ namespace meshlm::quant {
 
 namespace {
 constexpr size_t kStoreAlign = 64;
-// MPI counts are int: the store goes out in pieces of at most 1 GiB.
+// MPI counts are int: bytes go out in pieces of at most 1 GiB.
 constexpr size_t kBcastChunk = size_t{1} << 30;
+// What rank 0 tells the node leaders first.
+constexpr int32_t kFailed = 0, kFromCache = 1, kStreamed = 2;
+
+// Collective over `comm`: n bytes at p from its rank 0 to the others.
+void bcast_bytes(uint8_t* p, size_t n, MPI_Comm comm) {
+  for (size_t off = 0; off < n; off += kBcastChunk)
+    MPI_Bcast(p + off, static_cast<int>(std::min(kBcastChunk, n - off)), MPI_BYTE, 0, comm);
+}
 
 // The cache key's settings: everything that changes the bytes of the store.
 io::CacheKey cache_key(const GPTConfig& cfg, const BaseSettings& s, const io::BaseSource& src) {
@@ -103,7 +111,7 @@ std::vector<io::CacheTensor> cache_layout(const StoreManifest& m) {
 }
 
 FillReport fill_store(const GPTConfig& cfg, const BaseSettings& s, const StoreManifest& m,
-                      uint8_t* store, bool use_cache) {
+                      uint8_t* store, bool use_cache, const FillHooks& hooks) {
   const double t0 = now_seconds();
   FillReport rep;
   std::unique_ptr<io::BaseSource> src = io::open_base_source(s.source, cfg, s.seed);
@@ -116,6 +124,7 @@ FillReport fill_store(const GPTConfig& cfg, const BaseSettings& s, const StoreMa
     layout = cache_layout(m);
     const io::CacheLookup look = io::read_quant_cache(s.cache, key, layout, store, m.bytes);
     if (look.status == io::CacheStatus::hit) {
+      if (hooks.on_start) hooks.on_start(true);
       rep.cache_hit = true;
       rep.cache = "hit (" + s.cache + ")";
       release_freed_memory();
@@ -128,6 +137,7 @@ FillReport fill_store(const GPTConfig& cfg, const BaseSettings& s, const StoreMa
       log::info("# quant.cache: {}; quantizing", look.reason);
     rep.cache = "miss (" + look.reason + ")";
   }
+  if (hooks.on_start) hooks.on_start(false);
   {
     // The one full-precision tensor held at a time.
     Buffer staging(m.largest_numel * sizeof(float), MemCategory::workspace, "quant.source_tensor");
@@ -136,6 +146,7 @@ FillReport fill_store(const GPTConfig& cfg, const BaseSettings& s, const StoreMa
       const StoreEntry& e = m.entries[i];
       src->read(e.spec, staging.as<float>());
       quantize_ref(staging.as<float>(), qtensor_at(e.layout, store + e.offset));
+      if (hooks.on_tensor) hooks.on_tensor(e);
       bar.update(i + 1, e.spec.name);
     }
     bar.finish();
@@ -163,20 +174,62 @@ std::unique_ptr<FrozenBase> FrozenBase::load(const GPTConfig& cfg, const BaseSet
     }, MESHLM_HERE);
   } else {
     b->store_ = NodeStore::shared(mesh.node(), bytes);
-    try_all(world, "quant: ", [&] {
-      if (mesh.rank() == 0)
-        b->report_ = fill_store(cfg, s, b->manifest_, b->store_->data(), /*use_cache=*/true);
-    }, MESHLM_HERE);
+    uint8_t* store = b->store_->data();
     // World rank 0 is rank 0 of its node and of the leaders.
     MPI_Comm leaders = MPI_COMM_NULL;
     MPI_Comm_split(world, mesh.node_rank() == 0 ? 0 : MPI_UNDEFINED, mesh.rank(), &leaders);
-    if (leaders != MPI_COMM_NULL) {
-      for (size_t off = 0; off < bytes; off += kBcastChunk) {
-        const size_t n = std::min(kBcastChunk, bytes - off);
-        MPI_Bcast(b->store_->data() + off, static_cast<int>(n), MPI_BYTE, 0, leaders);
+    // Rank 0 tells the leaders first whether the store comes from the cache
+    // (then all of it follows) or from the source (then each tensor follows
+    // as soon as it is quantized, behind a flag that says whether it could
+    // be). A failure on rank 0 therefore never leaves a leader waiting for
+    // bytes; it reaches every rank through the try_all below.
+    std::string error;
+    if (mesh.rank() == 0) {
+      int32_t mode = kFailed;
+      size_t sent = 0;  // tensors streamed
+      FillHooks hooks;
+      hooks.on_start = [&](bool hit) {
+        mode = hit ? kFromCache : kStreamed;
+        MPI_Bcast(&mode, 1, MPI_INT32_T, 0, leaders);
+      };
+      hooks.on_tensor = [&](const StoreEntry& e) {
+        int32_t ok = 1;
+        MPI_Bcast(&ok, 1, MPI_INT32_T, 0, leaders);
+        bcast_bytes(store + e.offset, e.layout.total_bytes, leaders);
+        ++sent;
+      };
+      bool cache_sent = false;
+      try {
+        b->report_ = fill_store(cfg, s, b->manifest_, store, /*use_cache=*/true, hooks);
+        if (mode == kFromCache) {
+          cache_sent = true;
+          bcast_bytes(store, bytes, leaders);
+        }
+      } catch (const std::exception& e) {
+        // Finish the message the leaders are in the middle of; the error
+        // itself goes to every rank below.
+        error = e.what();
+        int32_t failed = 0;
+        if (mode == kFailed) MPI_Bcast(&mode, 1, MPI_INT32_T, 0, leaders);
+        if (mode == kFromCache && !cache_sent) bcast_bytes(store, bytes, leaders);
+        if (mode == kStreamed && sent < b->manifest_.entries.size())
+          MPI_Bcast(&failed, 1, MPI_INT32_T, 0, leaders);
       }
-      MPI_Comm_free(&leaders);
+    } else if (leaders != MPI_COMM_NULL) {
+      int32_t mode = kFailed;
+      MPI_Bcast(&mode, 1, MPI_INT32_T, 0, leaders);
+      if (mode == kFromCache) bcast_bytes(store, bytes, leaders);
+      if (mode == kStreamed) {
+        for (const StoreEntry& e : b->manifest_.entries) {
+          int32_t ok = 0;
+          MPI_Bcast(&ok, 1, MPI_INT32_T, 0, leaders);
+          if (!ok) break;
+          bcast_bytes(store + e.offset, e.layout.total_bytes, leaders);
+        }
+      }
     }
+    if (leaders != MPI_COMM_NULL) MPI_Comm_free(&leaders);
+    check_all(world, error.empty(), "quant: " + error, MESHLM_HERE);
     b->store_->publish();
   }
   b->seconds_ = now_seconds() - t0;

@@ -4,11 +4,13 @@
 // and, unless the HDF5 cache already holds the result for the same source
 // bytes and settings, streams it tensor by tensor: read one logical tensor
 // (the only full-precision tensor ever held), quantize it into its place in
-// the store, next. The store is the node's MPI shared window (quant.share =
-// node), so rank 0 writes straight into shared memory; the quantized bytes
-// then go to one leader per node (MPI_Bcast over the node leaders), which
-// receives them straight into its node's window. Every rank then reads its
-// own TP/PP slice of each matrix from the window, in place.
+// the store, broadcast its bytes, next. The store is the node's MPI shared
+// window (quant.share = node), so rank 0 writes straight into shared memory;
+// each tensor's quantized bytes go to one leader per node (MPI_Bcast over
+// the node leaders) as soon as they are there, and each leader receives them
+// straight into its node's window (from the cache: the whole store at once).
+// Every rank then reads its own TP/PP slice of each matrix from the window,
+// in place.
 //
 // Peak host memory of a node: one quantized copy, plus (on rank 0's node)
 // one source tensor in fp32.
@@ -18,6 +20,7 @@
 // cache is not used).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -70,12 +73,21 @@ struct FillReport {
   double seconds = 0;
 };
 
+// Where the bytes are as fill_store() makes them: on_start(hit) once, when
+// it is known whether they come from the cache (all at once) or from the
+// source; then, from the source, on_tensor(entry) after each tensor is in
+// the store.
+struct FillHooks {
+  std::function<void(bool hit)> on_start;
+  std::function<void(const StoreEntry&)> on_tensor;
+};
+
 // One rank's work: fills `store` (m.bytes) from the cache when `use_cache`
 // and it matches, otherwise from the source tensor by tensor (then writes
 // the cache when one is configured). Throws RankError naming the file and
 // tensor on bad input; never leaves a partial cache file.
 FillReport fill_store(const GPTConfig& cfg, const BaseSettings& s, const StoreManifest& m,
-                      uint8_t* store, bool use_cache);
+                      uint8_t* store, bool use_cache, const FillHooks& hooks = {});
 
 class FrozenBase {
 public:

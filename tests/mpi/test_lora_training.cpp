@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <xxhash.h>
+#include <hdf5.h>
 
 #include <algorithm>
 #include <cmath>
@@ -259,4 +260,44 @@ TEST_F(LoraTraining, FullTrainingStartsFromTheBase) {
     EXPECT_NEAR(sharded.losses[i], plain.losses[i], kLossTol * plain.losses[i]);
   EXPECT_LE(norm_rel(sharded.params, plain.params), kAdapterTol);
   EXPECT_NE(from_other.losses.front(), plain.losses.front());
+}
+
+// A tensor that cannot be read in the middle of the stream (its data lives in
+// a missing external file, which only a read finds out): the leaders are told
+// and stop waiting, and every rank gets one error naming the file.
+TEST_F(LoraTraining, AFailureWhileStreamingIsOneErrorOnEveryRank) {
+  const std::string path = (dir_ / "broken.h5").string();
+  const RunConfig cfg0 = config({8, 1, 1, 0, "1f1b", "none", 2}, 8);
+  if (world_rank() == 0) {
+    GPT g(cfg0.model);
+    g.init_weights(1);
+    io::write_params_h5(path, cfg0.model,
+                        std::vector<float>(g.params(), g.params() + g.num_params()));
+    // Replace one tensor halfway through the table by a dataset whose bytes
+    // are in a file that does not exist.
+    const ParamSpec& p = g.spec("h.1.mlp.c_fc.weight");
+    hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    H5Ldelete(f, ("params/" + p.name).c_str(), H5P_DEFAULT);
+    hsize_t dims[2] = {static_cast<hsize_t>(p.full_shape.dims[0]),
+                       static_cast<hsize_t>(p.full_shape.dims[1])};
+    hid_t space = H5Screate_simple(2, dims, nullptr);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_external(dcpl, (dir_ / "missing.bin").c_str(), 0, p.numel() * sizeof(float));
+    hid_t d = H5Dcreate2(f, ("params/" + p.name).c_str(), H5T_NATIVE_FLOAT, space, H5P_DEFAULT,
+                         dcpl, H5P_DEFAULT);
+    EXPECT_GE(d, 0);
+    H5Dclose(d);
+    H5Pclose(dcpl);
+    H5Sclose(space);
+    H5Fclose(f);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  const RunConfig cfg = config({8, 1, 1, 0, "1f1b", "none", 2}, 8, {"--quant.base=" + path});
+  const ProcessMesh mesh(MPI_COMM_WORLD, MeshLayout(8, 1, 1), 2);
+  try {
+    quant::FrozenBase::load(cfg.model, base_settings_of(cfg), mesh);
+    ADD_FAILURE() << "no error";
+  } catch (const CollectiveError& e) {
+    EXPECT_NE(std::string(e.what()).find("broken.h5"), std::string::npos) << e.what();
+  }
 }
