@@ -125,6 +125,8 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm comm, bool gather_final
 
   const RankShape shape = planned_rank_shape(cfg, mesh);
   const bool lora = shape.model.lora.enabled;
+  if (!lora && !cfg.quant.cache.empty())
+    log::warn("quant.cache = {} is not used: finetune.mode = full quantizes nothing", cfg.quant.cache);
   const quant::BaseSettings base_settings = base_settings_of(cfg);
   const MemoryByCategory predicted =
       predict_memory(cfg.model, shape, loader->windows_per_epoch(), cfg.data.shuffle);
