@@ -119,9 +119,18 @@ MESHLM_HD inline float q8_dequantize(int8_t q, float scale) {
   return static_cast<float>(q) * scale;
 }
 
+#if defined(__CUDACC__)
+// The same 16 floats in constant memory: a table declared inside a device
+// function is rebuilt in local memory on every call.
+static __constant__ float kNF4LevelsDevice[16] = {MESHLM_NF4_LEVELS};
+#endif
+
 MESHLM_HD inline float nf4_level(uint8_t code) {
-  constexpr float levels[16] = {MESHLM_NF4_LEVELS};
-  return levels[code & 15];
+#if defined(__CUDA_ARCH__)
+  return kNF4LevelsDevice[code & 15];
+#else
+  return kNF4Levels[code & 15];
+#endif
 }
 
 // nf4: index of the level nearest to v (normally in [-1, 1]); ties go to the
