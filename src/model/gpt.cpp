@@ -11,6 +11,9 @@
 
 namespace meshlm {
 
+// gpt_param_table() lists each block's tensors in a fixed order, 12 of them.
+constexpr size_t kTensorsPerBlock = 12;
+
 void GPTConfig::validate() const {
   auto fail = [](const std::string& m) { throw CollectiveError(m, MESHLM_HERE); };
   if (n_layer < 1) fail("model.n_layer must be >= 1 (got " + std::to_string(n_layer) + ")");
@@ -234,9 +237,7 @@ std::span<float> GPT::view(float* base, const std::string& name) const {
 }
 
 BlockTensors GPT::block_tensors(int l, const std::function<float*(size_t)>& at) const {
-  // The table order is fixed by gpt_param_table(): 12 tensors per block.
-  constexpr size_t kPerBlock = 12;
-  const size_t i = first_block_ + static_cast<size_t>(l) * kPerBlock;
+  const size_t i = first_block_ + static_cast<size_t>(l) * kTensorsPerBlock;
   return {at(i), at(i + 1), at(i + 2), at(i + 3), at(i + 4), at(i + 5),
           at(i + 6), at(i + 7), at(i + 8), at(i + 9), at(i + 10), at(i + 11)};
 }
@@ -490,13 +491,13 @@ void GPT::block_forward(int l, const BlockTensors& w, BlockActs& a, const float*
 }
 
 namespace {
-// Table offsets of the four matrices inside a block's 12 tensors (gpt_param_table order).
+// Table offsets of the four matrices inside a block's tensors (gpt_param_table order).
 constexpr size_t kTargetOffset[kLoraTargets] = {2, 4, 8, 10};
 }  // namespace
 
 void GPT::linear_forward(int l, int t, float* out, const float* inp, const float* w,
                          const float* bias, int N, int IC, int OC) {
-  if (const quant::QSlice* q = qbase(first_block_ + l * 12 + kTargetOffset[t]))
+  if (const quant::QSlice* q = qbase(first_block_ + l * kTensorsPerBlock + kTargetOffset[t]))
     quant::qlinear_forward(out, inp, *q, bias, N, gacts_.qtile);
   else
     ops::matmul_forward(out, inp, w, bias, N, IC, OC);
@@ -511,7 +512,7 @@ void GPT::linear_forward(int l, int t, float* out, const float* inp, const float
 
 void GPT::linear_backward(int l, int t, float* dinp, float* dw, float* dbias, const float* dout,
                           const float* inp, const float* w, int N, int IC, int OC) {
-  if (const quant::QSlice* q = qbase(first_block_ + l * 12 + kTargetOffset[t]))
+  if (const quant::QSlice* q = qbase(first_block_ + l * kTensorsPerBlock + kTargetOffset[t]))
     quant::qlinear_backward_input(dinp, dout, *q, N, gacts_.qtile);  // frozen: no dW, no dbias
   else
     ops::matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC);
