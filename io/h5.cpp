@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 namespace meshlm::io::h5 {
 
@@ -135,8 +136,12 @@ bool is_hdf5_file(const std::string& path) {
   return false;
 }
 
-AtomicWrite::AtomicWrite(std::string path)
-    : path_(std::move(path)), tmp_(path_ + ".tmp." + std::to_string(::getpid())) {
+AtomicWrite::AtomicWrite(std::string path) : path_(std::move(path)) {
+  // The pid says whose file it is; the random part keeps two writers in one
+  // process, or equal pids on two nodes sharing a file system, apart.
+  std::random_device rd;
+  const uint64_t r = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  tmp_ = fmt::format("{}.tmp.{}.{:016x}", path_, ::getpid(), r);
   create_parent_dirs(path_);
 }
 

@@ -2,14 +2,9 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
 #include <filesystem>
-#include <random>
 #include <set>
 
 #include "core/error.h"
@@ -209,37 +204,6 @@ h5::Group ordered_group(hid_t loc, const std::string& name) {
                              name, "cannot create group"));
 }
 
-// "<path>.tmp.<pid>.<16 hex>": the pid tells whose it is, the random part
-// keeps two writers in one process (or pids reused across nodes sharing a
-// file system) apart. Removed on destruction unless renamed.
-class TempFile {
-public:
-  explicit TempFile(const std::string& path) {
-    std::random_device rd;
-    uint64_t r = (static_cast<uint64_t>(rd()) << 32) ^ rd();
-    tmp_ = fmt::format("{}.tmp.{}.{:016x}", path, ::getpid(), r);
-  }
-  ~TempFile() {
-    if (!renamed_) std::remove(tmp_.c_str());
-  }
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-
-  const std::string& path() const { return tmp_; }
-  // rename() replaces `path` atomically: a reader opens either file, whole.
-  void rename_to(const std::string& path) {
-    if (std::rename(tmp_.c_str(), path.c_str()) != 0)
-      throw RankError("cannot write quantization cache '" + path + "': cannot rename '" + tmp_ +
-                          "' onto it: " + std::strerror(errno),
-                      MESHLM_HERE);
-    renamed_ = true;
-  }
-
-private:
-  std::string tmp_;
-  bool renamed_ = false;
-};
-
 // ---------------------------------------------------------------------------
 // Reading
 // ---------------------------------------------------------------------------
@@ -421,10 +385,9 @@ void write_quant_cache(const std::string& path, const CacheKey& key,
   for (const CacheTensor& t : tensors)
     for (const CacheArray& a : t.arrays) total += array_bytes(a);
 
-  h5::create_parent_dirs(path);
-  TempFile tmp(path);
+  h5::AtomicWrite tmp(path);  // rename() replaces `path` whole: a reader opens either file
   try {
-    h5::File file = h5::create_file(tmp.path(), cache_fapl());
+    h5::File file = h5::create_file(tmp.tmp_path(), cache_fapl());
     {
       h5::Group meta = h5::require_group(file, "meta");
       h5::write_scalar_attr<int32_t>(meta, "format_version", kQuantCacheFormatVersion);
@@ -447,11 +410,11 @@ void write_quant_cache(const std::string& path, const CacheKey& key,
       }
     }
     q.close();
-    h5::close_file(file, tmp.path());
+    h5::close_file(file, tmp.tmp_path());
+    tmp.commit();
   } catch (const RankError& e) {
     throw RankError("cannot write quantization cache '" + path + "': " + e.what(), MESHLM_HERE);
   }
-  tmp.rename_to(path);
 }
 
 }  // namespace meshlm::io
