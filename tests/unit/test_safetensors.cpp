@@ -26,6 +26,7 @@
 #include "io/h5.h"
 #include "io/safetensors.h"
 #include "model/gpt.h"
+#include "expect_error.h"
 #include "scratch_dir.h"
 
 using namespace meshlm;
@@ -250,21 +251,6 @@ HFModel make_hf_gpt2(const GPTConfig& cfg, int wpe_rows, uint32_t seed = 7) {
   m.tensors.push_back(random_tensor("position_ids", "I64", {T}, rng));
   std::shuffle(m.tensors.begin(), m.tensors.end(), rng);
   return m;
-}
-
-// Runs `f`, expects a meshlm::Error whose message contains every one of
-// `parts`, and returns the message.
-std::string expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-  } catch (const Error& e) {
-    std::string msg = e.what();
-    for (const auto& p : parts)
-      EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-    return msg;
-  }
-  ADD_FAILURE() << "no meshlm::Error thrown";
-  return "";
 }
 
 // A header with one tensor 'x' whose entry is `entry`, followed by `data_bytes` bytes.

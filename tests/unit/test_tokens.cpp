@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "io/h5.h"
 #include "io/tokens.h"
+#include "expect_error.h"
 #include "scratch_dir.h"
 
 namespace fs = std::filesystem;
@@ -34,21 +35,6 @@ std::vector<int32_t> read_all(const TokenReader& r) {
   std::vector<int32_t> out(r.size());
   r.read(0, r.size(), out.data());
   return out;
-}
-
-// Runs `f`, expects a meshlm::Error whose message contains every one of
-// `parts`, and returns the message.
-std::string expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-  } catch (const Error& e) {
-    std::string msg = e.what();
-    for (const auto& p : parts)
-      EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-    return msg;
-  }
-  ADD_FAILURE() << "no meshlm::Error thrown";
-  return "";
 }
 
 // First token of each window of one step (B windows), as the loader hands it out.
