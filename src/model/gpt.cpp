@@ -187,7 +187,6 @@ size_t GPT::frozen_numel(const GPTConfig& cfg, const ModelShard& shard) {
 void GPT::attach_base(const std::function<quant::QTensor(const ParamSpec&)>& tensor_of) {
   MESHLM_CHECK(opts_.lora.enabled, "attach_base() is for LoRA fine-tuning (a frozen base)");
   qbase_.assign(base_table_.size(), quant::QSlice{});
-  has_qbase_.assign(base_table_.size(), false);
   frozen_offset_.assign(base_table_.size(), SIZE_MAX);
   size_t n = 0;
   for (size_t i = 0; i < base_table_.size(); ++i)
@@ -210,13 +209,13 @@ void GPT::attach_base(const std::function<quant::QTensor(const ParamSpec&)>& ten
     } else {
       qbase_[i] = quant::make_qslice(q, p.full_shape.dims[0], p.full_shape.dims[1], p.tp_dim,
                                      p.tp_parts, shard_.tp_rank, shard_.tp_size);
-      has_qbase_[i] = true;
     }
   }
 }
 
 const quant::QSlice* GPT::qbase(size_t i) const {
-  return i < has_qbase_.size() && has_qbase_[i] ? &qbase_[i] : nullptr;
+  // Vectors (and every tensor in full training) have no slice: R == 0.
+  return i < qbase_.size() && qbase_[i].R > 0 ? &qbase_[i] : nullptr;
 }
 
 const ParamSpec& GPT::spec(const std::string& name) const {

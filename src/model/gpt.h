@@ -304,10 +304,9 @@ private:
   std::vector<ParamSpec> base_table_;  // the shard's base tensors
   size_t num_params_ = 0, padded_params_ = 0;
   Buffer params_, grads_;
-  // LoRA: frozen base matrices (per base_table_ index; empty entries for
-  // vectors) and vectors (frozen_, at frozen_offset_ per base index).
+  // LoRA: frozen base matrices (per base_table_ index; empty slices, R = 0,
+  // for vectors) and vectors (frozen_, at frozen_offset_ per base index).
   std::vector<quant::QSlice> qbase_;
-  std::vector<bool> has_qbase_;
   Buffer frozen_;
   std::vector<size_t> frozen_offset_;
   std::vector<std::array<int, kLoraTargets>> lora_index_;  // per local block: table_ index of A, or -1

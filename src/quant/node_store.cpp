@@ -39,8 +39,7 @@ std::unique_ptr<NodeStore> NodeStore::shared(MPI_Comm node, size_t bytes) {
 std::unique_ptr<NodeStore> NodeStore::private_copy(size_t bytes) {
   std::unique_ptr<NodeStore> s(new NodeStore);
   s->private_ = Buffer(bytes, MemCategory::quantized, "quant.base_private");
-  s->data_ = s->private_.as<uint8_t>();
-  std::memset(s->data_, 0, bytes);
+  s->data_ = s->private_.as<uint8_t>();  // zeroed by Buffer
   s->bytes_ = bytes;
   s->holder_ = true;
   return s;
