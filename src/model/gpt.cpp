@@ -287,21 +287,26 @@ void gpt_init_tensor(const GPTConfig& cfg, const ParamSpec& p, uint64_t seed, fl
   }
 }
 
-void GPT::init_weights(uint64_t seed) {
+void GPT::set_weights(const std::function<void(const ParamSpec&, float*)>& value_of) {
   float* base = params();
   for (const ParamSpec& p : table_) {
-    // A split tensor is generated whole (workspace) and this rank keeps its part.
+    // A split tensor is made whole (workspace) and this rank keeps its part.
     const bool split = p.tp_dim >= 0 && shard_.tp_size > 1;
-    const size_t n = static_cast<size_t>(p.full_shape.numel());
     Buffer whole;
-    if (split) whole = Buffer(n * sizeof(float), MemCategory::workspace, "gpt.init_whole");
+    if (split)
+      whole = Buffer(static_cast<size_t>(p.full_shape.numel()) * sizeof(float),
+                     MemCategory::workspace, "gpt.whole_tensor");
     float* x = split ? whole.as<float>() : base + p.offset;
-    if (opts_.lora.enabled)
-      lora_init_tensor(p, seed, x);
-    else
-      gpt_init_tensor(cfg_, p, seed, x);
+    value_of(p, x);
     if (split) shard_from_full(p, x, base + p.offset, shard_.tp_rank, shard_.tp_size);
   }
+}
+
+void GPT::init_weights(uint64_t seed) {
+  if (opts_.lora.enabled)
+    set_weights([&](const ParamSpec& p, float* x) { lora_init_tensor(p, seed, x); });
+  else
+    set_weights([&](const ParamSpec& p, float* x) { gpt_init_tensor(cfg_, p, seed, x); });
 }
 
 // ---- activations --------------------------------------------------------------

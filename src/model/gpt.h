@@ -170,6 +170,10 @@ public:
   // index in the whole model's table), and a shard takes its part of it:
   // values do not depend on the layout.
   void init_weights(uint64_t seed);
+  // Sets every trained tensor from value_of(spec, out), which writes the
+  // logical tensor (spec.full_shape) whole; this rank keeps its part. One
+  // logical tensor at a time is held whole (booked as workspace).
+  void set_weights(const std::function<void(const ParamSpec&, float*)>& value_of);
 
   // ---- LoRA: the frozen base -------------------------------------------------
   bool lora() const { return opts_.lora.enabled; }

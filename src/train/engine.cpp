@@ -134,23 +134,11 @@ Engine::~Engine() = default;
 
 void Engine::load_base_params() {
   // Full training from given weights: every rank reads the logical tensors
-  // of its shard, one at a time, and keeps its part (a split tensor passes
-  // through the same whole-tensor workspace as initialisation).
+  // of its shard, one at a time, and keeps its part.
   try_all(mesh_.world(), "quant.base: ", [&] {
     std::unique_ptr<io::BaseSource> src =
         io::open_base_source(cfg_.quant.base, cfg_.model, cfg_.train.seed);
-    const int tp_rank = shape_.shard.tp_rank, tp_size = shape_.shard.tp_size;
-    for (const ParamSpec& p : model_->table()) {
-      float* dst = model_->params() + p.offset;
-      if (p.tp_dim < 0 || tp_size == 1) {
-        src->read(p, dst);
-        continue;
-      }
-      Buffer whole(static_cast<size_t>(p.full_shape.numel()) * sizeof(float),
-                   MemCategory::workspace, "base.whole_tensor");
-      src->read(p, whole.as<float>());
-      shard_from_full(p, whole.as<float>(), dst, tp_rank, tp_size);
-    }
+    model_->set_weights([&](const ParamSpec& p, float* x) { src->read(p, x); });
   }, MESHLM_HERE);
 }
 
