@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "model/config.h"
+#include "model/gpt_config.h"
 #include "model/gpt.h"
 
 namespace meshlm::io {

@@ -15,8 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "app/config.h"
+#include "app/parameter_file.h"
+#include "comm/mpi_session.h"
 #include "core/alloc.h"
+#include "comm/errors.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "io/tokens.h"
@@ -85,8 +87,7 @@ int cmd_quantize(const std::vector<std::string>& args) {
     throw meshlm::CollectiveError("quant.cache is empty: meshlm quantize builds that file, name it",
                                   MESHLM_HERE);
   const meshlm::quant::BaseSettings s = meshlm::base_settings_of(cfg);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const int rank = meshlm::log::rank();
   meshlm::try_all(MPI_COMM_WORLD, "quant: ", [&] {
     if (rank != 0) return;
     const meshlm::quant::StoreManifest m = meshlm::quant::make_manifest(cfg.model, s.type);
@@ -106,8 +107,7 @@ int cmd_quantize(const std::vector<std::string>& args) {
 int cmd_tokenize(const std::vector<std::string>& args) {
   if (args.size() != 2)
     throw meshlm::CollectiveError("usage: meshlm tokenize IN.txt OUT.h5", MESHLM_HERE);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const int rank = meshlm::log::rank();
   bool ok = true;
   std::string err;
   if (rank == 0) {
@@ -126,9 +126,8 @@ int cmd_tokenize(const std::vector<std::string>& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const meshlm::comm::MpiSession mpi(&argc, &argv);
+  const int rank = mpi.world_rank();
   meshlm::log::set_rank(rank);
 
   int status = 0;
@@ -160,6 +159,5 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     meshlm::fatal_one(e.what(), __FILE__, __LINE__);
   }
-  MPI_Finalize();
   return status;
 }

@@ -4,6 +4,7 @@
 #include <string>
 #include <utility>
 
+#include "comm/errors.h"
 #include "core/error.h"
 
 namespace meshlm::comm {

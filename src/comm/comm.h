@@ -18,7 +18,7 @@
 
 namespace meshlm::comm {
 
-enum class ReduceOp { sum, max };
+enum class ReduceOp { sum, min, max };
 
 // cudaStream_t for a device backend; nullptr for host buffers.
 using Stream = void*;
@@ -85,7 +85,9 @@ public:
   virtual Handle all_gather(const void* send, void* recv, size_t count, DType type,
                             Stream stream = nullptr) = 0;
 
-  // Collective: every rank of the group calls it. buf of `root` to all.
+  // Collective: every rank of the group calls it. buf of `root` to all. Any
+  // count: a backend whose calls take int counts splits a large broadcast
+  // into pieces itself.
   virtual Handle broadcast(void* buf, size_t count, DType type, int root,
                            Stream stream = nullptr) = 0;
 

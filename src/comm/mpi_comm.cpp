@@ -1,5 +1,6 @@
 #include "comm/mpi_comm.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstring>
@@ -45,6 +46,7 @@ void check_host(Stream stream, const char* op) {
 MPI_Op mpi_op(ReduceOp op) {
   switch (op) {
     case ReduceOp::sum: return MPI_SUM;
+    case ReduceOp::min: return MPI_MIN;
     case ReduceOp::max: return MPI_MAX;
   }
   throw RankError("comm: unknown ReduceOp", MESHLM_HERE);
@@ -108,7 +110,7 @@ private:
 
 class MpiCommunicator : public Communicator {
 public:
-  explicit MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+  MpiCommunicator(MPI_Comm comm, size_t piece_bytes) : comm_(comm), piece_bytes_(piece_bytes) {
     if (comm == MPI_COMM_NULL)
       throw RankError("make_mpi_communicator: MPI_COMM_NULL (this rank is not in the group)",
                       MESHLM_HERE);
@@ -191,10 +193,22 @@ public:
     const char* name = "broadcast";
     check_host(stream, name);
     check_rank(root, name, "root");
-    MPI_Request req;
-    check(MPI_Ibcast(buf, to_int(count, name), mpi_type(type), root, comm_, &req), name,
-          "MPI_Ibcast");
-    return enqueue(req, name);
+    // MPI counts are int: a large buffer goes out in pieces of at most
+    // kBroadcastPieceBytes, queued one after the other. The Handle of the
+    // last piece completes them all (issue order).
+    const size_t esize = dtype_size(type), piece = std::max<size_t>(1, piece_bytes_ / esize);
+    char* p = static_cast<char*>(buf);
+    uint64_t last = 0;
+    size_t done = 0;
+    do {
+      const size_t n = std::min(piece, count - done);
+      MPI_Request req;
+      check(MPI_Ibcast(p + done * esize, to_int(n, name), mpi_type(type), root, comm_, &req),
+            name, "MPI_Ibcast");
+      last = queue_->push(req, name, {});
+      done += n;
+    } while (done < count);
+    return Handle(std::make_unique<MpiHandle>(queue_, last));
   }
 
   Handle send(const void* buf, size_t count, DType type, int peer, Stream stream) override {
@@ -237,6 +251,7 @@ private:
   }
 
   MPI_Comm comm_;
+  size_t piece_bytes_;
   int rank_ = 0;
   int size_ = 1;
   std::shared_ptr<RequestQueue> queue_ = std::make_shared<RequestQueue>();
@@ -244,8 +259,9 @@ private:
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) {
-  return std::make_unique<MpiCommunicator>(comm);
+std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, size_t broadcast_piece_bytes) {
+  MESHLM_CHECK(broadcast_piece_bytes > 0, "broadcast pieces must not be empty");
+  return std::make_unique<MpiCommunicator>(comm, broadcast_piece_bytes);
 }
 
 MPI_Datatype mpi_type(DType type) {

@@ -7,7 +7,8 @@
 // would order them): code that runs here does not race on the NCCL backend.
 //
 // Stream must be nullptr (RankError otherwise); bf16 has no MPI type
-// (RankError); a count above INT_MAX is a RankError naming the operation.
+// (RankError); a count above INT_MAX is a RankError naming the operation,
+// except for broadcast, which sends a large buffer in pieces of 1 GiB.
 #pragma once
 
 #include <mpi.h>
@@ -20,7 +21,11 @@ namespace meshlm::comm {
 
 // Does not own `comm` (the process mesh does); `comm` must outlive every
 // operation issued on the Communicator. Not collective.
-std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm);
+// broadcast_piece_bytes: the largest piece of one MPI_Ibcast (MPI counts are
+// int); tests make it small to exercise the split.
+inline constexpr size_t kBroadcastPieceBytes = size_t{1} << 30;
+std::unique_ptr<Communicator> make_mpi_communicator(
+    MPI_Comm comm, size_t broadcast_piece_bytes = kBroadcastPieceBytes);
 
 // f32 -> MPI_FLOAT, f64 -> MPI_DOUBLE, i32 -> MPI_INT32_T, u8 -> MPI_UINT8_T,
 // u16 -> MPI_UINT16_T, u32 -> MPI_UINT32_T; bf16 -> RankError.

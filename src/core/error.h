@@ -8,11 +8,13 @@
 //    The top level answers it with fatal_one(): the rank prints its number and
 //    the message and calls MPI_Abort, which takes the whole job down.
 //
+// The classes are plain C++ and live here, at the bottom of the layers; the
+// collective half of the contract (check_all, try_all, fatal_all, fatal_one)
+// talks to MPI and lives in comm/errors.h.
+//
 // Messages name the parameter key or the file for users; the file:line of the
 // throw site is added for developers.
 #pragma once
-
-#include <mpi.h>
 
 #include <stdexcept>
 #include <string>
@@ -44,34 +46,6 @@ public:
 };
 
 #define MESHLM_HERE __FILE__, __LINE__
-
-// Collective: every rank of `comm` calls it. If `ok` is false on any rank, the
-// message of the lowest failing rank (prefixed with that rank's number when it
-// is not rank 0) is thrown as a CollectiveError on every rank.
-void check_all(MPI_Comm comm, bool ok, const std::string& msg, const char* file, int line);
-
-// Collective: runs `fn` on every rank of `comm`; if it throws on any rank,
-// every rank throws one CollectiveError with the lowest failing rank's
-// message, prefixed with `context` (e.g. the parameter key: "data.path: ").
-template <typename F>
-void try_all(MPI_Comm comm, const std::string& context, F&& fn, const char* file, int line) {
-  bool ok = true;
-  std::string msg;
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    ok = false;
-    msg = context + e.what();
-  }
-  check_all(comm, ok, msg, file, line);
-}
-
-// Collective over `comm`: rank 0 prints "ERROR: msg", all ranks finalize MPI
-// and exit with status 1.
-[[noreturn]] void fatal_all(MPI_Comm comm, const std::string& msg, const char* file, int line);
-
-// Any one rank: prints "ERROR on rank R: msg" and aborts the whole job.
-[[noreturn]] void fatal_one(const std::string& msg, const char* file, int line);
 
 }  // namespace meshlm
 

@@ -5,6 +5,7 @@
 #include <numeric>
 #include <utility>
 
+#include "comm/errors.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -100,18 +101,17 @@ ProcessMesh::ProcessMesh(MPI_Comm world, const MeshLayout& layout, int ranks_per
 
   // Node: the ranks that share memory, optionally cut into consecutive
   // pieces so that one test machine plays several nodes.
-  MPI_Comm shared = MPI_COMM_NULL;
-  MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &shared);
+  MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &host_);
   if (ranks_per_node > 0) {
-    int shared_rank = 0;
-    MPI_Comm_rank(shared, &shared_rank);
-    MPI_Comm_split(shared, shared_rank / ranks_per_node, shared_rank, &node_);
-    MPI_Comm_free(&shared);
+    int host_rank = 0;
+    MPI_Comm_rank(host_, &host_rank);
+    MPI_Comm_split(host_, host_rank / ranks_per_node, host_rank, &node_);
   } else {
-    node_ = shared;
+    MPI_Comm_dup(host_, &node_);
   }
   MPI_Comm_rank(node_, &node_rank_);
   MPI_Comm_size(node_, &node_size_);
+  MPI_Comm_split(world_, node_rank_ == 0 ? 0 : MPI_UNDEFINED, rank_, &node_leaders_);
 
   // Nodes are numbered by their lowest world rank: a node's leader is the
   // rank that is its own leader, and a node's index counts the leaders below it.
@@ -132,7 +132,7 @@ ProcessMesh::~ProcessMesh() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
-  for (MPI_Comm* comm : {&embedding_, &node_, &pp_, &dp_, &tp_, &world_})
+  for (MPI_Comm* comm : {&node_leaders_, &host_, &embedding_, &node_, &pp_, &dp_, &tp_, &world_})
     if (*comm != MPI_COMM_NULL) MPI_Comm_free(comm);
 }
 

@@ -102,6 +102,13 @@ public:
   MPI_Comm dp() const { return dp_; }
   MPI_Comm pp() const { return pp_; }
   MPI_Comm node() const { return node_; }  // ordered by world rank
+  // Rank 0 of every node, ordered by world rank (so world rank 0 is its rank
+  // 0); MPI_COMM_NULL on the other ranks. The base loader broadcasts over it.
+  MPI_Comm node_leaders() const { return node_leaders_; }
+  // The ranks that really share this machine's memory and cores
+  // (MPI_COMM_TYPE_SHARED), whatever parallel.ranks_per_node says; ordered
+  // by world rank.
+  MPI_Comm host() const { return host_; }
   // Ordered by pp; MPI_COMM_NULL on ranks outside the embedding group.
   MPI_Comm embedding() const { return embedding_; }
 
@@ -126,7 +133,8 @@ private:
   MeshCoords coords_;
   int rank_ = 0;
   MPI_Comm world_ = MPI_COMM_NULL, tp_ = MPI_COMM_NULL, dp_ = MPI_COMM_NULL,
-           pp_ = MPI_COMM_NULL, node_ = MPI_COMM_NULL, embedding_ = MPI_COMM_NULL;
+           pp_ = MPI_COMM_NULL, node_ = MPI_COMM_NULL, embedding_ = MPI_COMM_NULL,
+           node_leaders_ = MPI_COMM_NULL, host_ = MPI_COMM_NULL;
   int node_index_ = 0, node_count_ = 1, node_rank_ = 0, node_size_ = 1;
 };
 

@@ -30,7 +30,7 @@
 #include "core/alloc.h"
 #include "core/tensor.h"
 #include "core/timer.h"
-#include "model/config.h"
+#include "model/gpt_config.h"
 #include "model/lora.h"
 #include "model/tp_region.h"
 #include "quant/qlinear.h"

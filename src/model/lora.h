@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "model/config.h"
+#include "model/gpt_config.h"
 
 namespace meshlm {
 

@@ -1,11 +1,20 @@
 // Row-major GEMM on the CPU through CBLAS (OpenBLAS, OpenMP flavour), one
-// spelling for float and double so the ops can be templates.
+// spelling for float and double so the ops can be templates; and the thread
+// count both use.
 //   C(M,N) = alpha * op(A) op(B) + beta * C, op = transpose when ta/tb.
 #pragma once
 
 #include <cblas.h>
+#include <omp.h>
 
 namespace meshlm::ops {
+
+// The threads of this rank's own OpenMP loops and of OpenBLAS: one pool, as
+// both are OpenMP (the OpenMP flavour of OpenBLAS; see CMakeLists.txt).
+inline void set_threads(int n) {
+  omp_set_num_threads(n);
+  openblas_set_num_threads(n);
+}
 
 inline void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
                  const float* B, int ldb, float beta, float* C, int ldc) {

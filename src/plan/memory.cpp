@@ -6,7 +6,7 @@
 
 namespace meshlm {
 
-ZeroLayout zero_layout(const GPTConfig& cfg, const RankShape& r) {
+ZeroLayout zero_layout(const GPTConfig& cfg, const RankPlan& r) {
   ZeroLayout z;
   z.n = table_numel(trainable_table(cfg, r.shard, r.model));
   const size_t pad = r.model.pad_multiple;
@@ -34,7 +34,7 @@ size_t edge_numel(const std::vector<ParamSpec>& table) {
   return n;
 }
 
-MemoryByCategory predict_memory(const GPTConfig& model, const RankShape& r,
+MemoryByCategory predict_memory(const GPTConfig& model, const RankPlan& r,
                                 uint64_t windows_per_epoch, bool shuffle) {
   MemoryByCategory m{};
   const std::vector<ParamSpec> table = trainable_table(model, r.shard, r.model);
@@ -65,7 +65,7 @@ MemoryByCategory predict_memory(const GPTConfig& model, const RankShape& r,
 
 MemoryByCategory predict_memory(const GPTConfig& model, int micro_batch_size, int seq_len,
                                 uint64_t windows_per_epoch, bool shuffle) {
-  RankShape r;
+  RankPlan r;
   r.micro_batch = micro_batch_size;
   r.seq_len = seq_len;
   return predict_memory(model, r, windows_per_epoch, shuffle);

@@ -33,13 +33,13 @@
 #include <cstdint>
 
 #include "core/alloc.h"
-#include "model/config.h"
+#include "model/gpt_config.h"
 #include "model/gpt.h"
 
 namespace meshlm {
 
 // What one rank holds, as the training engine builds it.
-struct RankShape {
+struct RankPlan {
   ModelShard shard;
   GPTOptions model;      // slots, checkpointing, padding, own_grads
   int micro_batch = 1;   // B
@@ -56,13 +56,13 @@ struct RankShape {
 struct ZeroLayout {
   size_t n = 0, padded = 0, shard = 0;
 };
-ZeroLayout zero_layout(const GPTConfig& cfg, const RankShape& r);
+ZeroLayout zero_layout(const GPTConfig& cfg, const RankPlan& r);
 // Elements of the largest transformer block of the shard, and of the tensors
 // outside the blocks (wte, wpe, ln_f) it holds.
 size_t largest_block_numel(const std::vector<ParamSpec>& table);
 size_t edge_numel(const std::vector<ParamSpec>& table);
 
-MemoryByCategory predict_memory(const GPTConfig& model, const RankShape& rank,
+MemoryByCategory predict_memory(const GPTConfig& model, const RankPlan& rank,
                                 uint64_t windows_per_epoch, bool shuffle);
 // The whole model on one rank, no parallelism.
 MemoryByCategory predict_memory(const GPTConfig& model, int micro_batch_size, int seq_len,

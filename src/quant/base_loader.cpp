@@ -7,6 +7,8 @@
 
 #include <algorithm>
 
+#include "comm/errors.h"
+#include "comm/mpi_comm.h"
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -21,16 +23,8 @@ namespace meshlm::quant {
 
 namespace {
 constexpr size_t kStoreAlign = 64;
-// MPI counts are int: bytes go out in pieces of at most 1 GiB.
-constexpr size_t kBcastChunk = size_t{1} << 30;
 // What rank 0 tells the node leaders first.
 constexpr int32_t kFailed = 0, kFromCache = 1, kStreamed = 2;
-
-// Collective over `comm`: n bytes at p from its rank 0 to the others.
-void bcast_bytes(uint8_t* p, size_t n, MPI_Comm comm) {
-  for (size_t off = 0; off < n; off += kBcastChunk)
-    MPI_Bcast(p + off, static_cast<int>(std::min(kBcastChunk, n - off)), MPI_BYTE, 0, comm);
-}
 
 // The cache key's settings: everything that changes the bytes of the store.
 io::CacheKey cache_key(const GPTConfig& cfg, const BaseSettings& s, const io::BaseSource& src) {
@@ -176,26 +170,27 @@ std::unique_ptr<FrozenBase> FrozenBase::load(const GPTConfig& cfg, const BaseSet
     b->store_ = NodeStore::shared(mesh.node(), bytes);
     uint8_t* store = b->store_->data();
     // World rank 0 is rank 0 of its node and of the leaders.
-    MPI_Comm leaders = MPI_COMM_NULL;
-    MPI_Comm_split(world, mesh.node_rank() == 0 ? 0 : MPI_UNDEFINED, mesh.rank(), &leaders);
+    std::unique_ptr<comm::Communicator> leaders;
+    if (mesh.node_leaders() != MPI_COMM_NULL) leaders = comm::make_mpi_communicator(mesh.node_leaders());
+    auto send_flag = [&](int32_t flag) {
+      leaders->broadcast(&flag, 1, DType::i32, 0).wait();
+      return flag;
+    };
+    auto send_bytes = [&](uint8_t* p, size_t n) { leaders->broadcast(p, n, DType::u8, 0).wait(); };
     // Rank 0 tells the leaders first whether the store comes from the cache
     // (then all of it follows) or from the source (then each tensor follows
     // as soon as it is quantized, behind a flag that says whether it could
     // be). A failure on rank 0 therefore never leaves a leader waiting for
-    // bytes; it reaches every rank through the try_all below.
+    // bytes; it reaches every rank through the check_all below.
     std::string error;
     if (mesh.rank() == 0) {
       int32_t mode = kFailed;
       size_t sent = 0;  // tensors streamed
       FillHooks hooks;
-      hooks.on_start = [&](bool hit) {
-        mode = hit ? kFromCache : kStreamed;
-        MPI_Bcast(&mode, 1, MPI_INT32_T, 0, leaders);
-      };
+      hooks.on_start = [&](bool hit) { mode = send_flag(hit ? kFromCache : kStreamed); };
       hooks.on_tensor = [&](const StoreEntry& e) {
-        int32_t ok = 1;
-        MPI_Bcast(&ok, 1, MPI_INT32_T, 0, leaders);
-        bcast_bytes(store + e.offset, e.layout.total_bytes, leaders);
+        send_flag(1);
+        send_bytes(store + e.offset, e.layout.total_bytes);
         ++sent;
       };
       bool cache_sent = false;
@@ -203,32 +198,27 @@ std::unique_ptr<FrozenBase> FrozenBase::load(const GPTConfig& cfg, const BaseSet
         b->report_ = fill_store(cfg, s, b->manifest_, store, /*use_cache=*/true, hooks);
         if (mode == kFromCache) {
           cache_sent = true;
-          bcast_bytes(store, bytes, leaders);
+          send_bytes(store, bytes);
         }
       } catch (const std::exception& e) {
         // Finish the message the leaders are in the middle of; the error
         // itself goes to every rank below.
         error = e.what();
-        int32_t failed = 0;
-        if (mode == kFailed) MPI_Bcast(&mode, 1, MPI_INT32_T, 0, leaders);
-        if (mode == kFromCache && !cache_sent) bcast_bytes(store, bytes, leaders);
-        if (mode == kStreamed && sent < b->manifest_.entries.size())
-          MPI_Bcast(&failed, 1, MPI_INT32_T, 0, leaders);
+        if (mode == kFailed) send_flag(kFailed);
+        if (mode == kFromCache && !cache_sent) send_bytes(store, bytes);
+        if (mode == kStreamed && sent < b->manifest_.entries.size()) send_flag(0);
       }
-    } else if (leaders != MPI_COMM_NULL) {
-      int32_t mode = kFailed;
-      MPI_Bcast(&mode, 1, MPI_INT32_T, 0, leaders);
-      if (mode == kFromCache) bcast_bytes(store, bytes, leaders);
+    } else if (leaders) {
+      const int32_t mode = send_flag(kFailed);
+      if (mode == kFromCache) send_bytes(store, bytes);
       if (mode == kStreamed) {
         for (const StoreEntry& e : b->manifest_.entries) {
-          int32_t ok = 0;
-          MPI_Bcast(&ok, 1, MPI_INT32_T, 0, leaders);
-          if (!ok) break;
-          bcast_bytes(store + e.offset, e.layout.total_bytes, leaders);
+          if (!send_flag(0)) break;
+          send_bytes(store + e.offset, e.layout.total_bytes);
         }
       }
     }
-    if (leaders != MPI_COMM_NULL) MPI_Comm_free(&leaders);
+    leaders.reset();
     check_all(world, error.empty(), "quant: " + error, MESHLM_HERE);
     b->store_->publish();
   }

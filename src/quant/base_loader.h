@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "mesh/mesh.h"
-#include "model/config.h"
+#include "model/gpt_config.h"
 #include "model/gpt.h"
 #include "quant/node_store.h"
 #include "quant/quantize.h"

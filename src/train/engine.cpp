@@ -6,6 +6,7 @@
 
 #include "comm/mpi_comm.h"
 #include "io/base_source.h"
+#include "comm/errors.h"
 #include "core/error.h"
 #include "plan/partition.h"
 
@@ -17,10 +18,10 @@ std::vector<int> Engine::stage_layers(const RunConfig& cfg) {
   return balance_stages(L, pp, gpt_stage_costs(cfg.model, cfg.train.seq_len));
 }
 
-RankShape Engine::rank_shape(const RunConfig& cfg, const MeshCoords& c) {
+RankPlan Engine::rank_plan(const RunConfig& cfg, const MeshCoords& c) {
   const ParallelConfig& p = cfg.parallel;
   const std::vector<int> bounds = stage_bounds(stage_layers(cfg));
-  RankShape r;
+  RankPlan r;
   r.shard.tp_rank = c.tp;
   r.shard.tp_size = p.tp;
   r.shard.layer_begin = bounds[c.pp];
@@ -56,7 +57,7 @@ Engine::Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& tim
   world_ = comm::make_mpi_communicator(mesh.world());
   if (mesh.embedding() != MPI_COMM_NULL) emb_ = comm::make_mpi_communicator(mesh.embedding());
   const MeshCoords c = mesh.coords();
-  shape_ = rank_shape(cfg, c);
+  shape_ = rank_plan(cfg, c);
   m_ = cfg.parallel.micro_batches;
   B_ = cfg.train.micro_batch_size;
   T_ = cfg.train.seq_len;
@@ -319,12 +320,9 @@ std::vector<float> Engine::gather_params() {
   const MeshLayout& layout = mesh_.layout();
   const std::vector<ParamSpec> full_table = trainable_table(cfg_.model, {}, shape_.model);
   std::vector<float> full;
-  constexpr int kTag = 7301;
   const MeshCoords me = mesh_.coords();
   if (mesh_.rank() != 0) {
-    if (me.dp == 0)
-      MPI_Send(model_->params(), static_cast<int>(model_->num_params()), MPI_FLOAT, 0, kTag,
-               mesh_.world());
+    if (me.dp == 0) world_->send(model_->params(), model_->num_params(), DType::f32, 0).wait();
     return full;
   }
   full.assign(table_numel(full_table), 0.0f);
@@ -332,13 +330,12 @@ std::vector<float> Engine::gather_params() {
   for (int r = 0; r < layout.world(); ++r) {
     const MeshCoords c = layout.coords(r);
     if (c.dp != 0) continue;
-    const RankShape s = rank_shape(cfg_, c);
+    const RankPlan s = rank_plan(cfg_, c);
     const std::vector<ParamSpec> table = trainable_table(cfg_.model, s.shard, s.model);
     const float* src = model_->params();
     if (r != 0) {
       part.resize(table_numel(table));
-      MPI_Recv(part.data(), static_cast<int>(part.size()), MPI_FLOAT, r, kTag, mesh_.world(),
-               MPI_STATUS_IGNORE);
+      world_->recv(part.data(), part.size(), DType::f32, r).wait();
       src = part.data();
     }
     for (const ParamSpec& p : table) {

@@ -21,7 +21,7 @@
 #include <memory>
 #include <vector>
 
-#include "app/config.h"
+#include "app/parameter_file.h"
 #include "comm/comm.h"
 #include "core/timer.h"
 #include "mesh/mesh.h"
@@ -49,7 +49,7 @@ public:
   // The layers of every pipeline stage (parallel.stage_layers, or balanced
   // by cost) and the shard of the model held by the rank at `c`.
   static std::vector<int> stage_layers(const RunConfig& cfg);
-  static RankShape rank_shape(const RunConfig& cfg, const MeshCoords& c);
+  static RankPlan rank_plan(const RunConfig& cfg, const MeshCoords& c);
 
   // Collective: one optimizer step. tokens/targets hold this DP rank's
   // micro_batches() micro-batches of (B, T) each, one after the other.
@@ -63,7 +63,7 @@ public:
   std::vector<float> gather_params();
 
   const GPT& model() const { return *model_; }
-  const RankShape& shape() const { return shape_; }
+  const RankPlan& shape() const { return shape_; }
   int micro_batches() const { return m_; }
   const std::vector<Action>& schedule() const { return schedule_; }
 
@@ -87,7 +87,7 @@ private:
   // issue order, and a receive must not wait behind a send still in flight
   // (as sends and receives on separate streams under NCCL).
   std::unique_ptr<comm::Communicator> pp_send_, pp_recv_;
-  RankShape shape_;
+  RankPlan shape_;
   ZeroLayout zero_;
   int m_ = 1, B_ = 1, T_ = 1;
   std::vector<Action> schedule_;

@@ -27,22 +27,20 @@ struct Stat {
   double min, avg, max;
 };
 // Collective: min/avg/max of each value over the ranks.
-std::vector<Stat> reduce_stats(const std::vector<double>& v, MPI_Comm comm) {
-  int size = 1;
-  MPI_Comm_size(comm, &size);
-  const int n = static_cast<int>(v.size());
+std::vector<Stat> reduce_stats(const std::vector<double>& v, comm::Communicator& world) {
+  const size_t n = v.size();
   std::vector<double> mn(n), mx(n), sum(n);
-  MPI_Allreduce(v.data(), mn.data(), n, MPI_DOUBLE, MPI_MIN, comm);
-  MPI_Allreduce(v.data(), mx.data(), n, MPI_DOUBLE, MPI_MAX, comm);
-  MPI_Allreduce(v.data(), sum.data(), n, MPI_DOUBLE, MPI_SUM, comm);
+  world.all_reduce(v.data(), mn.data(), n, DType::f64, comm::ReduceOp::min).wait();
+  world.all_reduce(v.data(), mx.data(), n, DType::f64, comm::ReduceOp::max).wait();
+  world.all_reduce(v.data(), sum.data(), n, DType::f64, comm::ReduceOp::sum).wait();
   std::vector<Stat> out(n);
-  for (int i = 0; i < n; ++i) out[i] = {mn[i], sum[i] / size, mx[i]};
+  for (size_t i = 0; i < n; ++i) out[i] = {mn[i], sum[i] / world.size(), mx[i]};
   return out;
 }
 }  // namespace
 
-void print_predicted_memory(const MemoryByCategory& predicted, MPI_Comm comm) {
-  const Stat s = reduce_stats({static_cast<double>(total(predicted))}, comm)[0];
+void print_predicted_memory(const MemoryByCategory& predicted, comm::Communicator& world) {
+  const Stat s = reduce_stats({static_cast<double>(total(predicted))}, world)[0];
   log::info("# memory predicted per rank: min {} | avg {} | max {} (rank 0: params {}, grads {}, "
             "optimizer {}, activations {})",
             format_bytes(s.min), format_bytes(s.avg), format_bytes(s.max),
@@ -52,10 +50,7 @@ void print_predicted_memory(const MemoryByCategory& predicted, MPI_Comm comm) {
             format_bytes(at(predicted, MemCategory::activations)));
 }
 
-std::vector<RankMemory> gather_memory(const MemoryByCategory& predicted, MPI_Comm comm) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
+std::vector<RankMemory> gather_memory(const MemoryByCategory& predicted, comm::Communicator& world) {
   const MemTracker& t = MemTracker::get();
   RankMemory mine;
   mine.predicted = predicted;
@@ -66,9 +61,10 @@ std::vector<RankMemory> gather_memory(const MemoryByCategory& predicted, MPI_Com
   }
   mine.process = read_process_memory();
   static_assert(std::is_trivially_copyable_v<RankMemory>);
-  std::vector<RankMemory> all(rank == 0 ? size : 0);
-  MPI_Gather(&mine, sizeof(RankMemory), MPI_BYTE, all.data(), sizeof(RankMemory), MPI_BYTE, 0,
-             comm);
+  // A few hundred bytes per rank: gathered to every rank, kept on rank 0.
+  std::vector<RankMemory> all(world.size());
+  world.all_gather(&mine, all.data(), sizeof(RankMemory), DType::u8).wait();
+  if (world.rank() != 0) all.clear();
   return all;
 }
 
@@ -123,11 +119,12 @@ void print_memory_table(const std::vector<RankMemory>& ranks,
   }
 }
 
-void print_timing_table(const SectionTimers& timers, double total_seconds, MPI_Comm comm) {
+void print_timing_table(const SectionTimers& timers, double total_seconds,
+                        comm::Communicator& world) {
   std::vector<double> v;
   for (int i = 0; i < static_cast<int>(Section::count); ++i)
     v.push_back(timers.total(static_cast<Section>(i)));
-  const std::vector<Stat> s = reduce_stats(v, comm);
+  const std::vector<Stat> s = reduce_stats(v, world);
   log::info("# Time per section (seconds over the run; min / avg / max over ranks)");
   log::info("# {:<12} {:>10} {:>10} {:>10} {:>8} {:>9}", "section", "min", "avg", "max", "%total",
             "imbalance");

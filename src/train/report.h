@@ -1,13 +1,12 @@
 // End-of-run tables: memory per category and time per section, each reduced
-// over the ranks of `comm` to min / avg / max (LAMMPS-style), printed by
-// rank 0. Collective over `comm`.
+// over the ranks of `world` to min / avg / max (LAMMPS-style), printed by
+// rank 0. Collective over `world`.
 #pragma once
-
-#include <mpi.h>
 
 #include <string>
 #include <vector>
 
+#include "comm/comm.h"
 #include "core/alloc.h"
 #include "core/timer.h"
 
@@ -18,19 +17,20 @@ struct RankMemory {
   MemoryByCategory predicted{}, current{}, peak{};
   ProcessMemory process;
 };
-// Collective over `comm`: every rank's figures (its prediction, the tracked
+// Collective over `world`: every rank's figures (its prediction, the tracked
 // allocator, /proc) on rank 0, in rank order; empty on the other ranks.
-std::vector<RankMemory> gather_memory(const MemoryByCategory& predicted, MPI_Comm comm);
-// Collective over `comm`: one line before the run, the predicted total per
+std::vector<RankMemory> gather_memory(const MemoryByCategory& predicted, comm::Communicator& world);
+// Collective over `world`: one line before the run, the predicted total per
 // rank as min / avg / max, and rank 0's largest categories.
-void print_predicted_memory(const MemoryByCategory& predicted, MPI_Comm comm);
+void print_predicted_memory(const MemoryByCategory& predicted, comm::Communicator& world);
 // Rank 0: per category predicted and measured peak, min / avg / max over the
 // ranks; then one line per rank (labels[r], e.g. its mesh coordinates) with
 // its measured peaks. Prints nothing elsewhere.
 void print_memory_table(const std::vector<RankMemory>& ranks,
                         const std::vector<std::string>& labels);
 // `timers` should account for the whole run (SectionTimers::account_rest_as_other).
-void print_timing_table(const SectionTimers& timers, double total_seconds, MPI_Comm comm);
+void print_timing_table(const SectionTimers& timers, double total_seconds,
+                        comm::Communicator& world);
 
 // "12.3 MiB"
 std::string format_bytes(double bytes);

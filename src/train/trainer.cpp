@@ -1,7 +1,5 @@
 #include "train/trainer.h"
 
-#include <cblas.h>
-#include <omp.h>
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -9,6 +7,8 @@
 #include <filesystem>
 #include <memory>
 
+#include "comm/errors.h"
+#include "comm/mpi_comm.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"
@@ -20,26 +20,10 @@
 #include "mesh/mesh.h"
 #include "train/engine.h"
 #include "train/report.h"
-#include "train/schedule.h"
+#include "train/threads.h"
+#include "train/lr_schedule.h"
 
 namespace meshlm {
-
-int configure_threads(int requested, MPI_Comm comm) {
-  int threads = requested;
-  if (threads <= 0) {
-    // Ranks sharing this node split its cores; omp_get_num_procs() honours
-    // the CPU set given by the launcher (srun --cpus-per-task, taskset).
-    MPI_Comm node;
-    MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-    int local = 1;
-    MPI_Comm_size(node, &local);
-    MPI_Comm_free(&node);
-    threads = std::max(1, omp_get_num_procs() / local);
-  }
-  omp_set_num_threads(threads);
-  openblas_set_num_threads(threads);
-  return threads;
-}
 
 quant::BaseSettings base_settings_of(const RunConfig& cfg) {
   quant::BaseSettings s;
@@ -51,8 +35,8 @@ quant::BaseSettings base_settings_of(const RunConfig& cfg) {
   return s;
 }
 
-RankShape planned_rank_shape(const RunConfig& cfg, const ProcessMesh& mesh) {
-  RankShape shape = Engine::rank_shape(cfg, mesh.coords());
+RankPlan planned_rank_plan(const RunConfig& cfg, const ProcessMesh& mesh) {
+  RankPlan shape = Engine::rank_plan(cfg, mesh.coords());
   if (shape.model.lora.enabled) {
     const quant::BaseSettings s = base_settings_of(cfg);
     const quant::StoreManifest manifest = quant::make_manifest(cfg.model, s.type);
@@ -68,18 +52,16 @@ namespace {
 
 // Collective: makes sure data.path exists, tokenizing data.tokenize_from on
 // rank 0 when it does not, and opens the token file on every rank.
-io::TokenReader open_training_data(const DataConfig& d, int vocab_size, MPI_Comm comm) {
-  int rank = 0;
-  MPI_Comm_rank(comm, &rank);
+io::TokenReader open_training_data(const DataConfig& d, int vocab_size, MPI_Comm job, int rank) {
   namespace fs = std::filesystem;
-  try_all(comm, "data.tokenize_from: ", [&] {
+  try_all(job, "data.tokenize_from: ", [&] {
     if (rank != 0 || fs::exists(d.path) || d.tokenize_from.empty()) return;
     log::info("# tokenizing {} -> {} (byte-level, vocabulary 256)", d.tokenize_from, d.path);
     const uint64_t n = io::tokenize_bytes(d.tokenize_from, d.path);
     log::info("# {} tokens written", n);
   }, MESHLM_HERE);
   std::unique_ptr<io::TokenReader> reader;
-  try_all(comm, "data.path: ", [&] {
+  try_all(job, "data.path: ", [&] {
     if (!fs::exists(d.path))
       throw RankError("token file '" + d.path + "' does not exist", MESHLM_HERE);
     reader = std::make_unique<io::TokenReader>(io::TokenReader::open(d.path));
@@ -97,40 +79,41 @@ io::TokenReader open_training_data(const DataConfig& d, int vocab_size, MPI_Comm
 
 }  // namespace
 
-TrainSummary run_training(const RunConfig& cfg, MPI_Comm comm, bool gather_final_params) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
+TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_params) {
   const double t_start = now_seconds();
   SectionTimers timers;
   const TrainConfig& tc = cfg.train;
   const ParallelConfig& pc = cfg.parallel;
 
-  const ProcessMesh mesh(comm, MeshLayout(pc.dp, pc.tp, pc.pp), pc.ranks_per_node);
+  const ProcessMesh mesh(job, MeshLayout(pc.dp, pc.tp, pc.pp), pc.ranks_per_node);
   const MeshCoords me = mesh.coords();
-  const int threads = configure_threads(cfg.runtime.threads, comm);
+  const int rank = mesh.rank();
+  std::unique_ptr<comm::Communicator> world = comm::make_mpi_communicator(mesh.world());
+  const RankThreads threads = configure_threads(cfg.runtime.threads, mesh);
   log::info("# meshlm {} | {} rank(s) = dp {} x tp {} x pp {} on {} node(s) | parameter file {}",
-            MESHLM_VERSION, size, pc.dp, pc.tp, pc.pp, mesh.node_count(), cfg.source);
-  mesh.print_rank_lines(fmt::format("device cpu | threads {}", threads));
+            MESHLM_VERSION, mesh.layout().world(), pc.dp, pc.tp, pc.pp, mesh.node_count(),
+            cfg.source);
+  mesh.print_rank_lines(fmt::format("device cpu | cores {} | threads {}", threads.cores.text(),
+                                    threads.threads));
 
-  io::TokenReader data = open_training_data(cfg.data, cfg.model.vocab_size, comm);
+  io::TokenReader data = open_training_data(cfg.data, cfg.model.vocab_size, mesh.world(), rank);
   const int B = tc.micro_batch_size, T = tc.seq_len, m = pc.micro_batches;
   std::unique_ptr<io::BatchLoader> loader;
-  try_all(comm, "data.path: ", [&] {
+  try_all(mesh.world(), "data.path: ", [&] {
     loader = std::make_unique<io::BatchLoader>(data, B, T, cfg.data.shuffle, tc.seed,
                                                cfg.model.vocab_size, me.dp, pc.dp);
   }, MESHLM_HERE);
   log::info("# data: {} ({} tokens, {} sequences of {} per epoch)", cfg.data.path, data.size(),
             loader->windows_per_epoch(), T);
 
-  const RankShape shape = planned_rank_shape(cfg, mesh);
+  const RankPlan shape = planned_rank_plan(cfg, mesh);
   const bool lora = shape.model.lora.enabled;
   if (!lora && !cfg.quant.cache.empty())
     log::warn("quant.cache = {} is not used: finetune.mode = full quantizes nothing", cfg.quant.cache);
   const quant::BaseSettings base_settings = base_settings_of(cfg);
   const MemoryByCategory predicted =
       predict_memory(cfg.model, shape, loader->windows_per_epoch(), cfg.data.shuffle);
-  print_predicted_memory(predicted, comm);
+  print_predicted_memory(predicted, *world);
 
   std::unique_ptr<quant::FrozenBase> base;
   if (lora) {
@@ -171,7 +154,7 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm comm, bool gather_final
             tc.batch_size, T, pc.dp, m, B, tc.steps);
 
   std::unique_ptr<io::RunLog> runlog;
-  try_all(comm, "output.dir: ", [&] {
+  try_all(mesh.world(), "output.dir: ", [&] {
     if (rank == 0) runlog = std::make_unique<io::RunLog>(cfg.output.dir, cfg.resolved);
   }, MESHLM_HERE);
 
@@ -204,14 +187,14 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm comm, bool gather_final
   }
   summary.seconds = now_seconds() - t_start;
   timers.account_rest_as_other(summary.seconds);
-  const std::vector<RankMemory> mem = gather_memory(predicted, comm);
+  const std::vector<RankMemory> mem = gather_memory(predicted, *world);
   std::vector<std::string> labels;
   for (int r = 0; r < static_cast<int>(mem.size()); ++r) {
     const MeshCoords c = mesh.layout().coords(r);
     labels.push_back(fmt::format("dp {} tp {} pp {}", c.dp, c.tp, c.pp));
   }
   print_memory_table(mem, labels);
-  print_timing_table(timers, summary.seconds, comm);
+  print_timing_table(timers, summary.seconds, *world);
   if (gather_final_params) summary.final_params = engine.gather_params();
   if (runlog) {
     std::vector<MemoryByCategory> pred, cur, peak;

@@ -1,4 +1,4 @@
-// The training loop: every function here is called by every rank of `comm`
+// The training loop: every function here is called by every rank of `job`
 // together. The ranks form the process mesh of [parallel] (dp x tp x pp).
 #pragma once
 
@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "app/config.h"
+#include "app/parameter_file.h"
 #include "mesh/mesh.h"
 #include "plan/memory.h"
 #include "quant/base_loader.h"
@@ -30,16 +30,12 @@ struct TrainSummary {
   std::vector<float> final_params;
 };
 
-// Collective over `comm`: prepares the data (tokenizing data.tokenize_from
+// Collective over `job`: prepares the data (tokenizing data.tokenize_from
 // when asked), builds and initialises the model, trains train.steps steps,
 // prints a line every train.log_every steps and the memory and timing tables
 // at the end, and writes <output.dir>/run.h5 on rank 0. A [parallel] layout
-// whose dp * tp * pp is not the size of `comm` is a CollectiveError.
-TrainSummary run_training(const RunConfig& cfg, MPI_Comm comm, bool gather_final_params = false);
-
-// Collective: OpenMP and BLAS threads of this rank (runtime.threads, or the
-// cores of the node divided by the ranks on it). Returns the count set.
-int configure_threads(int requested, MPI_Comm comm);
+// whose dp * tp * pp is not the size of `job` is a CollectiveError.
+TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_params = false);
 
 // [quant] and train.seed as the base loader takes them.
 quant::BaseSettings base_settings_of(const RunConfig& cfg);
@@ -48,6 +44,6 @@ quant::BaseSettings base_settings_of(const RunConfig& cfg);
 // and, under LoRA, the quantized store where this rank holds it (the node's
 // rank 0, or every rank under quant.share = per_rank) and the fp32 staging
 // of a rank that quantizes (the cache may spare it).
-RankShape planned_rank_shape(const RunConfig& cfg, const ProcessMesh& mesh);
+RankPlan planned_rank_plan(const RunConfig& cfg, const ProcessMesh& mesh);
 
 }  // namespace meshlm

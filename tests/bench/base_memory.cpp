@@ -40,8 +40,9 @@
 #include <string>
 #include <vector>
 
-#include "app/config.h"
+#include "app/parameter_file.h"
 #include "core/alloc.h"
+#include "comm/errors.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/timer.h"

@@ -4,7 +4,8 @@
 
 #include <string>
 
-#include "app/config.h"
+#include "app/parameter_file.h"
+#include "comm/errors.h"
 #include "core/error.h"
 
 using namespace meshlm;

@@ -30,7 +30,9 @@ int value(int r, size_t i) { return static_cast<int>((r * 7 + i * 3) % 13) - 4; 
 int reduced(ReduceOp op, int size, size_t i) {
   int acc = value(0, i);
   for (int r = 1; r < size; ++r)
-    acc = op == ReduceOp::sum ? acc + value(r, i) : std::max(acc, value(r, i));
+    acc = op == ReduceOp::sum   ? acc + value(r, i)
+          : op == ReduceOp::min ? std::min(acc, value(r, i))
+                                : std::max(acc, value(r, i));
   return acc;
 }
 
@@ -49,7 +51,9 @@ template <typename T, typename F>
   return ::testing::AssertionSuccess();
 }
 
-const char* op_name(ReduceOp op) { return op == ReduceOp::sum ? "sum" : "max"; }
+const char* op_name(ReduceOp op) {
+  return op == ReduceOp::sum ? "sum" : op == ReduceOp::min ? "min" : "max";
+}
 
 // Each test gets its own duplicate of the world, so a message left over by a
 // failed test cannot be matched by the next one.
@@ -105,7 +109,7 @@ TEST_F(CommTest, Basics) {
 
 TYPED_TEST(CommTyped, AllReduce) {
   using T = TypeParam;
-  for (ReduceOp op : {ReduceOp::sum, ReduceOp::max})
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::min, ReduceOp::max})
     for (bool in_place : {false, true}) {
       SCOPED_TRACE(std::string(op_name(op)) + (in_place ? " in place" : " out of place"));
       std::vector<T> send = this->mine(kCount), out(kCount, T(kUnset));
@@ -121,7 +125,7 @@ TYPED_TEST(CommTyped, AllReduce) {
 TYPED_TEST(CommTyped, Reduce) {
   using T = TypeParam;
   for (int root : {0, this->size_ - 1})
-    for (ReduceOp op : {ReduceOp::sum, ReduceOp::max})
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::min, ReduceOp::max})
       for (bool in_place : {false, true}) {
         SCOPED_TRACE("root " + std::to_string(root) + " " + op_name(op) +
                      (in_place ? " in place" : " out of place"));
@@ -138,7 +142,7 @@ TYPED_TEST(CommTyped, Reduce) {
 TYPED_TEST(CommTyped, ReduceScatter) {
   using T = TypeParam;
   const size_t n = kCount, first = this->rank_ * n;
-  for (ReduceOp op : {ReduceOp::sum, ReduceOp::max})
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::min, ReduceOp::max})
     for (bool in_place : {false, true}) {
       SCOPED_TRACE(std::string(op_name(op)) + (in_place ? " in place" : " out of place"));
       std::vector<T> send = this->mine(this->size_ * n), out(n, T(kUnset));
@@ -172,6 +176,20 @@ TYPED_TEST(CommTyped, BroadcastFromLastRank) {
   const int root = this->size_ - 1;
   std::vector<T> buf = this->rank_ == root ? this->mine(kCount) : std::vector<T>(kCount, T(kUnset));
   this->comm_->broadcast(buf.data(), kCount, kType<T>, root).wait();
+  EXPECT_TRUE(matches(buf.data(), kCount, [&](size_t i) { return value(root, i); }));
+}
+
+// A broadcast larger than one piece of the backend goes out in pieces (MPI
+// counts are int: the real pieces are 1 GiB); here pieces of 40 bytes cut
+// 1001 floats into 26 pieces, the last one short.
+TEST_F(CommTest, BroadcastInPieces) {
+  std::unique_ptr<Communicator> small = make_mpi_communicator(mpi_, 40);
+  const int root = size_ - 1;
+  std::vector<float> buf(kCount, float(kUnset));
+  if (rank_ == root)
+    for (size_t i = 0; i < kCount; ++i) buf[i] = static_cast<float>(value(root, i));
+  Handle h = small->broadcast(buf.data(), kCount, DType::f32, root);
+  h.wait();
   EXPECT_TRUE(matches(buf.data(), kCount, [&](size_t i) { return value(root, i); }));
 }
 

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "app/config.h"
+#include "app/parameter_file.h"
 #include "core/alloc.h"
 #include "io/base_source.h"
 #include "mesh/mesh.h"

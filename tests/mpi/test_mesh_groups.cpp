@@ -105,6 +105,12 @@ TEST(ProcessMesh, RanksPerNodeMakesSeveralNodesOfOneMachine) {
     EXPECT_EQ(mesh.node_rank(), me % 2);
     EXPECT_EQ(mesh.node_size(), 2);
     EXPECT_EQ(members(mesh.node()), (std::vector<int>{me / 2 * 2, me / 2 * 2 + 1}));
+    // The leaders are the node rank 0s; the host is still the whole machine.
+    if (me % 2 == 0)
+      EXPECT_EQ(members(mesh.node_leaders()), (std::vector<int>{0, 2, 4, 6}));
+    else
+      EXPECT_EQ(mesh.node_leaders(), MPI_COMM_NULL);
+    EXPECT_EQ(members(mesh.host()), (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
   }
   {
     // 8 ranks in nodes of 3: 0-2, 3-5, 6-7.
@@ -113,6 +119,10 @@ TEST(ProcessMesh, RanksPerNodeMakesSeveralNodesOfOneMachine) {
     EXPECT_EQ(mesh.node_index(), me / 3);
     EXPECT_EQ(mesh.node_rank(), me % 3);
     EXPECT_EQ(mesh.node_size(), me < 6 ? 3 : 2);
+    if (me % 3 == 0)
+      EXPECT_EQ(members(mesh.node_leaders()), (std::vector<int>{0, 3, 6}));
+    else
+      EXPECT_EQ(mesh.node_leaders(), MPI_COMM_NULL);
   }
 }
 

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "app/config.h"
+#include "app/parameter_file.h"
 #include "core/alloc.h"
 #include "model/gpt.h"
 #include "mpi/training_runs.h"

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "app/config.h"
+#include "app/parameter_file.h"
 #include "core/error.h"
 
 using namespace meshlm;

@@ -245,7 +245,7 @@ TEST(Lora, GradientsOnAQuantizedBase) {
 
 TEST(Lora, TheBaseHasNoGradientsAndNoOptimizerState) {
   const GPTConfig cfg = small_config();
-  RankShape full_shape, lora_shape;
+  RankPlan full_shape, lora_shape;
   lora_shape.model = lora_options(4, 8.0f, 15u);
   const MemoryByCategory f = predict_memory(cfg, full_shape, 0, false);
   const MemoryByCategory l = predict_memory(cfg, lora_shape, 0, false);

@@ -8,7 +8,7 @@
 
 #include "model/gpt.h"
 #include "train/adamw.h"
-#include "train/schedule.h"
+#include "train/lr_schedule.h"
 
 using namespace meshlm;
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "model/config.h"
+#include "model/gpt_config.h"
 
 namespace meshlm {
 
@@ -101,9 +101,9 @@ struct RunConfig {
 RunConfig parse_run_config(const std::string& text, const std::string& source,
                            const std::vector<std::string>& overrides, int world_size = 1);
 
-// Collective over `comm`: rank 0 reads `path`, every rank parses the same
+// Collective over `job`: rank 0 reads `path`, every rank parses the same
 // bytes (so a file visible on one node only still gives one clear error).
-RunConfig load_run_config(MPI_Comm comm, const std::string& path,
+RunConfig load_run_config(MPI_Comm job, const std::string& path,
                           const std::vector<std::string>& overrides);
 
 // Every key: "  --model.n_layer arg (=2)  transformer blocks (L)".

@@ -1,9 +1,7 @@
-#include "core/error.h"
+#include "comm/errors.h"
 
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <vector>
 
 namespace meshlm {
 
@@ -30,7 +28,7 @@ void check_all(MPI_Comm comm, bool ok, const std::string& msg, const char* file,
   MPI_Bcast(&len, 1, MPI_INT, first, comm);
   text.resize(len);
   MPI_Bcast(text.data(), len, MPI_CHAR, first, comm);
-  if (first != 0) text = "rank " + std::to_string(first) + ": " + text;
+  if (first != 0) text.insert(0, "rank " + std::to_string(first) + ": ");
   throw CollectiveError(text, file, line);
 }
 

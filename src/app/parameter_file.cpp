@@ -1,4 +1,4 @@
-#include "app/config.h"
+#include "app/parameter_file.h"
 
 #include <boost/program_options.hpp>
 
@@ -6,8 +6,11 @@
 #include <charconv>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <sstream>
 
+#include "comm/errors.h"
+#include "comm/mpi_comm.h"
 #include "core/error.h"
 #include "model/gpt.h"
 #include "model/lora.h"
@@ -331,13 +334,12 @@ RunConfig parse_run_config(const std::string& text, const std::string& source,
   return c;
 }
 
-RunConfig load_run_config(MPI_Comm comm, const std::string& path,
+RunConfig load_run_config(MPI_Comm job, const std::string& path,
                           const std::vector<std::string>& overrides) {
-  int rank = 0;
-  MPI_Comm_rank(comm, &rank);
+  std::unique_ptr<comm::Communicator> all = comm::make_mpi_communicator(job);
   std::string text;
   bool ok = true;
-  if (rank == 0) {
+  if (all->rank() == 0) {
     std::ifstream in(path, std::ios::binary);
     if (!in) {
       ok = false;
@@ -347,14 +349,12 @@ RunConfig load_run_config(MPI_Comm comm, const std::string& path,
       text = s.str();
     }
   }
-  check_all(comm, ok, "cannot read parameter file '" + path + "'", MESHLM_HERE);
-  long len = static_cast<long>(text.size());
-  MPI_Bcast(&len, 1, MPI_LONG, 0, comm);
+  check_all(job, ok, "cannot read parameter file '" + path + "'", MESHLM_HERE);
+  uint64_t len = text.size();
+  all->broadcast(&len, sizeof(len), DType::u8, 0).wait();
   text.resize(len);
-  MPI_Bcast(text.data(), static_cast<int>(len), MPI_CHAR, 0, comm);
-  int size = 1;
-  MPI_Comm_size(comm, &size);
-  return parse_run_config(text, path, overrides, size);
+  all->broadcast(text.data(), len, DType::u8, 0).wait();
+  return parse_run_config(text, path, overrides, all->size());
 }
 
 std::string run_config_help() {
