@@ -93,7 +93,7 @@ int cmd_quantize(const std::vector<std::string>& args) {
     const meshlm::quant::StoreManifest m = meshlm::quant::make_manifest(cfg.model, s.type);
     meshlm::log::info("# quantize: base {} -> {} {} ({} tensors, {})",
                       s.source.empty() ? "GPT-2 initialisation, train.seed" : s.source,
-                      cfg.quant.type, cfg.quant.cache, m.entries.size(),
+                      meshlm::name_of(cfg.quant.type), cfg.quant.cache, m.entries.size(),
                       meshlm::format_bytes(static_cast<double>(m.bytes)));
     meshlm::Buffer store(m.bytes, meshlm::MemCategory::quantized, "quant.store");
     const meshlm::quant::FillReport r = meshlm::quant::fill_store(cfg.model, s, m, store.as<uint8_t>(),

@@ -26,17 +26,6 @@ void GPTConfig::validate() const {
   if (max_seq_len < 1) fail("model.max_seq_len must be >= 1 (got " + std::to_string(max_seq_len) + ")");
 }
 
-Checkpointing parse_checkpointing(const std::string& s) {
-  if (s == "none") return Checkpointing::none;
-  if (s == "full") return Checkpointing::full;
-  throw CollectiveError("parallel.activation_checkpointing must be none or full (got '" + s + "')",
-                        MESHLM_HERE);
-}
-
-const char* checkpointing_name(Checkpointing c) {
-  return c == Checkpointing::full ? "full" : "none";
-}
-
 std::vector<ParamSpec> gpt_param_table(const GPTConfig& cfg, const ModelShard& shard) {
   const int64_t C = cfg.n_embd, Vp = cfg.padded_vocab_size(), maxT = cfg.max_seq_len;
   const int tp = shard.tp_size;
@@ -163,8 +152,8 @@ GPT::GPT(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts,
   if (opts_.lora.enabled) {
     for (size_t i = 0; i < table_.size(); ++i) {
       const ParamSpec& p = table_[i];
-      for (int t = 0; t < kLoraTargets; ++t)
-        if (p.name == lora_base_name(p.layer, t) + ".lora_A")
+      for (int t = 0; t < kLinearSlots; ++t)
+        if (p.name == lora_base_name(p.layer, static_cast<LinearSlot>(t)) + ".lora_A")
           lora_index_[p.layer - shard_.layer_begin][t] = static_cast<int>(i);
     }
   }
@@ -496,7 +485,7 @@ void GPT::block_forward(int l, const BlockTensors& w, BlockActs& a, const float*
 
 namespace {
 // Table offsets of the four matrices inside a block's tensors (gpt_param_table order).
-constexpr size_t kTargetOffset[kLoraTargets] = {2, 4, 8, 10};
+constexpr size_t kTargetOffset[kLinearSlots] = {2, 4, 8, 10};
 }  // namespace
 
 void GPT::linear_forward(int l, int t, float* out, const float* inp, const float* w,

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "core/alloc.h"
+#include "core/enum_names.h"
 #include "core/tensor.h"
 #include "core/timer.h"
 #include "model/gpt_config.h"
@@ -125,9 +126,18 @@ struct GPTTensors {
   float* lnfb = nullptr;  // (C)
 };
 
-enum class Checkpointing { none, full };
-Checkpointing parse_checkpointing(const std::string& s);  // CollectiveError naming the key
-const char* checkpointing_name(Checkpointing c);
+// parallel.activation_checkpointing: what a pipeline slot keeps of a block.
+enum class Checkpointing {
+  none,  // every activation of every block
+  full,  // each block's output only; backward recomputes the block
+};
+inline constexpr EnumName<Checkpointing> kCheckpointingNames[] = {
+    {Checkpointing::none, "none"},
+    {Checkpointing::full, "full"},
+};
+constexpr std::span<const EnumName<Checkpointing>> enum_names(Checkpointing) {
+  return kCheckpointingNames;
+}
 
 struct GPTOptions {
   int slots = 1;  // micro-batches whose activations are kept at once (pipeline in-flight)
@@ -313,7 +323,7 @@ private:
   std::vector<quant::QSlice> qbase_;
   Buffer frozen_;
   std::vector<size_t> frozen_offset_;
-  std::vector<std::array<int, kLoraTargets>> lora_index_;  // per local block: table_ index of A, or -1
+  std::vector<std::array<int, kLinearSlots>> lora_index_;  // per local block: table_ index of A, or -1
   std::function<float*(size_t)> grad_where_;
   std::function<void(int)> block_done_;
 

@@ -1,7 +1,6 @@
 #include "model/lora.h"
 
 #include <cmath>
-#include <sstream>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -11,47 +10,35 @@
 namespace meshlm {
 
 namespace {
-constexpr const char* kTargetNames[kLoraTargets] = {"qkv", "attn-out", "mlp-up", "mlp-down"};
-constexpr const char* kTargetTensors[kLoraTargets] = {"attn.c_attn.weight", "attn.c_proj.weight",
-                                                     "mlp.c_fc.weight", "mlp.c_proj.weight"};
+// The base tensor of each slot, in LinearSlot order.
+constexpr const char* kSlotTensors[kLinearSlots] = {"attn.c_attn.weight", "attn.c_proj.weight",
+                                                    "mlp.c_fc.weight", "mlp.c_proj.weight"};
 // Adapter streams are kept apart from the base model's (seeded by table index).
 constexpr uint64_t kLoraSeedSalt = 0x4c6f5241'00000000ull;
 }  // namespace
 
-std::string lora_base_name(int layer, int target) {
-  return "h." + std::to_string(layer) + "." + kTargetTensors[target];
-}
-
-unsigned parse_lora_targets(const std::string& s) {
-  unsigned bits = 0;
-  std::stringstream in(s);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    const auto a = item.find_first_not_of(" \t"), b = item.find_last_not_of(" \t");
-    item = a == std::string::npos ? "" : item.substr(a, b - a + 1);
-    int found = -1;
-    for (int t = 0; t < kLoraTargets; ++t)
-      if (item == kTargetNames[t]) found = t;
-    if (found < 0)
-      throw CollectiveError("finetune.lora_targets: unknown target '" + item +
-                                "' (a comma-separated list of qkv, attn-out, mlp-up, mlp-down)",
-                            MESHLM_HERE);
-    bits |= 1u << found;
-  }
-  if (bits == 0)
-    throw CollectiveError("finetune.lora_targets must name at least one of qkv, attn-out, mlp-up, mlp-down",
+void FinetuneConfig::validate() const {
+  if (lora_rank < 1)
+    throw CollectiveError("finetune.lora_rank must be >= 1 (got " + std::to_string(lora_rank) + ")",
                           MESHLM_HERE);
-  return bits;
+  if (!(lora_alpha > 0)) throw CollectiveError("finetune.lora_alpha must be > 0", MESHLM_HERE);
+  if (lora_targets.empty())
+    throw CollectiveError("finetune.lora_targets must name at least one of " +
+                              enum_choices<LinearSlot>(", "),
+                          MESHLM_HERE);
 }
 
-std::string lora_targets_text(unsigned targets) {
-  std::string s;
-  for (int t = 0; t < kLoraTargets; ++t) {
-    if (!(targets & (1u << t))) continue;
-    if (!s.empty()) s += ',';
-    s += kTargetNames[t];
-  }
-  return s;
+LoraOptions lora_options(const FinetuneConfig& f) {
+  LoraOptions o;
+  o.enabled = f.mode == FinetuneMode::lora;
+  o.rank = f.lora_rank;
+  o.alpha = static_cast<float>(f.lora_alpha);
+  o.targets = f.lora_targets;
+  return o;
+}
+
+std::string lora_base_name(int layer, LinearSlot slot) {
+  return "h." + std::to_string(layer) + "." + kSlotTensors[static_cast<int>(slot)];
 }
 
 std::vector<ParamSpec> lora_param_table(const GPTConfig& cfg, const ModelShard& shard,
@@ -64,9 +51,9 @@ std::vector<ParamSpec> lora_param_table(const GPTConfig& cfg, const ModelShard& 
   for (const ParamSpec& w : full) {
     if (w.layer < 0) continue;
     int target = -1;
-    for (int k = 0; k < kLoraTargets; ++k)
-      if (w.name == lora_base_name(w.layer, k)) target = k;
-    if (target < 0 || !(lora.targets & (1u << target))) continue;
+    for (int k = 0; k < kLinearSlots; ++k)
+      if (w.name == lora_base_name(w.layer, static_cast<LinearSlot>(k))) target = k;
+    if (target < 0 || !lora.targets.has(static_cast<LinearSlot>(target))) continue;
     const int64_t OC = w.full_shape.dims[0], IC = w.full_shape.dims[1];
     const bool mine = shard.layer_begin <= w.layer && w.layer < le;
     const bool column_parallel = w.tp_dim == 0;

@@ -19,40 +19,54 @@
 // only its part of the other factor) and is summed over the TP group.
 #pragma once
 
+#include <span>
 #include <string>
 #include <vector>
 
+#include "core/enum_names.h"
 #include "model/gpt_config.h"
+#include "model/linear_slot.h"
 
 namespace meshlm {
 
 struct ParamSpec;
 struct ModelShard;
 
-// Which matrices of a block get adapters (bits), as written in
-// finetune.lora_targets: qkv, attn-out, mlp-up, mlp-down.
-enum LoraTarget : unsigned {
-  kLoraQKV = 1u << 0,      // attn.c_attn.weight (3C, C)
-  kLoraAttnOut = 1u << 1,  // attn.c_proj.weight (C, C)
-  kLoraMlpUp = 1u << 2,    // mlp.c_fc.weight (4C, C)
-  kLoraMlpDown = 1u << 3,  // mlp.c_proj.weight (C, 4C)
+// finetune.mode: what trains.
+enum class FinetuneMode {
+  full,  // every parameter
+  lora,  // LoRA adapters on a frozen, quantized base ([quant])
 };
-constexpr int kLoraTargets = 4;
-// The base tensor of target t (0..3) in block l: "h.<l>.attn.c_attn.weight" ...
-std::string lora_base_name(int layer, int target);
+inline constexpr EnumName<FinetuneMode> kFinetuneModeNames[] = {
+    {FinetuneMode::full, "full"},
+    {FinetuneMode::lora, "lora"},
+};
+constexpr std::span<const EnumName<FinetuneMode>> enum_names(FinetuneMode) {
+  return kFinetuneModeNames;
+}
 
+// [finetune] as the parameter file gives it.
+struct FinetuneConfig {
+  FinetuneMode mode = FinetuneMode::full;
+  int lora_rank = 8;                              // r
+  double lora_alpha = 16;                         // adapters scaled by alpha / r
+  LinearSlots lora_targets = LinearSlots::all();  // matrices with adapters
+  // CollectiveError naming the key: rank < 1, alpha <= 0, no target.
+  void validate() const;
+};
+
+// The base tensor of slot t in block l: "h.<l>.attn.c_attn.weight" ...
+std::string lora_base_name(int layer, LinearSlot slot);
+
+// What the model needs to know of LoRA.
 struct LoraOptions {
   bool enabled = false;
   int rank = 8;         // r
   float alpha = 16.0f;  // s = alpha / r
-  unsigned targets = kLoraQKV | kLoraAttnOut | kLoraMlpUp | kLoraMlpDown;
+  LinearSlots targets = LinearSlots::all();
   float scale() const { return alpha / static_cast<float>(rank); }
 };
-
-// "qkv,attn-out,mlp-up,mlp-down" (any non-empty subset, any order) to bits;
-// CollectiveError naming finetune.lora_targets otherwise.
-unsigned parse_lora_targets(const std::string& s);
-std::string lora_targets_text(unsigned targets);
+LoraOptions lora_options(const FinetuneConfig& f);
 
 // The adapters of a shard (local shapes, offsets into one flat buffer).
 std::vector<ParamSpec> lora_param_table(const GPTConfig& cfg, const ModelShard& shard,

@@ -35,22 +35,9 @@
 #include "core/alloc.h"
 #include "model/gpt_config.h"
 #include "model/gpt.h"
+#include "plan/rank_plan.h"
 
 namespace meshlm {
-
-// What one rank holds, as the training engine builds it.
-struct RankPlan {
-  ModelShard shard;
-  GPTOptions model;      // slots, checkpointing, padding, own_grads
-  int micro_batch = 1;   // B
-  int seq_len = 1;       // T
-  int dp = 1;
-  int zero_stage = 0;
-  int pipeline_stage = 0;
-  // LoRA on a frozen base (set where the mesh is known):
-  size_t quantized_bytes = 0;     // the store held in this rank's memory (node holder or per_rank)
-  size_t base_staging_bytes = 0;  // the fp32 source tensor of a rank that quantizes
-};
 
 // The ZeRO view of a rank's flat buffer: np padded elements, shard S each.
 struct ZeroLayout {

@@ -88,13 +88,17 @@ std::vector<int> balance_stages(int n_layer, int num_stages, const StageCosts& c
   return layers;
 }
 
-std::vector<int> parse_stage_layers(const std::string& text, int n_layer, int num_stages) {
-  const std::string key = "parallel.stage_layers = '" + text + "'";
-  auto fail = [&](const std::string& why) { throw CollectiveError(key + ": " + why, MESHLM_HERE); };
-  if (text.find_first_not_of(" \t") == std::string::npos)
-    fail("empty; give the layers of every stage, e.g. 2,2");
+namespace {
+std::string layers_text(const std::vector<int>& layers) {
+  std::string s;
+  for (int v : layers) s += (s.empty() ? "" : ",") + std::to_string(v);
+  return s;
+}
+}  // namespace
 
-  std::vector<int> layers;
+bool parse_layer_list(const std::string& text, std::vector<int>& layers, std::string& why) {
+  layers.clear();
+  if (text.find_first_not_of(" \t") == std::string::npos) return true;
   size_t start = 0;
   while (true) {
     const size_t comma = std::min(text.find(',', start), text.size());
@@ -103,24 +107,43 @@ std::vector<int> parse_stage_layers(const std::string& text, int n_layer, int nu
     item.erase(item.find_last_not_of(" \t") + 1);
     int v = 0;
     const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
-    if (item.empty() || ec != std::errc() || end != item.data() + item.size())
-      fail("'" + item + "' is not a whole number (expected e.g. 3,3,2,2)");
-    if (v < 1)
-      fail("stage " + std::to_string(layers.size()) + " has " + item +
-           " layers; every stage needs at least one");
+    if (item.empty() || ec != std::errc() || end != item.data() + item.size()) {
+      why = "'" + item + "' is not a whole number (expected e.g. 3,3,2,2)";
+      return false;
+    }
+    if (v < 1) {
+      why = "stage " + std::to_string(layers.size()) + " has " + item +
+            " layers; every stage needs at least one";
+      return false;
+    }
     layers.push_back(v);
-    if (comma == text.size()) break;
+    if (comma == text.size()) return true;
     start = comma + 1;
   }
+}
 
+void check_stage_layers(const std::vector<int>& layers, int n_layer, int num_stages,
+                        const std::string& text) {
+  const std::string key =
+      "parallel.stage_layers = '" + (text.empty() ? layers_text(layers) : text) + "'";
+  auto fail = [&](const std::string& why) { throw CollectiveError(key + ": " + why, MESHLM_HERE); };
   if (static_cast<int>(layers.size()) != num_stages)
     fail("lists " + std::to_string(layers.size()) + " stages but parallel.pp = " +
          std::to_string(num_stages));
   long long sum = 0;
   for (int v : layers) sum += v;
   if (sum != n_layer)
-    fail("holds " + std::to_string(sum) + " layers but model.n_layer = " +
-         std::to_string(n_layer));
+    fail("holds " + std::to_string(sum) + " layers but model.n_layer = " + std::to_string(n_layer));
+}
+
+std::vector<int> parse_stage_layers(const std::string& text, int n_layer, int num_stages) {
+  std::vector<int> layers;
+  std::string why;
+  const std::string key = "parallel.stage_layers = '" + text + "'";
+  if (text.find_first_not_of(" \t") == std::string::npos)
+    throw CollectiveError(key + ": empty; give the layers of every stage, e.g. 2,2", MESHLM_HERE);
+  if (!parse_layer_list(text, layers, why)) throw CollectiveError(key + ": " + why, MESHLM_HERE);
+  check_stage_layers(layers, n_layer, num_stages, text);
   return layers;
 }
 

@@ -51,6 +51,12 @@ std::vector<int> balance_stages(int n_layer, int num_stages, const StageCosts& c
 // entry is < 1, the count differs from num_stages (parallel.pp) or the sum
 // from n_layer (model.n_layer).
 std::vector<int> parse_stage_layers(const std::string& text, int n_layer, int num_stages);
+// The two halves of parse_stage_layers: the syntax of the list (false and
+// `why` when it is malformed; an empty text is an empty list), and its
+// count and sum against parallel.pp and model.n_layer (CollectiveError).
+bool parse_layer_list(const std::string& text, std::vector<int>& layers, std::string& why);
+void check_stage_layers(const std::vector<int>& layers, int n_layer, int num_stages,
+                        const std::string& text = "");
 
 // First layer of every stage, then n_layer (prefix sums): stage k owns layers
 // bounds[k] .. bounds[k+1]-1. Size num_stages + 1.

@@ -40,10 +40,10 @@ io::CacheKey cache_key(const GPTConfig& cfg, const BaseSettings& s, const io::Ba
     key.source_hash = io::xxh3_128_hex(all.data(), all.size());
   }
   key.settings = {
-      {"quant_type", quant_type_name(s.type)},
-      {"q8_block", std::to_string(kQ8Block)},
-      {"nf4_block", std::to_string(kNF4Block)},
-      {"nf4_absmax_block", std::to_string(kNF4AbsmaxBlock)},
+      {"quant_type", name_of(s.type)},
+      {"q8_block", std::to_string(quant_format(QuantType::int8).block)},
+      {"nf4_block", std::to_string(quant_format(QuantType::nf4).block)},
+      {"nf4_absmax_block", std::to_string(quant_format(QuantType::nf4).absmax_group)},
       {"model", "n_layer=" + std::to_string(cfg.n_layer) + " n_head=" + std::to_string(cfg.n_head) +
                     " n_embd=" + std::to_string(cfg.n_embd) + " vocab_size=" +
                     std::to_string(cfg.vocab_size) + " max_seq_len=" + std::to_string(cfg.max_seq_len)},
@@ -91,7 +91,7 @@ std::vector<io::CacheTensor> cache_layout(const StoreManifest& m) {
     io::CacheTensor t;
     t.name = e.spec.name;
     for (int d = 0; d < e.spec.full_shape.ndim; ++d) t.shape.push_back(e.spec.full_shape.dims[d]);
-    t.format = quant_type_name(e.type);
+    t.format = name_of(e.type);
     for (int i = 0; i < e.layout.narrays; ++i) {
       const QArray& a = e.layout.arrays[i];
       const io::CacheType type = a.elem == QElem::f32  ? io::CacheType::f32
@@ -135,7 +135,7 @@ FillReport fill_store(const GPTConfig& cfg, const BaseSettings& s, const StoreMa
   {
     // The one full-precision tensor held at a time.
     Buffer staging(m.largest_numel * sizeof(float), MemCategory::workspace, "quant.source_tensor");
-    ProgressBar bar(std::string("quantize ") + quant_type_name(s.type), m.entries.size());
+    ProgressBar bar(std::string("quantize ") + name_of(s.type), m.entries.size());
     for (size_t i = 0; i < m.entries.size(); ++i) {
       const StoreEntry& e = m.entries[i];
       src->read(e.spec, staging.as<float>());

@@ -12,14 +12,6 @@ namespace meshlm::quant {
 
 namespace {
 
-// The registry of quantization types: the parameter-file name of each.
-struct QuantTypeInfo {
-  QuantType type;
-  const char* name;
-};
-constexpr QuantTypeInfo kQuantTypes[] = {
-    {QuantType::f32, "f32"}, {QuantType::int8, "int8"}, {QuantType::nf4, "nf4"}};
-
 size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 size_t align_up(size_t a) { return ceil_div(a, kQAlign) * kQAlign; }
 
@@ -132,16 +124,26 @@ void dequantize_nf4(const QTensor& t, size_t first, size_t count, float* out) {
 
 }  // namespace
 
-QuantType parse_quant_type(const std::string& name) {
-  for (const auto& q : kQuantTypes)
-    if (name == q.name) return q.type;
-  throw CollectiveError("quant.type must be nf4, int8 or f32 (got '" + name + "')", MESHLM_HERE);
+const QuantFormat& quant_format(QuantType t) {
+  for (const QuantFormat& f : kQuantFormats)
+    if (f.type == t) return f;
+  throw RankError("no quantization format with code " + std::to_string(static_cast<int>(t)),
+                  MESHLM_HERE);
 }
 
-const char* quant_type_name(QuantType t) {
-  for (const auto& q : kQuantTypes)
-    if (t == q.type) return q.name;
-  return "?";
+void quantize_f32_ref(const float* x, const QTensor& out) {
+  std::memcpy(out.data, x, out.n * sizeof(float));
+}
+void dequantize_f32_ref(const QTensor& t, size_t first, size_t count, float* out) {
+  std::memcpy(out, static_cast<const float*>(t.data) + first, count * sizeof(float));
+}
+void quantize_int8_ref(const float* x, const QTensor& out) { quantize_q8(x, out); }
+void dequantize_int8_ref(const QTensor& t, size_t first, size_t count, float* out) {
+  dequantize_q8(t, first, count, out);
+}
+void quantize_nf4_ref(const float* x, const QTensor& out) { quantize_nf4(x, out); }
+void dequantize_nf4_ref(const QTensor& t, size_t first, size_t count, float* out) {
+  dequantize_nf4(t, first, count, out);
 }
 
 const char* qelem_name(QElem e) {
@@ -218,22 +220,12 @@ QTensor qtensor_at(const QLayout& L, uint8_t* base) {
 
 void quantize_ref(const float* x, const QTensor& out) {
   MESHLM_CHECK(out.n > 0 && out.data, "empty quantized tensor");
-  switch (out.type) {
-    case QuantType::f32: std::memcpy(out.data, x, out.n * sizeof(float)); return;
-    case QuantType::int8: quantize_q8(x, out); return;
-    case QuantType::nf4: quantize_nf4(x, out); return;
-  }
+  quant_format(out.type).quantize_ref(x, out);
 }
 
 void dequantize_ref(const QTensor& t, size_t first, size_t count, float* out) {
   MESHLM_CHECK(first <= t.n && count <= t.n - first, "dequantize range out of the tensor");
-  switch (t.type) {
-    case QuantType::f32:
-      std::memcpy(out, static_cast<const float*>(t.data) + first, count * sizeof(float));
-      return;
-    case QuantType::int8: dequantize_q8(t, first, count, out); return;
-    case QuantType::nf4: dequantize_nf4(t, first, count, out); return;
-  }
+  quant_format(t.type).dequantize_ref(t, first, count, out);
 }
 
 }  // namespace meshlm::quant

@@ -17,17 +17,14 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 
+#include "core/enum_names.h"
 #include "quant/formats.h"
 
 namespace meshlm::quant {
-
-// "f32", "int8", "nf4" (the values of the parameter quant.type). Anything
-// else throws CollectiveError: every rank reads the same parameter file.
-QuantType parse_quant_type(const std::string& name);
-const char* quant_type_name(QuantType t);
 
 // ---- layout -------------------------------------------------------------------
 
@@ -91,5 +88,45 @@ void quantize_ref(const float* x, const QTensor& out);
 // need not start or end on a block boundary). Serial: callers parallelise
 // over ranges (qlinear's dequantize_rows does so over rows).
 void dequantize_ref(const QTensor& t, size_t first, size_t count, float* out);
+
+// ---- the formats: one table ----------------------------------------------------
+
+// Per format, the scalar reference (the functions quantize_ref and
+// dequantize_ref dispatch to).
+void quantize_f32_ref(const float* x, const QTensor& out);
+void dequantize_f32_ref(const QTensor& t, size_t first, size_t count, float* out);
+void quantize_int8_ref(const float* x, const QTensor& out);
+void dequantize_int8_ref(const QTensor& t, size_t first, size_t count, float* out);
+void quantize_nf4_ref(const float* x, const QTensor& out);
+void dequantize_nf4_ref(const QTensor& t, size_t first, size_t count, float* out);
+
+// Everything meshlm says about a format comes from this table: the values
+// quant.type accepts, --help, the settings of the cache key, and which
+// reference implementation runs.
+struct QuantFormat {
+  QuantType type;
+  const char* name;        // the value of quant.type
+  int block;               // elements per absmax block; 0 = not blocked
+  int absmax_group;        // blocks per group of the double quantization; 0 = none
+  double bits_per_weight;  // stored bits per element of a large tensor
+  void (*quantize_ref)(const float* x, const QTensor& out);
+  void (*dequantize_ref)(const QTensor& t, size_t first, size_t count, float* out);
+};
+inline constexpr QuantFormat kQuantFormats[] = {
+    {QuantType::nf4, "nf4", kNF4Block, kNF4AbsmaxBlock, kNF4BitsPerWeight, quantize_nf4_ref,
+     dequantize_nf4_ref},
+    {QuantType::int8, "int8", kQ8Block, 0, kQ8BitsPerWeight, quantize_int8_ref,
+     dequantize_int8_ref},
+    {QuantType::f32, "f32", 0, 0, 32.0, quantize_f32_ref, dequantize_f32_ref},
+};
+const QuantFormat& quant_format(QuantType t);
+
+// QuantType's keyword names, taken from the table.
+inline constexpr auto kQuantTypeNames = [] {
+  std::array<EnumName<QuantType>, std::size(kQuantFormats)> names{};
+  for (size_t i = 0; i < names.size(); ++i) names[i] = {kQuantFormats[i].type, kQuantFormats[i].name};
+  return names;
+}();
+constexpr std::span<const EnumName<QuantType>> enum_names(QuantType) { return kQuantTypeNames; }
 
 }  // namespace meshlm::quant

@@ -9,6 +9,14 @@
 
 namespace meshlm {
 
+void AdamWConfig::validate() const {
+  auto fail = [](const char* msg) { throw CollectiveError(msg, MESHLM_HERE); };
+  if (weight_decay < 0) fail("train.weight_decay must be >= 0");
+  if (beta1 < 0 || beta1 >= 1) fail("train.beta1 must lie in [0, 1)");
+  if (beta2 < 0 || beta2 >= 1) fail("train.beta2 must lie in [0, 1)");
+  if (!(eps > 0)) fail("train.eps must be > 0");
+}
+
 AdamW::AdamW(const std::vector<ParamSpec>& table, const AdamWConfig& cfg, size_t begin,
              size_t end)
     : table_(table), cfg_(cfg), begin_(begin), end_(end == SIZE_MAX ? table_numel(table) : end) {
@@ -22,7 +30,9 @@ AdamW::AdamW(const std::vector<ParamSpec>& table, const AdamWConfig& cfg, size_t
 
 void AdamW::step(float* params, const float* grads, float lr) {
   ++t_;
-  const float b1 = cfg_.beta1, b2 = cfg_.beta2, eps = cfg_.eps;
+  // The update runs in float: the hyperparameters are rounded to float once.
+  const float b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2);
+  const float eps = static_cast<float>(cfg_.eps), wd = static_cast<float>(cfg_.weight_decay);
   const float bc1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(b1), t_));
   const float bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(b2), t_)));
   const float step_size = lr / bc1;
@@ -30,7 +40,7 @@ void AdamW::step(float* params, const float* grads, float lr) {
     // The part of this tensor inside [begin, end).
     const size_t lo = std::max(p.offset, begin_), hi = std::min(p.offset + p.numel(), end_);
     if (lo >= hi) continue;
-    const float decay = p.decay() ? 1.0f - lr * cfg_.weight_decay : 1.0f;
+    const float decay = p.decay() ? 1.0f - lr * wd : 1.0f;
     float* x = params + lo;
     const float* g = grads + (lo - begin_);
     float* mt = m_.as<float>() + (lo - begin_);

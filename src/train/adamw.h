@@ -18,11 +18,15 @@
 
 namespace meshlm {
 
+// As the parameter file gives them ([train] beta1, beta2, eps,
+// weight_decay); the update runs in float.
 struct AdamWConfig {
-  float beta1 = 0.9f;
-  float beta2 = 0.95f;
-  float eps = 1e-8f;
-  float weight_decay = 0.1f;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  // CollectiveError naming the key when out of range.
+  void validate() const;
 };
 
 class AdamW {

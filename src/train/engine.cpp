@@ -8,43 +8,13 @@
 #include "io/base_source.h"
 #include "comm/errors.h"
 #include "core/error.h"
-#include "plan/partition.h"
+#include "plan/rank_plan.h"
 
 namespace meshlm {
 
-std::vector<int> Engine::stage_layers(const RunConfig& cfg) {
-  const int pp = cfg.parallel.pp, L = cfg.model.n_layer;
-  if (!cfg.parallel.stage_layers.empty()) return parse_stage_layers(cfg.parallel.stage_layers, L, pp);
-  return balance_stages(L, pp, gpt_stage_costs(cfg.model, cfg.train.seq_len));
-}
-
-RankPlan Engine::rank_plan(const RunConfig& cfg, const MeshCoords& c) {
-  const ParallelConfig& p = cfg.parallel;
-  const std::vector<int> bounds = stage_bounds(stage_layers(cfg));
-  RankPlan r;
-  r.shard.tp_rank = c.tp;
-  r.shard.tp_size = p.tp;
-  r.shard.layer_begin = bounds[c.pp];
-  r.shard.layer_end = bounds[c.pp + 1];
-  r.shard.first_stage = c.pp == 0;
-  r.shard.last_stage = c.pp == p.pp - 1;
-  const ScheduleKind kind = parse_schedule(p.schedule);
-  r.model.slots = max_in_flight(build_schedule(kind, c.pp, p.pp, p.micro_batches));
-  r.model.checkpointing = parse_checkpointing(p.activation_checkpointing);
-  r.model.pad_multiple = p.zero_stage > 0 ? static_cast<size_t>(p.dp) : 1;
-  r.model.own_grads = p.zero_stage < 2;
-  r.micro_batch = cfg.train.micro_batch_size;
-  r.seq_len = cfg.train.seq_len;
-  r.dp = p.dp;
-  r.zero_stage = p.zero_stage;
-  r.pipeline_stage = c.pp;
-  if (cfg.finetune.mode == "lora") {
-    r.model.lora.enabled = true;
-    r.model.lora.rank = cfg.finetune.lora_rank;
-    r.model.lora.alpha = static_cast<float>(cfg.finetune.lora_alpha);
-    r.model.lora.targets = parse_lora_targets(cfg.finetune.lora_targets);
-  }
-  return r;
+RankPlan Engine::plan_of(const RunConfig& cfg, const MeshCoords& c) {
+  return plan_rank(cfg.model, cfg.parallel, cfg.finetune, cfg.train.micro_batch_size,
+                   cfg.train.seq_len, c);
 }
 
 Engine::Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& timers,
@@ -57,11 +27,11 @@ Engine::Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& tim
   world_ = comm::make_mpi_communicator(mesh.world());
   if (mesh.embedding() != MPI_COMM_NULL) emb_ = comm::make_mpi_communicator(mesh.embedding());
   const MeshCoords c = mesh.coords();
-  shape_ = rank_plan(cfg, c);
+  shape_ = plan_of(cfg, c);
   m_ = cfg.parallel.micro_batches;
   B_ = cfg.train.micro_batch_size;
   T_ = cfg.train.seq_len;
-  schedule_ = build_schedule(parse_schedule(cfg.parallel.schedule), c.pp, cfg.parallel.pp, m_);
+  schedule_ = build_schedule(cfg.parallel.schedule, c.pp, cfg.parallel.pp, m_);
   zero_ = zero_layout(cfg.model, shape_);
 
   model_ = std::make_unique<GPT>(cfg.model, shape_.shard, shape_.model,
@@ -77,9 +47,6 @@ Engine::Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& tim
   // forward, and the memory is all there from the start.
   model_->ensure_activations(B_, T_);
 
-  const TrainConfig& tc = cfg.train;
-  const AdamWConfig acfg{static_cast<float>(tc.beta1), static_cast<float>(tc.beta2),
-                         static_cast<float>(tc.eps), static_cast<float>(tc.weight_decay)};
   if (shape_.zero_stage == 0) {
     own_begin_ = 0;
     own_end_ = zero_.n;
@@ -87,7 +54,7 @@ Engine::Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& tim
     own_begin_ = static_cast<size_t>(c.dp) * zero_.shard;
     own_end_ = own_begin_ + zero_.shard;
   }
-  opt_ = std::make_unique<AdamW>(model_->table(), acfg, own_begin_, own_end_);
+  opt_ = std::make_unique<AdamW>(model_->table(), cfg.train.adamw, own_begin_, own_end_);
 
   if (shape_.zero_stage == 2) {
     // Gradients: the owned shard, one block's bucket, and the tensors
@@ -330,7 +297,7 @@ std::vector<float> Engine::gather_params() {
   for (int r = 0; r < layout.world(); ++r) {
     const MeshCoords c = layout.coords(r);
     if (c.dp != 0) continue;
-    const RankPlan s = rank_plan(cfg_, c);
+    const RankPlan s = plan_of(cfg_, c);
     const std::vector<ParamSpec> table = trainable_table(cfg_.model, s.shard, s.model);
     const float* src = model_->params();
     if (r != 0) {

@@ -21,15 +21,16 @@
 #include <memory>
 #include <vector>
 
-#include "app/parameter_file.h"
 #include "comm/comm.h"
 #include "core/timer.h"
 #include "mesh/mesh.h"
 #include "model/gpt.h"
 #include "plan/memory.h"
+#include "plan/rank_plan.h"
 #include "quant/base_loader.h"
 #include "train/adamw.h"
 #include "train/pipeline_schedule.h"
+#include "train/run_config.h"
 
 namespace meshlm {
 
@@ -46,10 +47,8 @@ public:
          const quant::FrozenBase* base = nullptr);
   ~Engine();
 
-  // The layers of every pipeline stage (parallel.stage_layers, or balanced
-  // by cost) and the shard of the model held by the rank at `c`.
-  static std::vector<int> stage_layers(const RunConfig& cfg);
-  static RankPlan rank_plan(const RunConfig& cfg, const MeshCoords& c);
+  // What the rank at `c` holds under `cfg` (plan/rank_plan.h).
+  static RankPlan plan_of(const RunConfig& cfg, const MeshCoords& c);
 
   // Collective: one optimizer step. tokens/targets hold this DP rank's
   // micro_batches() micro-batches of (B, T) each, one after the other.

@@ -6,19 +6,6 @@
 
 namespace meshlm {
 
-ScheduleKind parse_schedule(const std::string& name) {
-  if (name == "gpipe") return ScheduleKind::gpipe;
-  if (name == "1f1b") return ScheduleKind::one_f_one_b;
-  throw CollectiveError("parallel.schedule = '" + name + "': expected gpipe or 1f1b", MESHLM_HERE);
-}
-
-const char* schedule_name(ScheduleKind kind) {
-  switch (kind) {
-    case ScheduleKind::gpipe: return "gpipe";
-    case ScheduleKind::one_f_one_b: return "1f1b";
-  }
-  return "?";
-}
 
 const char* action_name(ActionKind kind) {
   switch (kind) {
@@ -32,7 +19,7 @@ const char* action_name(ActionKind kind) {
   return "?";
 }
 
-std::vector<Action> build_schedule(ScheduleKind kind, int stage, int num_stages,
+std::vector<Action> build_schedule(PipelineSchedule kind, int stage, int num_stages,
                                    int micro_batches) {
   const int p = num_stages, m = micro_batches;
   const std::string pp = "parallel.pp = " + std::to_string(p);
@@ -41,7 +28,7 @@ std::vector<Action> build_schedule(ScheduleKind kind, int stage, int num_stages,
   if (m < 1) throw CollectiveError(mb + ": need at least 1 micro-batch", MESHLM_HERE);
   // With m < p the warm-up of the early stages takes every micro-batch: the
   // run would be GPipe under another name, idle at least half the step.
-  if (kind == ScheduleKind::one_f_one_b && m < p)
+  if (kind == PipelineSchedule::one_f_one_b && m < p)
     throw CollectiveError("parallel.schedule = 1f1b needs parallel.micro_batches >= " +
                               std::string("parallel.pp, got ") + mb + ", " + pp +
                               " (raise the micro-batches or use parallel.schedule = gpipe)",
@@ -64,7 +51,7 @@ std::vector<Action> build_schedule(ScheduleKind kind, int stage, int num_stages,
     if (!first) out.push_back({ActionKind::send_backward, i});
   };
 
-  if (kind == ScheduleKind::gpipe) {
+  if (kind == PipelineSchedule::gpipe) {
     for (int i = 0; i < m; ++i) forward(i);
     for (int i = 0; i < m; ++i) backward(i);
     return out;

@@ -27,13 +27,10 @@
 #include <string>
 #include <vector>
 
+#include "plan/parallel_config.h"
+
 namespace meshlm {
 
-enum class ScheduleKind { gpipe, one_f_one_b };
-
-// "gpipe" | "1f1b" (parallel.schedule); CollectiveError for anything else.
-ScheduleKind parse_schedule(const std::string& name);
-const char* schedule_name(ScheduleKind kind);
 
 enum class ActionKind {
   recv_forward,   // activations of the previous stage
@@ -55,7 +52,7 @@ struct Action {
 // `micro_batches` micro-batches, in the order the stage must run them.
 // CollectiveError (a parameter-file problem, the same on every rank) when
 // micro_batches < 1, num_stages < 1, or micro_batches < num_stages under 1F1B.
-std::vector<Action> build_schedule(ScheduleKind kind, int stage, int num_stages,
+std::vector<Action> build_schedule(PipelineSchedule kind, int stage, int num_stages,
                                    int micro_batches);
 
 // Largest number of micro-batches whose forward has run and backward has not,

@@ -27,8 +27,8 @@ namespace meshlm {
 
 quant::BaseSettings base_settings_of(const RunConfig& cfg) {
   quant::BaseSettings s;
-  s.type = quant::parse_quant_type(cfg.quant.type);
-  s.per_rank = cfg.quant.share == "per_rank";
+  s.type = cfg.quant.type;
+  s.per_rank = cfg.quant.share == quant::ShareMode::per_rank;
   s.source = cfg.quant.base;
   s.cache = cfg.quant.cache;
   s.seed = cfg.train.seed;
@@ -36,7 +36,7 @@ quant::BaseSettings base_settings_of(const RunConfig& cfg) {
 }
 
 RankPlan planned_rank_plan(const RunConfig& cfg, const ProcessMesh& mesh) {
-  RankPlan shape = Engine::rank_plan(cfg, mesh.coords());
+  RankPlan shape = Engine::plan_of(cfg, mesh.coords());
   if (shape.model.lora.enabled) {
     const quant::BaseSettings s = base_settings_of(cfg);
     const quant::StoreManifest manifest = quant::make_manifest(cfg.model, s.type);
@@ -121,7 +121,7 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
     base = quant::FrozenBase::load(cfg.model, base_settings, mesh);
     log::info("# base: {} | {} {} in {} ({} per {}) | cache {} | {:.2f} s",
               cfg.quant.base.empty() ? "GPT-2 initialisation, train.seed" : cfg.quant.base,
-              cfg.quant.type, format_bytes(static_cast<double>(base->manifest().bytes)),
+              name_of(cfg.quant.type), format_bytes(static_cast<double>(base->manifest().bytes)),
               base_settings.per_rank ? "private copies" : "node-shared windows",
               format_bytes(static_cast<double>(base->manifest().bytes)),
               base_settings.per_rank ? "rank" : "node", base->report().cache, base->seconds());
@@ -135,19 +135,19 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
             cfg.model.padded_vocab_size(), n_full,
             format_bytes(static_cast<double>(n_full) * sizeof(float)));
   std::string layers;
-  for (int l : Engine::stage_layers(cfg)) {
+  for (int l : stage_layers(cfg.model, pc, tc.seq_len)) {
     if (!layers.empty()) layers += ',';
     layers += std::to_string(l);
   }
   log::info("# parallel: layers per stage {} | schedule {} | activation checkpointing {} | "
             "ZeRO stage {} | pipeline bubble {:.1f}%",
-            layers, pc.schedule, pc.activation_checkpointing, pc.zero_stage,
+            layers, name_of(pc.schedule), name_of(pc.activation_checkpointing), pc.zero_stage,
             100.0 * bubble_fraction(pc.pp, m));
   if (lora) {
     const size_t n_lora = table_numel(trainable_table(cfg.model, {}, shape.model));
     log::info("# lora: rank {} alpha {} on {} | {} trainable parameters ({:.2f}% of the base, "
               "which is frozen: no gradients, no optimizer state)",
-              cfg.finetune.lora_rank, cfg.finetune.lora_alpha, cfg.finetune.lora_targets, n_lora,
+              cfg.finetune.lora_rank, cfg.finetune.lora_alpha, slots_text(cfg.finetune.lora_targets), n_lora,
               100.0 * static_cast<double>(n_lora) / static_cast<double>(n_full));
   }
   log::info("# batch: {} sequences x {} tokens = dp {} x {} micro-batch(es) of {} | {} steps",

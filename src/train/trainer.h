@@ -6,10 +6,10 @@
 
 #include <vector>
 
-#include "app/parameter_file.h"
 #include "mesh/mesh.h"
 #include "plan/memory.h"
 #include "quant/base_loader.h"
+#include "train/run_config.h"
 
 namespace meshlm {
 

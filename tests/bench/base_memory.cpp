@@ -143,7 +143,7 @@ int run(int argc, char** argv) {
   std::printf("# model: n_layer %d n_head %d n_embd %d vocab_size %d (padded %d) max_seq_len %d | "
               "%zu parameters | fp32 %.1f MiB | %s store %.1f MiB (%.3f bits/weight)\n",
               g.n_layer, g.n_head, g.n_embd, g.vocab_size, g.padded_vocab_size(), g.max_seq_len,
-              params, mib(4.0 * params), cfg.quant.type.c_str(), mib(store_b),
+              params, mib(4.0 * params), name_of(cfg.quant.type), mib(store_b),
               8.0 * store_b / static_cast<double>(params));
   std::printf("# quant.base: %s\n", cfg.quant.base.empty() ? "(GPT-2 initialisation, train.seed)"
                                                           : cfg.quant.base.c_str());

@@ -14,6 +14,7 @@
 #include <iterator>
 #include <stdexcept>
 #include <string>
+#include <optional>
 #include <vector>
 
 #include "quant/quantize.h"
@@ -38,7 +39,9 @@ int dump_quantize(const std::string& type_name, const std::string& in, const std
   std::vector<float> x(raw.size() / sizeof(float));
   std::copy(raw.begin(), raw.end(), reinterpret_cast<char*>(x.data()));
 
-  const QLayout layout = qlayout(parse_quant_type(type_name), x.size());
+  const std::optional<QuantType> type = meshlm::enum_from_name<QuantType>(type_name);
+  if (!type) throw std::runtime_error("unknown format '" + std::string(type_name) + "'");
+  const QLayout layout = qlayout(*type, x.size());
   std::vector<uint8_t> mem(layout.total_bytes, 0);
   const QTensor t = qtensor_at(layout, mem.data());
   quantize_ref(x.data(), t);

@@ -33,7 +33,7 @@ TEST(Config, ParsesFileAndDefaults) {
   EXPECT_EQ(c.train.seq_len, 8);
   EXPECT_EQ(c.parallel.micro_batches, 2);  // batch_size / micro_batch_size
   EXPECT_DOUBLE_EQ(c.train.lr, 0.01);
-  EXPECT_DOUBLE_EQ(c.train.weight_decay, 0.1);  // default
+  EXPECT_DOUBLE_EQ(c.train.adamw.weight_decay, 0.1);  // default
   EXPECT_EQ(c.data.path, "tokens.h5");
   EXPECT_NE(c.resolved.find("[train]\n"), std::string::npos);
   EXPECT_NE(c.resolved.find("n_layer = 3\n"), std::string::npos);
@@ -84,4 +84,53 @@ TEST(Config, HelpListsEveryKeyWithDefault) {
                           "train.log_every", "data.path", "output.dir"}) {
     EXPECT_NE(help.find(std::string("--") + key + " arg (="), std::string::npos) << key;
   }
+}
+
+// Keywords are typed where the file is read: each binds to its enum, a bad
+// value names the key and every accepted value (from the enum's one name
+// table), and the resolved configuration prints the names back.
+TEST(Config, KeywordsBindToEnums) {
+  RunConfig c = parse_run_config(std::string(kGood) +
+                                     "[parallel]\nschedule = gpipe\nactivation_checkpointing = full\n"
+                                     "[quant]\ntype = int8\nshare = per_rank\n",
+                                 "t", {"--finetune.mode=lora", "--finetune.lora_targets= mlp-up ,qkv"});
+  EXPECT_EQ(c.parallel.schedule, PipelineSchedule::gpipe);
+  EXPECT_EQ(c.parallel.activation_checkpointing, Checkpointing::full);
+  EXPECT_EQ(c.quant.type, quant::QuantType::int8);
+  EXPECT_EQ(c.quant.share, quant::ShareMode::per_rank);
+  EXPECT_EQ(c.finetune.mode, FinetuneMode::lora);
+  EXPECT_EQ(slots_text(c.finetune.lora_targets), "qkv,mlp-up");
+  for (const char* line : {"schedule = gpipe\n", "activation_checkpointing = full\n", "type = int8\n",
+                           "share = per_rank\n", "mode = lora\n", "lora_targets = qkv,mlp-up\n"})
+    EXPECT_NE(c.resolved.find(line), std::string::npos) << line;
+  // The resolved text parses back to the same values.
+  const RunConfig again = parse_run_config(c.resolved, "resolved", {});
+  EXPECT_EQ(again.resolved, c.resolved);
+
+  const std::string file_error = error_of(std::string(kGood) + "[parallel]\nschedule = zigzag\n");
+  for (const char* part : {"test.cfg", "parallel.schedule", "'zigzag'", "gpipe | 1f1b"})
+    EXPECT_NE(file_error.find(part), std::string::npos) << file_error;
+  const std::string cli_error = error_of(kGood, {"--quant.type=fp16"});
+  for (const char* part : {"command line", "quant.type", "'fp16'", "nf4 | int8 | f32"})
+    EXPECT_NE(cli_error.find(part), std::string::npos) << cli_error;
+  EXPECT_NE(error_of(kGood, {"--finetune.lora_targets=qkv,ffn"}).find("unknown target 'ffn'"),
+            std::string::npos);
+  EXPECT_NE(error_of(kGood, {"--finetune.lora_targets="}).find("finetune.lora_targets must name"),
+            std::string::npos);
+  EXPECT_NE(error_of(kGood, {"--parallel.stage_layers=2,0"}).find("parallel.stage_layers"),
+            std::string::npos);
+}
+
+TEST(Config, HelpListsTheKeywordsFromTheirTables) {
+  // --help wraps its lines: compare with every run of spaces made one.
+  std::string help;
+  for (char ch : run_config_help()) {
+    if (ch == '\n') ch = ' ';
+    if (ch == ' ' && !help.empty() && help.back() == ' ') continue;
+    help += ch;
+  }
+  for (const char* part : {"gpipe | 1f1b", "none | full", "full | lora", "node | per_rank",
+                           "nf4 (4.127 bits/weight) | int8 (8.5) | f32 (32)",
+                           "qkv, attn-out, mlp-up, mlp-down"})
+    EXPECT_NE(help.find(part), std::string::npos) << part;
 }

@@ -27,6 +27,13 @@ using namespace meshlm;
 
 namespace {
 
+const LinearSlots kQkvAndMlpDown = [] {
+  LinearSlots s;
+  s.add(LinearSlot::qkv);
+  s.add(LinearSlot::mlp_down);
+  return s;
+}();
+
 GPTConfig small_config() {
   return {.n_layer = 2, .n_head = 2, .n_embd = 32, .vocab_size = 64, .max_seq_len = 16};
 }
@@ -69,7 +76,7 @@ struct Base {
   }
 };
 
-GPTOptions lora_options(int rank, float alpha, unsigned targets) {
+GPTOptions lora_options(int rank, float alpha, LinearSlots targets) {
   GPTOptions o;
   o.lora.enabled = true;
   o.lora.rank = rank;
@@ -85,7 +92,7 @@ void random_batch(std::vector<int32_t>& tok, std::vector<int32_t>& tgt, int V, u
 }
 
 // LoRA model vs the full model with W_eff = W + s B A, for one base format.
-void check_against_full(quant::QuantType type, unsigned targets) {
+void check_against_full(quant::QuantType type, LinearSlots targets) {
   const GPTConfig cfg = small_config();
   const Base base(cfg, type);
   const int r = 4;
@@ -157,7 +164,7 @@ void check_against_full(quant::QuantType type, unsigned targets) {
     EXPECT_LE(rel_err(lora.grad(pb.name).data(), dB.data(), dB.size()), kGradTol);
     ++checked;
   }
-  EXPECT_EQ(checked, cfg.n_layer * std::popcount(targets));
+  EXPECT_EQ(checked, cfg.n_layer * std::popcount(targets.bits));
 }
 
 }  // namespace
@@ -200,31 +207,37 @@ TEST(LoraTable, DerivedFromTheBaseTable) {
   EXPECT_EQ(t2[6].name, "h.1.mlp.c_proj.weight.lora_A");
   EXPECT_EQ(t2[6].shape, (Shape{4, 64}));  // (r, 4C / tp)
   // Only some targets.
-  o.targets = kLoraQKV | kLoraMlpDown;
+  o.targets = kQkvAndMlpDown;
   EXPECT_EQ(lora_param_table(cfg, {}, o).size(), 2u * 2u * cfg.n_layer);
 }
 
 TEST(LoraTable, TargetsParse) {
-  EXPECT_EQ(parse_lora_targets("qkv"), kLoraQKV);
-  EXPECT_EQ(parse_lora_targets("mlp-down, qkv"), kLoraQKV | kLoraMlpDown);
-  EXPECT_EQ(parse_lora_targets("qkv,attn-out,mlp-up,mlp-down"), 15u);
-  EXPECT_EQ(lora_targets_text(kLoraAttnOut | kLoraMlpUp), "attn-out,mlp-up");
-  try {
-    parse_lora_targets("qkv,ffn");
-    ADD_FAILURE() << "no error";
-  } catch (const CollectiveError& e) {
-    EXPECT_NE(std::string(e.what()).find("finetune.lora_targets: unknown target 'ffn'"),
-              std::string::npos)
-        << e.what();
-  }
-  EXPECT_THROW(parse_lora_targets(""), CollectiveError);
+  LinearSlots t;
+  std::string bad;
+  ASSERT_TRUE(parse_slots("qkv", t, bad));
+  EXPECT_EQ(t.bits, 1u);
+  ASSERT_TRUE(parse_slots("mlp-down, qkv", t, bad));
+  EXPECT_EQ(t, kQkvAndMlpDown);
+  ASSERT_TRUE(parse_slots("qkv,attn-out,mlp-up,mlp-down", t, bad));
+  EXPECT_EQ(t, LinearSlots::all());
+  LinearSlots au;
+  au.add(LinearSlot::attn_out);
+  au.add(LinearSlot::mlp_up);
+  EXPECT_EQ(slots_text(au), "attn-out,mlp-up");
+  EXPECT_FALSE(parse_slots("qkv,ffn", t, bad));
+  EXPECT_EQ(bad, "ffn");
+  ASSERT_TRUE(parse_slots("", t, bad));
+  EXPECT_TRUE(t.empty());
+  FinetuneConfig f;
+  f.lora_targets = {};
+  EXPECT_THROW(f.validate(), CollectiveError);
 }
 
 TEST(Lora, StartsAsTheBaseModel) {
   // B = 0 at initialisation: the adapted model's loss is the base model's.
   const GPTConfig cfg = small_config();
   const Base base(cfg, quant::QuantType::f32);
-  GPT lora(cfg, {}, lora_options(4, 8.0f, 15u));
+  GPT lora(cfg, {}, lora_options(4, 8.0f, LinearSlots::all()));
   lora.attach_base([&](const ParamSpec& p) { return base.tensor(p.name); });
   lora.init_weights(kLoraSeed);
   GPT full(cfg);
@@ -235,18 +248,18 @@ TEST(Lora, StartsAsTheBaseModel) {
 }
 
 TEST(Lora, GradientsEqualTheFullModelsOnAnF32Base) {
-  check_against_full(quant::QuantType::f32, 15u);
+  check_against_full(quant::QuantType::f32, LinearSlots::all());
 }
 
 TEST(Lora, GradientsOnAQuantizedBase) {
-  check_against_full(quant::QuantType::nf4, 15u);
-  check_against_full(quant::QuantType::int8, kLoraQKV | kLoraMlpDown);
+  check_against_full(quant::QuantType::nf4, LinearSlots::all());
+  check_against_full(quant::QuantType::int8, kQkvAndMlpDown);
 }
 
 TEST(Lora, TheBaseHasNoGradientsAndNoOptimizerState) {
   const GPTConfig cfg = small_config();
   RankPlan full_shape, lora_shape;
-  lora_shape.model = lora_options(4, 8.0f, 15u);
+  lora_shape.model = lora_options(4, 8.0f, LinearSlots::all());
   const MemoryByCategory f = predict_memory(cfg, full_shape, 0, false);
   const MemoryByCategory l = predict_memory(cfg, lora_shape, 0, false);
   const size_t n_lora = table_numel(lora_param_table(cfg, {}, lora_shape.model.lora));
@@ -270,7 +283,7 @@ TEST(Lora, TrainingMovesOnlyTheAdapters) {
   const GPTConfig cfg = small_config();
   const Base base(cfg, quant::QuantType::nf4);
   const std::vector<uint8_t> before(base.store.as<uint8_t>(), base.store.as<uint8_t>() + base.m.bytes);
-  GPT lora(cfg, {}, lora_options(4, 8.0f, 15u));
+  GPT lora(cfg, {}, lora_options(4, 8.0f, LinearSlots::all()));
   lora.attach_base([&](const ParamSpec& p) { return base.tensor(p.name); });
   lora.init_weights(kLoraSeed);
   std::vector<int32_t> tok(16), tgt(16);

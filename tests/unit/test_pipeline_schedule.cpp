@@ -15,11 +15,11 @@ using namespace meshlm;
 
 namespace {
 
-constexpr ScheduleKind kKinds[] = {ScheduleKind::gpipe, ScheduleKind::one_f_one_b};
+constexpr PipelineSchedule kKinds[] = {PipelineSchedule::gpipe, PipelineSchedule::one_f_one_b};
 constexpr int kMaxStages = 8, kMaxMicro = 16;
 
-bool valid(ScheduleKind kind, int p, int m) {
-  return kind == ScheduleKind::gpipe || m >= p;
+bool valid(PipelineSchedule kind, int p, int m) {
+  return kind == PipelineSchedule::gpipe || m >= p;
 }
 
 // The forwards and backwards only, as "F0 F1 B0 ...".
@@ -33,7 +33,7 @@ std::string compute_order(const std::vector<Action>& actions) {
   return s;
 }
 
-std::string error_of(ScheduleKind kind, int stage, int p, int m) {
+std::string error_of(PipelineSchedule kind, int stage, int p, int m) {
   try {
     build_schedule(kind, stage, p, m);
   } catch (const CollectiveError& e) {
@@ -90,7 +90,7 @@ SimResult simulate(const std::vector<std::vector<Action>>& lists, int m) {
   return r;
 }
 
-std::vector<std::vector<Action>> all_stages(ScheduleKind kind, int p, int m) {
+std::vector<std::vector<Action>> all_stages(PipelineSchedule kind, int p, int m) {
   std::vector<std::vector<Action>> lists;
   for (int s = 0; s < p; ++s) lists.push_back(build_schedule(kind, s, p, m));
   return lists;
@@ -106,22 +106,24 @@ std::vector<int> micros_of(const std::vector<Action>& actions, ActionKind kind) 
 
 }  // namespace
 
-TEST(PipelineSchedule, ParsesNames) {
-  EXPECT_EQ(parse_schedule("gpipe"), ScheduleKind::gpipe);
-  EXPECT_EQ(parse_schedule("1f1b"), ScheduleKind::one_f_one_b);
-  for (ScheduleKind k : kKinds) EXPECT_EQ(parse_schedule(schedule_name(k)), k);
-  for (const char* bad : {"", "GPipe", "1F1B", "interleaved", "1f1b "}) {
-    try {
-      parse_schedule(bad);
-      ADD_FAILURE() << "accepted '" << bad << "'";
-    } catch (const CollectiveError& e) {
-      const std::string msg = e.what();
-      EXPECT_NE(msg.find("parallel.schedule"), std::string::npos) << msg;
-      EXPECT_NE(msg.find("'" + std::string(bad) + "'"), std::string::npos) << msg;
-      EXPECT_NE(msg.find("gpipe"), std::string::npos) << msg;
-      EXPECT_NE(msg.find("1f1b"), std::string::npos) << msg;
-    }
-  }
+TEST(PipelineSchedule, NamesRoundTrip) {
+  EXPECT_EQ(enum_from_name<PipelineSchedule>("gpipe"), PipelineSchedule::gpipe);
+  EXPECT_EQ(enum_from_name<PipelineSchedule>("1f1b"), PipelineSchedule::one_f_one_b);
+  for (PipelineSchedule k : kKinds) EXPECT_EQ(enum_from_name<PipelineSchedule>(name_of(k)), k);
+  for (const char* bad : {"", "GPipe", "1F1B", "interleaved", "1f1b "})
+    EXPECT_FALSE(enum_from_name<PipelineSchedule>(bad).has_value()) << bad;
+  EXPECT_EQ(enum_choices<PipelineSchedule>(), "gpipe | 1f1b");
+}
+
+// The planner's slot count is the formula; the schedules' own lists must
+// keep exactly that many micro-batches in flight.
+TEST(PipelineSchedule, InFlightMatchesThePlannersFormula) {
+  for (PipelineSchedule k : kKinds)
+    for (int p = 1; p <= 6; ++p)
+      for (int m = (k == PipelineSchedule::one_f_one_b ? p : 1); m <= 9; ++m)
+        for (int s = 0; s < p; ++s)
+          EXPECT_EQ(max_in_flight(build_schedule(k, s, p, m)), in_flight_micro_batches(k, s, p, m))
+              << name_of(k) << " p=" << p << " m=" << m << " s=" << s;
 }
 
 TEST(PipelineSchedule, ActionNamesAreDistinct) {
@@ -139,12 +141,12 @@ TEST(PipelineSchedule, ActionNamesAreDistinct) {
 // Every micro-batch once forward and once backward, forward first, each
 // wrapped in the receives and sends its position in the pipe calls for.
 TEST(PipelineSchedule, EveryStageHasWellFormedActions) {
-  for (ScheduleKind kind : kKinds)
+  for (PipelineSchedule kind : kKinds)
     for (int p = 1; p <= kMaxStages; ++p)
       for (int m = 1; m <= kMaxMicro; ++m) {
         if (!valid(kind, p, m)) continue;
         for (int s = 0; s < p; ++s) {
-          SCOPED_TRACE(std::string(schedule_name(kind)) + " p=" + std::to_string(p) +
+          SCOPED_TRACE(std::string(name_of(kind)) + " p=" + std::to_string(p) +
                        " m=" + std::to_string(m) + " stage=" + std::to_string(s));
           const std::vector<Action> a = build_schedule(kind, s, p, m);
           const bool first = s == 0, last = s == p - 1;
@@ -192,7 +194,7 @@ TEST(PipelineSchedule, GPipeRunsAllForwardsThenAllBackwards) {
       for (int i = 0; i < m; ++i) want += (i ? " F" : "F") + std::to_string(i);
       for (int i = 0; i < m; ++i) want += " B" + std::to_string(i);
       for (int s = 0; s < p; ++s)
-        EXPECT_EQ(compute_order(build_schedule(ScheduleKind::gpipe, s, p, m)), want)
+        EXPECT_EQ(compute_order(build_schedule(PipelineSchedule::gpipe, s, p, m)), want)
             << "p=" << p << " m=" << m << " stage=" << s;
     }
 }
@@ -210,7 +212,7 @@ TEST(PipelineSchedule, OneFOneBWorkedExample) {
       {K::recv_backward, 3}, {K::backward, 3},  // cool-down
       {K::recv_backward, 4}, {K::backward, 4},
       {K::recv_backward, 5}, {K::backward, 5}};
-  EXPECT_EQ(build_schedule(ScheduleKind::one_f_one_b, 0, 4, 6), stage0);
+  EXPECT_EQ(build_schedule(PipelineSchedule::one_f_one_b, 0, 4, 6), stage0);
 
   const std::vector<Action> stage3 = {
       {K::recv_forward, 0}, {K::forward, 0}, {K::backward, 0}, {K::send_backward, 0},
@@ -219,11 +221,11 @@ TEST(PipelineSchedule, OneFOneBWorkedExample) {
       {K::recv_forward, 3}, {K::forward, 3}, {K::backward, 3}, {K::send_backward, 3},
       {K::recv_forward, 4}, {K::forward, 4}, {K::backward, 4}, {K::send_backward, 4},
       {K::recv_forward, 5}, {K::forward, 5}, {K::backward, 5}, {K::send_backward, 5}};
-  EXPECT_EQ(build_schedule(ScheduleKind::one_f_one_b, 3, 4, 6), stage3);
+  EXPECT_EQ(build_schedule(PipelineSchedule::one_f_one_b, 3, 4, 6), stage3);
 
-  EXPECT_EQ(compute_order(build_schedule(ScheduleKind::one_f_one_b, 1, 4, 6)),
+  EXPECT_EQ(compute_order(build_schedule(PipelineSchedule::one_f_one_b, 1, 4, 6)),
             "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5");
-  EXPECT_EQ(compute_order(build_schedule(ScheduleKind::one_f_one_b, 2, 4, 6)),
+  EXPECT_EQ(compute_order(build_schedule(PipelineSchedule::one_f_one_b, 2, 4, 6)),
             "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5");
 }
 
@@ -245,7 +247,7 @@ TEST(PipelineSchedule, OneFOneBShape) {
           add("B", b);
         }
         for (int j = 0; j < w; ++j) add("B", b);
-        EXPECT_EQ(compute_order(build_schedule(ScheduleKind::one_f_one_b, s, p, m)), want)
+        EXPECT_EQ(compute_order(build_schedule(PipelineSchedule::one_f_one_b, s, p, m)), want)
             << "p=" << p << " m=" << m << " stage=" << s;
       }
 }
@@ -254,9 +256,9 @@ TEST(PipelineSchedule, ActivationsInFlight) {
   for (int p = 1; p <= kMaxStages; ++p)
     for (int m = 1; m <= kMaxMicro; ++m)
       for (int s = 0; s < p; ++s) {
-        EXPECT_EQ(max_in_flight(build_schedule(ScheduleKind::gpipe, s, p, m)), m);
+        EXPECT_EQ(max_in_flight(build_schedule(PipelineSchedule::gpipe, s, p, m)), m);
         if (m < p) continue;
-        const int live = max_in_flight(build_schedule(ScheduleKind::one_f_one_b, s, p, m));
+        const int live = max_in_flight(build_schedule(PipelineSchedule::one_f_one_b, s, p, m));
         EXPECT_EQ(live, std::min(p - s, m)) << "p=" << p << " m=" << m << " stage=" << s;
         EXPECT_LE(live, p - s);  // the bound 1F1B exists for, whatever m is
       }
@@ -272,7 +274,7 @@ TEST(PipelineSchedule, BubbleFormula) {
 // The simulator itself: a stage that waits for a gradient before sending the
 // activation that would produce it must be reported as a deadlock.
 TEST(PipelineSchedule, SimulatorDetectsDeadlock) {
-  std::vector<std::vector<Action>> lists = all_stages(ScheduleKind::gpipe, 2, 2);
+  std::vector<std::vector<Action>> lists = all_stages(PipelineSchedule::gpipe, 2, 2);
   ASSERT_FALSE(simulate(lists, 2).deadlock);
   auto& s0 = lists[0];
   const auto rb = std::find(s0.begin(), s0.end(), Action{ActionKind::recv_backward, 0});
@@ -284,11 +286,11 @@ TEST(PipelineSchedule, SimulatorDetectsDeadlock) {
 // All stages together: no deadlock, the step takes 2 (m + p - 1) units, and
 // every stage idles bubble_fraction(p, m) of it.
 TEST(PipelineSchedule, SimulationMatchesBubble) {
-  for (ScheduleKind kind : kKinds)
+  for (PipelineSchedule kind : kKinds)
     for (int p = 1; p <= kMaxStages; ++p)
       for (int m = 1; m <= kMaxMicro; ++m) {
         if (!valid(kind, p, m)) continue;
-        SCOPED_TRACE(std::string(schedule_name(kind)) + " p=" + std::to_string(p) +
+        SCOPED_TRACE(std::string(name_of(kind)) + " p=" + std::to_string(p) +
                      " m=" + std::to_string(m));
         const SimResult r = simulate(all_stages(kind, p, m), m);
         ASSERT_FALSE(r.deadlock);
@@ -304,7 +306,7 @@ TEST(PipelineSchedule, SimulationMatchesBubble) {
 // Each link carries its messages in the same order at both ends, so the
 // trainer may match sends and receives by order (no tag per micro-batch).
 TEST(PipelineSchedule, LinksKeepMessageOrder) {
-  for (ScheduleKind kind : kKinds)
+  for (PipelineSchedule kind : kKinds)
     for (int p = 2; p <= kMaxStages; ++p)
       for (int m = 1; m <= kMaxMicro; ++m) {
         if (!valid(kind, p, m)) continue;
@@ -320,18 +322,18 @@ TEST(PipelineSchedule, LinksKeepMessageOrder) {
 
 TEST(PipelineSchedule, Errors) {
   // 1F1B needs m >= p; GPipe takes any m >= 1.
-  const std::string msg = error_of(ScheduleKind::one_f_one_b, 0, 4, 3);
+  const std::string msg = error_of(PipelineSchedule::one_f_one_b, 0, 4, 3);
   for (const char* want : {"parallel.micro_batches = 3", "parallel.pp = 4", "parallel.schedule"})
     EXPECT_NE(msg.find(want), std::string::npos) << msg;
-  for (int s = 0; s < 4; ++s) EXPECT_NE(error_of(ScheduleKind::one_f_one_b, s, 4, 3), "");
-  EXPECT_EQ(error_of(ScheduleKind::gpipe, 0, 4, 3), "");
-  EXPECT_EQ(error_of(ScheduleKind::one_f_one_b, 0, 4, 4), "");
+  for (int s = 0; s < 4; ++s) EXPECT_NE(error_of(PipelineSchedule::one_f_one_b, s, 4, 3), "");
+  EXPECT_EQ(error_of(PipelineSchedule::gpipe, 0, 4, 3), "");
+  EXPECT_EQ(error_of(PipelineSchedule::one_f_one_b, 0, 4, 4), "");
 
-  for (ScheduleKind kind : kKinds) {
+  for (PipelineSchedule kind : kKinds) {
     EXPECT_NE(error_of(kind, 0, 1, 0).find("parallel.micro_batches"), std::string::npos);
     EXPECT_NE(error_of(kind, 0, 0, 4).find("parallel.pp"), std::string::npos);
   }
   // A stage outside the pipe is a bug of the caller on this rank.
-  EXPECT_THROW(build_schedule(ScheduleKind::gpipe, 4, 4, 8), RankError);
-  EXPECT_THROW(build_schedule(ScheduleKind::gpipe, -1, 4, 8), RankError);
+  EXPECT_THROW(build_schedule(PipelineSchedule::gpipe, 4, 4, 8), RankError);
+  EXPECT_THROW(build_schedule(PipelineSchedule::gpipe, -1, 4, 8), RankError);
 }

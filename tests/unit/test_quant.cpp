@@ -189,14 +189,23 @@ TEST(QuantFormats, NearestTiesGoToTheLowerCode) {
   EXPECT_GT(ties, 0) << "no exact tie exercised";
 }
 
-TEST(QuantFormats, ParseAndName) {
-  for (QuantType t : kAllTypes) EXPECT_EQ(parse_quant_type(quant_type_name(t)), t);
-  EXPECT_STREQ(quant_type_name(QuantType::nf4), "nf4");
-  try {
-    parse_quant_type("fp16");
-    FAIL() << "fp16 accepted";
-  } catch (const CollectiveError& e) {
-    EXPECT_STREQ(e.what(), "quant.type must be nf4, int8 or f32 (got 'fp16')");
+TEST(QuantFormats, OneTableGivesNamesAndReferences) {
+  for (QuantType t : kAllTypes) {
+    EXPECT_EQ(enum_from_name<QuantType>(name_of(t)), t);
+    EXPECT_EQ(quant_format(t).type, t);
+  }
+  EXPECT_STREQ(name_of(QuantType::nf4), "nf4");
+  EXPECT_FALSE(enum_from_name<QuantType>("fp16").has_value());
+  EXPECT_EQ(enum_choices<QuantType>(), "nf4 | int8 | f32");
+  // The table's figures are the formats' own (formats.h).
+  EXPECT_EQ(quant_format(QuantType::int8).block, kQ8Block);
+  EXPECT_EQ(quant_format(QuantType::nf4).absmax_group, kNF4AbsmaxBlock);
+  EXPECT_DOUBLE_EQ(quant_format(QuantType::int8).bits_per_weight, 8.5);
+  // The stored bits of a large tensor approach the table's figure.
+  for (QuantType t : kAllTypes) {
+    const size_t n = size_t{64} * 256 * 64;
+    EXPECT_NEAR(qlayout(t, n).bits_per_weight(), quant_format(t).bits_per_weight, 1e-3)
+        << name_of(t);
   }
 }
 
@@ -206,7 +215,7 @@ TEST(QuantLayout, ArraysAlignedInOrderAndSized) {
   for (QuantType type : kAllTypes) {
     for (size_t n : {size_t(1), size_t(63), size_t(64), size_t(65), size_t(64 * 256 * 2 + 3)}) {
       const QLayout L = qlayout(type, n);
-      SCOPED_TRACE(std::string(quant_type_name(type)) + " n=" + std::to_string(n));
+      SCOPED_TRACE(std::string(name_of(type)) + " n=" + std::to_string(n));
       ASSERT_GT(L.narrays, 0);
       EXPECT_STREQ(L.arrays[0].name, "data");
       size_t end = 0;
@@ -268,13 +277,13 @@ TEST(QuantRoundTrip, RandomNormalWithinBounds) {
   const size_t n = (size_t(1) << 20) + 37;  // 4097 nf4 groups' worth of blocks, a short tail
   const auto x = randn(n, 7);
   for (QuantType type : kAllTypes) {
-    SCOPED_TRACE(quant_type_name(type));
+    SCOPED_TRACE(name_of(type));
     Owned q(type, n);
     const auto y = roundtrip(q, x);
     const ErrStats s = check(type, x, y, q.t);
     std::printf("# %-4s n=%zu: max |x - x'| / bound %.6f, / absmax %.3e; "
                 "rms(x - x') / rms(x) %.3e; %.4f bits/weight\n",
-                quant_type_name(type), n, s.max_ratio, s.max_rel,
+                name_of(type), n, s.max_ratio, s.max_rel,
                 s.rms_err / std::max(s.rms_x, 1e-30), q.layout.bits_per_weight());
   }
 }
@@ -319,7 +328,7 @@ TEST(QuantRoundTrip, EdgeCases) {
   }
   for (QuantType type : kAllTypes) {
     for (const Case& c : cases) {
-      SCOPED_TRACE(std::string(quant_type_name(type)) + ": " + c.what);
+      SCOPED_TRACE(std::string(name_of(type)) + ": " + c.what);
       Owned q(type, c.x.size());
       const auto y = roundtrip(q, c.x);
       for (float v : y) ASSERT_TRUE(std::isfinite(v));
@@ -427,7 +436,7 @@ TEST(QuantRoundTrip, SameBytesWithOneOrTwoThreads) {
     quantize_ref(x.data(), a.t);
     omp_set_num_threads(std::max(2, keep));
     quantize_ref(x.data(), b.t);
-    EXPECT_EQ(a.mem, b.mem) << quant_type_name(type);
+    EXPECT_EQ(a.mem, b.mem) << name_of(type);
   }
   omp_set_num_threads(keep);
 }
@@ -437,7 +446,7 @@ TEST(QuantRoundTrip, AnyRangeEqualsTheSameSliceOfTheWhole) {
   const auto x = randn(n, 31);
   Rng r(5);
   for (QuantType type : kAllTypes) {
-    SCOPED_TRACE(quant_type_name(type));
+    SCOPED_TRACE(name_of(type));
     Owned q(type, n);
     const auto whole = roundtrip(q, x);
     std::vector<std::pair<size_t, size_t>> ranges = {
@@ -476,7 +485,7 @@ TEST(QSlice, MatchesShardFromFull) {
       for (const Split& s : splits) {
         for (int tp : {1, 2, 4}) {
           for (int rank = 0; rank < tp; ++rank) {
-            SCOPED_TRACE(std::string(quant_type_name(type)) + " (" + std::to_string(R) + ", " +
+            SCOPED_TRACE(std::string(name_of(type)) + " (" + std::to_string(R) + ", " +
                          std::to_string(K) + ") dim " + std::to_string(s.dim) + " parts " +
                          std::to_string(s.parts) + " tp " + std::to_string(rank) + "/" +
                          std::to_string(tp));
@@ -538,7 +547,7 @@ TEST(QLinear, MatchesMatmulOnTheDequantizedMatrix) {
   for (QuantType type : kAllTypes) {
     for (const Case& c : cases) {
       for (bool with_bias : {false, true}) {
-        SCOPED_TRACE(std::string(quant_type_name(type)) + " (" + std::to_string(c.R) + ", " +
+        SCOPED_TRACE(std::string(name_of(type)) + " (" + std::to_string(c.R) + ", " +
                      std::to_string(c.K) + ") dim " + std::to_string(c.dim) +
                      (with_bias ? " bias" : " no bias"));
         Owned q(type, c.R * c.K);

@@ -1,0 +1,39 @@
+// From a layout to what one rank holds: the translation the training engine,
+// the memory model and (later) the layout search all use.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "mesh/mesh.h"
+#include "model/gpt.h"
+#include "model/gpt_config.h"
+#include "model/lora.h"
+#include "plan/parallel_config.h"
+
+namespace meshlm {
+
+// What one rank holds and runs.
+struct RankPlan {
+  ModelShard shard;
+  GPTOptions model;      // slots, checkpointing, padding, own_grads, LoRA
+  int micro_batch = 1;   // B
+  int seq_len = 1;       // T
+  int dp = 1;
+  int zero_stage = 0;
+  int pipeline_stage = 0;
+  // LoRA on a frozen base (set where the mesh is known):
+  size_t quantized_bytes = 0;     // the store held in this rank's memory (node holder or per_rank)
+  size_t base_staging_bytes = 0;  // the fp32 source tensor of a rank that quantizes
+};
+
+// The layers of every pipeline stage: parallel.stage_layers, or balanced by
+// cost (plan/partition.h) for sequences of seq_len.
+std::vector<int> stage_layers(const GPTConfig& model, const ParallelConfig& p, int seq_len);
+
+// The plan of the rank at coordinates `c` of the layout `p` (micro_batches
+// resolved), training micro-batches of (micro_batch, seq_len).
+RankPlan plan_rank(const GPTConfig& model, const ParallelConfig& p, const FinetuneConfig& f,
+                   int micro_batch, int seq_len, const MeshCoords& c);
+
+}  // namespace meshlm

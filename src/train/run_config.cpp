@@ -1,0 +1,92 @@
+#include "train/run_config.h"
+
+#include <string>
+
+#include "core/error.h"
+
+namespace meshlm {
+
+namespace {
+
+[[noreturn]] void fail(const std::string& msg) { throw CollectiveError(msg, MESHLM_HERE); }
+std::string str(int v) { return std::to_string(v); }
+
+// parallel.dp = 0: every rank not used by tp and pp is a data-parallel replica.
+void resolve_dp(ParallelConfig& p, int world_size) {
+  if (p.dp != 0) return;
+  if (p.tp < 1 || p.pp < 1 || world_size % (p.tp * p.pp) != 0)
+    fail("parallel.dp = 0 takes the ranks left by parallel.tp (" + str(p.tp) + ") * parallel.pp (" +
+         str(p.pp) + "), but the job has " + str(world_size) + " ranks, not a multiple of " +
+         str(p.tp * p.pp));
+  p.dp = world_size / (p.tp * p.pp);
+}
+
+// train.micro_batch_size and parallel.micro_batches describe the same split
+// of a step (batch_size = dp * micro_batches * micro_batch_size): either may
+// be left 0 and is then derived from the other.
+void resolve_micro_batches(TrainConfig& t, ParallelConfig& p) {
+  if (p.dp < 1) fail("parallel.dp must be >= 1 (got " + str(p.dp) + ")");
+  if (t.batch_size < 1) fail("train.batch_size must be >= 1 (got " + str(t.batch_size) + ")");
+  if (t.micro_batch_size < 0) fail("train.micro_batch_size must be >= 0 (got " + str(t.micro_batch_size) + ")");
+  if (p.micro_batches < 0) fail("parallel.micro_batches must be >= 0 (got " + str(p.micro_batches) + ")");
+  if (t.batch_size % p.dp != 0)
+    fail("train.batch_size (" + str(t.batch_size) + ") must be divisible by parallel.dp (" + str(p.dp) + ")");
+  const int per_dp = t.batch_size / p.dp;
+  if (t.micro_batch_size == 0) {
+    const int m = p.micro_batches > 0 ? p.micro_batches : 1;
+    if (per_dp % m != 0)
+      fail("train.batch_size / parallel.dp (" + str(per_dp) + ") must be a multiple of parallel.micro_batches (" +
+           str(m) + ")");
+    t.micro_batch_size = per_dp / m;
+  }
+  if (per_dp % t.micro_batch_size != 0)
+    fail("train.batch_size (" + str(t.batch_size) + ") must be a multiple of train.micro_batch_size (" +
+         str(t.micro_batch_size) + ")" + (p.dp > 1 ? " times parallel.dp (" + str(p.dp) + ")" : ""));
+  const int m = per_dp / t.micro_batch_size;
+  if (p.micro_batches > 0 && p.micro_batches != m)
+    fail("parallel.micro_batches (" + str(p.micro_batches) + ") disagrees with train.batch_size (" +
+         str(t.batch_size) + ") / (parallel.dp (" + str(p.dp) + ") * train.micro_batch_size (" +
+         str(t.micro_batch_size) + ")) = " + str(m) + "; set one of them to 0");
+  p.micro_batches = m;
+}
+
+// [train] against itself and the model; [data], [output], [runtime], [debug].
+void validate_train(const RunConfig& c) {
+  const TrainConfig& t = c.train;
+  auto positive = [](int v, const char* key) {
+    if (v < 1) fail(std::string(key) + " must be >= 1 (got " + str(v) + ")");
+  };
+  positive(t.seq_len, "model.seq_len");
+  positive(t.steps, "train.steps");
+  positive(t.batch_size, "train.batch_size");
+  positive(t.micro_batch_size, "train.micro_batch_size");
+  positive(t.log_every, "train.log_every");
+  if (t.seq_len > c.model.max_seq_len)
+    fail("model.seq_len (" + str(t.seq_len) + ") is longer than the position table, model.max_seq_len (" +
+         str(c.model.max_seq_len) + ")");
+  if (t.batch_size % t.micro_batch_size != 0)
+    fail("train.batch_size (" + str(t.batch_size) + ") must be a multiple of train.micro_batch_size (" +
+         str(t.micro_batch_size) + ")");
+  if (!(t.lr > 0)) fail("train.lr must be > 0");
+  if (t.lr_min_ratio < 0 || t.lr_min_ratio > 1) fail("train.lr_min_ratio must lie in [0, 1]");
+  if (t.warmup_steps < 0) fail("train.warmup_steps must be >= 0");
+  if (t.grad_clip < 0) fail("train.grad_clip must be >= 0 (0 turns clipping off)");
+  t.adamw.validate();
+  if (c.data.path.empty()) fail("data.path is required (a token file; see data.tokenize_from)");
+  if (c.output.dir.empty()) fail("output.dir must not be empty");
+  if (c.runtime.threads < 0) fail("runtime.threads must be >= 0 (0 = automatic)");
+  if (c.debug.fail_step < 1) fail("debug.fail_step must be >= 1 (got " + str(c.debug.fail_step) + ")");
+}
+
+}  // namespace
+
+void resolve_run_config(RunConfig& c, int world_size) {
+  resolve_dp(c.parallel, world_size);
+  resolve_micro_batches(c.train, c.parallel);
+  c.model.validate();
+  validate_train(c);
+  c.parallel.validate(c.model);
+  c.finetune.validate();
+}
+
+}  // namespace meshlm

@@ -1,0 +1,77 @@
+// Everything a training run is told, as typed values: one struct per section
+// of the parameter file, each owned by the layer that uses it (the model's
+// shape and LoRA by model/, the layout by plan/, the base weights and their
+// quantization by quant/, the rest here). app/parameter_file.cpp fills them
+// from the file and the command line and nothing below app/ knows that a
+// file exists.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "model/gpt_config.h"
+#include "model/lora.h"
+#include "plan/parallel_config.h"
+#include "quant/quant_config.h"
+#include "train/adamw.h"
+
+namespace meshlm {
+
+// [train] (and model.seq_len): the optimisation.
+struct TrainConfig {
+  int seq_len = 64;            // [model] seq_len: T of every training sequence
+  int steps = 100;
+  int batch_size = 8;          // sequences per optimizer step
+  int micro_batch_size = 0;    // sequences per forward/backward of one rank; 0 = derived
+  double lr = 3e-4;
+  double lr_min_ratio = 0.1;
+  int warmup_steps = 10;
+  double grad_clip = 1.0;
+  AdamWConfig adamw;           // train.beta1, beta2, eps, weight_decay
+  uint64_t seed = 1337;
+  int log_every = 10;
+};
+
+// [data] the training tokens.
+struct DataConfig {
+  std::string path;           // token file (HDF5 dataset "tokens" or raw)
+  std::string tokenize_from;  // text file tokenized into `path` when it is missing
+  bool shuffle = true;
+};
+
+struct OutputConfig {
+  std::string dir = "out";
+};
+
+struct RuntimeConfig {
+  int threads = 0;  // OpenMP threads per rank; 0 = from the CPU affinity mask (train/threads.h)
+};
+
+// [debug] switches for tests of the failure paths.
+struct DebugConfig {
+  int fail_rank = -1;  // this rank throws a RankError ...
+  int fail_step = 1;   // ... in the forward of this step
+};
+
+struct RunConfig {
+  GPTConfig model;
+  TrainConfig train;
+  DataConfig data;
+  OutputConfig output;
+  RuntimeConfig runtime;
+  ParallelConfig parallel;
+  FinetuneConfig finetune;
+  quant::QuantConfig quant;
+  DebugConfig debug;
+  std::string source;    // the parameter file, or "(defaults)"
+  std::string resolved;  // every key with its final value, as an INI text
+};
+
+// Fills the derived values (parallel.dp = 0 from the job's `world_size`;
+// train.micro_batch_size and parallel.micro_batches from each other) and
+// checks every section and the rules between sections, each by the layer
+// that owns it. CollectiveError naming the key(s); every rank given the same
+// configuration throws the same error.
+void resolve_run_config(RunConfig& c, int world_size);
+
+}  // namespace meshlm
