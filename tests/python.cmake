@@ -1,17 +1,17 @@
 # Cross-checks against independent references in Python (PyTorch, h5py).
 #
 # The python3 first on PATH may not be the one that has Debian's
-# python3-torch and python3-h5py: try Debian's interpreter first, then PATH,
-# and keep the first one that imports both.
-set(MESHLM_PYTHON "" CACHE FILEPATH "Python interpreter with torch and h5py (found when empty)")
+# python3-torch, python3-h5py and python3-xxhash: try Debian's interpreter
+# first, then PATH, and keep the first one that imports all three.
+set(MESHLM_PYTHON "" CACHE FILEPATH "Python interpreter with torch, h5py and xxhash (found when empty)")
 if(NOT MESHLM_PYTHON)
   find_program(_py_path python3)
   foreach(candidate /usr/bin/python3 ${_py_path})
     if(EXISTS ${candidate})
-      execute_process(COMMAND ${candidate} -c "import torch, h5py"
+      execute_process(COMMAND ${candidate} -c "import torch, h5py, xxhash"
         RESULT_VARIABLE _py_rc OUTPUT_QUIET ERROR_QUIET)
       if(_py_rc EQUAL 0)
-        set(MESHLM_PYTHON ${candidate} CACHE FILEPATH "Python interpreter with torch and h5py" FORCE)
+        set(MESHLM_PYTHON ${candidate} CACHE FILEPATH "Python interpreter with torch, h5py and xxhash" FORCE)
         break()
       endif()
     endif()
@@ -20,8 +20,9 @@ endif()
 
 set(_torch ${CMAKE_CURRENT_SOURCE_DIR}/torch)
 if(NOT MESHLM_PYTHON)
-  message(WARNING "no python3 that imports torch and h5py: the PyTorch cross-checks will fail "
-                  "(Debian: apt-get install python3-torch python3-h5py)")
+  message(WARNING "no python3 that imports torch, h5py and xxhash: the PyTorch and h5py "
+                  "cross-checks will fail (Debian: apt-get install python3-torch python3-h5py "
+                  "python3-xxhash, or -DMESHLM_PYTHON=/path/to/python3)")
   # Fails, so that missing cross-checks are never mistaken for passing ones.
   add_test(NAME python_references_missing COMMAND ${CMAKE_COMMAND} -E false)
   return()
