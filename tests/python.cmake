@@ -40,13 +40,25 @@ add_test(NAME torch_gpt2_grads_v250
 # AdamW steps with clipping against torch.optim.AdamW + clip_grad_norm_.
 add_test(NAME torch_adamw
   COMMAND ${MESHLM_PYTHON} ${_torch}/check_adamw.py $<TARGET_FILE:meshlm_refdump>)
+# The two checkers checked without meshlm (--self-test): a dump written by
+# an independent reference (the float32 torch model; a textbook numpy AdamW)
+# must pass, and each deliberately corrupted one (a gradient off by 0.1%,
+# q and k swapped, a padded row touched, no clipping, coupled weight decay,
+# ...) must fail. A checker that passes everything fails here. Same options
+# as the checks above (V=250 has padded rows to corrupt).
+add_test(NAME torch_gpt2_grads_self_test
+  COMMAND ${MESHLM_PYTHON} ${_torch}/check_gpt2_grads.py --self-test
+          --n_layer 2 --n_head 4 --n_embd 64 --vocab_size 250 --seq_len 32 --batch 2 --tol 1e-4)
+add_test(NAME torch_adamw_self_test
+  COMMAND ${MESHLM_PYTHON} ${_torch}/check_adamw.py --self-test)
 # A real training run under mpiexec; its run.h5 read back with h5py.
 string(JOIN " " _mpiexec_line ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MESHLM_MPIEXEC_PREFLAGS})
 add_test(NAME h5py_run_log
   COMMAND ${MESHLM_PYTHON} ${_torch}/check_run_log.py
           --mpiexec "${_mpiexec_line}"
           --meshlm $<TARGET_FILE:meshlm> --config ${PROJECT_SOURCE_DIR}/inputs/tiny.cfg)
-set_tests_properties(torch_gpt2_grads_v256 torch_gpt2_grads_v250 torch_adamw h5py_run_log
+set_tests_properties(torch_gpt2_grads_v256 torch_gpt2_grads_v250 torch_adamw
+  torch_gpt2_grads_self_test torch_adamw_self_test h5py_run_log
   PROPERTIES LABELS python TIMEOUT 300 ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
 # The int8 and NF4 formats byte for byte against an independent numpy
 # implementation; the NF4 levels against the normal quantiles that define them.
