@@ -1,4 +1,5 @@
-# Cross-checks against independent references in Python (PyTorch, h5py).
+# Cross-checks against independent references in Python (PyTorch, h5py), and
+# the stored loss curve (tests/data).
 #
 # The python3 first on PATH may not be the one that has Debian's
 # python3-torch, python3-h5py and python3-xxhash: try Debian's interpreter
@@ -73,4 +74,19 @@ add_test(NAME h5py_quant_cache
   COMMAND ${MESHLM_PYTHON} ${_torch}/check_quant_cache.py
           --mpiexec "${_mpiexec_one}" --meshlm $<TARGET_FILE:meshlm>)
 set_tests_properties(h5py_quant_cache
+  PROPERTIES LABELS python TIMEOUT 300 ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
+# The stored loss curve of inputs/tiny.cfg (tests/data/tiny_losses.json, with
+# its tolerance, its measurements and the command that regenerates it): every
+# one of the 20 steps within rel_tol, on one rank and on 8 ranks as
+# dp 2 x tp 2 x pp 2.
+set(_data ${CMAKE_CURRENT_SOURCE_DIR}/data)
+string(JOIN " " _mpiexec_eight ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 8 ${MESHLM_MPIEXEC_PREFLAGS})
+add_test(NAME loss_curve_tiny_1rank
+  COMMAND ${MESHLM_PYTHON} ${_data}/loss_curve.py
+          --mpiexec "${_mpiexec_one}" --meshlm $<TARGET_FILE:meshlm>)
+add_test(NAME loss_curve_tiny_dp2_tp2_pp2
+  COMMAND ${MESHLM_PYTHON} ${_data}/loss_curve.py
+          --mpiexec "${_mpiexec_eight}" --meshlm $<TARGET_FILE:meshlm>
+          --parallel.dp=2 --parallel.tp=2 --parallel.pp=2)
+set_tests_properties(loss_curve_tiny_1rank loss_curve_tiny_dp2_tp2_pp2
   PROPERTIES LABELS python TIMEOUT 300 ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
