@@ -4,7 +4,8 @@
 # Installs what meshlm needs from Debian's packages (Debian 12 "bookworm" or
 # newer): compiler, CMake, Open MPI, parallel HDF5, Boost.Program_options,
 # OpenBLAS (OpenMP flavour), {fmt}, nlohmann-json, xxHash, GoogleTest.
-# --tests adds the Python cross-check references: python3-torch, python3-h5py.
+# --tests adds the Python cross-check references: python3-torch, python3-h5py,
+# python3-xxhash.
 #
 # Idempotent and quick when everything is there: it asks dpkg first and runs
 # apt-get only for what is missing. Runs apt-get through sudo when not root.
@@ -22,7 +23,7 @@ packages=(
   libgtest-dev
 )
 if [[ "${1:-}" == "--tests" ]]; then
-  packages+=(python3 python3-numpy python3-h5py python3-torch)
+  packages+=(python3 python3-numpy python3-h5py python3-torch python3-xxhash)
 elif [[ -n "${1:-}" ]]; then
   echo "usage: $0 [--tests]" >&2
   exit 2

@@ -1,17 +1,18 @@
-# Cross-checks against independent references in Python (PyTorch, h5py).
+# Cross-checks against independent references in Python (PyTorch, h5py), and
+# the stored loss curve (tests/data).
 #
 # The python3 first on PATH may not be the one that has Debian's
-# python3-torch and python3-h5py: try Debian's interpreter first, then PATH,
-# and keep the first one that imports both.
-set(MESHLM_PYTHON "" CACHE FILEPATH "Python interpreter with torch and h5py (found when empty)")
+# python3-torch, python3-h5py and python3-xxhash: try Debian's interpreter
+# first, then PATH, and keep the first one that imports all three.
+set(MESHLM_PYTHON "" CACHE FILEPATH "Python interpreter with torch, h5py and xxhash (found when empty)")
 if(NOT MESHLM_PYTHON)
   find_program(_py_path python3)
   foreach(candidate /usr/bin/python3 ${_py_path})
     if(EXISTS ${candidate})
-      execute_process(COMMAND ${candidate} -c "import torch, h5py"
+      execute_process(COMMAND ${candidate} -c "import torch, h5py, xxhash"
         RESULT_VARIABLE _py_rc OUTPUT_QUIET ERROR_QUIET)
       if(_py_rc EQUAL 0)
-        set(MESHLM_PYTHON ${candidate} CACHE FILEPATH "Python interpreter with torch and h5py" FORCE)
+        set(MESHLM_PYTHON ${candidate} CACHE FILEPATH "Python interpreter with torch, h5py and xxhash" FORCE)
         break()
       endif()
     endif()
@@ -20,8 +21,9 @@ endif()
 
 set(_torch ${CMAKE_CURRENT_SOURCE_DIR}/torch)
 if(NOT MESHLM_PYTHON)
-  message(WARNING "no python3 that imports torch and h5py: the PyTorch cross-checks will fail "
-                  "(Debian: apt-get install python3-torch python3-h5py)")
+  message(WARNING "no python3 that imports torch, h5py and xxhash: the PyTorch and h5py "
+                  "cross-checks will fail (Debian: apt-get install python3-torch python3-h5py "
+                  "python3-xxhash, or -DMESHLM_PYTHON=/path/to/python3)")
   # Fails, so that missing cross-checks are never mistaken for passing ones.
   add_test(NAME python_references_missing COMMAND ${CMAKE_COMMAND} -E false)
   return()
@@ -39,13 +41,25 @@ add_test(NAME torch_gpt2_grads_v250
 # AdamW steps with clipping against torch.optim.AdamW + clip_grad_norm_.
 add_test(NAME torch_adamw
   COMMAND ${MESHLM_PYTHON} ${_torch}/check_adamw.py $<TARGET_FILE:meshlm_refdump>)
+# The two checkers checked without meshlm (--self-test): a dump written by
+# an independent reference (the float32 torch model; a textbook numpy AdamW)
+# must pass, and each deliberately corrupted one (a gradient off by 0.1%,
+# q and k swapped, a padded row touched, no clipping, coupled weight decay,
+# ...) must fail. A checker that passes everything fails here. Same options
+# as the checks above (V=250 has padded rows to corrupt).
+add_test(NAME torch_gpt2_grads_self_test
+  COMMAND ${MESHLM_PYTHON} ${_torch}/check_gpt2_grads.py --self-test
+          --n_layer 2 --n_head 4 --n_embd 64 --vocab_size 250 --seq_len 32 --batch 2 --tol 1e-4)
+add_test(NAME torch_adamw_self_test
+  COMMAND ${MESHLM_PYTHON} ${_torch}/check_adamw.py --self-test)
 # A real training run under mpiexec; its run.h5 read back with h5py.
 string(JOIN " " _mpiexec_line ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MESHLM_MPIEXEC_PREFLAGS})
 add_test(NAME h5py_run_log
   COMMAND ${MESHLM_PYTHON} ${_torch}/check_run_log.py
           --mpiexec "${_mpiexec_line}"
           --meshlm $<TARGET_FILE:meshlm> --config ${PROJECT_SOURCE_DIR}/inputs/tiny.cfg)
-set_tests_properties(torch_gpt2_grads_v256 torch_gpt2_grads_v250 torch_adamw h5py_run_log
+set_tests_properties(torch_gpt2_grads_v256 torch_gpt2_grads_v250 torch_adamw
+  torch_gpt2_grads_self_test torch_adamw_self_test h5py_run_log
   PROPERTIES LABELS python TIMEOUT 300 ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
 # The int8 and NF4 formats byte for byte against an independent numpy
 # implementation; the NF4 levels against the normal quantiles that define them.
@@ -60,4 +74,19 @@ add_test(NAME h5py_quant_cache
   COMMAND ${MESHLM_PYTHON} ${_torch}/check_quant_cache.py
           --mpiexec "${_mpiexec_one}" --meshlm $<TARGET_FILE:meshlm>)
 set_tests_properties(h5py_quant_cache
+  PROPERTIES LABELS python TIMEOUT 300 ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
+# The stored loss curve of inputs/tiny.cfg (tests/data/tiny_losses.json, with
+# its tolerance, its measurements and the command that regenerates it): every
+# one of the 20 steps within rel_tol, on one rank and on 8 ranks as
+# dp 2 x tp 2 x pp 2.
+set(_data ${CMAKE_CURRENT_SOURCE_DIR}/data)
+string(JOIN " " _mpiexec_eight ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 8 ${MESHLM_MPIEXEC_PREFLAGS})
+add_test(NAME loss_curve_tiny_1rank
+  COMMAND ${MESHLM_PYTHON} ${_data}/loss_curve.py
+          --mpiexec "${_mpiexec_one}" --meshlm $<TARGET_FILE:meshlm>)
+add_test(NAME loss_curve_tiny_dp2_tp2_pp2
+  COMMAND ${MESHLM_PYTHON} ${_data}/loss_curve.py
+          --mpiexec "${_mpiexec_eight}" --meshlm $<TARGET_FILE:meshlm>
+          --parallel.dp=2 --parallel.tp=2 --parallel.pp=2)
+set_tests_properties(loss_curve_tiny_1rank loss_curve_tiny_dp2_tp2_pp2
   PROPERTIES LABELS python TIMEOUT 300 ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")

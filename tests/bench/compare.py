@@ -4,6 +4,7 @@
 Usage:
   compare.py --meshlm-bench PATH [--threads 1,2] [--configs all|small|NAME[,NAME]]
              [--steps S --warmup W] [--markdown] [--python /usr/bin/python3]
+             [--tcmalloc PATH | --no-tcmalloc]
 
 For each config and thread count N it runs
 
@@ -16,7 +17,18 @@ line ({"impl": ..., "ms_per_step": ..., "tokens_per_s": ..., "gflops": ...});
 the last line of stdout that parses as a JSON object is taken. Prints a
 fixed-column table (ratio = meshlm tok/s / torch tok/s) and, with
 --markdown, a markdown version for docs/PERFORMANCE.md headed by the date,
-`uname -m`, the CPU model and the torch version.
+`uname -m`, the CPU model, the torch version and the peer's allocator.
+
+The PyTorch peer runs at its best, as PyTorch's CPU performance tuning
+guide sets it up: with tcmalloc preloaded (LD_PRELOAD of Debian's
+libtcmalloc-minimal4, libtcmalloc_minimal.so.4). With glibc's malloc,
+Debian's PyTorch spends most of a step in page faults: its large activation
+and gradient buffers are mmap'ed and unmapped again on every step. The
+preload is checked, not assumed: torch_step.py reports the allocator mapped
+into its own process, and a peer that did not get tcmalloc is an error.
+Without tcmalloc the driver stops, naming the package; --no-tcmalloc runs a
+deliberately weakened peer on glibc's malloc, labelled "torch-glibc" in the
+table. meshlm's benchmark runs without any preload.
 
 Configs (steps timed after warmup unless --steps/--warmup are given):
   gpt2-124m  L=12 NH=12 C=768 V=50304 B=4 T=64    5 after 2
@@ -26,11 +38,14 @@ Configs (steps timed after warmup unless --steps/--warmup are given):
 
 import argparse
 import datetime
+import glob
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
+import sysconfig
 
 CONFIGS = {
     "gpt2-124m": dict(n_layer=12, n_head=12, n_embd=768, vocab_size=50304, batch=4, seq_len=64,
@@ -42,6 +57,32 @@ CONFIGS = {
 }
 SMALL = ["small-a", "small-b"]
 HERE = os.path.dirname(os.path.abspath(__file__))
+TCMALLOC = "libtcmalloc_minimal.so.4"
+TCMALLOC_PACKAGE = "libtcmalloc-minimal4"
+
+
+def find_tcmalloc():
+    """The path of tcmalloc's shared library, or None: first the multiarch
+    folders of this interpreter's architecture (Debian puts it in
+    /usr/lib/<triplet>/), then ldconfig's cache, then any library folder."""
+    candidates = []
+    triplet = sysconfig.get_config_var("MULTIARCH")
+    if triplet:
+        candidates += [f"/usr/lib/{triplet}/{TCMALLOC}", f"/lib/{triplet}/{TCMALLOC}"]
+    ldconfig = shutil.which("ldconfig") or next(
+        (p for p in ("/sbin/ldconfig", "/usr/sbin/ldconfig") if os.path.exists(p)), None)
+    if ldconfig:
+        try:
+            out = subprocess.run([ldconfig, "-p"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                 text=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        for line in out.splitlines():
+            name, arrow, path = line.partition("=>")
+            if arrow and name.split() and name.split()[0] == TCMALLOC:
+                candidates.append(path.strip())
+    candidates += sorted(glob.glob(f"/usr/lib*/{TCMALLOC}") + glob.glob(f"/usr/lib/*/{TCMALLOC}"))
+    return next((c for c in candidates if os.path.isfile(c)), None)
 
 
 def last_json(stdout):
@@ -58,8 +99,11 @@ def last_json(stdout):
     return None
 
 
-def run_one(cmd, threads, timeout):
+def run_one(cmd, threads, timeout, preload=None):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE")
+    if preload:
+        env["LD_PRELOAD"] = preload + (":" + env["LD_PRELOAD"] if env.get("LD_PRELOAD") else "")
+        print(f"+ LD_PRELOAD={env['LD_PRELOAD']} \\", file=sys.stderr)
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
     try:
         r = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -105,6 +149,12 @@ def main():
     ap.add_argument("--markdown", action="store_true", help="also print a markdown table")
     ap.add_argument("--python", default="/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable,
                     help="interpreter with torch for torch_step.py (default: Debian's /usr/bin/python3)")
+    ap.add_argument("--tcmalloc", metavar="PATH", default=None,
+                    help=f"tcmalloc library preloaded into the PyTorch peer (default: Debian's {TCMALLOC}, "
+                         f"package {TCMALLOC_PACKAGE}, found by the driver)")
+    ap.add_argument("--no-tcmalloc", action="store_true",
+                    help="run the PyTorch peer on glibc's malloc: a deliberately weakened peer, "
+                         "labelled torch-glibc in the tables")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per run")
     args = ap.parse_args()
 
@@ -126,7 +176,27 @@ def main():
     bench = os.path.abspath(args.meshlm_bench)
     torch_step = os.path.join(HERE, "torch_step.py")
 
-    rows, errors, torch_version = [], [], None
+    # The peer's allocator: tcmalloc, or glibc's malloc only when asked for.
+    if args.no_tcmalloc and args.tcmalloc:
+        ap.error("--tcmalloc and --no-tcmalloc exclude each other")
+    if args.no_tcmalloc:
+        preload = None
+        peer = "torch-glibc"
+        allocator_note = "glibc malloc (--no-tcmalloc: a deliberately weakened peer, not for docs/PERFORMANCE.md)"
+    else:
+        preload = args.tcmalloc or find_tcmalloc()
+        if not preload or not os.path.isfile(preload):
+            sys.exit(f"compare.py: error: tcmalloc ({args.tcmalloc or TCMALLOC}) not found. The PyTorch "
+                     f"peer runs with it preloaded, as PyTorch's CPU tuning guide advises (on glibc's "
+                     f"malloc it spends most of a step in page faults). Install Debian's "
+                     f"{TCMALLOC_PACKAGE} (apt-get install {TCMALLOC_PACKAGE}), or give the library "
+                     f"with --tcmalloc PATH, or run a weakened peer with --no-tcmalloc.")
+        preload = os.path.abspath(preload)
+        peer = "torch"
+        allocator_note = f"tcmalloc (LD_PRELOAD={preload})"
+    print(f"# PyTorch peer: {allocator_note}; OMP_WAIT_POLICY=PASSIVE", flush=True)
+
+    rows, errors, torch_version, peer_allocators = [], [], None, set()
     for name in names:
         c = CONFIGS[name]
         steps = args.steps if args.steps is not None else c["steps"]
@@ -139,17 +209,28 @@ def main():
             m, err = run_one([bench] + common, n, args.timeout)
             if err:
                 errors.append(f"{name} threads={n} meshlm: {err}")
-            t, err = run_one([args.python, torch_step] + common, n, args.timeout)
+            t, err = run_one([args.python, torch_step] + common, n, args.timeout, preload)
             if err:
                 errors.append(f"{name} threads={n} pytorch: {err}")
+            elif preload and not str(t.get("allocator", "")).startswith("libtcmalloc"):
+                # e.g. a library of another architecture, which ld.so ignores with a warning
+                errors.append(f"{name} threads={n} pytorch: LD_PRELOAD={preload} did not take effect "
+                              f"(the peer reports allocator {t.get('allocator')!r})")
+                t = None
+            elif not preload and t.get("allocator") != "glibc":
+                errors.append(f"{name} threads={n} pytorch: --no-tcmalloc, but the peer reports "
+                              f"allocator {t.get('allocator')!r} (an LD_PRELOAD in the environment?)")
+                t = None
             if t and t.get("torch"):
                 torch_version = t["torch"]
+            if t and t.get("allocator"):
+                peer_allocators.add(t["allocator"])
             ratio = m["tokens_per_s"] / t["tokens_per_s"] if m and t and t["tokens_per_s"] > 0 else None
             rows.append(dict(config=name, threads=n, m=m, t=t, ratio=ratio))
 
     header = ["config", "threads", "meshlm ms/step", "meshlm tok/s", "meshlm GFLOP/s",
-              "torch ms/step", "torch tok/s", "ratio"]
-    widths = [10, 7, 14, 12, 14, 13, 11, 6]
+              f"{peer} ms/step", f"{peer} tok/s", "ratio"]
+    widths = [max(w, len(h)) for w, h in zip([10, 7, 14, 12, 14, 13, 11, 6], header)]
     cells = []
     for r in rows:
         m, t = r["m"] or {}, r["t"] or {}
@@ -162,12 +243,15 @@ def main():
     for row in cells:
         print("  ".join(v.rjust(w) if i > 1 else v.ljust(w) for i, (v, w) in enumerate(zip(row, widths))))
 
+    if preload and peer_allocators:  # the library the peers really mapped, with its version
+        allocator_note = f"tcmalloc, {', '.join(sorted(peer_allocators))} (LD_PRELOAD={preload})"
     if args.markdown:
         uname_m = subprocess.run(["uname", "-m"], stdout=subprocess.PIPE, text=True).stdout.strip() \
             or platform.machine()
         print()
         print(f"Date: {datetime.date.today().isoformat()}; machine: `{uname_m}`, {cpu_model()}; "
-              f"torch {torch_version or 'unknown'}; OMP_WAIT_POLICY=PASSIVE, OMP_NUM_THREADS = threads.")
+              f"torch {torch_version or 'unknown'}; OMP_WAIT_POLICY=PASSIVE, OMP_NUM_THREADS = threads; "
+              f"PyTorch peer's allocator: {allocator_note}.")
         print()
         print("| " + " | ".join(header) + " |")
         print("|" + "|".join(["---"] * 2 + ["---:"] * (len(header) - 2)) + "|")

@@ -12,7 +12,7 @@ tokens, and times whole training steps after `warmup` untimed ones:
 zero_grad(set_to_none) + forward + backward + clip_grad_norm_(1.0) +
 optimizer.step(). Prints one JSON line:
 
-  {"impl": "pytorch", "torch": ..., "threads": N, "n_layer": ..., "n_head": ...,
+  {"impl": "pytorch", "torch": ..., "allocator": ..., "threads": N, "n_layer": ..., "n_head": ...,
    "n_embd": ..., "vocab_size": ..., "seq_len": ..., "batch": ...,
    "ms_per_step": median ms, "tokens_per_s": B*T / median s,
    "gflops": train FLOPs per step / median s / 1e9}
@@ -26,8 +26,12 @@ Training FLOPs per step (meshlm's benchmark uses the same formula):
       per token, counted on the full T x T (no causal halving)
   train per step    = 3 * forward per token * tokens   (backward = 2x forward)
 
-The driver (compare.py) sets OMP_NUM_THREADS=N and OMP_WAIT_POLICY=PASSIVE;
-a warning goes to stderr when OMP_WAIT_POLICY is not set.
+The driver (compare.py) sets OMP_NUM_THREADS=N and OMP_WAIT_POLICY=PASSIVE,
+and preloads tcmalloc (LD_PRELOAD); a warning goes to stderr when
+OMP_WAIT_POLICY is not set. The JSON line also says which allocator this
+process has ("allocator": the tcmalloc library mapped into it, as
+/proc/self/maps shows, else "glibc"), so that the driver can check that the
+preload took effect.
 """
 
 import argparse
@@ -46,6 +50,21 @@ from gpt2_torch import GPT2, GPT2Config, padded_vocab  # noqa: E402
 def train_flops_per_step(L, C, V, T, B):
     fwd_per_token = 2 * (L * 12 * C * C + V * C) + 4 * L * T * C
     return 3 * fwd_per_token * B * T
+
+
+def allocator():
+    """The file name of the tcmalloc library mapped into this process (an
+    LD_PRELOAD that took effect), "glibc" when there is none, "unknown"
+    without /proc."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split()[-1]
+                if "libtcmalloc" in os.path.basename(path):
+                    return os.path.basename(path)
+    except OSError:
+        return "unknown"
+    return "glibc"
 
 
 def main():
@@ -123,7 +142,7 @@ def main():
 
     med = statistics.median(times)
     result = {
-        "impl": "pytorch", "torch": torch.__version__, "threads": args.threads,
+        "impl": "pytorch", "torch": torch.__version__, "allocator": allocator(), "threads": args.threads,
         "n_layer": L, "n_head": NH, "n_embd": C, "vocab_size": V, "seq_len": T, "batch": B,
         "ms_per_step": med * 1e3,
         "tokens_per_s": B * T / med,
