@@ -122,7 +122,7 @@ void dequantize_rows(const quant::QSlice& w, int64_t i0, int64_t n, float* out,
   auto what = [&] {
     return "cuda::dequantize_rows of rows [" + std::to_string(i0) + ", " + std::to_string(i0 + n) +
            ") of a (" + std::to_string(w.R) + ", " + std::to_string(w.K) + ") " +
-           quant::quant_type_name(w.t.type) + " matrix";
+           std::string(meshlm::name_of(w.t.type)) + " matrix";
   };
   MESHLM_CHECK(i0 >= 0 && n >= 0 && i0 + n <= w.local_rows(),
                what() + ": rows out of the local matrix");

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "comm/mpi_comm.h"
-#include "io/base_source.h"
+#include "load/base_source.h"
 #include "comm/errors.h"
 #include "core/error.h"
 #include "plan/rank_plan.h"
@@ -18,7 +18,7 @@ RankPlan Engine::plan_of(const RunConfig& cfg, const MeshCoords& c) {
 }
 
 Engine::Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& timers,
-               const quant::FrozenBase* base)
+               const load::FrozenBase* base)
     : cfg_(cfg), mesh_(mesh), timers_(timers) {
   tp_ = comm::make_mpi_communicator(mesh.tp());
   dp_ = comm::make_mpi_communicator(mesh.dp());
@@ -104,8 +104,8 @@ void Engine::load_base_params() {
   // Full training from given weights: every rank reads the logical tensors
   // of its shard, one at a time, and keeps its part.
   try_all(mesh_.world(), "quant.base: ", [&] {
-    std::unique_ptr<io::BaseSource> src =
-        io::open_base_source(cfg_.quant.base, cfg_.model, cfg_.train.seed);
+    std::unique_ptr<load::BaseSource> src =
+        load::open_base_source(cfg_.quant.base, cfg_.model, cfg_.train.seed);
     model_->set_weights([&](const ParamSpec& p, float* x) { src->read(p, x); });
   }, MESHLM_HERE);
 }

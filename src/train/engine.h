@@ -27,7 +27,7 @@
 #include "model/gpt.h"
 #include "plan/memory.h"
 #include "plan/rank_plan.h"
-#include "quant/base_loader.h"
+#include "load/base_loader.h"
 #include "train/adamw.h"
 #include "train/pipeline_schedule.h"
 #include "train/run_config.h"
@@ -44,7 +44,7 @@ public:
   // Collective over mesh.world(). The mesh must outlive the engine; so must
   // `base`, the frozen base model, which finetune.mode = lora needs.
   Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& timers,
-         const quant::FrozenBase* base = nullptr);
+         const load::FrozenBase* base = nullptr);
   ~Engine();
 
   // What the rank at `c` holds under `cfg` (plan/rank_plan.h).

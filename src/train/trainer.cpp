@@ -16,7 +16,7 @@
 #include "io/tokens.h"
 #include "model/gpt.h"
 #include "plan/memory.h"
-#include "quant/base_loader.h"
+#include "load/base_loader.h"
 #include "mesh/mesh.h"
 #include "train/engine.h"
 #include "train/report.h"
@@ -25,8 +25,8 @@
 
 namespace meshlm {
 
-quant::BaseSettings base_settings_of(const RunConfig& cfg) {
-  quant::BaseSettings s;
+load::BaseSettings base_settings_of(const RunConfig& cfg) {
+  load::BaseSettings s;
   s.type = cfg.quant.type;
   s.per_rank = cfg.quant.share == quant::ShareMode::per_rank;
   s.source = cfg.quant.base;
@@ -38,8 +38,8 @@ quant::BaseSettings base_settings_of(const RunConfig& cfg) {
 RankPlan planned_rank_plan(const RunConfig& cfg, const ProcessMesh& mesh) {
   RankPlan shape = Engine::plan_of(cfg, mesh.coords());
   if (shape.model.lora.enabled) {
-    const quant::BaseSettings s = base_settings_of(cfg);
-    const quant::StoreManifest manifest = quant::make_manifest(cfg.model, s.type);
+    const load::BaseSettings s = base_settings_of(cfg);
+    const load::StoreManifest manifest = load::make_manifest(cfg.model, s.type);
     const bool holder = s.per_rank || mesh.node_rank() == 0;
     const bool quantizes = s.per_rank || mesh.rank() == 0;
     shape.quantized_bytes = holder ? manifest.bytes : 0;
@@ -110,15 +110,15 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
   const bool lora = shape.model.lora.enabled;
   if (!lora && !cfg.quant.cache.empty())
     log::warn("quant.cache = {} is not used: finetune.mode = full quantizes nothing", cfg.quant.cache);
-  const quant::BaseSettings base_settings = base_settings_of(cfg);
+  const load::BaseSettings base_settings = base_settings_of(cfg);
   const MemoryByCategory predicted =
       predict_memory(cfg.model, shape, loader->windows_per_epoch(), cfg.data.shuffle);
   print_predicted_memory(predicted, *world);
 
-  std::unique_ptr<quant::FrozenBase> base;
+  std::unique_ptr<load::FrozenBase> base;
   if (lora) {
     ScopedTimer st(timers, Section::checkpoint);
-    base = quant::FrozenBase::load(cfg.model, base_settings, mesh);
+    base = load::FrozenBase::load(cfg.model, base_settings, mesh);
     log::info("# base: {} | {} {} in {} ({} per {}) | cache {} | {:.2f} s",
               cfg.quant.base.empty() ? "GPT-2 initialisation, train.seed" : cfg.quant.base,
               name_of(cfg.quant.type), format_bytes(static_cast<double>(base->manifest().bytes)),

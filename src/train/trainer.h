@@ -8,7 +8,7 @@
 
 #include "mesh/mesh.h"
 #include "plan/memory.h"
-#include "quant/base_loader.h"
+#include "load/base_loader.h"
 #include "train/run_config.h"
 
 namespace meshlm {
@@ -38,7 +38,7 @@ struct TrainSummary {
 TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_params = false);
 
 // [quant] and train.seed as the base loader takes them.
-quant::BaseSettings base_settings_of(const RunConfig& cfg);
+load::BaseSettings base_settings_of(const RunConfig& cfg);
 
 // What this rank of `mesh` will hold, as the planner predicts it: its shard
 // and, under LoRA, the quantized store where this rank holds it (the node's

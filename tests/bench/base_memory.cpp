@@ -48,7 +48,7 @@
 #include "core/timer.h"
 #include "io/hash.h"
 #include "mesh/mesh.h"
-#include "quant/base_loader.h"
+#include "load/base_loader.h"
 #include "train/trainer.h"
 
 using namespace meshlm;
@@ -68,7 +68,7 @@ struct RankSample {
 
 double mib(double bytes) { return bytes / kMiB; }
 
-const char* cache_word(const quant::FillReport& r) {
+const char* cache_word(const load::FillReport& r) {
   if (r.cache_hit) return "hit";
   if (r.cache == "off" || r.cache.empty()) return "off";
   return "miss";
@@ -90,7 +90,7 @@ int run(int argc, char** argv) {
     else overrides.push_back(a);
   }
   const RunConfig cfg = load_run_config(MPI_COMM_WORLD, argv[1], overrides);
-  const quant::BaseSettings settings = base_settings_of(cfg);
+  const load::BaseSettings settings = base_settings_of(cfg);
   const std::string share = settings.per_rank ? "per_rank" : "node";
   if (label.empty()) label = share;
 
@@ -102,7 +102,7 @@ int run(int argc, char** argv) {
 
   // 2. The load.
   const double t0 = now_seconds();
-  std::unique_ptr<quant::FrozenBase> base = quant::FrozenBase::load(cfg.model, settings, mesh);
+  std::unique_ptr<load::FrozenBase> base = load::FrozenBase::load(cfg.model, settings, mesh);
   const double load_seconds = now_seconds() - t0;
 
   // 3. Every page of the store, read by every rank.
@@ -130,13 +130,13 @@ int run(int argc, char** argv) {
              mesh.world());
   if (rank != 0) return 0;
 
-  const quant::StoreManifest& m = base->manifest();
+  const load::StoreManifest& m = base->manifest();
   const double store_b = static_cast<double>(m.bytes);
   const double largest_b = static_cast<double>(m.largest_numel) * sizeof(float);
   size_t params = 0;
-  for (const quant::StoreEntry& e : m.entries) params += static_cast<size_t>(e.spec.full_shape.numel());
+  for (const load::StoreEntry& e : m.entries) params += static_cast<size_t>(e.spec.full_shape.numel());
   const GPTConfig& g = cfg.model;
-  const quant::FillReport& rep = base->report();
+  const load::FillReport& rep = base->report();
 
   std::printf("# meshlm_base_bench: %s | %d ranks | quant.share %s | parallel.ranks_per_node %d\n",
               label.c_str(), world, share.c_str(), cfg.parallel.ranks_per_node);

@@ -174,7 +174,7 @@ protected:
     for (QuantType type : kAllTypes) {
       QuantizedPair q(type, x);
       for (int rank = 0; rank < c.tp_size; ++rank) {
-        SCOPED_TRACE(std::string(meshlm::quant::quant_type_name(type)) + " (" +
+        SCOPED_TRACE(std::string(meshlm::name_of(type)) + " (" +
                      std::to_string(c.R) + ", " + std::to_string(c.K) + ") tp_dim " +
                      std::to_string(c.tp_dim) + " parts " + std::to_string(c.tp_parts) +
                      " rank " + std::to_string(rank) + "/" + std::to_string(c.tp_size));

@@ -22,11 +22,11 @@
 
 #include "app/parameter_file.h"
 #include "core/alloc.h"
-#include "io/base_source.h"
+#include "load/base_source.h"
 #include "mesh/mesh.h"
 #include "model/gpt.h"
 #include "mpi/training_runs.h"
-#include "quant/base_loader.h"
+#include "load/base_loader.h"
 #include "train/trainer.h"
 
 using namespace meshlm;
@@ -137,7 +137,7 @@ const Layout kLayouts[] = {
 };
 
 // XXH3-64 of the bytes a rank sees.
-uint64_t view_checksum(const quant::FrozenBase& b) {
+uint64_t view_checksum(const load::FrozenBase& b) {
   return XXH3_64bits(b.store().data(), b.store().bytes());
 }
 
@@ -199,10 +199,10 @@ TEST_F(LoraTraining, EveryRankSeesTheSameBase) {
   for (int rpn : {0, 4, 2, 1}) {
     const RunConfig cfg = config({8, 1, 1, 0, "1f1b", "none", rpn}, 8);
     const ProcessMesh mesh(MPI_COMM_WORLD, MeshLayout(8, 1, 1), rpn);
-    const auto shared = quant::FrozenBase::load(cfg.model, base_settings_of(cfg), mesh);
-    quant::BaseSettings priv = base_settings_of(cfg);
+    const auto shared = load::FrozenBase::load(cfg.model, base_settings_of(cfg), mesh);
+    load::BaseSettings priv = base_settings_of(cfg);
     priv.per_rank = true;
-    const auto own = quant::FrozenBase::load(cfg.model, priv, mesh);
+    const auto own = load::FrozenBase::load(cfg.model, priv, mesh);
     const uint64_t mine = view_checksum(*shared), reference = view_checksum(*own);
     std::vector<uint64_t> all(world_size());
     MPI_Gather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
@@ -221,7 +221,7 @@ TEST_F(LoraTraining, BadBaseIsOneClearErrorOnEveryRank) {
                                {"--quant.base=" + (dir_ / "missing.safetensors").string()});
   const ProcessMesh mesh(MPI_COMM_WORLD, MeshLayout(8, 1, 1), 4);
   try {
-    quant::FrozenBase::load(cfg.model, base_settings_of(cfg), mesh);
+    load::FrozenBase::load(cfg.model, base_settings_of(cfg), mesh);
     ADD_FAILURE() << "no error";
   } catch (const CollectiveError& e) {
     EXPECT_NE(std::string(e.what()).find("missing.safetensors"), std::string::npos) << e.what();
@@ -240,7 +240,7 @@ TEST_F(LoraTraining, FullTrainingStartsFromTheBase) {
     for (auto [path, seed] : {std::pair{same, cfg.train.seed}, std::pair{other, uint64_t{99}}}) {
       GPT g(cfg.model);
       g.init_weights(seed);
-      io::write_params_h5(path, cfg.model,
+      load::write_params_h5(path, cfg.model,
                           std::vector<float>(g.params(), g.params() + g.num_params()));
     }
   }
@@ -271,7 +271,7 @@ TEST_F(LoraTraining, AFailureWhileStreamingIsOneErrorOnEveryRank) {
   if (world_rank() == 0) {
     GPT g(cfg0.model);
     g.init_weights(1);
-    io::write_params_h5(path, cfg0.model,
+    load::write_params_h5(path, cfg0.model,
                         std::vector<float>(g.params(), g.params() + g.num_params()));
     // Replace one tensor halfway through the table by a dataset whose bytes
     // are in a file that does not exist.
@@ -295,7 +295,7 @@ TEST_F(LoraTraining, AFailureWhileStreamingIsOneErrorOnEveryRank) {
   const RunConfig cfg = config({8, 1, 1, 0, "1f1b", "none", 2}, 8, {"--quant.base=" + path});
   const ProcessMesh mesh(MPI_COMM_WORLD, MeshLayout(8, 1, 1), 2);
   try {
-    quant::FrozenBase::load(cfg.model, base_settings_of(cfg), mesh);
+    load::FrozenBase::load(cfg.model, base_settings_of(cfg), mesh);
     ADD_FAILURE() << "no error";
   } catch (const CollectiveError& e) {
     EXPECT_NE(std::string(e.what()).find("broken.h5"), std::string::npos) << e.what();

@@ -20,7 +20,7 @@
 #include "model/gpt.h"
 #include "model/lora.h"
 #include "plan/memory.h"
-#include "quant/base_loader.h"
+#include "load/base_loader.h"
 #include "train/adamw.h"
 
 using namespace meshlm;
@@ -54,17 +54,17 @@ double rel_err(const float* a, const float* b, size_t n) {
 
 // A quantized base in a private store, as one rank would hold it.
 struct Base {
-  quant::StoreManifest m;
+  load::StoreManifest m;
   Buffer store;
-  Base(const GPTConfig& cfg, quant::QuantType type) : m(quant::make_manifest(cfg, type)) {
+  Base(const GPTConfig& cfg, quant::QuantType type) : m(load::make_manifest(cfg, type)) {
     store = Buffer(m.bytes, MemCategory::quantized, "test.store");
-    quant::BaseSettings s;
+    load::BaseSettings s;
     s.type = type;
     s.seed = kBaseSeed;
-    quant::fill_store(cfg, s, m, store.as<uint8_t>(), /*use_cache=*/false);
+    load::fill_store(cfg, s, m, store.as<uint8_t>(), /*use_cache=*/false);
   }
   quant::QTensor tensor(const std::string& name) const {
-    const quant::StoreEntry& e = m.at(name);
+    const load::StoreEntry& e = m.at(name);
     return quant::qtensor_at(e.layout, store.as<uint8_t>() + e.offset);
   }
   // The logical tensor as the model sees it (dequantized).

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "io/base_source.h"
+#include "load/base_source.h"
 #include "io/h5.h"
 #include "io/safetensors.h"
 #include "model/gpt.h"
@@ -31,6 +31,7 @@
 
 using namespace meshlm;
 using namespace meshlm::io;
+using namespace meshlm::load;
 using nlohmann::json;
 
 namespace {

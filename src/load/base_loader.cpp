@@ -1,4 +1,4 @@
-#include "quant/base_loader.h"
+#include "load/base_loader.h"
 
 #include <hdf5.h>
 #if defined(__GLIBC__)
@@ -14,12 +14,14 @@
 #include "core/log.h"
 #include "core/progress.h"
 #include "core/timer.h"
-#include "io/base_source.h"
+#include "load/base_source.h"
 #include "io/hash.h"
 #include "io/quant_cache.h"
 #include "quant/formats.h"
 
-namespace meshlm::quant {
+namespace meshlm::load {
+
+using namespace quant;  // the formats and the store this loader fills
 
 namespace {
 constexpr size_t kStoreAlign = 64;
@@ -27,7 +29,7 @@ constexpr size_t kStoreAlign = 64;
 constexpr int32_t kFailed = 0, kFromCache = 1, kStreamed = 2;
 
 // The cache key's settings: everything that changes the bytes of the store.
-io::CacheKey cache_key(const GPTConfig& cfg, const BaseSettings& s, const io::BaseSource& src) {
+io::CacheKey cache_key(const GPTConfig& cfg, const BaseSettings& s, const BaseSource& src) {
   io::CacheKey key;
   const std::vector<std::string> files = src.files();
   if (files.empty()) {
@@ -108,7 +110,7 @@ FillReport fill_store(const GPTConfig& cfg, const BaseSettings& s, const StoreMa
                       uint8_t* store, bool use_cache, const FillHooks& hooks) {
   const double t0 = now_seconds();
   FillReport rep;
-  std::unique_ptr<io::BaseSource> src = io::open_base_source(s.source, cfg, s.seed);
+  std::unique_ptr<BaseSource> src = open_base_source(s.source, cfg, s.seed);
   const bool cached = use_cache && !s.cache.empty();
   io::CacheKey key;
   std::vector<io::CacheTensor> layout;
@@ -231,4 +233,4 @@ QTensor FrozenBase::tensor(const std::string& name) const {
   return qtensor_at(e.layout, store_->data() + e.offset);
 }
 
-}  // namespace meshlm::quant
+}  // namespace meshlm::load

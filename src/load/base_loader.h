@@ -35,7 +35,12 @@ namespace meshlm::io {
 struct CacheTensor;
 }
 
-namespace meshlm::quant {
+namespace meshlm::load {
+
+using quant::NodeStore;
+using quant::QLayout;
+using quant::QTensor;
+using quant::QuantType;
 
 struct BaseSettings {
   QuantType type = QuantType::nf4;  // of the matrices; vectors are kept in f32
@@ -110,4 +115,4 @@ private:
   double seconds_ = 0;
 };
 
-}  // namespace meshlm::quant
+}  // namespace meshlm::load

@@ -33,7 +33,7 @@
 #include "model/gpt_config.h"
 #include "model/gpt.h"
 
-namespace meshlm::io {
+namespace meshlm::load {
 
 inline constexpr int kParamsFormatVersion = 1;
 
@@ -69,4 +69,4 @@ std::unique_ptr<BaseSource> open_base_source(const std::string& spec_string, con
 void write_params_h5(const std::string& path, const GPTConfig& cfg,
                      const std::vector<float>& full_params);
 
-}  // namespace meshlm::io
+}  // namespace meshlm::load

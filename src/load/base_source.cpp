@@ -1,4 +1,4 @@
-#include "io/base_source.h"
+#include "load/base_source.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -12,7 +12,12 @@
 #include "io/h5.h"
 #include "io/safetensors.h"
 
-namespace meshlm::io {
+namespace meshlm::load {
+
+using io::SafetensorsFile;
+using io::SafetensorsTensor;
+using io::safetensors_dtype_is_float;
+namespace h5 = io::h5;
 
 namespace {
 
@@ -295,4 +300,4 @@ void write_params_h5(const std::string& path, const GPTConfig& cfg,
   out.commit();
 }
 
-}  // namespace meshlm::io
+}  // namespace meshlm::load
