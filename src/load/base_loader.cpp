@@ -228,8 +228,10 @@ std::unique_ptr<FrozenBase> FrozenBase::load(const GPTConfig& cfg, const BaseSet
   return b;
 }
 
-QTensor FrozenBase::tensor(const std::string& name) const {
-  const StoreEntry& e = manifest_.at(name);
+QTensor FrozenBase::tensor(const ParamSpec& spec) const {
+  // The manifest lists the whole model's table in order.
+  const StoreEntry& e = manifest_.entries.at(static_cast<size_t>(spec.index));
+  MESHLM_CHECK(e.spec.name == spec.name, spec.name + " is not a tensor of the GPT-2 table");
   return qtensor_at(e.layout, store_->data() + e.offset);
 }
 

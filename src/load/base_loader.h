@@ -27,7 +27,7 @@
 
 #include "mesh/mesh.h"
 #include "model/gpt_config.h"
-#include "model/gpt.h"
+#include "model/param_table.h"
 #include "quant/node_store.h"
 #include "quant/quantize.h"
 
@@ -101,8 +101,9 @@ public:
   static std::unique_ptr<FrozenBase> load(const GPTConfig& cfg, const BaseSettings& s,
                                           const ProcessMesh& mesh);
 
-  // The logical tensor `name` in the store (a view into the window).
-  QTensor tensor(const std::string& name) const;
+  // The logical tensor of `spec` (an entry of a GPT-2 table; spec.index is
+  // its place in the whole model's) in the store: a view into the window.
+  QTensor tensor(const ParamSpec& spec) const;
   const StoreManifest& manifest() const { return manifest_; }
   const NodeStore& store() const { return *store_; }
   const FillReport& report() const { return report_; }  // rank 0's (per_rank: this rank's)

@@ -74,7 +74,7 @@ public:
   }
   std::vector<std::string> files() const override { return {}; }
   void read(const ParamSpec& spec, float* out) override {
-    gpt_init_tensor(cfg_, table_[find(spec)], seed_, out);
+    init_tensor(cfg_, table_[find(spec)], seed_, out);
   }
 
 private:
@@ -93,13 +93,13 @@ enum class HFLayout {
   first_rows,  // wpe: at least max_seq_len rows, the first max_seq_len taken
 };
 
-HFLayout hf_layout(const std::string& name) {
-  if (name == "wte.weight") return HFLayout::vocab_rows;
-  if (name == "wpe.weight") return HFLayout::first_rows;
-  for (const char* s :
-       {"attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"})
-    if (name.ends_with(s)) return HFLayout::transposed;
-  return HFLayout::same;
+HFLayout hf_layout(const ParamSpec& p) {
+  switch (p.role) {
+    case ParamRole::token_embedding: return HFLayout::vocab_rows;
+    case ParamRole::position_embedding: return HFLayout::first_rows;
+    case ParamRole::linear_weight: return HFLayout::transposed;
+    default: return HFLayout::same;
+  }
 }
 
 class SafetensorsSource final : public TableSource {
@@ -115,7 +115,7 @@ public:
     const ParamSpec& p = table_[i];
     const std::string& name = file_names_[i];
     const size_t C = static_cast<size_t>(cfg_.n_embd);
-    switch (hf_layout(p.name)) {
+    switch (hf_layout(p)) {
       case HFLayout::same:
         file_.read_f32(name, out);
         break;
@@ -168,7 +168,7 @@ private:
     const int64_t C = cfg_.n_embd;
     const std::vector<int64_t> full = dims_of(p.full_shape);
     const std::string has = "tensor '" + t.name + "' has shape " + dims_str(t.shape);
-    switch (hf_layout(p.name)) {
+    switch (hf_layout(p)) {
       case HFLayout::same:
         if (t.shape != full) fail(has + "; meshlm expects " + dims_str(full));
         break;

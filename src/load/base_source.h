@@ -4,7 +4,7 @@
 //
 // Three kinds of source, chosen by open_base_source()'s spec string:
 //
-//  * "" or "init": GPT-2 initialisation from a seed (gpt_init_tensor), the
+//  * "" or "init": GPT-2 initialisation from a seed (init_tensor), the
 //    exact values a fresh GPT::init_weights(seed) gives.
 //  * "*.safetensors": a Hugging Face GPT-2 checkpoint. Names may carry a
 //    "transformer." prefix; the Conv1D weights (attn.c_attn, attn.c_proj,
@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "model/gpt_config.h"
-#include "model/gpt.h"
+#include "model/param_table.h"
 
 namespace meshlm::load {
 

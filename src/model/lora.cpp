@@ -3,19 +3,10 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "core/rng.h"
-#include "model/gpt.h"
+#include "model/param_table.h"
 #include "ops/blas.h"
 
 namespace meshlm {
-
-namespace {
-// The base tensor of each slot, in LinearSlot order.
-constexpr const char* kSlotTensors[kLinearSlots] = {"attn.c_attn.weight", "attn.c_proj.weight",
-                                                    "mlp.c_fc.weight", "mlp.c_proj.weight"};
-// Adapter streams are kept apart from the base model's (seeded by table index).
-constexpr uint64_t kLoraSeedSalt = 0x4c6f5241'00000000ull;
-}  // namespace
 
 void FinetuneConfig::validate() const {
   if (lora_rank < 1)
@@ -37,10 +28,6 @@ LoraOptions lora_options(const FinetuneConfig& f) {
   return o;
 }
 
-std::string lora_base_name(int layer, LinearSlot slot) {
-  return "h." + std::to_string(layer) + "." + kSlotTensors[static_cast<int>(slot)];
-}
-
 std::vector<ParamSpec> lora_param_table(const GPTConfig& cfg, const ModelShard& shard,
                                         const LoraOptions& lora) {
   MESHLM_CHECK(lora.rank >= 1, "LoRA rank must be >= 1");
@@ -49,31 +36,20 @@ std::vector<ParamSpec> lora_param_table(const GPTConfig& cfg, const ModelShard& 
   const int64_t r = lora.rank;
   TableBuilder t(tp);  // index: position in the whole model's adapter table
   for (const ParamSpec& w : full) {
-    if (w.layer < 0) continue;
-    int target = -1;
-    for (int k = 0; k < kLinearSlots; ++k)
-      if (w.name == lora_base_name(w.layer, static_cast<LinearSlot>(k))) target = k;
-    if (target < 0 || !lora.targets.has(static_cast<LinearSlot>(target))) continue;
+    if (w.role != ParamRole::linear_weight || !lora.targets.has(*w.slot)) continue;
     const int64_t OC = w.full_shape.dims[0], IC = w.full_shape.dims[1];
     const bool mine = shard.layer_begin <= w.layer && w.layer < le;
     const bool column_parallel = w.tp_dim == 0;
-    t.add(w.name + ".lora_A", {r, IC}, column_parallel ? -1 : 1, 1, w.layer, mine);
-    t.add(w.name + ".lora_B", {OC, r}, column_parallel ? 0 : -1, column_parallel ? w.tp_parts : 1,
-        w.layer, mine);
+    t.add({.name = w.name + ".lora_A", .tp_dim = column_parallel ? -1 : 1, .layer = w.layer,
+           .full_shape = {r, IC}, .role = ParamRole::lora_a, .slot = w.slot,
+           .init = InitKind::kaiming_uniform},
+          mine);
+    t.add({.name = w.name + ".lora_B", .tp_dim = column_parallel ? 0 : -1, .layer = w.layer,
+           .full_shape = {OC, r}, .tp_parts = column_parallel ? w.tp_parts : 1,
+           .role = ParamRole::lora_b, .slot = w.slot, .init = InitKind::zeros},
+          mine);
   }
   return t.take();
-}
-
-void lora_init_tensor(const ParamSpec& spec, uint64_t seed, float* out) {
-  const size_t n = static_cast<size_t>(spec.full_shape.numel());
-  if (spec.name.ends_with(".lora_B")) {
-    for (size_t i = 0; i < n; ++i) out[i] = 0.0f;
-    return;
-  }
-  // Kaiming-uniform with a = sqrt(5), as torch.nn.Linear and PEFT: bound 1/sqrt(IC).
-  const double bound = 1.0 / std::sqrt(static_cast<double>(spec.full_shape.dims[1]));
-  Rng rng(Rng::mix_seed(seed ^ kLoraSeedSalt, static_cast<uint64_t>(spec.index)));
-  for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(bound * (2.0 * rng.uniform() - 1.0));
 }
 
 void lora_forward(float* out, const float* inp, const float* A, const float* B, float s, int N,

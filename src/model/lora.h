@@ -55,9 +55,6 @@ struct FinetuneConfig {
   void validate() const;
 };
 
-// The base tensor of slot t in block l: "h.<l>.attn.c_attn.weight" ...
-std::string lora_base_name(int layer, LinearSlot slot);
-
 // What the model needs to know of LoRA.
 struct LoraOptions {
   bool enabled = false;
@@ -71,11 +68,6 @@ LoraOptions lora_options(const FinetuneConfig& f);
 // The adapters of a shard (local shapes, offsets into one flat buffer).
 std::vector<ParamSpec> lora_param_table(const GPTConfig& cfg, const ModelShard& shard,
                                         const LoraOptions& lora);
-
-// The value of the logical adapter tensor `spec` at initialisation (written
-// whole): A uniform(-1/sqrt(IC), 1/sqrt(IC)) from its own stream of `seed`,
-// B zero.
-void lora_init_tensor(const ParamSpec& spec, uint64_t seed, float* out);
 
 // out(N, OC) += s * (inp(N, IC) A^T) B^T. u (N, r) is scratch and holds
 // inp A^T afterwards.

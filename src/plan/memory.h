@@ -35,6 +35,7 @@
 #include "core/alloc.h"
 #include "model/gpt_config.h"
 #include "model/gpt.h"
+#include "model/param_table.h"
 #include "plan/rank_plan.h"
 
 namespace meshlm {

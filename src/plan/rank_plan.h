@@ -6,9 +6,10 @@
 #include <vector>
 
 #include "mesh/mesh.h"
-#include "model/gpt.h"
 #include "model/gpt_config.h"
+#include "model/gpt_options.h"
 #include "model/lora.h"
+#include "model/param_table.h"
 #include "plan/parallel_config.h"
 
 namespace meshlm {

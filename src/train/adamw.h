@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "core/alloc.h"
-#include "model/gpt.h"
+#include "model/param_table.h"
 
 namespace meshlm {
 

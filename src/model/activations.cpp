@@ -1,0 +1,102 @@
+#include "model/activations.h"
+
+#include <algorithm>
+
+#include "quant/qlinear.h"
+
+namespace meshlm {
+
+void plan_activations(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts, int B,
+                      int Tn, ActLayout& L) {
+  const size_t BT = static_cast<size_t>(B) * Tn, C = cfg.n_embd;
+  const size_t tp = shard.tp_size, Cl = C / tp, NHl = cfg.n_head / tp;
+  const size_t Fl = 4 * C / tp, Vl = cfg.padded_vocab_size() / tp;
+  const int le = shard.layer_end < 0 ? cfg.n_layer : shard.layer_end;
+  const int n_local = le - shard.layer_begin;
+  const bool full = opts.checkpointing == Checkpointing::full;
+  L.slots.resize(opts.slots);
+  // The vectors are sized before any pointer into them is recorded.
+  for (auto& s : L.slots) s.blocks.assign(n_local, BlockActs{});
+  auto cut = [&](float*& p, size_t n, bool grad = false) {
+    L.cuts.push_back({&p, n, grad});
+    (grad ? L.grad_floats : L.act_floats) += n;
+  };
+  // Everything of one block but its output (res3).
+  auto cut_block_inner = [&](BlockActs& a) {
+    cut(a.ln1, BT * C);
+    cut(a.ln1_mean, BT);
+    cut(a.ln1_rstd, BT);
+    cut(a.qkv, BT * 3 * Cl);
+    cut(a.atty, BT * Cl);
+    cut(a.att, BT * NHl * Tn);
+    cut(a.attproj, BT * C);
+    cut(a.res2, BT * C);
+    cut(a.ln2, BT * C);
+    cut(a.ln2_mean, BT);
+    cut(a.ln2_rstd, BT);
+    cut(a.fch, BT * Fl);
+    cut(a.fch_gelu, BT * Fl);
+    cut(a.fcproj, BT * C);
+  };
+  if (full) cut_block_inner(L.recompute);
+  for (auto& s : L.slots) {
+    cut(s.input, BT * C);
+    for (auto& a : s.blocks) {
+      if (!full) cut_block_inner(a);
+      cut(a.res3, BT * C);
+    }
+    if (shard.last_stage) {
+      cut(s.lnf, BT * C);
+      cut(s.lnf_mean, BT);
+      cut(s.lnf_rstd, BT);
+      cut(s.logits, BT * Vl);
+      cut(s.losses, BT);
+      cut(s.xent_max, BT);
+      cut(s.xent_sums, 2 * BT);
+    }
+  }
+  cut(L.g.dres, BT * C, true);
+  cut(L.g.dln, BT * C, true);
+  cut(L.g.dqkv, BT * 3 * Cl, true);
+  cut(L.g.datty, BT * Cl, true);
+  cut(L.g.datt, BT * NHl * Tn, true);
+  cut(L.g.dfch, BT * Fl, true);
+  cut(L.g.dfch_gelu, BT * Fl, true);
+  cut(L.g.dlosses, BT, true);
+  if (opts.lora.enabled) {
+    const size_t r = opts.lora.rank;
+    cut(L.g.lora_u, BT * r, true);
+    cut(L.g.lora_du, BT * r, true);
+    cut(L.g.lora_tmp, r * C, true);
+    cut(L.g.qtile, static_cast<size_t>(quant::kQLinearTileRows) * std::max(C, Fl), true);
+    if (shard.first_stage) cut(L.g.wpe_rows, static_cast<size_t>(Tn) * C, true);
+  }
+}
+
+void ActLayout::bind(float* acts, float* grads, Checkpointing checkpointing) {
+  size_t a = 0, g = 0;
+  for (const Cut& c : cuts) {
+    *c.ptr = c.grad ? grads + g : acts + a;
+    (c.grad ? g : a) += c.n;
+  }
+  if (checkpointing == Checkpointing::full) {
+    // Checkpointed blocks keep their output only; the rest is recomputed
+    // into the one shared block.
+    for (auto& s : slots) {
+      for (auto& b : s.blocks) {
+        float* res3 = b.res3;
+        b = recompute;
+        b.res3 = res3;
+      }
+    }
+  }
+}
+
+size_t activation_bytes(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts,
+                        int B, int Tn) {
+  ActLayout L;
+  plan_activations(cfg, shard, opts, B, Tn, L);
+  return (L.act_floats + L.grad_floats) * sizeof(float);
+}
+
+}  // namespace meshlm

@@ -1,0 +1,103 @@
+// The activation layout of one rank's GPT shard: every array a forward
+// keeps for the backward of each activation slot (pipeline micro-batch in
+// flight), and the gradients and scratch one backward uses, cut from two
+// allocations. The planner sizes activation memory from the same layout.
+//
+// Local sizes per micro-batch of (B, T), N = B T, with tensor parallelism
+// tp: C, Cl = C / tp, NHl = NH / tp, Fl = 4C / tp, Vl = Vp / tp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "model/gpt_config.h"
+#include "model/gpt_options.h"
+#include "model/param_table.h"
+
+namespace meshlm {
+
+// What one block's forward keeps.
+struct BlockActs {
+  float* ln1;       // (B,T,C)
+  float* ln1_mean;  // (B,T)
+  float* ln1_rstd;  // (B,T)
+  float* qkv;       // (B,T,3Cl)
+  float* atty;      // (B,T,Cl)
+  float* att;       // (B,NHl,T,T)
+  float* attproj;   // (B,T,C)
+  float* res2;      // (B,T,C) residual after attention
+  float* ln2;       // (B,T,C)
+  float* ln2_mean;  // (B,T)
+  float* ln2_rstd;  // (B,T)
+  float* fch;       // (B,T,Fl)
+  float* fch_gelu;  // (B,T,Fl)
+  float* fcproj;    // (B,T,C)
+  float* res3;      // (B,T,C) residual after the MLP = block output
+};
+
+// The activations of one micro-batch. With checkpointing, only input and
+// every block's res3 are per slot; the other block arrays point into one
+// shared block (ActLayout::recompute) refilled by the block's forward in
+// backward.
+struct SlotActs {
+  float* input;  // (B,T,C) embedding output, or the activations received
+  std::vector<BlockActs> blocks;
+  float* lnf;        // (B,T,C)
+  float* lnf_mean;   // (B,T)
+  float* lnf_rstd;   // (B,T)
+  float* logits;     // (B,T,Vl) logits, then dlogits in backward
+  float* losses;     // (B,T)
+  float* xent_max;   // (B,T) row max over the whole vocabulary
+  float* xent_sums;  // (B,T,2) sum exp(l - max), target logit
+  std::vector<int32_t> tokens, targets;
+  bool forwarded = false;
+};
+
+// One backward's gradients of activations and scratch, shared by the slots.
+struct GradActs {
+  float* dres;       // (B,T,C) gradient of the residual stream
+  float* dln;        // (B,T,C)
+  float* dqkv;       // (B,T,3Cl)
+  float* datty;      // (B,T,Cl)
+  float* datt;       // (B,NHl,T,T)
+  float* dfch;       // (B,T,Fl)
+  float* dfch_gelu;  // (B,T,Fl)
+  float* dlosses;    // (B,T)
+  // LoRA / quantized base scratch (null in full training)
+  float* lora_u;     // (B*T, r)
+  float* lora_du;    // (B*T, r)
+  float* lora_tmp;   // (r*C) a replicated adapter's partial gradient, summed over TP
+  float* qtile;      // (kQLinearTileRows, max(C, Fl)) dequantized rows of a frozen matrix
+  float* wpe_rows;   // (T, C) dequantized positions (first stage)
+};
+
+// Every array in allocation order, then bound to two buffers by bind().
+struct ActLayout {
+  std::vector<SlotActs> slots;
+  BlockActs recompute{};
+  GradActs g{};
+  struct Cut {
+    float** ptr;  // where the array's pointer goes
+    size_t n;     // floats
+    bool grad;    // in the gradient buffer
+  };
+  std::vector<Cut> cuts;
+  size_t act_floats = 0, grad_floats = 0;
+
+  // Sets every pointer into `acts` (act_floats) and `grads` (grad_floats).
+  // Under full checkpointing the slots' blocks then share `recompute` for
+  // all but their output.
+  void bind(float* acts, float* grads, Checkpointing checkpointing);
+};
+
+// Fills `L` (empty) with the layout for micro-batches of (B, Tn). Its cuts
+// point into `L` itself: bind it where it is, then copy out what is needed.
+void plan_activations(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts, int B,
+                      int Tn, ActLayout& L);
+
+// Bytes of activations the shard keeps for micro-batches of (B, Tn).
+size_t activation_bytes(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts,
+                        int B, int Tn);
+
+}  // namespace meshlm

@@ -1,0 +1,35 @@
+// How a rank's GPT shard is built: activation slots and checkpointing (from
+// [parallel]), the padding of its flat buffers (ZeRO), where its gradients
+// go, and LoRA ([finetune]).
+#pragma once
+
+#include <cstddef>
+#include <span>
+
+#include "core/enum_names.h"
+#include "model/lora.h"
+
+namespace meshlm {
+
+// parallel.activation_checkpointing: what a pipeline slot keeps of a block.
+enum class Checkpointing {
+  none,  // every activation of every block
+  full,  // each block's output only; backward recomputes the block
+};
+inline constexpr EnumName<Checkpointing> kCheckpointingNames[] = {
+    {Checkpointing::none, "none"},
+    {Checkpointing::full, "full"},
+};
+constexpr std::span<const EnumName<Checkpointing>> enum_names(Checkpointing) {
+  return kCheckpointingNames;
+}
+
+struct GPTOptions {
+  int slots = 1;  // micro-batches whose activations are kept at once (pipeline in-flight)
+  Checkpointing checkpointing = Checkpointing::none;
+  size_t pad_multiple = 1;  // flat buffers padded to a multiple of this (ZeRO shards)
+  bool own_grads = true;    // false: gradients go where set_grad_target() says (ZeRO-2)
+  LoraOptions lora;         // enabled: the base is frozen (attach_base) and only adapters train
+};
+
+}  // namespace meshlm

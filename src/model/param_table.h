@@ -1,0 +1,136 @@
+// The parameter table: every trained tensor of a rank as (name, role, shape,
+// offset into one flat buffer, the dimension tensor parallelism splits).
+//
+// The parameters are ONE allocation plus this table. Gradients use the same
+// table on a second buffer of the same size; optimizer state, ZeRO shards,
+// checkpoint datasets and LoRA adapters are derived from it. Code finds a
+// tensor by its role (ParamRole, LinearSlot, TiedGroup, InitKind), never by
+// its name or its position: the name is for files only.
+//
+// Names follow the Hugging Face GPT-2 checkpoint (wte.weight, h.0.attn.c_attn.
+// weight, ...) so that imported weights map by name, but linear weights are
+// stored (out, in) like torch.nn.Linear (HF's Conv1D stores them transposed).
+//
+// One rank holds a SHARD of the model (ModelShard): the layers of its
+// pipeline stage (plus the embedding on the first stage, ln_f and the tied
+// lm_head on the last), each split tensor cut to its tensor-parallel part
+// (Megatron style, see tp_dim below). The table of a shard lists the local
+// shapes; full_shape and tp_parts say where the shard sits in the logical
+// tensor, so checkpoints and tests can always speak of the whole model.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/gpt_config.h"
+#include "model/linear_slot.h"
+
+namespace meshlm {
+
+// What a tensor is to the model.
+enum class ParamRole : uint8_t {
+  token_embedding,     // wte (Vp, C); also the lm_head (tied)
+  position_embedding,  // wpe (maxT, C)
+  ln1_weight,          // a block's LayerNorm before attention: gain (C)
+  ln1_bias,            //   and bias (C)
+  ln2_weight,          // a block's LayerNorm before the MLP
+  ln2_bias,
+  lnf_weight,          // the final LayerNorm (last stage)
+  lnf_bias,
+  linear_weight,       // a block's linear layer `slot`: (OC, IC)
+  linear_bias,         //   and its bias (OC)
+  lora_a,              // the LoRA adapter of linear layer `slot`: A (r, IC)
+  lora_b,              //   and B (OC, r)
+};
+
+// How a logical tensor starts (init_tensor).
+enum class InitKind : uint8_t {
+  normal,           // N(0, 0.02)
+  normal_residual,  // N(0, 0.02 / sqrt(2 L)): projections into the residual stream
+  normal_vocab,     // N(0, 0.02) on the vocabulary's rows, zero on the padded rows
+  zeros,
+  ones,
+  kaiming_uniform,  // uniform(-1/sqrt(IC), 1/sqrt(IC)), as torch.nn.Linear (LoRA A)
+};
+
+// Tensors held by more than one pipeline stage as one logical tensor: their
+// gradients are summed between those stages, they count once in the global
+// gradient norm, and their copies must agree.
+enum class TiedGroup : uint8_t {
+  none,
+  embedding,  // wte: the first stage's token embedding, the last stage's lm_head
+};
+
+struct ParamSpec {
+  std::string name;  // also the HDF5 dataset name under /params
+  Shape shape;       // this rank's part (== full_shape without tensor parallelism)
+  size_t offset = 0;  // in elements, into the flat buffer
+  int tp_dim = -1;    // dimension split by tensor parallelism; -1 = replicated
+  int layer = -1;     // transformer block, -1 for embeddings and final norm
+  Shape full_shape;   // the logical tensor
+  int tp_parts = 1;   // tp_dim is made of this many equal parts (q, k, v), each split
+  int index = 0;      // position in the table of the whole model (seeds its init stream)
+  ParamRole role = ParamRole::linear_weight;
+  std::optional<LinearSlot> slot;  // linear layers and their adapters
+  InitKind init = InitKind::zeros;
+  TiedGroup tied = TiedGroup::none;
+
+  bool decay() const { return shape.ndim >= 2; }  // AdamW decays matrices only
+  size_t numel() const { return static_cast<size_t>(shape.numel()); }
+  // This tensor inside a flat fp32 buffer laid out by the table.
+  TensorView in(float* base) const { return {base + offset, shape, DType::f32, Device::cpu}; }
+};
+
+// Which part of the model one rank holds: the layers [layer_begin,
+// layer_end) of its pipeline stage, and part tp_rank of tp_size of every
+// tensor that tensor parallelism splits. The default is the whole model.
+struct ModelShard {
+  int tp_rank = 0, tp_size = 1;
+  int layer_begin = 0, layer_end = -1;  // -1 = n_layer
+  bool first_stage = true;              // holds wte + wpe, takes tokens
+  bool last_stage = true;               // holds ln_f + lm_head (tied wte), computes the loss
+};
+
+// Builds a table in memory order for one shard: add() is called for every
+// tensor of the whole model, in order (its position becomes spec.index);
+// those the shard keeps get their local shape (tp_dim divided by tp_size)
+// and the next offset. `spec` gives name, full_shape, tp_dim, tp_parts,
+// layer and the roles.
+class TableBuilder {
+public:
+  explicit TableBuilder(int tp_size) : tp_(tp_size) {}
+  void add(ParamSpec spec, bool keep);
+  std::vector<ParamSpec> take() { return std::move(table_); }
+
+private:
+  int tp_ = 1, index_ = 0;
+  size_t offset_ = 0;
+  std::vector<ParamSpec> table_;
+};
+
+// The GPT-2 table, in memory order: wte (first or last stage), wpe (first
+// stage), the stage's blocks, ln_f (last stage). Without a shard: the whole
+// model.
+std::vector<ParamSpec> gpt_param_table(const GPTConfig& cfg, const ModelShard& shard = {});
+size_t table_numel(const std::vector<ParamSpec>& table);
+// The first entry of `table` with `role`, or null (the tensors outside the
+// blocks, which a table holds once).
+const ParamSpec* find_role(const std::vector<ParamSpec>& table, ParamRole role);
+
+// Copies between a logical tensor (spec.full_shape, row-major) and this
+// rank's part of it (spec.shape) for tensor-parallel rank tp_rank of tp_size.
+void shard_from_full(const ParamSpec& spec, const float* full, float* part, int tp_rank,
+                     int tp_size);
+void shard_to_full(const ParamSpec& spec, const float* part, float* full, int tp_rank,
+                   int tp_size);
+
+// The initial value of the logical tensor `spec` (full_shape, written whole
+// to `out`) by its spec.init. Each tensor has its own stream seeded from
+// (seed, spec.index), LoRA adapters from a stream apart, so values do not
+// depend on the layout.
+void init_tensor(const GPTConfig& cfg, const ParamSpec& spec, uint64_t seed, float* out);
+
+}  // namespace meshlm

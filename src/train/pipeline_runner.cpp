@@ -1,0 +1,78 @@
+#include "train/pipeline_runner.h"
+
+#include <cstring>
+
+namespace meshlm {
+
+PipelineRunner::PipelineRunner(GPT& model, std::vector<Action> schedule,
+                               comm::Communicator& pp_send, comm::Communicator& pp_recv,
+                               int micro_batch, int seq_len, float loss_scale,
+                               SectionTimers& timers)
+    : model_(model), schedule_(std::move(schedule)), send_(pp_send), recv_(pp_recv),
+      B_(micro_batch), T_(seq_len), loss_scale_(loss_scale), timers_(timers) {
+  const int slots = model_.options().slots;
+  if (!model_.shard().first_stage)
+    send_back_ = Buffer(static_cast<size_t>(slots) * B_ * T_ * model_.config().n_embd *
+                            sizeof(float),
+                        MemCategory::comm, "pipeline.send_back");
+  fwd_sends_.resize(slots);
+  bwd_sends_.resize(slots);
+}
+
+double PipelineRunner::run(const int32_t* tokens, const int32_t* targets,
+                           const std::function<void(int micro)>& before_forward) {
+  const size_t BT = static_cast<size_t>(B_) * T_;
+  const size_t act = BT * model_.config().n_embd;
+  const int stage = send_.rank();
+  const int slots = model_.options().slots;
+  double loss_sum = 0;
+  for (const Action& a : schedule_) {
+    const int slot = a.micro % slots;
+    switch (a.kind) {
+      case ActionKind::recv_forward: {
+        ScopedTimer t(timers_, Section::pp_comm);
+        recv_.recv(model_.stage_input(slot), act, DType::f32, stage - 1).wait();
+        break;
+      }
+      case ActionKind::forward: {
+        {
+          ScopedTimer t(timers_, Section::pp_comm);
+          fwd_sends_[slot].wait();  // the slot's output is about to be overwritten
+        }
+        ScopedTimer t(timers_, Section::forward);
+        if (before_forward) before_forward(a.micro);
+        loss_sum += model_.forward(slot, tokens + a.micro * BT, targets + a.micro * BT, B_, T_);
+        break;
+      }
+      case ActionKind::send_forward: {
+        ScopedTimer t(timers_, Section::pp_comm);
+        fwd_sends_[slot] = send_.send(model_.stage_output(slot), act, DType::f32, stage + 1);
+        break;
+      }
+      case ActionKind::recv_backward: {
+        ScopedTimer t(timers_, Section::pp_comm);
+        recv_.recv(model_.grad_stream(), act, DType::f32, stage + 1).wait();
+        break;
+      }
+      case ActionKind::backward: {
+        ScopedTimer t(timers_, Section::backward);
+        model_.backward(slot, loss_scale_);
+        break;
+      }
+      case ActionKind::send_backward: {
+        ScopedTimer t(timers_, Section::pp_comm);
+        bwd_sends_[slot].wait();
+        float* buf = send_back_.as<float>() + slot * act;
+        std::memcpy(buf, model_.grad_stream(), act * sizeof(float));
+        bwd_sends_[slot] = send_.send(buf, act, DType::f32, stage - 1);
+        break;
+      }
+    }
+  }
+  ScopedTimer t(timers_, Section::pp_comm);
+  for (auto& h : fwd_sends_) h.wait();
+  for (auto& h : bwd_sends_) h.wait();
+  return loss_sum;
+}
+
+}  // namespace meshlm

@@ -1,0 +1,57 @@
+// One pipeline stage's share of a step: walks the stage's action list
+// (train/pipeline_schedule.h) and maps each action to a forward or backward
+// of the model for one micro-batch, or to a send or receive of activations
+// (forward) or their gradients (backward) between neighbouring stages.
+//
+// Micro-batches in flight at once are consecutive, so micro-batch i uses
+// activation slot i % slots and never meets one still in flight. A slot's
+// output (or the gradient sent back) is not overwritten before its send has
+// completed.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "comm/comm.h"
+#include "core/alloc.h"
+#include "core/timer.h"
+#include "model/gpt.h"
+#include "train/pipeline_schedule.h"
+
+namespace meshlm {
+
+class PipelineRunner {
+public:
+  // `model`, the two views of the PP group and `timers` must outlive the
+  // runner: operations on one Communicator complete in issue order, and a
+  // receive must not wait behind a send still in flight (as sends and
+  // receives on separate streams under NCCL). `loss_scale` multiplies each
+  // micro-batch's mean loss in backward.
+  PipelineRunner(GPT& model, std::vector<Action> schedule, comm::Communicator& pp_send,
+                 comm::Communicator& pp_recv, int micro_batch, int seq_len, float loss_scale,
+                 SectionTimers& timers);
+
+  // Collective over the PP group: the step's actions. tokens/targets hold
+  // the micro-batches of (B, T) one after the other; before_forward(micro)
+  // runs before each forward. Returns the sum of the micro-batches' mean
+  // losses on the last stage, 0 elsewhere.
+  double run(const int32_t* tokens, const int32_t* targets,
+             const std::function<void(int micro)>& before_forward);
+
+  const std::vector<Action>& schedule() const { return schedule_; }
+
+private:
+  GPT& model_;
+  std::vector<Action> schedule_;
+  comm::Communicator &send_, &recv_;
+  int B_, T_;
+  float loss_scale_;
+  SectionTimers& timers_;
+  // Gradients sent back to the previous stage, one per slot (comm category).
+  Buffer send_back_;
+  std::vector<comm::Handle> fwd_sends_, bwd_sends_;
+};
+
+}  // namespace meshlm

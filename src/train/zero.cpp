@@ -1,0 +1,137 @@
+#include "train/zero.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "train/adamw.h"
+
+namespace meshlm {
+
+Zero::Zero(int stage, comm::Communicator& dp, GPT& model, const ZeroLayout& layout,
+           SectionTimers& timers)
+    : stage_(stage), dp_(dp), model_(model), z_(layout), timers_(timers) {
+  MESHLM_CHECK(stage >= 0 && stage <= 2, "ZeRO stage must be 0, 1 or 2");
+  MESHLM_CHECK(model.padded_params() == z_.padded &&
+                   (stage == 0 || z_.shard * dp.size() == z_.padded),
+               "the model's flat buffer is not padded for the ZeRO shards");
+  MESHLM_CHECK(model.options().own_grads == (stage < 2),
+               "the model's gradients do not match the ZeRO stage");
+  if (stage_ == 0) {
+    own_begin_ = 0;
+    own_end_ = z_.n;
+  } else {
+    own_begin_ = static_cast<size_t>(dp.rank()) * z_.shard;
+    own_end_ = own_begin_ + z_.shard;
+  }
+  if (stage_ < 2) return;
+
+  const std::vector<ParamSpec>& table = model_.table();
+  const int layer0 = model_.shard().layer_begin;
+  shard_grads_ = Buffer(z_.shard * sizeof(float), MemCategory::grads, "zero2.shard_grads");
+  bucket_ = Buffer(largest_block_numel(table) * sizeof(float), MemCategory::grads, "zero2.bucket");
+  edge_grads_ = Buffer(edge_numel(table) * sizeof(float), MemCategory::grads, "zero2.edge_grads");
+  edge_offset_.assign(table.size(), 0);
+  size_t e = 0;
+  for (size_t i = 0; i < table.size(); ++i) {
+    const ParamSpec& p = table[i];
+    if (p.layer < 0) {
+      edge_offset_[i] = e;
+      e += p.numel();
+      continue;
+    }
+    const size_t l = p.layer - layer0;
+    if (block_range_.size() <= l) block_range_.resize(l + 1, {p.offset, p.offset});
+    block_range_[l].second = p.offset + p.numel();
+  }
+  model_.set_grad_target(
+      [this, layer0](size_t i) {
+        const ParamSpec& p = model_.table()[i];
+        if (p.layer < 0) return edge_grads_.as<float>() + edge_offset_[i];
+        const auto& r = block_range_[p.layer - layer0];
+        return bucket_.as<float>() + (p.offset - r.first);
+      },
+      [this, layer0](int layer) {
+        const auto& r = block_range_[layer - layer0];
+        reduce_to_owners(bucket_.as<float>(), r.first, r.second);
+        std::memset(bucket_.data(), 0, (r.second - r.first) * sizeof(float));
+      });
+}
+
+float* Zero::owned_grads() {
+  return stage_ == 2 ? shard_grads_.as<float>() : model_.grads() + own_begin_;
+}
+
+void Zero::zero_grads() {
+  if (stage_ < 2) return;
+  std::memset(shard_grads_.data(), 0, shard_grads_.bytes());
+  std::memset(edge_grads_.data(), 0, edge_grads_.bytes());
+}
+
+float* Zero::gradient(size_t index) {
+  const ParamSpec& p = model_.table().at(index);
+  MESHLM_CHECK(stage_ < 2 || p.layer < 0, "under ZeRO 2 a block's gradients are not kept");
+  return stage_ == 2 ? edge_grads_.as<float>() + edge_offset_[index] : model_.grads() + p.offset;
+}
+
+void Zero::reduce_to_owners(float* src, size_t a, size_t b) {
+  ScopedTimer t(timers_, Section::dp_comm);
+  const size_t S = z_.shard;
+  const int me = dp_.rank();
+  for (int k = 0; k < dp_.size(); ++k) {
+    const size_t lo = std::max(a, k * S), hi = std::min(b, (k + 1) * S);
+    if (lo >= hi) continue;
+    float* part = src + (lo - a);
+    float* owned = shard_grads_.as<float>() + (lo - k * S);
+    // The owner adds what it accumulated so far to its own contribution, so
+    // the reduction lands straight in the shard.
+    if (me == k)
+      for (size_t i = 0; i < hi - lo; ++i) part[i] += owned[i];
+    dp_.reduce(part, owned, hi - lo, DType::f32, comm::ReduceOp::sum, k).wait();
+  }
+}
+
+void Zero::reduce() {
+  ScopedTimer t(timers_, Section::dp_comm);
+  float* g = model_.grads();
+  switch (stage_) {
+    case 0:
+      if (dp_.size() > 1) dp_.all_reduce(g, g, z_.n, DType::f32, comm::ReduceOp::sum).wait();
+      break;
+    case 1:
+      dp_.reduce_scatter(g, g + own_begin_, z_.shard, DType::f32, comm::ReduceOp::sum).wait();
+      break;
+    case 2: {
+      const std::vector<ParamSpec>& table = model_.table();
+      for (size_t i = 0; i < table.size(); ++i)
+        if (table[i].layer < 0)
+          reduce_to_owners(edge_grads_.as<float>() + edge_offset_[i], table[i].offset,
+                           table[i].offset + table[i].numel());
+      break;
+    }
+  }
+}
+
+double Zero::sum_of_squares(const std::function<bool(const ParamSpec&)>& counted) {
+  // Under stage 0 every DP rank holds all the (reduced) gradients: DP rank 0
+  // counts them.
+  if (stage_ == 0 && dp_.rank() != 0) return 0.0;
+  const float* g = owned_grads();
+  double local = 0;
+  for (const ParamSpec& p : model_.table()) {
+    const size_t lo = std::max(p.offset, own_begin_);
+    const size_t hi = std::min(p.offset + p.numel(), own_end_);
+    if (lo >= hi || !counted(p)) continue;
+    local += meshlm::sum_of_squares(g + (lo - own_begin_), hi - lo);
+  }
+  return local;
+}
+
+void Zero::share_params() {
+  if (stage_ == 0) return;
+  ScopedTimer t(timers_, Section::dp_comm);
+  float* p = model_.params();
+  dp_.all_gather(p + own_begin_, p, z_.shard, DType::f32).wait();
+}
+
+}  // namespace meshlm

@@ -1,0 +1,82 @@
+// ZeRO over the data-parallel group: which flat elements this rank owns and
+// updates, where each tensor's gradient goes, how gradients are reduced over
+// DP, whether this rank counts an element in the global gradient norm, and
+// how updated shards are shared again. Built once per run from (stage, the
+// DP group, the rank's model); nothing else asks for the stage.
+//
+// The rank's flat buffers (parameters, gradients) hold n elements padded to
+// np, a multiple of dp under ZeRO 1/2, so that DP rank k owns the shard
+// [k S, (k+1) S) with S = np / dp (plan/memory.h, ZeroLayout):
+//   stage 0: every rank owns and updates everything; gradients are all-
+//            reduced; only DP rank 0 counts them in the norm.
+//   stage 1: full gradients accumulate locally and are reduce-scattered;
+//            each rank updates its shard; the shards are all-gathered.
+//   stage 2: as 1, but gradients are never held whole: each block's go to a
+//            bucket that is reduced into the owners' shards as soon as
+//            backward finishes the block; the tensors outside the blocks
+//            (wte, wpe, ln_f) are kept until the end of the step, after the
+//            tied embedding's sum between stages, then reduced.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "comm/comm.h"
+#include "core/alloc.h"
+#include "core/timer.h"
+#include "model/gpt.h"
+#include "plan/memory.h"
+
+namespace meshlm {
+
+class Zero {
+public:
+  // `dp` (the rank's DP group), `model` and `timers` must outlive it. The
+  // model must have been built with the padding and own_grads of the stage
+  // (plan_rank does); under stage 2 its gradients are redirected here.
+  Zero(int stage, comm::Communicator& dp, GPT& model, const ZeroLayout& layout,
+       SectionTimers& timers);
+
+  int stage() const { return stage_; }
+  // The flat elements [begin, end) this rank updates.
+  size_t own_begin() const { return own_begin_; }
+  size_t own_end() const { return own_end_; }
+  // Their gradients, after reduce().
+  float* owned_grads();
+
+  // Clears the gradients ZeRO keeps itself (stage 2; the model clears its own).
+  void zero_grads();
+  // Where the gradient of table entry `index` is between backward and
+  // reduce(), for a tensor outside the blocks (the tied embedding's sum).
+  float* gradient(size_t index);
+  // Collective over DP: the gradients of every rank summed into what each
+  // rank owns.
+  void reduce();
+  // This rank's share of the squared global gradient norm: the owned
+  // elements of the tensors `counted` accepts (the tensor-parallel and tied
+  // rules are the caller's), or 0 where another DP rank counts them.
+  double sum_of_squares(const std::function<bool(const ParamSpec&)>& counted);
+  // Collective over DP after the update: every rank's parameters again whole.
+  void share_params();
+
+private:
+  // Stage 2: sums the gradients of the flat elements [a, b), held in src,
+  // into the shards of their owners.
+  void reduce_to_owners(float* src, size_t a, size_t b);
+
+  int stage_;
+  comm::Communicator& dp_;
+  GPT& model_;
+  ZeroLayout z_;
+  SectionTimers& timers_;
+  size_t own_begin_ = 0, own_end_ = 0;
+  // Stage 2 gradient storage (grads category): the owned shard, one block's
+  // bucket, the tensors outside the blocks.
+  Buffer shard_grads_, bucket_, edge_grads_;
+  std::vector<size_t> edge_offset_;                     // per table entry, into edge_grads_
+  std::vector<std::pair<size_t, size_t>> block_range_;  // per local block, flat [a, b)
+};
+
+}  // namespace meshlm
