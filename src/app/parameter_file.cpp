@@ -87,11 +87,7 @@ std::string text_of(double v) {
 std::string text_of(bool v) { return v ? "true" : "false"; }
 std::string text_of(const std::string& v) { return v; }
 std::string text_of(LinearSlots v) { return slots_text(v); }
-std::string text_of(const StageLayers& v) {
-  std::string s;
-  for (int l : v.layers) s += (s.empty() ? "" : ",") + std::to_string(l);
-  return s;
-}
+std::string text_of(const StageLayers& v) { return layers_text(v.layers); }
 template <NamedEnum E>
 std::string text_of(E v) { return name_of(v); }
 template <typename T>

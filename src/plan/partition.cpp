@@ -88,13 +88,11 @@ std::vector<int> balance_stages(int n_layer, int num_stages, const StageCosts& c
   return layers;
 }
 
-namespace {
 std::string layers_text(const std::vector<int>& layers) {
   std::string s;
   for (int v : layers) s += (s.empty() ? "" : ",") + std::to_string(v);
   return s;
 }
-}  // namespace
 
 bool parse_layer_list(const std::string& text, std::vector<int>& layers, std::string& why) {
   layers.clear();

@@ -55,6 +55,8 @@ std::vector<int> parse_stage_layers(const std::string& text, int n_layer, int nu
 // `why` when it is malformed; an empty text is an empty list), and its
 // count and sum against parallel.pp and model.n_layer (CollectiveError).
 bool parse_layer_list(const std::string& text, std::vector<int>& layers, std::string& why);
+// The list as parse_layer_list reads it: "3,2,2".
+std::string layers_text(const std::vector<int>& layers);
 void check_stage_layers(const std::vector<int>& layers, int n_layer, int num_stages,
                         const std::string& text = "");
 

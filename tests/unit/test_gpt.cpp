@@ -5,7 +5,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <optional>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "core/alloc.h"
@@ -50,6 +53,103 @@ TEST(GPTTable, ContiguousUniqueNames) {
   EXPECT_TRUE(names.count("h.1.mlp.c_proj.weight"));
   EXPECT_EQ(table[0].name, "wte.weight");
   EXPECT_EQ(table[0].shape, (Shape{64, 32}));
+}
+
+// The roles the model finds tensors by, against the Hugging Face names the
+// files use (written out here, independently of the table's code).
+TEST(GPTTable, RolesAgreeWithTheHuggingFaceNames) {
+  const GPTConfig cfg = small_config();
+  struct Expect {
+    ParamRole role;
+    std::optional<LinearSlot> slot;
+    InitKind init;
+  };
+  const std::map<std::string, Expect> block = {
+      {"ln_1.weight", {ParamRole::ln1_weight, {}, InitKind::ones}},
+      {"ln_1.bias", {ParamRole::ln1_bias, {}, InitKind::zeros}},
+      {"attn.c_attn.weight", {ParamRole::linear_weight, LinearSlot::qkv, InitKind::normal}},
+      {"attn.c_attn.bias", {ParamRole::linear_bias, LinearSlot::qkv, InitKind::zeros}},
+      {"attn.c_proj.weight",
+       {ParamRole::linear_weight, LinearSlot::attn_out, InitKind::normal_residual}},
+      {"attn.c_proj.bias", {ParamRole::linear_bias, LinearSlot::attn_out, InitKind::zeros}},
+      {"ln_2.weight", {ParamRole::ln2_weight, {}, InitKind::ones}},
+      {"ln_2.bias", {ParamRole::ln2_bias, {}, InitKind::zeros}},
+      {"mlp.c_fc.weight", {ParamRole::linear_weight, LinearSlot::mlp_up, InitKind::normal}},
+      {"mlp.c_fc.bias", {ParamRole::linear_bias, LinearSlot::mlp_up, InitKind::zeros}},
+      {"mlp.c_proj.weight",
+       {ParamRole::linear_weight, LinearSlot::mlp_down, InitKind::normal_residual}},
+      {"mlp.c_proj.bias", {ParamRole::linear_bias, LinearSlot::mlp_down, InitKind::zeros}},
+  };
+  const std::map<std::string, Expect> edge = {
+      {"wte.weight", {ParamRole::token_embedding, {}, InitKind::normal_vocab}},
+      {"wpe.weight", {ParamRole::position_embedding, {}, InitKind::normal}},
+      {"ln_f.weight", {ParamRole::lnf_weight, {}, InitKind::ones}},
+      {"ln_f.bias", {ParamRole::lnf_bias, {}, InitKind::zeros}},
+  };
+  const auto table = gpt_param_table(cfg);
+  ASSERT_EQ(table.size(), edge.size() + block.size() * cfg.n_layer);
+  for (const ParamSpec& p : table) {
+    std::string key = p.name;
+    if (p.layer >= 0) {
+      const std::string prefix = "h." + std::to_string(p.layer) + ".";
+      ASSERT_EQ(p.name.rfind(prefix, 0), 0u) << p.name;
+      key = p.name.substr(prefix.size());
+    }
+    const auto& names = p.layer >= 0 ? block : edge;
+    ASSERT_TRUE(names.count(key)) << p.name;
+    const Expect& e = names.at(key);
+    EXPECT_EQ(p.role, e.role) << p.name;
+    EXPECT_EQ(p.slot, e.slot) << p.name;
+    EXPECT_EQ(p.init, e.init) << p.name;
+    EXPECT_EQ(p.tied, key == "wte.weight" ? TiedGroup::embedding : TiedGroup::none) << p.name;
+  }
+  ASSERT_NE(find_role(table, ParamRole::position_embedding), nullptr);
+  EXPECT_EQ(find_role(table, ParamRole::position_embedding)->name, "wpe.weight");
+
+  // The adapters carry the slot of the matrix they adapt.
+  LoraOptions lora;
+  lora.enabled = true;
+  lora.rank = 2;
+  for (const ParamSpec& p : lora_param_table(cfg, {}, lora)) {
+    const bool is_a = p.name.ends_with(".lora_A");
+    EXPECT_EQ(p.role, is_a ? ParamRole::lora_a : ParamRole::lora_b) << p.name;
+    EXPECT_EQ(p.init, is_a ? InitKind::kaiming_uniform : InitKind::zeros) << p.name;
+    const std::string base = p.name.substr(0, p.name.size() - 7);
+    const std::string key = base.substr(base.find('.', 2) + 1);
+    ASSERT_TRUE(block.count(key)) << p.name;
+    EXPECT_EQ(p.slot, block.at(key).slot) << p.name;
+  }
+}
+
+// Each InitKind gives the statistics GPT-2 prescribes.
+TEST(GPTTable, InitialValuesFollowTheirKind) {
+  GPTConfig cfg = small_config(50);  // Vp = 64: 14 padded rows
+  cfg.n_layer = 8;
+  const uint64_t seed = 7;
+  for (const ParamSpec& p : gpt_param_table(cfg)) {
+    std::vector<float> x(p.full_shape.numel());
+    init_tensor(cfg, p, seed, x.data());
+    size_t n = x.size();
+    if (p.role == ParamRole::token_embedding) {
+      n = static_cast<size_t>(cfg.vocab_size) * cfg.n_embd;
+      for (size_t i = n; i < x.size(); ++i) ASSERT_EQ(x[i], 0.0f) << "padded row of " << p.name;
+    }
+    double sum = 0, sq = 0;
+    for (size_t i = 0; i < n; ++i) {
+      sum += x[i];
+      sq += double(x[i]) * x[i];
+    }
+    const double mean = sum / n, sd = std::sqrt(sq / n - mean * mean);
+    if (p.shape.ndim == 1) {
+      const float v = p.name.ends_with(".weight") ? 1.0f : 0.0f;  // LayerNorm gains are 1
+      for (float e : x) ASSERT_EQ(e, v) << p.name;
+      continue;
+    }
+    const bool residual = p.name.ends_with("c_proj.weight");
+    const double want = residual ? 0.02 / std::sqrt(2.0 * cfg.n_layer) : 0.02;
+    EXPECT_NEAR(sd, want, 0.1 * want) << p.name;
+    EXPECT_NEAR(mean, 0.0, 5 * want / std::sqrt(double(n))) << p.name;
+  }
 }
 
 TEST(GPT, VocabularyPaddedTo64) {
