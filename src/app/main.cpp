@@ -86,17 +86,17 @@ int cmd_quantize(const std::vector<std::string>& args) {
   if (cfg.quant.cache.empty())
     throw meshlm::CollectiveError("quant.cache is empty: meshlm quantize builds that file, name it",
                                   MESHLM_HERE);
-  const meshlm::load::BaseSettings s = meshlm::base_settings_of(cfg);
   const int rank = meshlm::log::rank();
   meshlm::try_all(MPI_COMM_WORLD, "quant: ", [&] {
     if (rank != 0) return;
-    const meshlm::load::StoreManifest m = meshlm::load::make_manifest(cfg.model, s.type);
+    const meshlm::load::StoreManifest m = meshlm::load::make_manifest(cfg.model, cfg.quant.type);
     meshlm::log::info("# quantize: base {} -> {} {} ({} tensors, {})",
-                      s.source.empty() ? "GPT-2 initialisation, train.seed" : s.source,
+                      cfg.quant.base.empty() ? "GPT-2 initialisation, train.seed" : cfg.quant.base,
                       meshlm::name_of(cfg.quant.type), cfg.quant.cache, m.entries.size(),
                       meshlm::format_bytes(static_cast<double>(m.bytes)));
     meshlm::Buffer store(m.bytes, meshlm::MemCategory::quantized, "quant.store");
-    const meshlm::load::FillReport r = meshlm::load::fill_store(cfg.model, s, m, store.as<uint8_t>(),
+    const meshlm::load::FillReport r = meshlm::load::fill_store(cfg.model, cfg.quant, cfg.train.seed, m,
+                                                                  store.as<uint8_t>(),
                                                                   /*use_cache=*/true);
     meshlm::log::info("# quantize: {} in {:.2f} s", r.cache_hit ? "cache is up to date" : r.cache,
                       r.seconds);

@@ -29,7 +29,7 @@ constexpr size_t kStoreAlign = 64;
 constexpr int32_t kFailed = 0, kFromCache = 1, kStreamed = 2;
 
 // The cache key's settings: everything that changes the bytes of the store.
-io::CacheKey cache_key(const GPTConfig& cfg, const BaseSettings& s, const BaseSource& src) {
+io::CacheKey cache_key(const GPTConfig& cfg, const QuantConfig& q, const BaseSource& src) {
   io::CacheKey key;
   const std::vector<std::string> files = src.files();
   if (files.empty()) {
@@ -42,7 +42,7 @@ io::CacheKey cache_key(const GPTConfig& cfg, const BaseSettings& s, const BaseSo
     key.source_hash = io::xxh3_128_hex(all.data(), all.size());
   }
   key.settings = {
-      {"quant_type", name_of(s.type)},
+      {"quant_type", name_of(q.type)},
       {"q8_block", std::to_string(quant_format(QuantType::int8).block)},
       {"nf4_block", std::to_string(quant_format(QuantType::nf4).block)},
       {"nf4_absmax_block", std::to_string(quant_format(QuantType::nf4).absmax_group)},
@@ -106,23 +106,24 @@ std::vector<io::CacheTensor> cache_layout(const StoreManifest& m) {
   return out;
 }
 
-FillReport fill_store(const GPTConfig& cfg, const BaseSettings& s, const StoreManifest& m,
-                      uint8_t* store, bool use_cache, const FillHooks& hooks) {
+FillReport fill_store(const GPTConfig& cfg, const QuantConfig& q, uint64_t seed,
+                      const StoreManifest& m, uint8_t* store, bool use_cache,
+                      const FillHooks& hooks) {
   const double t0 = now_seconds();
   FillReport rep;
-  std::unique_ptr<BaseSource> src = open_base_source(s.source, cfg, s.seed);
-  const bool cached = use_cache && !s.cache.empty();
+  std::unique_ptr<BaseSource> src = open_base_source(q.base, cfg, seed);
+  const bool cached = use_cache && !q.cache.empty();
   io::CacheKey key;
   std::vector<io::CacheTensor> layout;
   rep.cache = "off";
   if (cached) {
-    key = cache_key(cfg, s, *src);
+    key = cache_key(cfg, q, *src);
     layout = cache_layout(m);
-    const io::CacheLookup look = io::read_quant_cache(s.cache, key, layout, store, m.bytes);
+    const io::CacheLookup look = io::read_quant_cache(q.cache, key, layout, store, m.bytes);
     if (look.status == io::CacheStatus::hit) {
       if (hooks.on_start) hooks.on_start(true);
       rep.cache_hit = true;
-      rep.cache = "hit (" + s.cache + ")";
+      rep.cache = "hit (" + q.cache + ")";
       release_freed_memory();
       rep.seconds = now_seconds() - t0;
       return rep;
@@ -137,7 +138,7 @@ FillReport fill_store(const GPTConfig& cfg, const BaseSettings& s, const StoreMa
   {
     // The one full-precision tensor held at a time.
     Buffer staging(m.largest_numel * sizeof(float), MemCategory::workspace, "quant.source_tensor");
-    ProgressBar bar(std::string("quantize ") + name_of(s.type), m.entries.size());
+    ProgressBar bar(std::string("quantize ") + name_of(q.type), m.entries.size());
     for (size_t i = 0; i < m.entries.size(); ++i) {
       const StoreEntry& e = m.entries[i];
       src->read(e.spec, staging.as<float>());
@@ -148,25 +149,25 @@ FillReport fill_store(const GPTConfig& cfg, const BaseSettings& s, const StoreMa
     bar.finish();
   }
   if (cached) {
-    io::write_quant_cache(s.cache, key, layout, store, m.bytes);
-    rep.cache += "; written to " + s.cache;
+    io::write_quant_cache(q.cache, key, layout, store, m.bytes);
+    rep.cache += "; written to " + q.cache;
   }
   release_freed_memory();
   rep.seconds = now_seconds() - t0;
   return rep;
 }
 
-std::unique_ptr<FrozenBase> FrozenBase::load(const GPTConfig& cfg, const BaseSettings& s,
-                                             const ProcessMesh& mesh) {
+std::unique_ptr<FrozenBase> FrozenBase::load(const GPTConfig& cfg, const QuantConfig& q,
+                                             uint64_t seed, const ProcessMesh& mesh) {
   const double t0 = now_seconds();
   std::unique_ptr<FrozenBase> b(new FrozenBase);
-  b->manifest_ = make_manifest(cfg, s.type);
+  b->manifest_ = make_manifest(cfg, q.type);
   const size_t bytes = b->manifest_.bytes;
   MPI_Comm world = mesh.world();
-  if (s.per_rank) {
+  if (q.share == ShareMode::per_rank) {
     b->store_ = NodeStore::private_copy(bytes);
     try_all(world, "quant.base: ", [&] {
-      b->report_ = fill_store(cfg, s, b->manifest_, b->store_->data(), /*use_cache=*/false);
+      b->report_ = fill_store(cfg, q, seed, b->manifest_, b->store_->data(), /*use_cache=*/false);
     }, MESHLM_HERE);
   } else {
     b->store_ = NodeStore::shared(mesh.node(), bytes);
@@ -197,7 +198,7 @@ std::unique_ptr<FrozenBase> FrozenBase::load(const GPTConfig& cfg, const BaseSet
       };
       bool cache_sent = false;
       try {
-        b->report_ = fill_store(cfg, s, b->manifest_, store, /*use_cache=*/true, hooks);
+        b->report_ = fill_store(cfg, q, seed, b->manifest_, store, /*use_cache=*/true, hooks);
         if (mode == kFromCache) {
           cache_sent = true;
           send_bytes(store, bytes);

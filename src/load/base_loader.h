@@ -29,6 +29,7 @@
 #include "model/gpt_config.h"
 #include "model/param_table.h"
 #include "quant/node_store.h"
+#include "quant/quant_config.h"
 #include "quant/quantize.h"
 
 namespace meshlm::io {
@@ -40,15 +41,9 @@ namespace meshlm::load {
 using quant::NodeStore;
 using quant::QLayout;
 using quant::QTensor;
+using quant::QuantConfig;
 using quant::QuantType;
-
-struct BaseSettings {
-  QuantType type = QuantType::nf4;  // of the matrices; vectors are kept in f32
-  bool per_rank = false;            // quant.share = per_rank
-  std::string source;               // quant.base ("" = GPT-2 initialisation from `seed`)
-  std::string cache;                // quant.cache ("" = none)
-  uint64_t seed = 0;                // train.seed
-};
+using quant::ShareMode;
 
 // Every tensor of the whole model's table (logical shapes) at its place in
 // the store: matrices in the chosen format, vectors in f32, each tensor's
@@ -91,15 +86,16 @@ struct FillHooks {
 // and it matches, otherwise from the source tensor by tensor (then writes
 // the cache when one is configured). Throws RankError naming the file and
 // tensor on bad input; never leaves a partial cache file.
-FillReport fill_store(const GPTConfig& cfg, const BaseSettings& s, const StoreManifest& m,
-                      uint8_t* store, bool use_cache, const FillHooks& hooks = {});
+FillReport fill_store(const GPTConfig& cfg, const QuantConfig& q, uint64_t seed,
+                      const StoreManifest& m, uint8_t* store, bool use_cache,
+                      const FillHooks& hooks = {});
 
 class FrozenBase {
 public:
   // Collective over mesh.world(). Errors (a missing tensor, a bad file) are
   // CollectiveErrors on every rank: no rank waits for bytes that never come.
-  static std::unique_ptr<FrozenBase> load(const GPTConfig& cfg, const BaseSettings& s,
-                                          const ProcessMesh& mesh);
+  static std::unique_ptr<FrozenBase> load(const GPTConfig& cfg, const QuantConfig& q,
+                                          uint64_t seed, const ProcessMesh& mesh);
 
   // The logical tensor of `spec` (an entry of a GPT-2 table; spec.index is
   // its place in the whole model's) in the store: a view into the window.

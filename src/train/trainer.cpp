@@ -25,23 +25,13 @@
 
 namespace meshlm {
 
-load::BaseSettings base_settings_of(const RunConfig& cfg) {
-  load::BaseSettings s;
-  s.type = cfg.quant.type;
-  s.per_rank = cfg.quant.share == quant::ShareMode::per_rank;
-  s.source = cfg.quant.base;
-  s.cache = cfg.quant.cache;
-  s.seed = cfg.train.seed;
-  return s;
-}
-
 RankPlan planned_rank_plan(const RunConfig& cfg, const ProcessMesh& mesh) {
   RankPlan shape = Engine::plan_of(cfg, mesh.coords());
   if (shape.model.lora.enabled) {
-    const load::BaseSettings s = base_settings_of(cfg);
-    const load::StoreManifest manifest = load::make_manifest(cfg.model, s.type);
-    const bool holder = s.per_rank || mesh.node_rank() == 0;
-    const bool quantizes = s.per_rank || mesh.rank() == 0;
+    const load::StoreManifest manifest = load::make_manifest(cfg.model, cfg.quant.type);
+    const bool per_rank = cfg.quant.share == quant::ShareMode::per_rank;
+    const bool holder = per_rank || mesh.node_rank() == 0;
+    const bool quantizes = per_rank || mesh.rank() == 0;
     shape.quantized_bytes = holder ? manifest.bytes : 0;
     shape.base_staging_bytes = quantizes ? manifest.largest_numel * sizeof(float) : 0;
   }
@@ -110,7 +100,6 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
   const bool lora = shape.model.lora.enabled;
   if (!lora && !cfg.quant.cache.empty())
     log::warn("quant.cache = {} is not used: finetune.mode = full quantizes nothing", cfg.quant.cache);
-  const load::BaseSettings base_settings = base_settings_of(cfg);
   const MemoryByCategory predicted =
       predict_memory(cfg.model, shape, loader->windows_per_epoch(), cfg.data.shuffle);
   print_predicted_memory(predicted, *world);
@@ -118,13 +107,13 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
   std::unique_ptr<load::FrozenBase> base;
   if (lora) {
     ScopedTimer st(timers, Section::checkpoint);
-    base = load::FrozenBase::load(cfg.model, base_settings, mesh);
+    base = load::FrozenBase::load(cfg.model, cfg.quant, cfg.train.seed, mesh);
     log::info("# base: {} | {} {} in {} ({} per {}) | cache {} | {:.2f} s",
               cfg.quant.base.empty() ? "GPT-2 initialisation, train.seed" : cfg.quant.base,
               name_of(cfg.quant.type), format_bytes(static_cast<double>(base->manifest().bytes)),
-              base_settings.per_rank ? "private copies" : "node-shared windows",
+              cfg.quant.share == quant::ShareMode::per_rank ? "private copies" : "node-shared windows",
               format_bytes(static_cast<double>(base->manifest().bytes)),
-              base_settings.per_rank ? "rank" : "node", base->report().cache, base->seconds());
+              cfg.quant.share == quant::ShareMode::per_rank ? "rank" : "node", base->report().cache, base->seconds());
   }
 
   Engine engine(cfg, mesh, timers, base.get());

@@ -37,9 +37,6 @@ struct TrainSummary {
 // whose dp * tp * pp is not the size of `job` is a CollectiveError.
 TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_params = false);
 
-// [quant] and train.seed as the base loader takes them.
-load::BaseSettings base_settings_of(const RunConfig& cfg);
-
 // What this rank of `mesh` will hold, as the planner predicts it: its shard
 // and, under LoRA, the quantized store where this rank holds it (the node's
 // rank 0, or every rank under quant.share = per_rank) and the fp32 staging

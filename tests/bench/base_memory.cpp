@@ -90,8 +90,7 @@ int run(int argc, char** argv) {
     else overrides.push_back(a);
   }
   const RunConfig cfg = load_run_config(MPI_COMM_WORLD, argv[1], overrides);
-  const load::BaseSettings settings = base_settings_of(cfg);
-  const std::string share = settings.per_rank ? "per_rank" : "node";
+  const std::string share = name_of(cfg.quant.share);
   if (label.empty()) label = share;
 
   ProcessMesh mesh(MPI_COMM_WORLD, MeshLayout(world, 1, 1), cfg.parallel.ranks_per_node);
@@ -102,7 +101,7 @@ int run(int argc, char** argv) {
 
   // 2. The load.
   const double t0 = now_seconds();
-  std::unique_ptr<load::FrozenBase> base = load::FrozenBase::load(cfg.model, settings, mesh);
+  std::unique_ptr<load::FrozenBase> base = load::FrozenBase::load(cfg.model, cfg.quant, cfg.train.seed, mesh);
   const double load_seconds = now_seconds() - t0;
 
   // 3. Every page of the store, read by every rank.

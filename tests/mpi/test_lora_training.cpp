@@ -199,10 +199,10 @@ TEST_F(LoraTraining, EveryRankSeesTheSameBase) {
   for (int rpn : {0, 4, 2, 1}) {
     const RunConfig cfg = config({8, 1, 1, 0, "1f1b", "none", rpn}, 8);
     const ProcessMesh mesh(MPI_COMM_WORLD, MeshLayout(8, 1, 1), rpn);
-    const auto shared = load::FrozenBase::load(cfg.model, base_settings_of(cfg), mesh);
-    load::BaseSettings priv = base_settings_of(cfg);
-    priv.per_rank = true;
-    const auto own = load::FrozenBase::load(cfg.model, priv, mesh);
+    const auto shared = load::FrozenBase::load(cfg.model, cfg.quant, cfg.train.seed, mesh);
+    quant::QuantConfig priv = cfg.quant;
+    priv.share = quant::ShareMode::per_rank;
+    const auto own = load::FrozenBase::load(cfg.model, priv, cfg.train.seed, mesh);
     const uint64_t mine = view_checksum(*shared), reference = view_checksum(*own);
     std::vector<uint64_t> all(world_size());
     MPI_Gather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
@@ -221,7 +221,7 @@ TEST_F(LoraTraining, BadBaseIsOneClearErrorOnEveryRank) {
                                {"--quant.base=" + (dir_ / "missing.safetensors").string()});
   const ProcessMesh mesh(MPI_COMM_WORLD, MeshLayout(8, 1, 1), 4);
   try {
-    load::FrozenBase::load(cfg.model, base_settings_of(cfg), mesh);
+    load::FrozenBase::load(cfg.model, cfg.quant, cfg.train.seed, mesh);
     ADD_FAILURE() << "no error";
   } catch (const CollectiveError& e) {
     EXPECT_NE(std::string(e.what()).find("missing.safetensors"), std::string::npos) << e.what();
@@ -295,7 +295,7 @@ TEST_F(LoraTraining, AFailureWhileStreamingIsOneErrorOnEveryRank) {
   const RunConfig cfg = config({8, 1, 1, 0, "1f1b", "none", 2}, 8, {"--quant.base=" + path});
   const ProcessMesh mesh(MPI_COMM_WORLD, MeshLayout(8, 1, 1), 2);
   try {
-    load::FrozenBase::load(cfg.model, base_settings_of(cfg), mesh);
+    load::FrozenBase::load(cfg.model, cfg.quant, cfg.train.seed, mesh);
     ADD_FAILURE() << "no error";
   } catch (const CollectiveError& e) {
     EXPECT_NE(std::string(e.what()).find("broken.h5"), std::string::npos) << e.what();

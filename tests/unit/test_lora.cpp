@@ -58,10 +58,9 @@ struct Base {
   Buffer store;
   Base(const GPTConfig& cfg, quant::QuantType type) : m(load::make_manifest(cfg, type)) {
     store = Buffer(m.bytes, MemCategory::quantized, "test.store");
-    load::BaseSettings s;
-    s.type = type;
-    s.seed = kBaseSeed;
-    load::fill_store(cfg, s, m, store.as<uint8_t>(), /*use_cache=*/false);
+    quant::QuantConfig q;
+    q.type = type;
+    load::fill_store(cfg, q, kBaseSeed, m, store.as<uint8_t>(), /*use_cache=*/false);
   }
   quant::QTensor tensor(const std::string& name) const {
     const load::StoreEntry& e = m.at(name);
