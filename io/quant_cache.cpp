@@ -20,37 +20,44 @@ namespace {
 // /meta attributes that are not settings.
 constexpr const char* kReservedNames[] = {"format_version", "key", "source_hash"};
 
-hid_t native(CacheType t) {
+// The element types a cache array may have: u8, i8 and f32, stored as the
+// HDF5 types uint8, int8 and float32.
+bool cache_type(DType t) { return t == DType::u8 || t == DType::i8 || t == DType::f32; }
+
+hid_t native(DType t) {
   switch (t) {
-    case CacheType::u8: return H5T_NATIVE_UINT8;
-    case CacheType::i8: return H5T_NATIVE_INT8;
-    case CacheType::f32: return H5T_NATIVE_FLOAT;
+    case DType::u8: return H5T_NATIVE_UINT8;
+    case DType::i8: return H5T_NATIVE_INT8;
+    case DType::f32: return H5T_NATIVE_FLOAT;
+    default: break;
   }
   return H5I_INVALID_HID;
 }
 
-const char* type_label(CacheType t) {
+const char* type_label(DType t) {
   switch (t) {
-    case CacheType::u8: return "uint8";
-    case CacheType::i8: return "int8";
-    case CacheType::f32: return "float32";
+    case DType::u8: return "uint8";
+    case DType::i8: return "int8";
+    case DType::f32: return "float32";
+    default: break;
   }
-  return "?";
+  return dtype_name(t);
 }
 
 // The type a stored dataset holds, when it is one of ours.
-bool stored_as(hid_t type, CacheType t) {
+bool stored_as(hid_t type, DType t) {
   H5T_class_t c = H5Tget_class(type);
   size_t bytes = H5Tget_size(type);
   switch (t) {
-    case CacheType::u8: return c == H5T_INTEGER && bytes == 1 && H5Tget_sign(type) == H5T_SGN_NONE;
-    case CacheType::i8: return c == H5T_INTEGER && bytes == 1 && H5Tget_sign(type) == H5T_SGN_2;
-    case CacheType::f32: return c == H5T_FLOAT && bytes == 4;
+    case DType::u8: return c == H5T_INTEGER && bytes == 1 && H5Tget_sign(type) == H5T_SGN_NONE;
+    case DType::i8: return c == H5T_INTEGER && bytes == 1 && H5Tget_sign(type) == H5T_SGN_2;
+    case DType::f32: return c == H5T_FLOAT && bytes == 4;
+    default: break;
   }
   return false;
 }
 
-size_t array_bytes(const CacheArray& a) { return a.count * cache_type_bytes(a.type); }
+size_t array_bytes(const CacheArray& a) { return a.count * dtype_size(a.type); }
 
 // HDF5 link names: anything but '/' (a path separator) and "." (the group itself).
 void check_link_name(const std::string& name, const std::string& what) {
@@ -75,9 +82,14 @@ void check_layout(const std::vector<CacheTensor>& tensors, size_t store_bytes) {
         throw RankError("quantization cache: tensor '" + t.name + "' lists array '" + a.name +
                             "' twice",
                         MESHLM_HERE);
+      if (!cache_type(a.type))
+        throw RankError(fmt::format("quantization cache: tensor '{}' array '{}' has element type "
+                                    "{}; a cache array is u8, i8 or f32",
+                                    t.name, a.name, dtype_name(a.type)),
+                        MESHLM_HERE);
       // offset + count * size <= store_bytes, written so that it cannot overflow.
       if (a.offset > store_bytes ||
-          a.count > (store_bytes - a.offset) / cache_type_bytes(a.type))
+          a.count > (store_bytes - a.offset) / dtype_size(a.type))
         throw RankError(fmt::format("quantization cache: tensor '{}' array '{}' ({} x {} at byte "
                                     "{}) does not fit in the store of {} bytes",
                                     t.name, a.name, a.count, type_label(a.type), a.offset,
@@ -323,8 +335,6 @@ CacheLookup read_checked(const std::string& path, const CacheKey& key,
 }
 
 }  // namespace
-
-size_t cache_type_bytes(CacheType t) { return t == CacheType::f32 ? 4 : 1; }
 
 const char* cache_status_name(CacheStatus s) {
   switch (s) {

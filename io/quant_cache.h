@@ -61,14 +61,15 @@
 #include <utility>
 #include <vector>
 
+#include "core/tensor.h"
+
 namespace meshlm::io {
 
-enum class CacheType { u8, i8, f32 };
-
-// One array of a tensor: `count` elements of `type` at byte `offset` of the store.
+// One array of a tensor: `count` elements of `type` (u8, i8 or f32) at byte
+// `offset` of the store.
 struct CacheArray {
   std::string name;
-  CacheType type;
+  DType type;
   size_t count;
   size_t offset;  // bytes into the store
 };
@@ -107,9 +108,6 @@ struct CacheLookup {
   std::string reason;  // one sentence for the log, naming the file
 };
 
-// Bytes of one element of `t`.
-size_t cache_type_bytes(CacheType t);
-
 // Reads the cache at `path` into `store` (store_bytes long) when it exists,
 // has the same key and layout (tensor names, shapes, formats; array names,
 // types and counts) and every tensor's checksum matches. Nothing is written
@@ -119,8 +117,8 @@ size_t cache_type_bytes(CacheType t);
 // A bad cache file (missing, truncated, not HDF5, another layout, a failed
 // checksum, another key) is answered by the status and reason, never by an
 // exception. Throws RankError only for a caller's mistake: an array that
-// does not fit in the store, a name that cannot be an HDF5 link name, a
-// duplicate name.
+// does not fit in the store or whose type is not u8, i8 or f32, a name that
+// cannot be an HDF5 link name, a duplicate name.
 CacheLookup read_quant_cache(const std::string& path, const CacheKey& key,
                              const std::vector<CacheTensor>& tensors, uint8_t* store,
                              size_t store_bytes);

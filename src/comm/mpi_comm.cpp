@@ -272,6 +272,7 @@ MPI_Datatype mpi_type(DType type) {
     case DType::u8: return MPI_UINT8_T;
     case DType::u16: return MPI_UINT16_T;
     case DType::u32: return MPI_UINT32_T;
+    case DType::i8: return MPI_INT8_T;
     case DType::bf16: break;
   }
   throw RankError(std::string("comm: no MPI type for dtype ") + dtype_name(type) +

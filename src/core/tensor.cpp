@@ -11,6 +11,7 @@ const char* dtype_name(DType t) {
     case DType::u8: return "u8";
     case DType::u16: return "u16";
     case DType::u32: return "u32";
+    case DType::i8: return "i8";
   }
   return "?";
 }

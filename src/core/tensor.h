@@ -13,7 +13,10 @@
 
 namespace meshlm {
 
-enum class DType : uint8_t { f32, f64, bf16, i32, u8, u16, u32 };
+// The element types of the whole program: tensors, collectives, the
+// arrays of quantized tensors (quant/quantize.h) and of the quantized cache
+// (io/quant_cache.h).
+enum class DType : uint8_t { f32, f64, bf16, i32, u8, u16, u32, i8 };
 enum class Device : uint8_t { cpu, cuda };
 
 constexpr size_t dtype_size(DType t) {
@@ -21,11 +24,11 @@ constexpr size_t dtype_size(DType t) {
     case DType::f64: return 8;
     case DType::f32: case DType::i32: case DType::u32: return 4;
     case DType::bf16: case DType::u16: return 2;
-    case DType::u8: return 1;
+    case DType::u8: case DType::i8: return 1;
   }
   return 0;
 }
-const char* dtype_name(DType t);
+const char* dtype_name(DType t);  // "f32", "u8", "i8", ...
 const char* device_name(Device d);
 
 // Up to 4 dimensions, outermost first (row-major).

@@ -96,10 +96,7 @@ std::vector<io::CacheTensor> cache_layout(const StoreManifest& m) {
     t.format = name_of(e.type);
     for (int i = 0; i < e.layout.narrays; ++i) {
       const QArray& a = e.layout.arrays[i];
-      const io::CacheType type = a.elem == QElem::f32  ? io::CacheType::f32
-                                 : a.elem == QElem::i8 ? io::CacheType::i8
-                                                       : io::CacheType::u8;
-      t.arrays.push_back({a.name, type, a.count, e.offset + a.offset});
+      t.arrays.push_back({a.name, a.elem, a.count, e.offset + a.offset});
     }
     out.push_back(std::move(t));
   }

@@ -146,15 +146,6 @@ void dequantize_nf4_ref(const QTensor& t, size_t first, size_t count, float* out
   dequantize_nf4(t, first, count, out);
 }
 
-const char* qelem_name(QElem e) {
-  switch (e) {
-    case QElem::u8: return "u8";
-    case QElem::i8: return "i8";
-    case QElem::f32: return "f32";
-  }
-  return "?";
-}
-
 const QArray* QLayout::find(std::string_view name) const {
   for (int k = 0; k < narrays; ++k)
     if (name == arrays[k].name) return &arrays[k];
@@ -167,27 +158,27 @@ QLayout qlayout(QuantType type, size_t n) {
   L.type = type;
   L.n = n;
   size_t at = 0;
-  auto add = [&](const char* name, QElem elem, size_t count) {
+  auto add = [&](const char* name, DType elem, size_t count) {
     QArray& a = L.arrays[L.narrays++];
     a = {name, elem, count, at};
     at = align_up(at + a.bytes());
   };
   switch (type) {
     case QuantType::f32:
-      add("data", QElem::f32, n);
+      add("data", DType::f32, n);
       break;
     case QuantType::int8:
       L.nblocks = ceil_div(n, kQ8Block);
-      add("data", QElem::i8, n);
-      add("absmax", QElem::f32, L.nblocks);
+      add("data", DType::i8, n);
+      add("absmax", DType::f32, L.nblocks);
       break;
     case QuantType::nf4:
       L.nblocks = ceil_div(n, kNF4Block);
       L.ngroups = ceil_div(L.nblocks, kNF4AbsmaxBlock);
-      add("data", QElem::u8, ceil_div(n, 2));
-      add("absmax", QElem::i8, L.nblocks);
-      add("absmax2", QElem::f32, L.ngroups);
-      add("offset", QElem::f32, 1);
+      add("data", DType::u8, ceil_div(n, 2));
+      add("absmax", DType::i8, L.nblocks);
+      add("absmax2", DType::f32, L.ngroups);
+      add("offset", DType::f32, 1);
       break;
   }
   MESHLM_CHECK(L.narrays > 0, "unknown quantization type");

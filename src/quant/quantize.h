@@ -22,6 +22,7 @@
 #include <string_view>
 
 #include "core/enum_names.h"
+#include "core/tensor.h"
 #include "quant/formats.h"
 
 namespace meshlm::quant {
@@ -30,17 +31,13 @@ namespace meshlm::quant {
 
 constexpr size_t kQAlign = 64;  // bytes; a cache line, and a whole block of every format
 
-enum class QElem : uint8_t { u8, i8, f32 };
-constexpr size_t qelem_size(QElem e) { return e == QElem::f32 ? 4 : 1; }
-const char* qelem_name(QElem e);  // "u8", "i8", "f32"
-
 // One array of a quantized tensor.
 struct QArray {
-  const char* name = "";  // "data", "absmax", "absmax2" or "offset"
-  QElem elem = QElem::u8;
-  size_t count = 0;       // elements
-  size_t offset = 0;      // bytes from the tensor's start, a multiple of kQAlign
-  size_t bytes() const { return count * qelem_size(elem); }
+  const char* name = "";   // "data", "absmax", "absmax2" or "offset"
+  DType elem = DType::u8;  // u8, i8 or f32
+  size_t count = 0;        // elements
+  size_t offset = 0;       // bytes from the tensor's start, a multiple of kQAlign
+  size_t bytes() const { return count * dtype_size(elem); }
 };
 
 // Where the arrays of one tensor of n elements lie.

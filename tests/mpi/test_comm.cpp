@@ -104,6 +104,7 @@ TEST_F(CommTest, Basics) {
   EXPECT_EQ(mpi_type(DType::u8), MPI_UINT8_T);
   EXPECT_EQ(mpi_type(DType::u16), MPI_UINT16_T);
   EXPECT_EQ(mpi_type(DType::u32), MPI_UINT32_T);
+  EXPECT_EQ(mpi_type(DType::i8), MPI_INT8_T);
   comm_->barrier();
 }
 

@@ -29,6 +29,7 @@
 
 #include "io/quant_cache.h"
 
+using namespace meshlm;
 using namespace meshlm::io;
 
 namespace {
@@ -45,9 +46,9 @@ Model make_layout(size_t mib) {
   Model m;
   const size_t data = (mib << 20) / kTensors / 64 * 64;
   size_t at = 0;
-  auto array = [&at](const char* name, CacheType type, size_t count) {
+  auto array = [&at](const char* name, DType type, size_t count) {
     CacheArray a{name, type, count, at};
-    at = (at + count * cache_type_bytes(type) + 15) / 16 * 16;
+    at = (at + count * dtype_size(type) + 15) / 16 * 16;
     return a;
   };
   for (int i = 0; i < kTensors; ++i) {
@@ -55,10 +56,10 @@ Model make_layout(size_t mib) {
                   {static_cast<int64_t>(data / 64), 128},
                   "nf4",
                   {}};
-    t.arrays.push_back(array("data", CacheType::u8, data));
-    t.arrays.push_back(array("absmax", CacheType::i8, data / 32));
-    t.arrays.push_back(array("absmax2", CacheType::f32, data / 32 / 256 + 1));
-    t.arrays.push_back(array("offset", CacheType::f32, 1));
+    t.arrays.push_back(array("data", DType::u8, data));
+    t.arrays.push_back(array("absmax", DType::i8, data / 32));
+    t.arrays.push_back(array("absmax2", DType::f32, data / 32 / 256 + 1));
+    t.arrays.push_back(array("offset", DType::f32, 1));
     m.tensors.push_back(std::move(t));
   }
   m.store.assign(at, 0);
@@ -70,7 +71,7 @@ Model make_layout(size_t mib) {
 void fill(Model& m, uint64_t seed) {
   for (const CacheTensor& t : m.tensors)
     for (const CacheArray& a : t.arrays) {
-      const size_t end = a.offset + a.count * cache_type_bytes(a.type);
+      const size_t end = a.offset + a.count * dtype_size(a.type);
       for (size_t i = a.offset; i < end; i += 8) {
         uint64_t z = seed * 0x9e3779b97f4a7c15ull + i;
         z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;

@@ -30,6 +30,8 @@ TEST(TensorView, BytesAndDtypes) {
   EXPECT_EQ(dtype_size(DType::bf16), 2u);
   EXPECT_EQ(dtype_size(DType::f64), 8u);
   EXPECT_STREQ(dtype_name(DType::u16), "u16");
+  EXPECT_EQ(dtype_size(DType::i8), 1u);
+  EXPECT_STREQ(dtype_name(DType::i8), "i8");
   EXPECT_STREQ(device_name(Device::cuda), "cuda");
 }
 

@@ -233,23 +233,23 @@ TEST(QuantLayout, ArraysAlignedInOrderAndSized) {
       switch (type) {
         case QuantType::f32:
           EXPECT_EQ(L.find("data")->count, n);
-          EXPECT_EQ(L.find("data")->elem, QElem::f32);
+          EXPECT_EQ(L.find("data")->elem, DType::f32);
           EXPECT_EQ(L.find("absmax"), nullptr);
           break;
         case QuantType::int8:
           EXPECT_EQ(L.find("data")->count, n);
-          EXPECT_EQ(L.find("data")->elem, QElem::i8);
+          EXPECT_EQ(L.find("data")->elem, DType::i8);
           EXPECT_EQ(L.find("absmax")->count, nb);
-          EXPECT_EQ(L.find("absmax")->elem, QElem::f32);
+          EXPECT_EQ(L.find("absmax")->elem, DType::f32);
           EXPECT_EQ(L.find("absmax2"), nullptr);
           break;
         case QuantType::nf4:
           EXPECT_EQ(L.find("data")->count, (n + 1) / 2);
-          EXPECT_EQ(L.find("data")->elem, QElem::u8);
+          EXPECT_EQ(L.find("data")->elem, DType::u8);
           EXPECT_EQ(L.find("absmax")->count, nb);
-          EXPECT_EQ(L.find("absmax")->elem, QElem::i8);
+          EXPECT_EQ(L.find("absmax")->elem, DType::i8);
           EXPECT_EQ(L.find("absmax2")->count, (nb + 255) / 256);
-          EXPECT_EQ(L.find("absmax2")->elem, QElem::f32);
+          EXPECT_EQ(L.find("absmax2")->elem, DType::f32);
           EXPECT_EQ(L.find("offset")->count, 1u);
           break;
       }

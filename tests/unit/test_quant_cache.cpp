@@ -38,30 +38,30 @@ struct Model {
 Model make_model(uint64_t seed) {
   Model m;
   size_t at = 8;  // a gap before the first region too
-  auto array = [&at](const std::string& name, CacheType type, size_t count) {
+  auto array = [&at](const std::string& name, DType type, size_t count) {
     CacheArray a{name, type, count, at};
-    at += count * cache_type_bytes(type);
+    at += count * dtype_size(type);
     at = (at + 16 + 15) / 16 * 16;
     return a;
   };
   auto nf4 = [&](const std::string& name, int64_t rows, int64_t cols) {
     size_t n = static_cast<size_t>(rows * cols);
     return CacheTensor{name, {rows, cols}, "nf4",
-                       {array("data", CacheType::u8, n / 2), array("absmax", CacheType::i8, n / 64),
-                        array("absmax2", CacheType::f32, (n / 64 + 255) / 256),
-                        array("offset", CacheType::f32, 1)}};
+                       {array("data", DType::u8, n / 2), array("absmax", DType::i8, n / 64),
+                        array("absmax2", DType::f32, (n / 64 + 255) / 256),
+                        array("offset", DType::f32, 1)}};
   };
   m.tensors.push_back(nf4("wte", 96, 64));
   m.tensors.push_back(nf4("h.0.attn.c_attn.weight", 64, 192));
   m.tensors.push_back(CacheTensor{"h.0.mlp.c_fc.weight", {64, 256}, "int8",
-                                  {array("data", CacheType::i8, 64 * 256),
-                                   array("absmax", CacheType::f32, 256)}});
-  m.tensors.push_back(CacheTensor{"empty", {}, "none", {array("data", CacheType::u8, 0)}});
+                                  {array("data", DType::i8, 64 * 256),
+                                   array("absmax", DType::f32, 256)}});
+  m.tensors.push_back(CacheTensor{"empty", {}, "none", {array("data", DType::u8, 0)}});
   m.store.assign(at, kUntouched);
   std::mt19937_64 rng(seed);
   for (const CacheTensor& t : m.tensors)
     for (const CacheArray& a : t.arrays)
-      for (size_t i = 0; i < a.count * cache_type_bytes(a.type); ++i)
+      for (size_t i = 0; i < a.count * dtype_size(a.type); ++i)
         m.store[a.offset + i] = static_cast<uint8_t>(rng());
   return m;
 }
@@ -278,13 +278,13 @@ TEST_F(QuantCacheTest, FileLayoutAsDocumented) {
   for (const CacheArray& a : t.arrays) {
     h5::Dataset d = h5::open_dataset(g, a.name);
     h5::Datatype type(H5Dget_type(d));
-    hid_t expected = a.type == CacheType::u8   ? H5T_NATIVE_UINT8
-                     : a.type == CacheType::i8 ? H5T_NATIVE_INT8
+    hid_t expected = a.type == DType::u8   ? H5T_NATIVE_UINT8
+                     : a.type == DType::i8 ? H5T_NATIVE_INT8
                                                : H5T_NATIVE_FLOAT;
     EXPECT_GT(H5Tequal(type, expected), 0) << a.name;
     EXPECT_EQ(h5::shape(d), std::vector<hsize_t>{a.count}) << a.name;
     concatenated.append(reinterpret_cast<const char*>(m.store.data() + a.offset),
-                        a.count * cache_type_bytes(a.type));
+                        a.count * dtype_size(a.type));
   }
   EXPECT_EQ(h5::read_scalar_attr<uint64_t>(g, "xxh3_64"),
             xxh3_64(concatenated.data(), concatenated.size()));
@@ -362,7 +362,7 @@ TEST_F(QuantCacheTest, FlippedDataByteIsCorruptNamingTheTensor) {
       write_quant_cache(path, make_key(), m.tensors, m.store.data(), m.store.size());
       haddr_t at = data_offset(path, "q/" + t.name + "/" + a.name);
       ASSERT_NE(at, HADDR_UNDEF) << t.name << "/" << a.name;
-      flip_byte(path, at + (a.count * cache_type_bytes(a.type)) / 2);
+      flip_byte(path, at + (a.count * dtype_size(a.type)) / 2);
       CacheLookup r = read(path, m, make_key());
       EXPECT_EQ(r.status, CacheStatus::corrupt) << t.name << "/" << a.name << ": " << r.reason;
       EXPECT_NE(r.reason.find("'" + t.name + "'"), std::string::npos) << r.reason;
@@ -405,7 +405,7 @@ TEST_F(QuantCacheTest, BitFlippedInTheMetadataIsNeverAWrongHit) {
       if (a.count == 0) continue;
       haddr_t at = data_offset(full, "q/" + t.name + "/" + a.name);
       ASSERT_NE(at, HADDR_UNDEF);
-      std::fill_n(is_data.begin() + static_cast<ptrdiff_t>(at), a.count * cache_type_bytes(a.type),
+      std::fill_n(is_data.begin() + static_cast<ptrdiff_t>(at), a.count * dtype_size(a.type),
                   true);
     }
   std::string path = file("flipped.h5");
@@ -475,7 +475,7 @@ TEST_F(QuantCacheTest, OtherLayoutIsCorrupt) {
   expect_corrupt(count, "tensor 'h.0.attn.c_attn.weight' array 'absmax' has 192 elements, expected 193");
 
   Model type = m;
-  type.tensors[2].arrays[0].type = CacheType::u8;
+  type.tensors[2].arrays[0].type = DType::u8;
   expect_corrupt(type, "array 'data' is stored as int8, expected uint8");
 
   Model shape = m;
@@ -495,7 +495,7 @@ TEST_F(QuantCacheTest, OtherLayoutIsCorrupt) {
   expect_corrupt(fewer, "holds 4 tensors, expected 3");
 
   Model more_arrays = m;
-  more_arrays.tensors[2].arrays.push_back(CacheArray{"offset", CacheType::f32, 1, 0});
+  more_arrays.tensors[2].arrays.push_back(CacheArray{"offset", DType::f32, 1, 0});
   expect_corrupt(more_arrays, "has 2 arrays, expected 3");
 
   // The offsets are the store's business, not the file's: moving a region
@@ -524,6 +524,12 @@ TEST_F(QuantCacheTest, CallerMistakesThrow) {
   Model twice = m;
   twice.tensors[1].name = twice.tensors[0].name;
   EXPECT_THROW(read(path, twice, make_key()), RankError);
+  Model not_stored = m;  // the cache stores u8, i8 and f32 arrays only
+  not_stored.tensors[0].arrays[0].type = DType::u16;
+  EXPECT_THROW(write_quant_cache(path, make_key(), not_stored.tensors, m.store.data(),
+                                 m.store.size()),
+               RankError);
+  EXPECT_THROW(read(path, not_stored, make_key()), RankError);
   EXPECT_TRUE(listing().empty());
 }
 
