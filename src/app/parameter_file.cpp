@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <functional>
 #include <optional>
 #include <type_traits>
@@ -94,6 +95,31 @@ template <typename T>
   requires std::is_arithmetic_v<T>
 std::string text_of(T v) { return std::to_string(v); }
 
+[[noreturn]] void fail(const std::string& msg) { throw CollectiveError(msg, MESHLM_HERE); }
+
+// The values a numeric key accepts: from lo to hi, each end included unless
+// marked open. Integer keys print their bounds as integers.
+struct Range {
+  double lo, hi;
+  bool lo_open = false, hi_open = false;
+  bool integer = true;
+
+  static Range ints(double lo, double hi) { return {lo, hi}; }
+  static Range reals(double lo, double hi, bool lo_open = false, bool hi_open = false) {
+    return {lo, hi, lo_open, hi_open, false};
+  }
+  bool contains(double v) const {
+    return (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
+  }
+  std::string text() const {
+    auto num = [&](double v) -> std::string {
+      if (!integer) return text_of(v);
+      return v >= 0x1p63 ? "2^63 - 1" : std::to_string(static_cast<long long>(v));
+    };
+    return std::string(lo_open ? "(" : "[") + num(lo) + ", " + num(hi) + (hi_open ? ")" : "]");
+  }
+};
+
 // The option table. add() binds one key to its field, with the field's
 // current value as the default, and remembers how to print the field, so
 // that the parser, --help and the resolved configuration can never disagree.
@@ -111,6 +137,26 @@ public:
     sec.add_options()(key, po::value(field)->default_value(*field, shown.empty() ? "\"\"" : shown),
                       help.c_str());
     printers_.emplace_back(key, [field] { return text_of(*field); });
+  }
+  // A numeric key and the values it accepts (shown at the end of its help).
+  // Floating-point keys must also be finite.
+  template <typename T>
+    requires std::is_arithmetic_v<T>
+  void add(po::options_description& sec, const char* key, T* field, const std::string& help,
+           const Range& range) {
+    add(sec, key, field, help + " " + range.text());
+    checks_.emplace_back([key, field, range] {
+      const double v = static_cast<double>(*field);
+      if (std::is_floating_point_v<T> && !std::isfinite(v))
+        fail(std::string(key) + " = " + text_of(*field) + ": must be a finite number in " +
+             range.text());
+      if (!range.contains(v))
+        fail(std::string(key) + " = " + text_of(*field) + ": must lie in " + range.text());
+    });
+  }
+  // Every key's range (after the file and the command line are read).
+  void check() const {
+    for (const auto& c : checks_) c();
   }
   po::options_description all() const {
     po::options_description a(kHelpWidth, kHelpWidth / 2);
@@ -132,6 +178,7 @@ public:
 private:
   std::vector<std::unique_ptr<po::options_description>> sections_;
   std::vector<std::pair<const char*, std::function<std::string()>>> printers_;
+  std::vector<std::function<void()>> checks_;
 };
 
 // "nf4 (4.127 bits/weight) | int8 (8.5) | f32 (32)"
@@ -144,28 +191,56 @@ std::string quant_type_help() {
   return s;
 }
 
+// Upper bounds of the sizes: beyond them a value cannot make sense on any
+// machine, and below them every element count of one tensor fits in 64 bits
+// (the byte counts of a configuration as a whole are checked again by
+// resolve_run_config).
+constexpr double kMaxLayers = 1024, kMaxHeads = 4096, kMaxChannels = 1 << 17;
+constexpr double kMaxVocabulary = 1 << 24, kMaxSequence = 1 << 20, kMaxBatch = 1 << 20;
+constexpr double kMaxRanks = 1 << 24, kMaxThreads = 4096, kMaxInt = 2147483647;
+constexpr double kMaxSeed = 9223372036854775807.0;  // 2^63 - 1 (rounds to 2^63 as a double)
+
 void make_options(RunConfig& c, OptionTable& t) {
   auto& model = t.section("[model] the GPT-2 architecture");
-  t.add(model, "model.n_layer", &c.model.n_layer, "transformer blocks (L)");
-  t.add(model, "model.n_head", &c.model.n_head, "attention heads (NH); must divide n_embd");
-  t.add(model, "model.n_embd", &c.model.n_embd, "channels (C)");
-  t.add(model, "model.vocab_size", &c.model.vocab_size, "vocabulary (V); padded to a multiple of 64 inside; 256 for byte-level data");
-  t.add(model, "model.seq_len", &c.train.seq_len, "training sequence length (T); at most max_seq_len");
-  t.add(model, "model.max_seq_len", &c.model.max_seq_len, "rows of the position table wpe; at least seq_len (GPT-2 uses 1024)");
+  t.add(model, "model.n_layer", &c.model.n_layer, "transformer blocks (L)",
+        Range::ints(1, kMaxLayers));
+  t.add(model, "model.n_head", &c.model.n_head, "attention heads (NH); must divide n_embd",
+        Range::ints(1, kMaxHeads));
+  t.add(model, "model.n_embd", &c.model.n_embd, "channels (C)",
+        Range::ints(1, kMaxChannels));
+  t.add(model, "model.vocab_size", &c.model.vocab_size, "vocabulary (V); padded to a multiple of 64 inside; 256 for byte-level data",
+        Range::ints(2, kMaxVocabulary));
+  t.add(model, "model.seq_len", &c.train.seq_len, "training sequence length (T); at most max_seq_len",
+        Range::ints(1, kMaxSequence));
+  t.add(model, "model.max_seq_len", &c.model.max_seq_len, "rows of the position table wpe; at least seq_len (GPT-2 uses 1024)",
+        Range::ints(1, kMaxSequence));
   auto& train = t.section("[train] optimisation");
-  t.add(train, "train.steps", &c.train.steps, "optimizer steps");
-  t.add(train, "train.batch_size", &c.train.batch_size, "sequences per optimizer step");
-  t.add(train, "train.micro_batch_size", &c.train.micro_batch_size, "sequences per forward/backward of one rank; gradients accumulate over batch_size / (dp * micro_batch_size) micro-batches; 0 = batch_size / (dp * parallel.micro_batches)");
-  t.add(train, "train.lr", &c.train.lr, "peak learning rate");
-  t.add(train, "train.lr_min_ratio", &c.train.lr_min_ratio, "final learning rate of the cosine decay, as a fraction of lr");
-  t.add(train, "train.warmup_steps", &c.train.warmup_steps, "steps of linear warmup before the cosine decay");
-  t.add(train, "train.weight_decay", &c.train.adamw.weight_decay, "AdamW decoupled weight decay (matrices only)");
-  t.add(train, "train.grad_clip", &c.train.grad_clip, "clip the global gradient norm to this; 0 = off");
-  t.add(train, "train.beta1", &c.train.adamw.beta1, "AdamW beta1");
-  t.add(train, "train.beta2", &c.train.adamw.beta2, "AdamW beta2");
-  t.add(train, "train.eps", &c.train.adamw.eps, "AdamW epsilon");
-  t.add(train, "train.seed", &c.train.seed, "seed of weight init and data shuffling; same seed, same run, bit for bit");
-  t.add(train, "train.log_every", &c.train.log_every, "print and record metrics every this many steps (and at the last)");
+  t.add(train, "train.steps", &c.train.steps, "optimizer steps",
+        Range::ints(1, kMaxInt));
+  t.add(train, "train.batch_size", &c.train.batch_size, "sequences per optimizer step",
+        Range::ints(1, kMaxBatch));
+  t.add(train, "train.micro_batch_size", &c.train.micro_batch_size, "sequences per forward/backward of one rank; gradients accumulate over batch_size / (dp * micro_batch_size) micro-batches; 0 = batch_size / (dp * parallel.micro_batches)",
+        Range::ints(0, kMaxBatch));
+  t.add(train, "train.lr", &c.train.lr, "peak learning rate",
+        Range::reals(0, 10, true));
+  t.add(train, "train.lr_min_ratio", &c.train.lr_min_ratio, "final learning rate of the cosine decay, as a fraction of lr",
+        Range::reals(0, 1));
+  t.add(train, "train.warmup_steps", &c.train.warmup_steps, "steps of linear warmup before the cosine decay",
+        Range::ints(0, kMaxInt));
+  t.add(train, "train.weight_decay", &c.train.adamw.weight_decay, "AdamW decoupled weight decay (matrices only)",
+        Range::reals(0, 100));
+  t.add(train, "train.grad_clip", &c.train.grad_clip, "clip the global gradient norm to this; 0 = off",
+        Range::reals(0, 1e30));
+  t.add(train, "train.beta1", &c.train.adamw.beta1, "AdamW beta1",
+        Range::reals(0, 1, false, true));
+  t.add(train, "train.beta2", &c.train.adamw.beta2, "AdamW beta2",
+        Range::reals(0, 1, false, true));
+  t.add(train, "train.eps", &c.train.adamw.eps, "AdamW epsilon",
+        Range::reals(0, 1, true));
+  t.add(train, "train.seed", &c.train.seed, "seed of weight init and data shuffling; same seed, same run, bit for bit",
+        Range::ints(0, kMaxSeed));
+  t.add(train, "train.log_every", &c.train.log_every, "print and record metrics every this many steps (and at the last)",
+        Range::ints(1, kMaxInt));
   auto& data = t.section("[data] training tokens");
   t.add(data, "data.path", &c.data.path, "token file: HDF5 with dataset 'tokens' (uint16/uint32) or meshlm raw tokens (required)");
   t.add(data, "data.tokenize_from", &c.data.tokenize_from, "text file tokenized byte-level into data.path when data.path does not exist");
@@ -173,21 +248,30 @@ void make_options(RunConfig& c, OptionTable& t) {
   auto& output = t.section("[output] results");
   t.add(output, "output.dir", &c.output.dir, "directory of run.h5 (metrics, memory, timing, resolved configuration)");
   auto& runtime = t.section("[runtime] the process");
-  t.add(runtime, "runtime.threads", &c.runtime.threads, "OpenMP/BLAS threads per rank; 0 = the cores of the rank's CPU affinity mask, shared with the ranks of its node whose masks overlap it");
+  t.add(runtime, "runtime.threads", &c.runtime.threads, "OpenMP/BLAS threads per rank; 0 = the cores of the rank's CPU affinity mask, shared with the ranks of its node whose masks overlap it",
+        Range::ints(0, kMaxThreads));
   auto& parallel = t.section("[parallel] the process mesh: ranks = dp * tp * pp");
-  t.add(parallel, "parallel.dp", &c.parallel.dp, "data-parallel replicas, each reading its own slice of every batch; 0 = ranks / (tp * pp)");
-  t.add(parallel, "parallel.tp", &c.parallel.tp, "tensor-parallel ranks (Megatron); must divide n_head and the padded vocabulary");
-  t.add(parallel, "parallel.pp", &c.parallel.pp, "pipeline stages; at most n_layer");
-  t.add(parallel, "parallel.zero_stage", &c.parallel.zero_stage, "0 = replicated optimizer; 1 = AdamW moments sharded over dp; 2 = gradients sharded too");
-  t.add(parallel, "parallel.micro_batches", &c.parallel.micro_batches, "micro-batches per step and dp rank (pipeline and accumulation); 0 = batch_size / (dp * micro_batch_size)");
+  t.add(parallel, "parallel.dp", &c.parallel.dp, "data-parallel replicas, each reading its own slice of every batch; 0 = ranks / (tp * pp)",
+        Range::ints(0, kMaxRanks));
+  t.add(parallel, "parallel.tp", &c.parallel.tp, "tensor-parallel ranks (Megatron); must divide n_head and the padded vocabulary",
+        Range::ints(1, kMaxHeads));
+  t.add(parallel, "parallel.pp", &c.parallel.pp, "pipeline stages; at most n_layer",
+        Range::ints(1, kMaxLayers));
+  t.add(parallel, "parallel.zero_stage", &c.parallel.zero_stage, "0 = replicated optimizer; 1 = AdamW moments sharded over dp; 2 = gradients sharded too",
+        Range::ints(0, 2));
+  t.add(parallel, "parallel.micro_batches", &c.parallel.micro_batches, "micro-batches per step and dp rank (pipeline and accumulation); 0 = batch_size / (dp * micro_batch_size)",
+        Range::ints(0, kMaxBatch));
   t.add(parallel, "parallel.schedule", &c.parallel.schedule, "pipeline schedule: " + enum_choices<PipelineSchedule>() + " (1f1b needs micro_batches >= pp)");
   t.add(parallel, "parallel.activation_checkpointing", &c.parallel.activation_checkpointing, enum_choices<Checkpointing>() + " (full: keep each layer's input, recompute the layer in backward)");
   t.add(parallel, "parallel.stage_layers", &c.parallel.stage_layers, "layers per pipeline stage, e.g. 3,3,2,2; empty = balanced by cost (embedding and head included)");
-  t.add(parallel, "parallel.ranks_per_node", &c.parallel.ranks_per_node, "split each node's ranks into groups of this many, as if they were nodes (tests); 0 = real nodes");
+  t.add(parallel, "parallel.ranks_per_node", &c.parallel.ranks_per_node, "split each node's ranks into groups of this many, as if they were nodes (tests); 0 = real nodes",
+        Range::ints(0, kMaxRanks));
   auto& finetune = t.section("[finetune] what trains");
   t.add(finetune, "finetune.mode", &c.finetune.mode, enum_choices<FinetuneMode>() + ": full = every parameter trains; lora = LoRA adapters on a frozen, quantized base ([quant])");
-  t.add(finetune, "finetune.lora_rank", &c.finetune.lora_rank, "LoRA rank r");
-  t.add(finetune, "finetune.lora_alpha", &c.finetune.lora_alpha, "LoRA alpha: adapters are scaled by alpha / r");
+  t.add(finetune, "finetune.lora_rank", &c.finetune.lora_rank, "LoRA rank r",
+        Range::ints(1, kMaxChannels));
+  t.add(finetune, "finetune.lora_alpha", &c.finetune.lora_alpha, "LoRA alpha: adapters are scaled by alpha / r",
+        Range::reals(0, 1e6, true));
   t.add(finetune, "finetune.lora_targets", &c.finetune.lora_targets, "matrices with adapters, comma-separated: " + enum_choices<LinearSlot>(", "));
   auto& quant = t.section("[quant] the base model: its weights and, under LoRA, their quantization");
   t.add(quant, "quant.type", &c.quant.type, "format of the base's matrices: " + quant_type_help() + "; vectors stay f32");
@@ -195,11 +279,11 @@ void make_options(RunConfig& c, OptionTable& t) {
   t.add(quant, "quant.base", &c.quant.base, "base weights: *.safetensors (Hugging Face GPT-2 names) or *.h5 (meshlm /params/<name>); empty = GPT-2 initialisation from train.seed. With finetune.mode = full the whole model starts from them (fp32, nothing quantized)");
   t.add(quant, "quant.cache", &c.quant.cache, "HDF5 quantized-model cache: loaded when it matches the base and settings, (re)written otherwise; empty = none");
   auto& debug = t.section("[debug] failure injection for tests");
-  t.add(debug, "debug.fail_rank", &c.debug.fail_rank, "this rank throws an error in the forward of debug.fail_step; -1 = none");
-  t.add(debug, "debug.fail_step", &c.debug.fail_step, "the step at which debug.fail_rank fails");
+  t.add(debug, "debug.fail_rank", &c.debug.fail_rank, "this rank throws an error in the forward of debug.fail_step; -1 = none",
+        Range::ints(-1, kMaxRanks));
+  t.add(debug, "debug.fail_step", &c.debug.fail_step, "the step at which debug.fail_rank fails",
+        Range::ints(1, kMaxInt));
 }
-
-[[noreturn]] void fail(const std::string& msg) { throw CollectiveError(msg, MESHLM_HERE); }
 
 // "--key=value" and "--key value" to one "--key" "value" pair per key, in
 // first-seen order, the LAST value of a key winning: a job script may put
@@ -264,6 +348,7 @@ RunConfig parse_run_config(const std::string& text, const std::string& source,
   } catch (const po::error& e) {
     fail(source + ": " + e.what());
   }
+  table.check();
   resolve_run_config(c, world_size);
   c.source = source;
   c.resolved = table.ini();  // the fields now hold the resolved values

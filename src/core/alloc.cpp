@@ -7,6 +7,8 @@
 #include <new>
 #include <sstream>
 
+#include <unistd.h>
+
 namespace meshlm {
 
 const char* mem_category_name(MemCategory c) {
@@ -113,6 +115,11 @@ size_t proc_kb(const char* path, const char* key) {
   return 0;
 }
 }  // namespace
+
+size_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
+}
 
 ProcessMemory read_process_memory() {
   ProcessMemory m;

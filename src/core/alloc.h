@@ -89,5 +89,7 @@ struct ProcessMemory {
   size_t pss = 0;       // Pss: proportional share (shared pages split between sharers)
 };
 ProcessMemory read_process_memory();
+// The machine's physical memory (sysconf), in bytes.
+size_t physical_memory_bytes();
 
 }  // namespace meshlm

@@ -12,7 +12,8 @@ void FinetuneConfig::validate() const {
   if (lora_rank < 1)
     throw CollectiveError("finetune.lora_rank must be >= 1 (got " + std::to_string(lora_rank) + ")",
                           MESHLM_HERE);
-  if (!(lora_alpha > 0)) throw CollectiveError("finetune.lora_alpha must be > 0", MESHLM_HERE);
+  if (!(lora_alpha > 0 && std::isfinite(lora_alpha)))
+    throw CollectiveError("finetune.lora_alpha must be finite and > 0", MESHLM_HERE);
   if (lora_targets.empty())
     throw CollectiveError("finetune.lora_targets must name at least one of " +
                               enum_choices<LinearSlot>(", "),

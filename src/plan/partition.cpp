@@ -48,8 +48,10 @@ std::vector<int> balance_stages(int n_layer, int num_stages, const StageCosts& c
   // pipeline runs at the pace of worst[0][0].
   auto worst = table();
   worst[p][L] = 0;
+  // Stage 0 starts at layer 0: only worst[0][0] (and squares[0][0]) is needed.
+  auto last_start = [&](int k) { return k == 0 ? 0 : L - (p - k); };
   for (int k = p - 1; k >= 0; --k)
-    for (int i = k; i + (p - k) <= L; ++i)
+    for (int i = k; i <= last_start(k); ++i)
       for (int n = 1; i + n + (p - k - 1) <= L; ++n)
         worst[k][i] = std::min(worst[k][i],
                                std::max(stage_cost(k, n, p, costs), worst[k + 1][i + n]));
@@ -63,7 +65,7 @@ std::vector<int> balance_stages(int n_layer, int num_stages, const StageCosts& c
   auto squares = table();
   squares[p][L] = 0;
   for (int k = p - 1; k >= 0; --k)
-    for (int i = k; i + (p - k) <= L; ++i)
+    for (int i = k; i <= last_start(k); ++i)
       for (int n = 1; i + n + (p - k - 1) <= L; ++n) {
         const double c = stage_cost(k, n, p, costs);
         if (c <= limit) squares[k][i] = std::min(squares[k][i], c * c + squares[k + 1][i + n]);

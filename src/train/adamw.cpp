@@ -11,10 +11,11 @@ namespace meshlm {
 
 void AdamWConfig::validate() const {
   auto fail = [](const char* msg) { throw CollectiveError(msg, MESHLM_HERE); };
-  if (weight_decay < 0) fail("train.weight_decay must be >= 0");
-  if (beta1 < 0 || beta1 >= 1) fail("train.beta1 must lie in [0, 1)");
-  if (beta2 < 0 || beta2 >= 1) fail("train.beta2 must lie in [0, 1)");
-  if (!(eps > 0)) fail("train.eps must be > 0");
+  // Written so that NaN fails every test.
+  if (!(weight_decay >= 0 && std::isfinite(weight_decay))) fail("train.weight_decay must be finite and >= 0");
+  if (!(beta1 >= 0 && beta1 < 1)) fail("train.beta1 must lie in [0, 1)");
+  if (!(beta2 >= 0 && beta2 < 1)) fail("train.beta2 must lie in [0, 1)");
+  if (!(eps > 0 && std::isfinite(eps))) fail("train.eps must be finite and > 0");
 }
 
 AdamW::AdamW(const std::vector<ParamSpec>& table, const AdamWConfig& cfg, size_t begin,

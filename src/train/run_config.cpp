@@ -1,7 +1,9 @@
 #include "train/run_config.h"
 
+#include <cmath>
 #include <string>
 
+#include "core/checked.h"
 #include "core/error.h"
 
 namespace meshlm {
@@ -67,15 +69,54 @@ void validate_train(const RunConfig& c) {
   if (t.batch_size % t.micro_batch_size != 0)
     fail("train.batch_size (" + str(t.batch_size) + ") must be a multiple of train.micro_batch_size (" +
          str(t.micro_batch_size) + ")");
-  if (!(t.lr > 0)) fail("train.lr must be > 0");
-  if (t.lr_min_ratio < 0 || t.lr_min_ratio > 1) fail("train.lr_min_ratio must lie in [0, 1]");
+  // Written so that NaN fails every test.
+  if (!(t.lr > 0 && std::isfinite(t.lr))) fail("train.lr must be finite and > 0");
+  if (!(t.lr_min_ratio >= 0 && t.lr_min_ratio <= 1)) fail("train.lr_min_ratio must lie in [0, 1]");
   if (t.warmup_steps < 0) fail("train.warmup_steps must be >= 0");
-  if (t.grad_clip < 0) fail("train.grad_clip must be >= 0 (0 turns clipping off)");
+  if (!(t.grad_clip >= 0 && std::isfinite(t.grad_clip)))
+    fail("train.grad_clip must be finite and >= 0 (0 turns clipping off)");
+  if (t.seed < 0) fail("train.seed must be >= 0");
   t.adamw.validate();
   if (c.data.path.empty()) fail("data.path is required (a token file; see data.tokenize_from)");
   if (c.output.dir.empty()) fail("output.dir must not be empty");
   if (c.runtime.threads < 0) fail("runtime.threads must be >= 0 (0 = automatic)");
   if (c.debug.fail_step < 1) fail("debug.fail_step must be >= 1 (got " + str(c.debug.fail_step) + ")");
+}
+
+// Every element and byte count the configuration implies, bounded from above
+// in checked 64-bit arithmetic. Each count the planner and the model compute
+// is a product of some of the same factors, so once these fit, they fit.
+void check_sizes(const RunConfig& c) {
+  const uint64_t L = c.model.n_layer, NH = c.model.n_head, C = c.model.n_embd;
+  const uint64_t Vp = c.model.padded_vocab_size(), maxT = c.model.max_seq_len;
+  const uint64_t T = c.train.seq_len, B = c.train.micro_batch_size;
+  const uint64_t m = c.parallel.micro_batches, bs = c.train.batch_size;
+  // Parameters: wte, wpe, L blocks of 12 C^2 + 13 C, ln_f; 4 bytes each in
+  // four buffers (parameters, gradients, AdamW's two moments).
+  const uint64_t block = checked_sum(
+      "the parameters of one block", checked_product("the matrices of one block",
+                                                     {{12, "12"}, {C, "model.n_embd"}, {C, "model.n_embd"}}),
+      13 * C);
+  uint64_t params = checked_product("the blocks' parameters", {{L, "model.n_layer"}, {block, "one block's parameters (from model.n_embd)"}});
+  params = checked_sum("the model's parameters", params,
+                       checked_product("wte", {{Vp, "model.vocab_size (padded)"}, {C, "model.n_embd"}}));
+  params = checked_sum("the model's parameters", params,
+                       checked_product("wpe", {{maxT, "model.max_seq_len"}, {C, "model.n_embd"}}));
+  checked_product("the bytes of parameters, gradients and optimizer state",
+                  {{params, "the parameters (from model.n_layer, model.n_embd, model.vocab_size, model.max_seq_len)"}, {16, "16 bytes each"}});
+  // Activations of the micro-batches in flight: per block about 16 B T C
+  // plus the attention scores B NH T^2, and the logits B T Vp.
+  const uint64_t per_block = checked_sum(
+      "one block's activations",
+      checked_product("one block's activations", {{16, "16"}, {B, "train.micro_batch_size"}, {T, "model.seq_len"}, {C, "model.n_embd"}}),
+      checked_product("the attention scores", {{B, "train.micro_batch_size"}, {NH, "model.n_head"}, {T, "model.seq_len"}, {T, "model.seq_len"}}));
+  const uint64_t acts = checked_sum(
+      "the activations",
+      checked_product("the activations of the blocks", {{L, "model.n_layer"}, {per_block, "one block's activations (from train.micro_batch_size, model.seq_len, model.n_embd, model.n_head)"}}),
+      checked_product("the logits", {{B, "train.micro_batch_size"}, {T, "model.seq_len"}, {Vp, "model.vocab_size (padded)"}}));
+  checked_product("the bytes of the activations in flight",
+                  {{acts, "the activations of a micro-batch (from model.n_layer, train.micro_batch_size, model.seq_len, model.n_embd, model.n_head, model.vocab_size)"}, {m, "parallel.micro_batches"}, {4, "4 bytes each"}});
+  checked_product("the tokens of a step", {{bs, "train.batch_size"}, {T, "model.seq_len"}, {8, "8 bytes each"}});
 }
 
 }  // namespace
@@ -87,6 +128,10 @@ void resolve_run_config(RunConfig& c, int world_size) {
   validate_train(c);
   c.parallel.validate(c.model);
   c.finetune.validate();
+  if (c.debug.fail_rank >= world_size)
+    fail("debug.fail_rank (" + str(c.debug.fail_rank) + ") is not a rank of this job of " +
+         str(world_size) + " ranks (-1 = none)");
+  check_sizes(c);
 }
 
 }  // namespace meshlm

@@ -28,7 +28,7 @@ struct TrainConfig {
   int warmup_steps = 10;
   double grad_clip = 1.0;
   AdamWConfig adamw;           // train.beta1, beta2, eps, weight_decay
-  uint64_t seed = 1337;
+  int64_t seed = 1337;        // 0 .. 2^63 - 1
   int log_every = 10;
 };
 
@@ -49,7 +49,7 @@ struct RuntimeConfig {
 
 // [debug] switches for tests of the failure paths.
 struct DebugConfig {
-  int fail_rank = -1;  // this rank throws a RankError ...
+  int fail_rank = -1;  // this rank (-1 = none, else < the job's ranks) throws a RankError ...
   int fail_step = 1;   // ... in the forward of this step
 };
 

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "comm/errors.h"
 #include "comm/mpi_comm.h"
 #include "core/log.h"
 #include "ops/blas.h"
@@ -23,6 +25,12 @@ RankThreads threads_for(int requested, const CpuSet& mine, const std::vector<Cpu
 
 RankThreads configure_threads(int requested, const ProcessMesh& mesh) {
   const CpuSet mine = current_cpu_set();
+  check_all(mesh.world(), requested <= kMaxThreadsPerCore * std::max(1, mine.count()),
+            "runtime.threads = " + std::to_string(requested) + " is more than " +
+                std::to_string(kMaxThreadsPerCore) + " per core of the " +
+                std::to_string(mine.count()) + " core(s) this rank may run on (" + mine.text() +
+                "); 0 = one per core",
+            MESHLM_HERE);
   std::unique_ptr<comm::Communicator> host = comm::make_mpi_communicator(mesh.host());
   std::vector<CpuSet> masks(host->size());
   host->all_gather(&mine, masks.data(), sizeof(CpuSet), DType::u8).wait();

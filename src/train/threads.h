@@ -11,13 +11,18 @@
 // core, 8 ranks bound one core each get 1 thread each, and 4 unbound ranks
 // on 16 cores get 4 each. runtime.threads = N runs N threads; a rank whose
 // mask has fewer cores than N is named in a warning (its threads would
-// share cores).
+// share cores), and N above kMaxThreadsPerCore per core of the mask is an
+// error naming runtime.threads.
 #pragma once
 
 #include "core/cpu_set.h"
 #include "mesh/mesh.h"
 
 namespace meshlm {
+
+// runtime.threads may ask for at most this many threads per core of the
+// rank's affinity mask; more can only slow it down.
+inline constexpr int kMaxThreadsPerCore = 4;
 
 struct RankThreads {
   int threads = 1;

@@ -67,6 +67,24 @@ io::TokenReader open_training_data(const DataConfig& d, int vocab_size, MPI_Comm
   return std::move(*reader);
 }
 
+// Collective over the world: refuses, before anything large is allocated, a
+// run whose predicted memory on some machine (the sum of the predictions of
+// the ranks that share it) exceeds that machine's physical memory.
+void check_memory_fits(const MemoryByCategory& predicted, const ProcessMesh& mesh) {
+  std::unique_ptr<comm::Communicator> host = comm::make_mpi_communicator(mesh.host());
+  double mine = static_cast<double>(total(predicted)), on_host = 0;
+  host->all_reduce(&mine, &on_host, 1, DType::f64, comm::ReduceOp::sum).wait();
+  const double physical = static_cast<double>(physical_memory_bytes());
+  const bool fits = physical <= 0 || on_host <= physical;
+  check_all(mesh.world(), fits,
+            fmt::format("the {} rank(s) of this machine need {} as predicted, more than its "
+                        "physical memory of {}; spread the model over more ranks (parallel.tp, "
+                        "parallel.pp, parallel.dp with parallel.zero_stage), lower "
+                        "train.micro_batch_size, or set parallel.activation_checkpointing = full",
+                        host->size(), format_bytes(on_host), format_bytes(physical)),
+            MESHLM_HERE);
+}
+
 }  // namespace
 
 TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_params) {
@@ -103,6 +121,7 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
   const MemoryByCategory predicted =
       predict_memory(cfg.model, shape, loader->windows_per_epoch(), cfg.data.shuffle);
   print_predicted_memory(predicted, *world);
+  check_memory_fits(predicted, mesh);
 
   std::unique_ptr<load::FrozenBase> base;
   if (lora) {

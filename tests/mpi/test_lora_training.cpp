@@ -237,7 +237,7 @@ TEST_F(LoraTraining, FullTrainingStartsFromTheBase) {
   const RunConfig cfg = config({1, 1, 1, 0, "1f1b", "none"}, 1);
   const std::string same = (dir_ / "init21.h5").string(), other = (dir_ / "init99.h5").string();
   if (world_rank() == 0) {
-    for (auto [path, seed] : {std::pair{same, cfg.train.seed}, std::pair{other, uint64_t{99}}}) {
+    for (auto [path, seed] : {std::pair{same, cfg.train.seed}, std::pair{other, int64_t{99}}}) {
       GPT g(cfg.model);
       g.init_weights(seed);
       load::write_params_h5(path, cfg.model,

@@ -134,3 +134,72 @@ TEST(Config, HelpListsTheKeywordsFromTheirTables) {
                            "qkv, attn-out, mlp-up, mlp-down"})
     EXPECT_NE(help.find(part), std::string::npos) << part;
 }
+
+// Every floating-point key must be finite: NaN and infinity are refused
+// where the file is read, naming the key, whether they come from the file or
+// the command line.
+TEST(Config, EveryFloatKeyMustBeFinite) {
+  const char* keys[] = {"train.lr",    "train.lr_min_ratio", "train.weight_decay", "train.grad_clip",
+                        "train.beta1", "train.beta2",        "train.eps",          "finetune.lora_alpha"};
+  for (const char* key : keys) {
+    for (const char* v : {"nan", "inf", "-inf", "NaN"}) {
+      const std::string msg = error_of(kGood, {std::string("--") + key + "=" + v});
+      EXPECT_NE(msg.find(std::string(key) + " = "), std::string::npos) << key << "=" << v << ": " << msg;
+      EXPECT_NE(msg.find("finite"), std::string::npos) << key << "=" << v << ": " << msg;
+    }
+  }
+  const std::string train_eps = error_of(std::string(kGood) + "[train]\neps = inf\n");
+  EXPECT_NE(train_eps.find("train.eps = inf"), std::string::npos) << train_eps;
+}
+
+// Ranges: the documented interval of each key, checked at parse time.
+TEST(Config, ValuesOutsideTheirRangeNameTheKey) {
+  struct Case {
+    const char* arg;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {"--train.seed=-1", "train.seed = -1: must lie in [0, 2^63 - 1]"},
+      {"--train.beta1=1", "train.beta1 = 1: must lie in [0, 1)"},
+      {"--train.beta2=-0.1", "train.beta2"},
+      {"--train.eps=0", "train.eps = 0: must lie in (0, 1]"},
+      {"--train.lr=100", "train.lr = 100"},
+      {"--runtime.threads=100000", "runtime.threads = 100000: must lie in [0, 4096]"},
+      {"--model.vocab_size=2147483647", "model.vocab_size = 2147483647"},
+      {"--model.n_embd=1073741824", "model.n_embd = 1073741824"},
+      {"--train.batch_size=2147483646", "train.batch_size = 2147483646"},
+      {"--model.n_layer=100000", "model.n_layer = 100000: must lie in [1, 1024]"},
+      {"--parallel.zero_stage=3", "parallel.zero_stage = 3"},
+      {"--finetune.lora_rank=0", "finetune.lora_rank = 0"},
+      {"--debug.fail_rank=-2", "debug.fail_rank = -2"},
+  };
+  for (const Case& c : cases) {
+    const std::string msg = error_of(kGood, {c.arg});
+    EXPECT_NE(msg.find(c.expect), std::string::npos) << c.arg << ": " << msg;
+  }
+  // The bounds themselves are accepted.
+  EXPECT_EQ(error_of(kGood, {"--train.seed=9223372036854775807"}), "");
+  EXPECT_EQ(error_of(kGood, {"--train.beta1=0", "--train.lr_min_ratio=1"}), "");
+}
+
+TEST(Config, FailRankMustBeARankOfTheJob) {
+  EXPECT_NE(error_of(kGood, {"--debug.fail_rank=1"}).find("debug.fail_rank (1) is not a rank"),
+            std::string::npos);
+  EXPECT_EQ(error_of(kGood, {"--debug.fail_rank=0"}), "");
+}
+
+// Sizes within each key's range can still overflow together: the product is
+// refused in checked 64-bit arithmetic, naming the keys, instead of wrapping.
+TEST(Config, SizeProductsThatOverflowNameTheirKeys) {
+  const std::string msg = error_of(
+      kGood, {"--model.seq_len=1048576", "--model.max_seq_len=1048576",
+              "--train.batch_size=1048576", "--train.micro_batch_size=1048576"});
+  EXPECT_NE(msg.find("does not fit in 64 bits"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("model.seq_len"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("train.micro_batch_size"), std::string::npos) << msg;
+  // Large but representable sizes parse (the memory check comes later, with
+  // the machine known).
+  EXPECT_EQ(error_of(kGood, {"--model.vocab_size=16777216", "--model.n_embd=131072",
+                             "--model.n_head=2"}),
+            "");
+}
