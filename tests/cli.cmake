@@ -25,8 +25,8 @@ meshlm_cli_error(missing_parameter_file "cannot read parameter file '/nonexisten
 meshlm_cli_error(heads_do_not_divide_channels "model.n_embd \\(30\\) must be divisible by model.n_head \\(4\\)" train ${_tiny} --model.n_embd=30 --model.n_head=4)
 meshlm_cli_error(sequence_longer_than_position_table "model.seq_len \\(64\\) is longer than the position table, model.max_seq_len \\(32\\)" train ${_tiny} --model.seq_len=64)
 meshlm_cli_error(batch_not_multiple_of_micro_batch "train.batch_size \\(6\\) must be a multiple of train.micro_batch_size \\(4\\)" train ${_tiny} --train.batch_size=6 --train.micro_batch_size=4)
-meshlm_cli_error(negative_steps "train.steps must be >= 1" train ${_tiny} --train.steps=-3)
-meshlm_cli_error(zero_lr "train.lr must be > 0" train ${_tiny} --train.lr=0)
+meshlm_cli_error(negative_steps "train.steps = -3: must lie in \\[1, " train ${_tiny} --train.steps=-3)
+meshlm_cli_error(zero_lr "train.lr = 0: must lie in \\(0, 10\\]" train ${_tiny} --train.lr=0)
 meshlm_cli_error(missing_data_file "data.path: token file '/nonexistent/tokens.h5' does not exist" train ${_tiny} --data.path=/nonexistent/tokens.h5 --data.tokenize_from=)
 meshlm_cli_error(data_file_not_tokens "/usr/share/common-licenses/GPL-3.*not" train ${_tiny} --data.path=/usr/share/common-licenses/GPL-3)
 meshlm_cli_error(missing_text_to_tokenize "data.tokenize_from.*/nonexistent/corpus.txt" train ${_tiny} --data.path=@SCRATCH@/tokens.h5 --data.tokenize_from=/nonexistent/corpus.txt)
@@ -65,7 +65,7 @@ meshlm_cli_error(micro_batches_disagree "parallel.micro_batches \\(3\\) disagree
 meshlm_cli_error(unknown_schedule "\\('zigzag'\\) for option '--parallel.schedule' is invalid; use one of gpipe \\| 1f1b" train ${_tiny} --parallel.schedule=zigzag)
 meshlm_cli_error(malformed_stage_layers "parallel.stage_layers' is invalid; 'x' is not a whole number" train ${_tiny} --parallel.pp=2 --parallel.stage_layers=1,x)
 meshlm_cli_error(unknown_checkpointing "\\('some'\\) for option '--parallel.activation_checkpointing' is invalid; use one of none \\| full" train ${_tiny} --parallel.activation_checkpointing=some)
-meshlm_cli_error(bad_zero_stage "parallel.zero_stage must be 0, 1 or 2 \\(got 3\\)" train ${_tiny} --parallel.zero_stage=3)
+meshlm_cli_error(bad_zero_stage "parallel.zero_stage = 3: must lie in \\[0, 2\\]" train ${_tiny} --parallel.zero_stage=3)
 meshlm_cli_error(stage_layers_wrong_sum "parallel.stage_layers" train ${_tiny} --parallel.pp=2 --parallel.stage_layers=2,2)
 
 # [finetune] and [quant]: bad values name the key; a base that cannot be read
@@ -74,7 +74,7 @@ meshlm_cli_error(finetune_mode_unknown "\\('qlora'\\) for option '--finetune.mod
 meshlm_cli_error(quant_type_unknown "\\('fp4'\\) for option '--quant.type' is invalid; use one of nf4 \\| int8 \\| f32" train ${_tiny} --finetune.mode=lora --quant.type=fp4)
 meshlm_cli_error(quant_share_unknown "\\('numa'\\) for option '--quant.share' is invalid; use one of node \\| per_rank" train ${_tiny} --finetune.mode=lora --quant.share=numa)
 meshlm_cli_error(lora_target_unknown "finetune.lora_targets' is invalid; unknown target 'ffn'" train ${_tiny} --finetune.mode=lora --finetune.lora_targets=qkv,ffn)
-meshlm_cli_error(lora_rank_zero "finetune.lora_rank must be >= 1 \\(got 0\\)" train ${_tiny} --finetune.mode=lora --finetune.lora_rank=0)
+meshlm_cli_error(lora_rank_zero "finetune.lora_rank = 0: must lie in \\[1, " train ${_tiny} --finetune.mode=lora --finetune.lora_rank=0)
 meshlm_cli_error(base_file_missing "safetensors file '/nonexistent/base.safetensors'" train ${_tiny} --finetune.mode=lora --quant.base=/nonexistent/base.safetensors --quant.cache=@SCRATCH@/out/cache.h5)
 meshlm_cli_error(base_file_unknown_kind "base weights '/usr/share/common-licenses/GPL-3': unknown kind of file" train ${_tiny} --finetune.mode=lora --quant.base=/usr/share/common-licenses/GPL-3 --quant.cache=@SCRATCH@/out/cache.h5)
 meshlm_cli_error(quantize_without_cache "quant.cache is empty" quantize ${_tiny} --finetune.mode=lora)
