@@ -40,6 +40,13 @@ meshlm_cli_error(no_parameter_file "needs a parameter file" train)
 meshlm_cli_error(unknown_command "unknown command 'trian'" trian)
 meshlm_cli_error(tokenize_missing_input "/nonexistent/in.txt" tokenize /nonexistent/in.txt @SCRATCH@/out.h5)
 
+# Non-finite numbers: in a base file (full and LoRA), in a step's gradient
+# (train.on_nonfinite = stop | skip, train.max_skipped).
+add_test(NAME cli_nonfinite_numbers
+  COMMAND bash ${_cli}/nonfinite.sh "${_mpiexec2}" $<TARGET_FILE:meshlm> ${_tiny}
+          ${CMAKE_CURRENT_SOURCE_DIR}/bench/make_gpt2_safetensors.py)
+set_tests_properties(cli_nonfinite_numbers PROPERTIES LABELS cli TIMEOUT 180 ENVIRONMENT "OMP_NUM_THREADS=1")
+
 # And the ones that must succeed.
 add_test(NAME cli_help_lists_every_key
   COMMAND bash ${_cli}/help_lists_keys.sh $<TARGET_FILE:meshlm> ${PROJECT_SOURCE_DIR}/inputs

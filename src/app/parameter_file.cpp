@@ -241,6 +241,9 @@ void make_options(RunConfig& c, OptionTable& t) {
         Range::ints(0, kMaxSeed));
   t.add(train, "train.log_every", &c.train.log_every, "print and record metrics every this many steps (and at the last)",
         Range::ints(1, kMaxInt));
+  t.add(train, "train.on_nonfinite", &c.train.on_nonfinite, "a step whose loss or gradient norm is NaN or infinite: " + enum_choices<NonFinite>() + " (stop: the run ends naming the step and the first tensor whose gradient is not finite; skip: the step is dropped, nothing is updated, and it is counted and logged)");
+  t.add(train, "train.max_skipped", &c.train.max_skipped, "under on_nonfinite = skip, this many skipped steps in a row end the run",
+        Range::ints(1, kMaxInt));
   auto& data = t.section("[data] training tokens");
   t.add(data, "data.path", &c.data.path, "token file: HDF5 with dataset 'tokens' (uint16/uint32) or meshlm raw tokens (required)");
   t.add(data, "data.tokenize_from", &c.data.tokenize_from, "text file tokenized byte-level into data.path when data.path does not exist");
@@ -281,6 +284,10 @@ void make_options(RunConfig& c, OptionTable& t) {
   auto& debug = t.section("[debug] failure injection for tests");
   t.add(debug, "debug.fail_rank", &c.debug.fail_rank, "this rank throws an error in the forward of debug.fail_step; -1 = none",
         Range::ints(-1, kMaxRanks));
+  t.add(debug, "debug.nan_step", &c.debug.nan_step, "from this step on (0 = never), world rank 0 puts a NaN into the first gradient it owns",
+        Range::ints(0, kMaxInt));
+  t.add(debug, "debug.nan_count", &c.debug.nan_count, "the number of steps debug.nan_step poisons",
+        Range::ints(1, kMaxInt));
   t.add(debug, "debug.fail_step", &c.debug.fail_step, "the step at which debug.fail_rank fails",
         Range::ints(1, kMaxInt));
 }

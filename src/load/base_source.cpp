@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cctype>
 #include <cstring>
 #include <filesystem>
@@ -73,7 +74,7 @@ public:
     return "GPT-2 initialisation, seed " + std::to_string(seed_);
   }
   std::vector<std::string> files() const override { return {}; }
-  void read(const ParamSpec& spec, float* out) override {
+  void fetch(const ParamSpec& spec, float* out) override {
     init_tensor(cfg_, table_[find(spec)], seed_, out);
   }
 
@@ -110,7 +111,7 @@ public:
   std::string describe() const override { return "safetensors file '" + file_.path() + "'"; }
   std::vector<std::string> files() const override { return {file_.path()}; }
 
-  void read(const ParamSpec& spec, float* out) override {
+  void fetch(const ParamSpec& spec, float* out) override {
     const size_t i = find(spec);
     const ParamSpec& p = table_[i];
     const std::string& name = file_names_[i];
@@ -238,7 +239,7 @@ public:
   }
   std::string describe() const override { return "meshlm HDF5 file '" + path_ + "'"; }
   std::vector<std::string> files() const override { return {path_}; }
-  void read(const ParamSpec& spec, float* out) override {
+  void fetch(const ParamSpec& spec, float* out) override {
     const ParamSpec& p = table_[find(spec)];
     h5::Dataset d = h5::open_dataset(file_, dataset_path(p.name));
     h5::read_all(d, H5T_NATIVE_FLOAT, out);
@@ -261,6 +262,23 @@ std::string lower_extension(const std::string& path) {
 }
 
 }  // namespace
+
+void BaseSource::read(const ParamSpec& spec, float* out) {
+  fetch(spec, out);
+  const size_t n = static_cast<size_t>(spec.full_shape.numel());
+  for (size_t j = 0; j < n; ++j) {
+    if (std::isfinite(out[j])) continue;
+    std::string where = "index " + std::to_string(j);
+    if (spec.full_shape.ndim == 2) {
+      const size_t cols = static_cast<size_t>(spec.full_shape.dims[1]);
+      where += " (row " + std::to_string(j / cols) + ", column " + std::to_string(j % cols) + ")";
+    }
+    throw RankError(describe() + ": tensor '" + spec.name + "' holds " +
+                        (std::isnan(out[j]) ? "NaN" : "an infinite value") + " at " + where +
+                        ", in meshlm's layout (linear weights (out, in))",
+                    MESHLM_HERE);
+  }
+}
 
 std::unique_ptr<BaseSource> open_base_source(const std::string& spec_string, const GPTConfig& cfg,
                                              uint64_t seed) {

@@ -48,8 +48,14 @@ public:
   // full_shape, meshlm layout: linear weights (out, in), wte padded to
   // full_shape[0] rows with zeros). `spec` may come from a shard's table:
   // only its name, full_shape and index are used. Throws RankError naming
-  // the tensor and the file when it is missing or its shape does not match.
-  virtual void read(const ParamSpec& spec, float* out) = 0;
+  // the tensor and the file when it is missing, its shape does not match,
+  // or a value is NaN or infinite (with the value's index and position):
+  // nothing trains on a number that was not checked.
+  void read(const ParamSpec& spec, float* out);
+
+protected:
+  // The source's own reading, without the check of the values.
+  virtual void fetch(const ParamSpec& spec, float* out) = 0;
 };
 
 // Opens the source named by `spec_string` for the model `cfg` (seed: for

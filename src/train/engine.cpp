@@ -1,6 +1,7 @@
 #include "train/engine.h"
 
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "comm/errors.h"
@@ -109,21 +110,40 @@ StepResult Engine::step(const int32_t* tokens, const int32_t* targets, float lr,
   });
   sum_tied_gradients();
   zero_->reduce();
+  if (debug.nan_step > 0 && step_number >= debug.nan_step &&
+      step_number < debug.nan_step + debug.nan_count && mesh_.rank() == 0)
+    zero_->owned_grads()[0] = std::numeric_limits<float>::quiet_NaN();
 
   StepResult r;
-  {
-    ScopedTimer t(timers_, Section::optimizer);
-    r.grad_norm = clip_owned(cfg_.train.grad_clip);
-    opt_->step(model_->params(), zero_->owned_grads(), lr);
-  }
-  zero_->share_params();
   // The loss lives on the last stage; one rank per DP replica contributes.
   const MeshCoords c = mesh_.coords();
   const int m = cfg_.parallel.micro_batches;
   double mine = (shape_.shard.last_stage && c.tp == 0) ? loss_sum / m : 0.0, sum = 0;
   world_->all_reduce(&mine, &sum, 1, DType::f64, comm::ReduceOp::sum).wait();
   r.loss = sum / cfg_.parallel.dp;
+  {
+    ScopedTimer t(timers_, Section::optimizer);
+    r.grad_norm = clip_owned(cfg_.train.grad_clip);
+    // Both are the same on every rank: every rank takes the same branch.
+    if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
+      r.nonfinite = true;
+      r.nonfinite_tensor = first_nonfinite_tensor();
+      return r;
+    }
+    opt_->step(model_->params(), zero_->owned_grads(), lr);
+  }
+  zero_->share_params();
   return r;
+}
+
+std::string Engine::first_nonfinite_tensor() {
+  const int32_t none = std::numeric_limits<int32_t>::max();
+  const int found = zero_->first_nonfinite();
+  const int32_t mine = found < 0 ? none : found;
+  int32_t first = none;
+  world_->all_reduce(&mine, &first, 1, DType::i32, comm::ReduceOp::min).wait();
+  if (first == none) return "";
+  return trainable_table(cfg_.model, {}, model_->options()).at(static_cast<size_t>(first)).name;
 }
 
 std::vector<float> Engine::gather_params() {

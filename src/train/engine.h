@@ -18,6 +18,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "comm/comm.h"
@@ -36,6 +37,11 @@ namespace meshlm {
 struct StepResult {
   double loss = 0;       // mean over the global batch (on every rank)
   double grad_norm = 0;  // global, before clipping (on every rank)
+  // The loss or the gradient norm is NaN or infinite: nothing was updated.
+  bool nonfinite = false;
+  // Then: the first tensor (in the whole model's table) whose gradient is not
+  // finite, or "" when every gradient is (on every rank).
+  std::string nonfinite_tensor;
 };
 
 class Engine {
@@ -70,6 +76,8 @@ private:
   void sum_tied_gradients();
   // The global gradient norm (before clipping); clips the owned gradients.
   double clip_owned(double max_norm);
+  // Collective over the world: StepResult::nonfinite_tensor.
+  std::string first_nonfinite_tensor();
 
   const RunConfig& cfg_;
   const ProcessMesh& mesh_;

@@ -7,7 +7,10 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
+
+#include "core/enum_names.h"
 
 #include "model/gpt_config.h"
 #include "model/lora.h"
@@ -16,6 +19,18 @@
 #include "train/adamw.h"
 
 namespace meshlm {
+
+// train.on_nonfinite: what a step whose loss or gradient norm is NaN or
+// infinite does. Either way nothing is updated from it.
+enum class NonFinite {
+  stop,  // the run ends with an error naming the step and the first bad tensor
+  skip,  // the step is dropped, counted and logged; train.max_skipped in a row end the run
+};
+inline constexpr EnumName<NonFinite> kNonFiniteNames[] = {
+    {NonFinite::stop, "stop"},
+    {NonFinite::skip, "skip"},
+};
+constexpr std::span<const EnumName<NonFinite>> enum_names(NonFinite) { return kNonFiniteNames; }
 
 // [train] (and model.seq_len): the optimisation.
 struct TrainConfig {
@@ -30,6 +45,8 @@ struct TrainConfig {
   AdamWConfig adamw;           // train.beta1, beta2, eps, weight_decay
   int64_t seed = 1337;        // 0 .. 2^63 - 1
   int log_every = 10;
+  NonFinite on_nonfinite = NonFinite::stop;
+  int max_skipped = 10;        // consecutive skipped steps that end the run (skip)
 };
 
 // [data] the training tokens.
@@ -51,6 +68,8 @@ struct RuntimeConfig {
 struct DebugConfig {
   int fail_rank = -1;  // this rank (-1 = none, else < the job's ranks) throws a RankError ...
   int fail_step = 1;   // ... in the forward of this step
+  int nan_step = 0;    // 0 = none; else world rank 0 puts a NaN into its first owned gradient ...
+  int nan_count = 1;   // ... in this many steps from nan_step on
 };
 
 struct RunConfig {

@@ -169,6 +169,7 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
   const size_t BT = static_cast<size_t>(B) * T;
   std::vector<int32_t> inputs(m * BT), targets(inputs.size());
   TrainSummary summary;
+  int skipped_in_a_row = 0;
   log::info("# {:>6} {:>9} {:>10} {:>10} {:>10} {:>11}", "step", "loss", "lr", "grad_norm",
             "ms/step", "tokens/s");
   for (int step = 0; step < tc.steps; ++step) {
@@ -181,12 +182,30 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
     const double lr = sched.at(step);
     const StepResult res = engine.step(inputs.data(), targets.data(), static_cast<float>(lr), step + 1);
     const double dt = now_seconds() - t0;
+    if (res.nonfinite) {
+      // Nothing was updated from this step (the engine checks before AdamW).
+      ++summary.skipped_steps;
+      ++skipped_in_a_row;
+      const std::string what = fmt::format(
+          "step {}: the loss is {:.6g} and the gradient norm is {:.6g}{}", step + 1, res.loss,
+          res.grad_norm,
+          res.nonfinite_tensor.empty()
+              ? std::string("; every gradient is finite")
+              : "; the first tensor whose gradient is not finite is " + res.nonfinite_tensor);
+      if (tc.on_nonfinite == NonFinite::stop)
+        throw CollectiveError(what + " (train.on_nonfinite = stop)", MESHLM_HERE);
+      log::warn("{}: step skipped, nothing updated ({} in a row, {} in all)", what,
+                skipped_in_a_row, summary.skipped_steps);
+      if (skipped_in_a_row >= tc.max_skipped)
+        throw CollectiveError(fmt::format("{} steps in a row skipped (train.max_skipped = {}); the "
+                                          "last: {}",
+                                          skipped_in_a_row, tc.max_skipped, what),
+                              MESHLM_HERE);
+      continue;
+    }
+    skipped_in_a_row = 0;
     StepRecord r{step + 1, res.loss, lr, res.grad_norm, dt, static_cast<double>(tc.batch_size) * T / dt};
     summary.steps.push_back(r);
-    if (!std::isfinite(r.loss))
-      throw CollectiveError("loss is " + std::to_string(r.loss) + " at step " +
-                                std::to_string(step + 1) + "; lower train.lr or raise train.warmup_steps",
-                            MESHLM_HERE);
     if ((step + 1) % tc.log_every == 0 || step + 1 == tc.steps || step == 0) {
       log::info("  {:>6} {:>9.4f} {:>10.3e} {:>10.4f} {:>10.1f} {:>11.0f}", r.step, r.loss, r.lr,
                 r.grad_norm, 1e3 * r.seconds, r.tokens_per_s);

@@ -1,6 +1,7 @@
 #include "train/zero.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
@@ -125,6 +126,17 @@ double Zero::sum_of_squares(const std::function<bool(const ParamSpec&)>& counted
     local += meshlm::sum_of_squares(g + (lo - own_begin_), hi - lo);
   }
   return local;
+}
+
+int Zero::first_nonfinite() const {
+  const float* g = const_cast<Zero*>(this)->owned_grads();
+  for (const ParamSpec& p : model_.table()) {
+    const size_t lo = std::max(p.offset, own_begin_);
+    const size_t hi = std::min(p.offset + p.numel(), own_end_);
+    for (size_t i = lo; i < hi; ++i)
+      if (!std::isfinite(g[i - own_begin_])) return p.index;
+  }
+  return -1;
 }
 
 void Zero::share_params() {

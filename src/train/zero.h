@@ -58,6 +58,9 @@ public:
   // elements of the tensors `counted` accepts (the tensor-parallel and tied
   // rules are the caller's), or 0 where another DP rank counts them.
   double sum_of_squares(const std::function<bool(const ParamSpec&)>& counted);
+  // The smallest spec.index of a tensor of the table that has a NaN or
+  // infinite value among the owned gradients, or -1.
+  int first_nonfinite() const;
   // Collective over DP after the update: every rank's parameters again whole.
   void share_params();
 
