@@ -156,9 +156,9 @@ void AtomicWrite::commit() {
   committed_ = true;
 }
 
-File create_file(const std::string& path, hid_t fapl) {
+File create_file(const std::string& path, hid_t fapl, hid_t fcpl) {
   silence_errors();
-  hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+  hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, fcpl, fapl);
   if (id < 0)
     throw RankError(with_h5_message(path + ": cannot create HDF5 file", last_error()),
                     MESHLM_HERE);

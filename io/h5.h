@@ -160,8 +160,9 @@ private:
   bool committed_ = false;
 };
 
-// Creates (truncates) a file. `fapl` selects the driver (H5P_DEFAULT: serial).
-File create_file(const std::string& path, hid_t fapl = H5P_DEFAULT);
+// Creates (truncates) a file. `fapl` selects the driver (H5P_DEFAULT: serial);
+// `fcpl` the creation properties (e.g. a user block).
+File create_file(const std::string& path, hid_t fapl = H5P_DEFAULT, hid_t fcpl = H5P_DEFAULT);
 // Opens an existing file read-only, or read-write when `writable`. With the
 // default `fapl`, a file system without file locks (flock) is no error.
 File open_file(const std::string& path, bool writable = false, hid_t fapl = H5P_DEFAULT);

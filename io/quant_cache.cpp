@@ -1,5 +1,11 @@
 #include "io/quant_cache.h"
 
+#include <cstdio>
+
+#include <cstring>
+
+#include <fstream>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -221,6 +227,32 @@ h5::Group ordered_group(hid_t loc, const std::string& name) {
 // ---------------------------------------------------------------------------
 
 // "cache '<path>' has no /meta group", "cache '<path>': tensor 'wte' ...".
+// The user block (bytes HDF5 leaves to the application before its
+// superblock) of every cache starts with kMagic: a cache stays recognisably
+// meshlm's even when truncated or damaged, so it may be replaced, while any
+// other file at the path may not.
+constexpr const char kMagic[] = "meshlm quantized cache\n";
+constexpr hsize_t kUserBlockBytes = 512;
+
+void write_magic(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "r+b");
+  const size_t n = sizeof(kMagic) - 1;
+  const bool ok = f && std::fwrite(kMagic, 1, n, f) == n;
+  if (f && std::fclose(f) != 0) throw RankError(path + ": cannot write the user block", MESHLM_HERE);
+  if (!ok) throw RankError(path + ": cannot write the user block", MESHLM_HERE);
+}
+
+bool has_magic(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char buf[sizeof(kMagic) - 1];
+  return in.read(buf, sizeof(buf)) && std::memcmp(buf, kMagic, sizeof(buf)) == 0;
+}
+
+// "'<path>' is a directory, not a meshlm quantized cache".
+CacheLookup foreign(const std::string& path, const std::string& what) {
+  return {CacheStatus::foreign, "'" + path + "' is " + what + ", not a meshlm quantized cache"};
+}
+
 CacheLookup corrupt(const std::string& path, const std::string& what) {
   return {CacheStatus::corrupt, "cache '" + path + "'" + (what.starts_with(':') ? "" : " ") + what};
 }
@@ -256,12 +288,19 @@ CacheLookup explain_other_key(const std::string& path, hid_t meta, const CacheKe
 // The file's side of read_quant_cache: HDF5 failures throw (and are turned
 // into `corrupt` by the caller); every other finding is returned.
 CacheLookup read_checked(const std::string& path, const CacheKey& key,
-                         const std::vector<CacheTensor>& tensors, uint8_t* store) {
+                         const std::vector<CacheTensor>& tensors, uint8_t* store,
+                         bool& recognised) {
   const std::string expected_key = key.key();
   h5::File file = h5::open_file(path);
 
-  if (!h5::exists(file, "meta")) return corrupt(path, "has no /meta group");
+  if (!h5::exists(file, "meta"))
+    return recognised ? corrupt(path, "has no /meta group")
+                      : foreign(path, "an HDF5 file without /meta");
   h5::Group meta = open_group(file, "meta");
+  if (!h5::has_attr(meta, "format_version") || !h5::has_attr(meta, "key"))
+    return recognised ? corrupt(path, "has no format_version and key in /meta")
+                      : foreign(path, "an HDF5 file whose /meta has no format_version and key");
+  recognised = true;
   int32_t version = h5::read_scalar_attr<int32_t>(meta, "format_version");
   if (version != kQuantCacheFormatVersion)
     return {CacheStatus::different_key,
@@ -342,6 +381,7 @@ const char* cache_status_name(CacheStatus s) {
     case CacheStatus::missing: return "missing";
     case CacheStatus::different_key: return "different_key";
     case CacheStatus::corrupt: return "corrupt";
+    case CacheStatus::foreign: return "foreign";
   }
   return "?";
 }
@@ -376,11 +416,17 @@ CacheLookup read_quant_cache(const std::string& path, const CacheKey& key,
   std::error_code ec;
   if (!fs::exists(path, ec)) return {CacheStatus::missing, "no cache at '" + path + "'"};
   h5::silence_errors();  // a damaged file makes HDF5 fail loudly; we report it in one line
-  if (!h5::is_hdf5_file(path)) return corrupt(path, "is not an HDF5 file");
+  if (!fs::is_regular_file(path, ec)) return foreign(path, "not a regular file");
+  if (!h5::is_hdf5_file(path)) {
+    if (has_magic(path)) return corrupt(path, "is a damaged meshlm cache (no HDF5 superblock)");
+    return foreign(path, "not an HDF5 file");
+  }
+  bool recognised = has_magic(path);  // or once /meta shows it (caches without the user block)
   try {
-    return read_checked(path, key, tensors, store);
+    return read_checked(path, key, tensors, store, recognised);
   } catch (const std::exception& e) {
     if (!fs::exists(path, ec)) return {CacheStatus::missing, "no cache at '" + path + "'"};
+    if (!recognised) return foreign(path, std::string("an unreadable HDF5 file (") + e.what() + ")");
     return corrupt(path, std::string("cannot be read: ") + e.what());
   }
 }
@@ -397,7 +443,9 @@ void write_quant_cache(const std::string& path, const CacheKey& key,
 
   h5::AtomicWrite tmp(path);  // rename() replaces `path` whole: a reader opens either file
   try {
-    h5::File file = h5::create_file(tmp.tmp_path(), cache_fapl());
+    h5::PropList fcpl(H5Pcreate(H5P_FILE_CREATE));
+    H5Pset_userblock(fcpl, kUserBlockBytes);
+    h5::File file = h5::create_file(tmp.tmp_path(), cache_fapl(), fcpl);
     {
       h5::Group meta = h5::require_group(file, "meta");
       h5::write_scalar_attr<int32_t>(meta, "format_version", kQuantCacheFormatVersion);
@@ -421,6 +469,7 @@ void write_quant_cache(const std::string& path, const CacheKey& key,
     }
     q.close();
     h5::close_file(file, tmp.tmp_path());
+    write_magic(tmp.tmp_path());
     tmp.commit();
   } catch (const RankError& e) {
     throw RankError("cannot write quantization cache '" + path + "': " + e.what(), MESHLM_HERE);

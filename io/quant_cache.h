@@ -11,6 +11,10 @@
 //
 // File layout (format_version 1):
 //
+//   bytes 0-511               the HDF5 user block; starts "meshlm quantized
+//                             cache\n", so that even a damaged cache is
+//                             recognisably meshlm's (a file without it or
+//                             /meta is "foreign" and never replaced)
 //   /meta                     group; attributes:
 //       format_version        int32, kQuantCacheFormatVersion
 //       key                   string, the cache key (32 hex, CacheKey::key())
@@ -97,9 +101,11 @@ inline constexpr int kQuantCacheFormatVersion = 1;
 
 // hit: the store holds the cache. missing: no file at the path.
 // different_key: a cache made from another source, other settings or another
-// format version. corrupt: not a readable cache of the expected layout, or a
-// checksum failed.
-enum class CacheStatus { hit, missing, different_key, corrupt };
+// format version. corrupt: a meshlm cache (its /meta says so) that is not of
+// the expected layout or fails a checksum. foreign: something at the path
+// that is not recognisably a meshlm cache (not a regular file, not HDF5, no
+// /meta with format_version and key): meshlm must not replace it.
+enum class CacheStatus { hit, missing, different_key, corrupt, foreign };
 
 const char* cache_status_name(CacheStatus s);  // "hit", "missing", ...
 

@@ -125,6 +125,11 @@ FillReport fill_store(const GPTConfig& cfg, const QuantConfig& q, uint64_t seed,
       rep.seconds = now_seconds() - t0;
       return rep;
     }
+    // meshlm replaces only its own caches: anything else at the path stays.
+    if (look.status == io::CacheStatus::foreign)
+      throw RankError("quant.cache: " + look.reason +
+                          "; meshlm replaces only its own caches (remove the file or name another)",
+                      MESHLM_HERE);
     if (look.status == io::CacheStatus::corrupt)
       log::warn("quant.cache: {}; quantizing again and replacing it", look.reason);
     else

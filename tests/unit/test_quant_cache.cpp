@@ -382,7 +382,11 @@ TEST_F(QuantCacheTest, TruncatedFileIsNeverAHit) {
       std::string path = file("cut.h5");
       write_text_file(path, bytes.substr(0, cut));
       CacheLookup r = read(path, m, make_key());
-      EXPECT_TRUE(r.status == CacheStatus::corrupt || r.status == CacheStatus::missing)
+      // Once the user block's first line is there, the file is still
+      // recognisably a meshlm cache (corrupt: it may be replaced); before
+      // that it is nobody's (foreign: it may not).
+      const bool recognisable = cut >= std::string("meshlm quantized cache\n").size();
+      EXPECT_EQ(r.status, recognisable ? CacheStatus::corrupt : CacheStatus::foreign)
           << "cut at " << cut << " of " << size << ": " << cache_status_name(r.status) << ": "
           << r.reason;
     }
@@ -430,19 +434,21 @@ TEST_F(QuantCacheTest, BitFlippedInTheMetadataIsNeverAWrongHit) {
   RecordProperty("flips_read_as_corrupt", corrupt);
 }
 
-TEST_F(QuantCacheTest, NotAnHdf5FileOrNotACache) {
+// Files that are not meshlm caches are "foreign": never read as a cache and,
+// unlike a damaged cache of meshlm's own, never to be replaced.
+TEST_F(QuantCacheTest, NotAnHdf5FileOrNotACacheIsForeign) {
   Model m = make_model(1);
   std::string text = file("text.h5");
   write_text_file(text, "this is not HDF5\n");
   CacheLookup r = read(text, m, make_key());
-  EXPECT_EQ(r.status, CacheStatus::corrupt) << r.reason;
+  EXPECT_EQ(r.status, CacheStatus::foreign) << r.reason;
   EXPECT_NE(r.reason.find("not an HDF5 file"), std::string::npos) << r.reason;
 
   // An HDF5 file with the signature and garbage after it.
   std::string garbage = file("garbage.h5");
   write_text_file(garbage, std::string("\x89HDF\r\n\x1a\n", 8) + std::string(4096, '\x5a'));
   r = read(garbage, m, make_key());
-  EXPECT_EQ(r.status, CacheStatus::corrupt) << r.reason;
+  EXPECT_EQ(r.status, CacheStatus::foreign) << r.reason;
 
   // A valid HDF5 file that is something else.
   std::string other = file("other.h5");
@@ -451,13 +457,23 @@ TEST_F(QuantCacheTest, NotAnHdf5FileOrNotACache) {
     h5::write_dataset<float>(f, "x", std::vector<float>{1, 2, 3});
   }
   r = read(other, m, make_key());
-  EXPECT_EQ(r.status, CacheStatus::corrupt) << r.reason;
+  EXPECT_EQ(r.status, CacheStatus::foreign) << r.reason;
   EXPECT_NE(r.reason.find("/meta"), std::string::npos) << r.reason;
 
   // A directory where the file should be.
   fs::create_directory(file("dir.h5"));
   r = read(file("dir.h5"), m, make_key());
-  EXPECT_EQ(r.status, CacheStatus::corrupt) << r.reason;
+  EXPECT_EQ(r.status, CacheStatus::foreign) << r.reason;
+}
+
+// Every cache starts with its own line in the HDF5 user block, so that even
+// a truncated one is recognisably meshlm's.
+TEST_F(QuantCacheTest, CachesCarryTheirMagicLine) {
+  Model m = make_model(2);
+  std::string path = file("cache.h5");
+  write_quant_cache(path, make_key(), m.tensors, m.store.data(), m.store.size());
+  EXPECT_EQ(read_text_file(path).substr(0, 23), "meshlm quantized cache\n");
+  EXPECT_EQ(read(path, m, make_key()).status, CacheStatus::hit);
 }
 
 TEST_F(QuantCacheTest, OtherLayoutIsCorrupt) {
