@@ -38,29 +38,32 @@ void append_row(hid_t dset, hsize_t row, hid_t type, const void* value) {
 
 }  // namespace
 
-RunLog::RunLog(const std::string& dir, const std::string& resolved_config_ini) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec)
-    throw RankError("run log: cannot create directory '" + dir + "': " + ec.message(),
-                    MESHLM_HERE);
+RunLog::RunLog(const std::string& dir, const std::string& resolved_config_ini, bool overwrite)
+    : lock_(std::make_unique<OutputDirLock>(dir, overwrite)) {
   path_ = (std::filesystem::path(dir) / "run.h5").string();
-  // No file lock: HDF5 would otherwise hold an exclusive lock on run.h5 for
-  // the whole run, and h5py could not look at the log until the run ends.
-  // With only this writer, a reader sees the state of the last flush.
   h5::PropList fapl(H5Pcreate(H5P_FILE_ACCESS));
 #if H5_VERSION_GE(1, 10, 7)
-  H5Pset_file_locking(fapl, false, true);
+  // HDF5's lock on, except where the file system has none (Lustre without flock).
+  H5Pset_file_locking(fapl, true, true);
 #endif
-  file_ = h5::create_file(path_, fapl);
-  h5::write_string_attr(file_, "config", resolved_config_ini);
-  h5::write_scalar_attr<int32_t>(file_, "format_version", kRunLogFormatVersion);
-  step_ = create_column(file_, "metrics/step", H5T_NATIVE_INT64);
-  loss_ = create_column(file_, "metrics/loss", H5T_NATIVE_DOUBLE);
-  lr_ = create_column(file_, "metrics/lr", H5T_NATIVE_DOUBLE);
-  grad_norm_ = create_column(file_, "metrics/grad_norm", H5T_NATIVE_DOUBLE);
-  tokens_per_s_ = create_column(file_, "metrics/tokens_per_s", H5T_NATIVE_DOUBLE);
-  h5::check(H5Fflush(file_, H5F_SCOPE_GLOBAL), file_, "/", "cannot flush");
+  try {
+    file_ = h5::create_file(path_, fapl);
+    h5::write_string_attr(file_, "config", resolved_config_ini);
+    h5::write_scalar_attr<int32_t>(file_, "format_version", kRunLogFormatVersion);
+    step_ = create_column(file_, "metrics/step", H5T_NATIVE_INT64);
+    loss_ = create_column(file_, "metrics/loss", H5T_NATIVE_DOUBLE);
+    lr_ = create_column(file_, "metrics/lr", H5T_NATIVE_DOUBLE);
+    grad_norm_ = create_column(file_, "metrics/grad_norm", H5T_NATIVE_DOUBLE);
+    tokens_per_s_ = create_column(file_, "metrics/tokens_per_s", H5T_NATIVE_DOUBLE);
+    h5::check(H5Fflush(file_, H5F_SCOPE_GLOBAL), file_, "/", "cannot flush");
+  } catch (...) {
+    // Nothing half-made stays behind (a full disk at the start of a run).
+    for (h5::Dataset* d : {&step_, &loss_, &lr_, &grad_norm_, &tokens_per_s_}) d->reset();
+    file_.reset();
+    std::error_code ec;
+    std::filesystem::remove(path_, ec);
+    throw;
+  }
 }
 
 RunLog::~RunLog() {

@@ -16,16 +16,20 @@
 // Unlike checkpoints, the log is written in place (no temporary name): a run
 // that is killed must keep every row it logged, so each append() ends with a
 // flush. Written by one rank only (the caller makes sure of it), with plain
-// serial file access.
+// serial file access and HDF5's file locking on: to look at the log while
+// the run goes on, open it without locking (h5py: h5py.File(path, "r",
+// locking=False); h5dump: HDF5_USE_FILE_LOCKING=FALSE).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/alloc.h"
 #include "core/timer.h"
 #include "io/h5.h"
+#include "io/output_dir.h"
 
 namespace meshlm::io {
 
@@ -33,8 +37,12 @@ inline constexpr int kRunLogFormatVersion = 1;
 
 class RunLog {
 public:
-  // Creates `dir` (and parents) and <dir>/run.h5, replacing an old one.
-  RunLog(const std::string& dir, const std::string& resolved_config_ini);
+  // Holds `dir` for the run (io/output_dir.h: created with its parents,
+  // locked against a second run) and creates <dir>/run.h5. An old run log
+  // there is replaced only when `overwrite`; anything else named run.h5
+  // never. If the file cannot be created whole (a full disk), nothing of
+  // it is left.
+  RunLog(const std::string& dir, const std::string& resolved_config_ini, bool overwrite = false);
   ~RunLog();  // closes; errors at this point are swallowed (call close() to see them)
   RunLog(RunLog&&) noexcept = default;
   RunLog& operator=(RunLog&&) noexcept = default;
@@ -60,6 +68,7 @@ public:
 private:
   void require_open() const;
 
+  std::unique_ptr<OutputDirLock> lock_;
   std::string path_;
   h5::File file_;
   h5::Dataset step_, loss_, lr_, grad_norm_, tokens_per_s_;

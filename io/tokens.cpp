@@ -13,6 +13,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "core/rng.h"
 #include "io/h5.h"
 
@@ -70,6 +71,7 @@ struct TokenReader::Impl {
   uint64_t n_tokens = 0;
   int bytes_per_token = 0;
   int64_t vocab_size_attr = 0;
+  int64_t max_id_attr = -1;
   bool is_signed = false;  // HDF5 only: int16/int32 stored ids (negative ones are rejected)
   h5::File file;           // HDF5
   h5::Dataset dset;        // HDF5 "tokens"
@@ -144,6 +146,7 @@ void TokenReader::Impl::open_hdf5() {
   n_tokens = dims[0];
   bytes_per_token = static_cast<int>(bytes);
   is_signed = H5Tget_sign(type) != H5T_SGN_NONE;
+  if (h5::has_attr(file, "max_id")) max_id_attr = h5::read_scalar_attr<int64_t>(file, "max_id");
   if (h5::has_attr(file, "vocab_size"))
     vocab_size_attr = h5::read_scalar_attr<int64_t>(file, "vocab_size");
   else if (h5::has_attr(dset, "vocab_size"))
@@ -151,6 +154,8 @@ void TokenReader::Impl::open_hdf5() {
 }
 
 TokenReader TokenReader::open(const std::string& path) {
+  if (const std::string kind = non_regular_kind(path); !kind.empty())
+    throw RankError(in_file(path) + "is " + kind + ", not a token file", MESHLM_HERE);
   auto impl = std::make_unique<Impl>();
   impl->path = path;
   impl->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -181,6 +186,20 @@ TokenReader::~TokenReader() = default;
 uint64_t TokenReader::size() const { return impl_->n_tokens; }
 int TokenReader::bytes_per_token() const { return impl_->bytes_per_token; }
 int64_t TokenReader::vocab_size_attr() const { return impl_->vocab_size_attr; }
+int64_t TokenReader::max_id_attr() const { return impl_->max_id_attr; }
+
+uint32_t TokenReader::max_id(uint64_t start, uint64_t count) const {
+  constexpr uint64_t kChunk = 1 << 20;
+  std::vector<int32_t> buf(std::min(count, kChunk));
+  uint32_t m = 0;
+  for (uint64_t done = 0; done < count;) {
+    const uint64_t n = std::min(kChunk, count - done);
+    read(start + done, n, buf.data());
+    for (uint64_t i = 0; i < n; ++i) m = std::max(m, static_cast<uint32_t>(buf[i]));
+    done += n;
+  }
+  return m;
+}
 bool TokenReader::is_hdf5() const { return impl_->hdf5; }
 const std::string& TokenReader::path() const { return impl_->path; }
 
@@ -341,6 +360,16 @@ struct CloseFile {
 
 }  // namespace
 
+bool is_token_file_h5(const std::string& path) {
+  if (!non_regular_kind(path).empty() || !h5::is_hdf5_file(path)) return false;
+  try {
+    h5::File file = h5::open_file(path);
+    return h5::exists(file, "tokens");
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 void write_tokens_h5(const std::string& path, const std::vector<uint32_t>& ids, int vocab_size) {
   if (vocab_size < 1)
     throw RankError("cannot write token file '" + path + "': vocab_size " +
@@ -355,6 +384,9 @@ void write_tokens_h5(const std::string& path, const std::vector<uint32_t>& ids, 
   h5::write_dataset_raw(file, "tokens", file_type, H5T_NATIVE_UINT32, ids.data(),
                         {static_cast<hsize_t>(ids.size())});
   h5::write_scalar_attr<int64_t>(file, "vocab_size", vocab_size);
+  uint32_t max_id = 0;
+  for (uint32_t id : ids) max_id = std::max(max_id, id);
+  h5::write_scalar_attr<int64_t>(file, "max_id", max_id);
   h5::write_scalar_attr<int32_t>(file, "format_version", kTokensFormatVersion);
   h5::close_file(file, out.tmp_path());
   out.commit();
@@ -404,9 +436,17 @@ void write_tokens_raw(const std::string& path, const std::vector<uint32_t>& ids,
 }
 
 uint64_t tokenize_bytes(const std::string& text_path, const std::string& out_path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(text_path, ec))
-    throw RankError("text file '" + text_path + "' is a directory", MESHLM_HERE);
+  if (const std::string kind = non_regular_kind(text_path); !kind.empty())
+    throw RankError("text file '" + text_path + "' is " + kind + ", not a text file", MESHLM_HERE);
+  if (same_file(text_path, out_path))
+    throw RankError("the text file and the token file are the same file, '" + text_path +
+                        "': meshlm will not write over its input",
+                    MESHLM_HERE);
+  // meshlm replaces only its own token files (HDF5 with a "tokens" dataset).
+  if (std::error_code ec; std::filesystem::exists(out_path, ec) && !is_token_file_h5(out_path))
+    throw RankError("token file '" + out_path + "' exists and is not an HDF5 token file; meshlm "
+                    "replaces only its own (remove it or name another)",
+                    MESHLM_HERE);
   std::ifstream in(text_path, std::ios::binary);
   if (!in)
     throw RankError("text file '" + text_path + "': cannot open: " + std::strerror(errno),

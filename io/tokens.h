@@ -44,7 +44,8 @@ inline constexpr uint64_t kRawTokensHeaderBytes = 24;
 class TokenReader {
 public:
   // Detects the format and validates the header / dataset; throws RankError
-  // naming the file on any problem.
+  // naming the file on any problem, and without opening it when it is not
+  // a regular file (a FIFO would block, a directory cannot be one).
   static TokenReader open(const std::string& path);
 
   TokenReader(TokenReader&&) noexcept;
@@ -54,6 +55,11 @@ public:
   uint64_t size() const;                 // number of tokens
   int bytes_per_token() const;           // 2 or 4, as stored
   int64_t vocab_size_attr() const;       // HDF5 "vocab_size" attribute; 0 when absent or raw
+  // HDF5 "max_id" attribute (meshlm tokenize writes it): the largest id in
+  // the file; -1 when absent or raw.
+  int64_t max_id_attr() const;
+  // The largest id of tokens [start, start + count), read in chunks.
+  uint32_t max_id(uint64_t start, uint64_t count) const;
   bool is_hdf5() const;
   const std::string& path() const;
 
@@ -114,6 +120,9 @@ void shuffled_order(uint64_t seed, uint64_t epoch, uint64_t n, uint32_t* out);
 // Writes `ids` as an HDF5 token file: dataset "tokens" stored as uint16 when
 // vocab_size <= 65536, else uint32; root attributes vocab_size and
 // format_version. Throws (leaving no file behind) for an id >= vocab_size.
+// True when `path` is an HDF5 file with a "tokens" dataset.
+bool is_token_file_h5(const std::string& path);
+
 void write_tokens_h5(const std::string& path, const std::vector<uint32_t>& ids, int vocab_size);
 
 // Writes `ids` as a raw token file with 2 or 4 bytes per token. Throws

@@ -250,6 +250,7 @@ void make_options(RunConfig& c, OptionTable& t) {
   t.add(data, "data.shuffle", &c.data.shuffle, "visit sequences in a seeded random order (true) or in file order (false)");
   auto& output = t.section("[output] results");
   t.add(output, "output.dir", &c.output.dir, "directory of run.h5 (metrics, memory, timing, resolved configuration)");
+  t.add(output, "output.overwrite", &c.output.overwrite, "replace the run log of an earlier run in output.dir (false: such a directory is an error); a file named run.h5 that is not a meshlm run log is never replaced");
   auto& runtime = t.section("[runtime] the process");
   t.add(runtime, "runtime.threads", &c.runtime.threads, "OpenMP/BLAS threads per rank; 0 = the cores of the rank's CPU affinity mask, shared with the ranks of its node whose masks overlap it",
         Range::ints(0, kMaxThreads));

@@ -58,6 +58,7 @@ struct DataConfig {
 
 struct OutputConfig {
   std::string dir = "out";
+  bool overwrite = false;  // a run may replace the run log of an earlier run in dir
 };
 
 struct RuntimeConfig {

@@ -10,8 +10,11 @@
 #include "comm/errors.h"
 #include "comm/mpi_comm.h"
 #include "core/error.h"
+#include "core/files.h"
+#include "core/progress.h"
 #include "core/log.h"
 #include "core/timer.h"
+#include "io/output_dir.h"
 #include "io/run_log.h"
 #include "io/tokens.h"
 #include "model/gpt.h"
@@ -40,30 +43,91 @@ RankPlan planned_rank_plan(const RunConfig& cfg, const ProcessMesh& mesh) {
 
 namespace {
 
+// Collective: the files a run names must be what their keys say, and no file
+// may be both read and written: refused before anything is read or written,
+// naming the keys.
+void check_run_files(const RunConfig& cfg, MPI_Comm job, int rank) {
+  try_all(job, "", [&] {
+    if (rank != 0) return;
+    const std::string run_log = (std::filesystem::path(cfg.output.dir) / "run.h5").string();
+    const std::pair<const char*, std::string> inputs[] = {
+        {"data.path", cfg.data.path},   {"data.tokenize_from", cfg.data.tokenize_from},
+        {"quant.base", cfg.quant.base}, {"the parameter file", cfg.source}};
+    for (const auto& [key, path] : inputs) {
+      if (path.empty()) continue;
+      if (same_file(path, run_log))
+        throw RankError(std::string(key) + " '" + path + "' is the run log output.dir/run.h5 " +
+                            "this run would write",
+                        MESHLM_HERE);
+      if (!cfg.quant.cache.empty() && same_file(path, cfg.quant.cache))
+        throw RankError("quant.cache and " + std::string(key) + " are the same file, '" + path +
+                            "': meshlm will not write over an input",
+                        MESHLM_HERE);
+    }
+    if (same_file(cfg.data.path, cfg.data.tokenize_from))
+      throw RankError("data.path and data.tokenize_from are the same file, '" + cfg.data.path +
+                          "': the tokens would be written over the text",
+                      MESHLM_HERE);
+    io::check_output_dir(cfg.output.dir, cfg.output.overwrite);
+    for (const auto& [key, path] : {std::pair<const char*, std::string>{"data.path", cfg.data.path},
+                                    {"quant.base", cfg.quant.base}}) {
+      if (path.empty() || (std::string(key) == "quant.base" && path == "init")) continue;
+      if (const std::string kind = non_regular_kind(path); !kind.empty())
+        throw RankError(std::string(key) + ": '" + path + "' is " + kind, MESHLM_HERE);
+    }
+  }, MESHLM_HERE);
+}
+
 // Collective: makes sure data.path exists, tokenizing data.tokenize_from on
-// rank 0 when it does not, and opens the token file on every rank.
+// rank 0 when it does not, and opens the token file on every rank. Every id
+// of the file is checked against the model's vocabulary before anything
+// trains or is written: from the "max_id" attribute meshlm tokenize writes,
+// else by reading the whole file (each rank a slice).
 io::TokenReader open_training_data(const DataConfig& d, int vocab_size, MPI_Comm job, int rank) {
   namespace fs = std::filesystem;
   try_all(job, "data.tokenize_from: ", [&] {
-    if (rank != 0 || fs::exists(d.path) || d.tokenize_from.empty()) return;
+    std::error_code ec;
+    if (rank != 0 || fs::exists(d.path, ec) || d.tokenize_from.empty()) return;
     log::info("# tokenizing {} -> {} (byte-level, vocabulary 256)", d.tokenize_from, d.path);
     const uint64_t n = io::tokenize_bytes(d.tokenize_from, d.path);
     log::info("# {} tokens written", n);
   }, MESHLM_HERE);
   std::unique_ptr<io::TokenReader> reader;
   try_all(job, "data.path: ", [&] {
-    if (!fs::exists(d.path))
+    std::error_code ec;
+    if (!fs::exists(d.path, ec))
       throw RankError("token file '" + d.path + "' does not exist", MESHLM_HERE);
     reader = std::make_unique<io::TokenReader>(io::TokenReader::open(d.path));
-    // A file that declares a larger vocabulary than the model's is refused
-    // before anything is trained or written; files without the attribute
-    // are checked batch by batch as they are read.
     const int64_t declared = reader->vocab_size_attr();
     if (declared > vocab_size)
       throw RankError("token file '" + d.path + "' declares vocab_size " + std::to_string(declared) +
                           " (attribute), larger than model.vocab_size = " + std::to_string(vocab_size),
                       MESHLM_HERE);
   }, MESHLM_HERE);
+
+  std::unique_ptr<comm::Communicator> all = comm::make_mpi_communicator(job);
+  const uint64_t n = reader->size();
+  double largest = static_cast<double>(reader->max_id_attr());
+  if (largest < 0) {
+    // Each rank reads its slice; rank 0 shows progress on large files.
+    const uint64_t p = all->size(), r = all->rank();
+    const uint64_t begin = n * r / p, end = n * (r + 1) / p;
+    double mine = 0;
+    try_all(job, "data.path: ", [&] {
+      constexpr uint64_t kPiece = 1 << 24;
+      ProgressBar bar("checking token ids of " + d.path, (end - begin + kPiece - 1) / kPiece);
+      for (uint64_t s = begin; s < end; s += kPiece) {
+        mine = std::max(mine, static_cast<double>(reader->max_id(s, std::min(kPiece, end - s))));
+        bar.update((s - begin) / kPiece + 1);
+      }
+    }, MESHLM_HERE);
+    all->all_reduce(&mine, &largest, 1, DType::f64, comm::ReduceOp::max).wait();
+  }
+  check_all(job, largest < vocab_size,
+            fmt::format("data.path: token file '{}' holds the id {}, not below model.vocab_size = "
+                        "{}",
+                        d.path, static_cast<uint64_t>(largest), vocab_size),
+            MESHLM_HERE);
   return std::move(*reader);
 }
 
@@ -104,6 +168,7 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
   mesh.print_rank_lines(fmt::format("device cpu | cores {} | threads {}", threads.cores.text(),
                                     threads.threads));
 
+  check_run_files(cfg, mesh.world(), rank);
   io::TokenReader data = open_training_data(cfg.data, cfg.model.vocab_size, mesh.world(), rank);
   const int B = tc.micro_batch_size, T = tc.seq_len, m = pc.micro_batches;
   std::unique_ptr<io::BatchLoader> loader;
@@ -163,7 +228,8 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
 
   std::unique_ptr<io::RunLog> runlog;
   try_all(mesh.world(), "output.dir: ", [&] {
-    if (rank == 0) runlog = std::make_unique<io::RunLog>(cfg.output.dir, cfg.resolved);
+    if (rank == 0)
+      runlog = std::make_unique<io::RunLog>(cfg.output.dir, cfg.resolved, cfg.output.overwrite);
   }, MESHLM_HERE);
 
   const size_t BT = static_cast<size_t>(B) * T;

@@ -17,7 +17,7 @@ fail=0
 for bad in 1 2; do
   # shellcheck disable=SC2086
   timeout 60 $mpiexec_line "$meshlm" train "$cfg" --parallel.tp=2 --parallel.pp=2 \
-    --debug.fail_rank=$bad --debug.fail_step=3 --data.path=tokens.h5 --output.dir=out "$@" >log 2>&1
+    --debug.fail_rank=$bad --debug.fail_step=3 --data.path=tokens.h5 --output.dir=out --output.overwrite=true "$@" >log 2>&1
   rc=$?
   cat log
   echo "---- rank $bad failing: exit status $rc"

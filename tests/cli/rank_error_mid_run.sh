@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # rank_error_mid_run.sh "MPIEXEC LINE" MESHLM TINY_CFG
 #
-# A failure in the middle of training on every rank separately (a raw token
-# file, which carries no vocabulary, holding an id the model does not have)
-# must abort the whole job with the rank and the file named, not hang.
+# A raw token file (which carries no vocabulary) holding ids the model does
+# not have: every id of the file is checked before anything trains or is
+# written, so the job stops at start-up on every rank, naming the file and
+# the id, leaves no output directory, and does not hang. (A failure in the
+# middle of a run is tests/cli/injected_failure.sh.)
 set -u
 mpiexec_line=$1
 meshlm=$2
@@ -28,5 +30,7 @@ echo "---- exit status $rc"
 fail=0
 [ "$rc" -eq 124 ] && { echo "FAIL: the job hung"; fail=1; }
 [ "$rc" -eq 0 ] && { echo "FAIL: expected a non-zero exit status"; fail=1; }
-grep -Eq "ERROR on rank [01]: .*tokens.bin.*300" log || { echo "FAIL: no per-rank error naming the file and the id"; fail=1; }
+grep -Eq "ERROR: data.path: token file 'tokens.bin' holds the id 300, not below model.vocab_size = 256" log ||
+  { echo "FAIL: no error naming the file and the id"; fail=1; }
+[ -e out ] && { echo "FAIL: an output directory was written"; fail=1; }
 exit $fail

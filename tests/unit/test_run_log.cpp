@@ -152,10 +152,56 @@ TEST_F(RunLogTest, ReplacesAnOldLog) {
     old.append(1, 1, 1, 1, 1);
     old.append(2, 1, 1, 1, 1);
   }
-  { RunLog fresh(dir, "new"); }
+  // Without output.overwrite the old log stays, whole.
+  try {
+    RunLog again(dir, "again");
+    ADD_FAILURE() << "no error";
+  } catch (const RankError& e) {
+    EXPECT_NE(std::string(e.what()).find("output.overwrite = true"), std::string::npos) << e.what();
+  }
+  {
+    h5::File f = h5::open_file((dir_ / "run.h5").string());
+    EXPECT_EQ(h5::read_string_attr(f, "config"), "old");
+    EXPECT_EQ(h5::read_dataset<int64_t>(f, "metrics/step").size(), 2u);
+  }
+  { RunLog fresh(dir, "new", /*overwrite=*/true); }
   h5::File f = h5::open_file((dir_ / "run.h5").string());
   EXPECT_EQ(h5::read_string_attr(f, "config"), "new");
   EXPECT_TRUE(h5::read_dataset<int64_t>(f, "metrics/step").empty());
+}
+
+// One run at a time per directory, and never over a run.h5 that is not a log.
+TEST_F(RunLogTest, OneRunPerDirectoryAndOnlyOverItsOwnFiles) {
+  const std::string dir = dir_.string();
+  {
+    RunLog first(dir, "first");
+    try {
+      RunLog second(dir, "second", /*overwrite=*/true);
+      ADD_FAILURE() << "no error";
+    } catch (const RankError& e) {
+      EXPECT_NE(std::string(e.what()).find("in use by another meshlm run"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_THROW(check_output_dir(dir, true), RankError);
+  }
+  EXPECT_NO_THROW(check_output_dir(dir, true));  // the lock went with the first run
+  const std::string other = (dir_ / "other").string();
+  std::filesystem::create_directories(other);
+  {
+    h5::File f = h5::create_file(other + "/run.h5");
+    h5::write_dataset<float>(f, "x", std::vector<float>{1});
+  }
+  EXPECT_THROW(RunLog(other, "x", /*overwrite=*/true), RankError);
+  EXPECT_FALSE(is_run_log(other + "/run.h5"));
+  EXPECT_TRUE(is_run_log(dir + "/run.h5"));
+  const std::string file = (dir_ / "plain").string();
+  std::fclose(std::fopen(file.c_str(), "w"));
+  try {
+    check_output_dir(file, true);
+    ADD_FAILURE() << "no error";
+  } catch (const RankError& e) {
+    EXPECT_NE(std::string(e.what()).find("is not a directory"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(RunLogTest, RowsSurviveAKilledRun) {
