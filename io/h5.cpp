@@ -10,6 +10,9 @@
 #include <fstream>
 #include <random>
 
+#include "core/files.h"
+#include "core/log.h"
+
 namespace meshlm::io::h5 {
 
 namespace fs = std::filesystem;
@@ -137,16 +140,20 @@ bool is_hdf5_file(const std::string& path) {
 }
 
 AtomicWrite::AtomicWrite(std::string path) : path_(std::move(path)) {
-  // The pid says whose file it is; the random part keeps two writers in one
-  // process, or equal pids on two nodes sharing a file system, apart.
-  std::random_device rd;
-  const uint64_t r = (static_cast<uint64_t>(rd()) << 32) ^ rd();
-  tmp_ = fmt::format("{}.tmp.{}.{:016x}", path_, ::getpid(), r);
+  // "<path>.tmp.<host>.<pid>.<random>": whose file it is, and which of its
+  // writers; removed on SIGTERM / SIGINT / SIGHUP (core/files.h), and by the
+  // next writer of `path` when its process is gone.
+  tmp_ = temp_name_for(path_);
   create_parent_dirs(path_);
+  for (const std::string& old : remove_stale_temp_files(path_))
+    log::info("# removed {}, a temporary file left by a process of this host that no longer runs",
+              old);
+  slot_ = register_temp_file(tmp_);
 }
 
 AtomicWrite::~AtomicWrite() {
   if (!committed_) std::remove(tmp_.c_str());
+  unregister_temp_file(slot_);
 }
 
 void AtomicWrite::commit() {
@@ -154,6 +161,8 @@ void AtomicWrite::commit() {
     throw RankError("cannot rename '" + tmp_ + "' to '" + path_ + "': " + std::strerror(errno),
                     MESHLM_HERE);
   committed_ = true;
+  unregister_temp_file(slot_);
+  slot_ = -1;
 }
 
 File create_file(const std::string& path, hid_t fapl, hid_t fcpl) {

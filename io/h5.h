@@ -139,7 +139,9 @@ void create_parent_dirs(const std::string& path);
 // offset 512, 1024, 2048, ...). False for unreadable or missing files.
 bool is_hdf5_file(const std::string& path);
 
-// A file written under a temporary name "<path>.tmp.<pid>" and renamed onto
+// A file written under a temporary name "<path>.tmp.<host>.<pid>.<random>"
+// (core/files.h: removed if the process is ended by a signal, or by the next
+// writer when its process is gone) and renamed onto
 // `path` by commit(). If commit() is never reached (an exception), the
 // destructor removes the temporary file. The parent directories of `path`
 // are created by the constructor.
@@ -158,6 +160,7 @@ public:
 private:
   std::string path_, tmp_;
   bool committed_ = false;
+  int slot_ = -1;  // in the registry of temporary files removed on a signal
 };
 
 // Creates (truncates) a file. `fapl` selects the driver (H5P_DEFAULT: serial);

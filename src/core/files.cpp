@@ -1,10 +1,17 @@
 #include "core/files.h"
 
+#include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
+#include <random>
 
 namespace meshlm {
 
@@ -37,6 +44,102 @@ std::string non_regular_kind(const std::string& path) {
   if (S_ISCHR(st.st_mode)) return "a character device";
   if (S_ISBLK(st.st_mode)) return "a block device";
   return "something that is not a regular file";
+}
+
+}  // namespace meshlm
+
+// ---- temporary files --------------------------------------------------------
+
+namespace meshlm {
+
+namespace {
+struct TempSlot {
+  std::atomic<bool> used{false};
+  char path[4096];
+};
+TempSlot g_temp[kMaxTempFiles];
+std::once_flag g_handlers_installed;
+constexpr int kSignals[] = {SIGTERM, SIGINT, SIGHUP};
+
+// Async-signal-safe: unlink, signal, raise.
+extern "C" void remove_temp_files_and_die(int sig) {
+  for (TempSlot& s : g_temp)
+    if (s.used.load(std::memory_order_acquire)) ::unlink(s.path);
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+void install_handlers() {
+  for (int sig : kSignals) {
+    struct sigaction old {};
+    ::sigaction(sig, nullptr, &old);
+    if (old.sa_handler == SIG_IGN) continue;  // a process started to ignore it keeps doing so
+    struct sigaction sa {};
+    sa.sa_handler = remove_temp_files_and_die;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(sig, &sa, nullptr);
+  }
+}
+
+std::string host_name() {
+  char buf[256] = {0};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "host";
+  std::string h(buf);
+  for (char& c : h)
+    if (c == '/') c = '_';
+  return h.empty() ? "host" : h;
+}
+}  // namespace
+
+int register_temp_file(const std::string& path) {
+  std::call_once(g_handlers_installed, install_handlers);
+  if (path.size() >= sizeof(g_temp[0].path)) return -1;
+  static std::mutex m;
+  std::lock_guard<std::mutex> lock(m);
+  for (int i = 0; i < kMaxTempFiles; ++i) {
+    TempSlot& s = g_temp[i];
+    if (s.used.load(std::memory_order_acquire)) continue;
+    std::snprintf(s.path, sizeof(s.path), "%s", path.c_str());
+    s.used.store(true, std::memory_order_release);
+    return i;
+  }
+  return -1;
+}
+
+void unregister_temp_file(int slot) {
+  if (slot >= 0 && slot < kMaxTempFiles) g_temp[slot].used.store(false, std::memory_order_release);
+}
+
+std::string temp_name_for(const std::string& path) {
+  std::random_device rd;
+  const uint64_t r = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(r));
+  return path + ".tmp." + host_name() + "." + std::to_string(::getpid()) + "." + hex;
+}
+
+std::vector<std::string> remove_stale_temp_files(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> removed;
+  const fs::path p(path);
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  const std::string prefix = p.filename().string() + ".tmp." + host_name() + ".";
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    // The rest is "<pid>.<16 hex>".
+    const std::string rest = name.substr(prefix.size());
+    const size_t dot = rest.find('.');
+    if (dot == std::string::npos || rest.size() - dot - 1 != 16) continue;
+    char* end_ptr = nullptr;
+    const long pid = std::strtol(rest.substr(0, dot).c_str(), &end_ptr, 10);
+    if (pid <= 0 || *end_ptr != '\0') continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // still running
+    std::error_code rm;
+    if (fs::remove(it->path(), rm)) removed.push_back(it->path().string());
+  }
+  return removed;
 }
 
 }  // namespace meshlm

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace meshlm {
 
@@ -18,5 +19,29 @@ bool same_file(const std::string& a, const std::string& b);
 // "a symbolic link loop" or "a path the system cannot resolve (<why>)" when
 // it cannot be examined (too long, a loop, no permission).
 std::string non_regular_kind(const std::string& path);
+
+}  // namespace meshlm
+
+namespace meshlm {
+
+// Temporary files of this process (written under a temporary name, renamed
+// when complete) are removed when the process is ended by SIGTERM, SIGINT
+// or SIGHUP (a batch system ending the job, Ctrl-C): the handler unlinks
+// them, then the signal takes its default course. At most kMaxTempFiles at
+// once; more are not registered (and so not removed on a signal).
+inline constexpr int kMaxTempFiles = 64;
+// Registers `path` (installing the handlers on first use); returns its slot,
+// or -1 when none is free.
+int register_temp_file(const std::string& path);
+// The file was renamed or removed by its writer.
+void unregister_temp_file(int slot);
+
+// "<name>.tmp.<host>.<pid>.<16 hex>" in the directory of `path`: the name
+// under which this process writes `path`. The host and pid say whose file it
+// is, the random part keeps two writers of one process apart.
+std::string temp_name_for(const std::string& path);
+// Removes the temporary files of `path` left by processes of this host that
+// no longer run (killed by SIGKILL, a node crash); returns their names.
+std::vector<std::string> remove_stale_temp_files(const std::string& path);
 
 }  // namespace meshlm

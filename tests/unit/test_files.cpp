@@ -1,0 +1,90 @@
+// core/files.h: which paths name the same file, what is not a regular file,
+// and the temporary files removed on a signal or by the next writer.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "core/files.h"
+#include "scratch_dir.h"
+
+using namespace meshlm;
+namespace fs = std::filesystem;
+
+namespace {
+void touch(const std::string& p) { std::fclose(std::fopen(p.c_str(), "w")); }
+}  // namespace
+
+class FilesTest : public ScratchDirTest {};
+
+TEST_F(FilesTest, SameFileThroughLinksAndDots) {
+  const std::string a = file("a.txt"), link = file("link.txt");
+  touch(a);
+  fs::create_symlink(a, link);
+  EXPECT_TRUE(same_file(a, link));
+  EXPECT_TRUE(same_file(a, (dir_ / "." / "a.txt").string()));
+  EXPECT_FALSE(same_file(a, file("b.txt")));
+  // Neither exists: the same path once normalised.
+  EXPECT_TRUE(same_file(file("new.h5"), (dir_ / "x" / ".." / "new.h5").string()));
+  EXPECT_FALSE(same_file("", a));
+}
+
+TEST_F(FilesTest, WhatIsNotARegularFile) {
+  const std::string reg = file("r"), fifo = file("f"), loop1 = file("l1"), loop2 = file("l2");
+  touch(reg);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  fs::create_symlink(loop2, loop1);
+  fs::create_symlink(loop1, loop2);
+  EXPECT_EQ(non_regular_kind(reg), "");
+  EXPECT_EQ(non_regular_kind(file("missing")), "");
+  EXPECT_EQ(non_regular_kind(dir_.string()), "a directory");
+  EXPECT_EQ(non_regular_kind(fifo), "a FIFO");
+  EXPECT_EQ(non_regular_kind("/dev/null"), "a character device");
+  EXPECT_EQ(non_regular_kind(loop1), "a symbolic link loop");
+  EXPECT_NE(non_regular_kind(std::string(10000, 'a')).find("cannot resolve"), std::string::npos);
+}
+
+// A process ended by SIGTERM while writing leaves no temporary file.
+TEST_F(FilesTest, TemporaryFilesGoWithASignal) {
+  const std::string tmp = temp_name_for(file("out.h5"));
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    touch(tmp);
+    if (register_temp_file(tmp) < 0) ::_exit(2);
+    ::raise(SIGTERM);
+    ::_exit(3);  // not reached
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "exit status " << WEXITSTATUS(status);
+  EXPECT_EQ(WTERMSIG(status), SIGTERM);
+  EXPECT_FALSE(fs::exists(tmp));
+}
+
+// The next writer removes what a process killed beyond help (SIGKILL) left,
+// and nothing of a process that still runs.
+TEST_F(FilesTest, StaleTemporaryFilesOfDeadProcessesAreRemoved) {
+  const std::string target = file("cache.h5");
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    touch(temp_name_for(target));
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  const std::string mine = temp_name_for(target);
+  touch(mine);
+  touch(file("cache.h5.tmp.otherhost.1.0123456789abcdef"));
+  const std::vector<std::string> removed = remove_stale_temp_files(target);
+  ASSERT_EQ(removed.size(), 1u);
+  EXPECT_NE(removed[0].find("." + std::to_string(pid) + "."), std::string::npos) << removed[0];
+  EXPECT_TRUE(fs::exists(mine));
+  EXPECT_TRUE(fs::exists(file("cache.h5.tmp.otherhost.1.0123456789abcdef")));
+}
