@@ -2,7 +2,9 @@
 // and rows that survive a process that dies without closing the file.
 #include <gtest/gtest.h>
 #include <hdf5.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -306,4 +308,28 @@ TEST_F(RunLogTest, FixedLengthStringAttributesReadWhole) {
   EXPECT_EQ(h5::read_string_attr(f, "nullpad"), "hello");
   EXPECT_EQ(h5::read_string_attr(f, "nullterm"), "hello");
   EXPECT_EQ(h5::read_string_attr(f, "spacepad"), "hello");
+}
+
+// A run log that cannot be written whole at the start (a full disk, here a
+// file-size limit) leaves nothing behind, rather than an unreadable run.h5.
+TEST_F(RunLogTest, NoHalfWrittenLogWhenTheDiskIsFull) {
+  const std::string dir = dir_.string();
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::signal(SIGXFSZ, SIG_IGN);  // writes past the limit fail with EFBIG instead
+    struct rlimit lim {512, 512};
+    ::setrlimit(RLIMIT_FSIZE, &lim);
+    try {
+      RunLog log(dir, std::string(4096, 'c'));
+      ::_exit(1);  // created although it cannot fit
+    } catch (const RankError&) {
+      ::_exit(0);
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the run log was created past the file-size limit";
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "run.h5"));
 }
