@@ -39,8 +39,8 @@ void check_contents(const std::string& dir, bool overwrite) {
   std::error_code ec;
   if (!fs::exists(log, ec)) return;
   if (!is_run_log(log))
-    fail(dir, "holds a run.h5 that is not a meshlm run log; meshlm will not replace it (move it, "
-              "or choose another output.dir)");
+    fail(dir, "holds " + log + ", which is not a meshlm run log; meshlm will not replace it "
+              "(move it, or choose another output.dir)");
   if (!overwrite)
     fail(dir, "holds the run log of an earlier run (run.h5); set output.overwrite = true to "
               "replace it, or choose another output.dir");

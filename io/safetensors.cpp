@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <set>
 #include <bit>
 #include <cerrno>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/log.h"
 
 namespace meshlm::io {
 
@@ -173,8 +175,18 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
 
 void SafetensorsFile::parse_header(const std::string& header) {
   json root;
+  // The first name the header gives twice (JSON allows it; the last would win).
+  std::set<std::string> seen;
+  std::string twice;
+  const json::parser_callback_t note_duplicates = [&](int depth, json::parse_event_t event,
+                                                      json& parsed) {
+    if (event == json::parse_event_t::key && depth == 1 && twice.empty() &&
+        !seen.insert(parsed.get<std::string>()).second)
+      twice = parsed.get<std::string>();
+    return true;
+  };
   try {
-    root = json::parse(header);
+    root = json::parse(header, note_duplicates);
   } catch (const json::exception& e) {
     // nlohmann quotes the offending bytes; keep the message printable.
     std::string what = e.what();
@@ -186,6 +198,8 @@ void SafetensorsFile::parse_header(const std::string& header) {
     throw RankError(
         in_file() + "header is not a JSON object (it is " + std::string(root.type_name()) + ")",
         MESHLM_HERE);
+  if (!twice.empty())
+    throw RankError(in_file() + "header names '" + log::printable(twice) + "' twice", MESHLM_HERE);
 
   const uint64_t data_bytes = file_size_ - data_start_;
   for (const auto& [name, entry] : root.items()) {
@@ -245,6 +259,14 @@ void SafetensorsFile::parse_header(const std::string& header) {
   std::sort(tensors_.begin(), tensors_.end(), [](const auto& a, const auto& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.name < b.name;
   });
+  // Each byte of the data block belongs to one tensor at most.
+  for (size_t i = 1; i < tensors_.size(); ++i) {
+    const auto &a = tensors_[i - 1], &b = tensors_[i];
+    if (b.begin < a.end)
+      throw RankError(in_file() + "tensors '" + a.name + "' " + range_str(a.begin, a.end) +
+                          " and '" + b.name + "' " + range_str(b.begin, b.end) + " overlap",
+                      MESHLM_HERE);
+  }
   for (size_t i = 0; i < tensors_.size(); ++i) index_[tensors_[i].name] = i;
 }
 

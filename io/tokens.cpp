@@ -146,6 +146,13 @@ void TokenReader::Impl::open_hdf5() {
   n_tokens = dims[0];
   bytes_per_token = static_cast<int>(bytes);
   is_signed = H5Tget_sign(type) != H5T_SGN_NONE;
+  if (h5::has_attr(file, "format_version")) {
+    const int64_t version = h5::read_scalar_attr<int64_t>(file, "format_version");
+    if (version != kTokensFormatVersion)
+      throw RankError(in_file(path) + "format_version " + std::to_string(version) +
+                          "; this meshlm reads version " + std::to_string(kTokensFormatVersion),
+                      MESHLM_HERE);
+  }
   if (h5::has_attr(file, "max_id")) max_id_attr = h5::read_scalar_attr<int64_t>(file, "max_id");
   if (h5::has_attr(file, "vocab_size"))
     vocab_size_attr = h5::read_scalar_attr<int64_t>(file, "vocab_size");
@@ -187,6 +194,19 @@ uint64_t TokenReader::size() const { return impl_->n_tokens; }
 int TokenReader::bytes_per_token() const { return impl_->bytes_per_token; }
 int64_t TokenReader::vocab_size_attr() const { return impl_->vocab_size_attr; }
 int64_t TokenReader::max_id_attr() const { return impl_->max_id_attr; }
+
+uint64_t TokenReader::first_at_least(uint64_t start, uint64_t count, uint64_t limit) const {
+  constexpr uint64_t kChunk = 1 << 20;
+  std::vector<int32_t> buf(std::min(count, kChunk));
+  for (uint64_t done = 0; done < count;) {
+    const uint64_t n = std::min(kChunk, count - done);
+    read(start + done, n, buf.data());
+    for (uint64_t i = 0; i < n; ++i)
+      if (static_cast<uint32_t>(buf[i]) >= limit) return start + done + i;
+    done += n;
+  }
+  return UINT64_MAX;
+}
 
 uint32_t TokenReader::max_id(uint64_t start, uint64_t count) const {
   constexpr uint64_t kChunk = 1 << 20;

@@ -60,6 +60,9 @@ public:
   int64_t max_id_attr() const;
   // The largest id of tokens [start, start + count), read in chunks.
   uint32_t max_id(uint64_t start, uint64_t count) const;
+  // The position of the first token of [start, start + count) whose id is
+  // >= limit, or UINT64_MAX.
+  uint64_t first_at_least(uint64_t start, uint64_t count, uint64_t limit) const;
   bool is_hdf5() const;
   const std::string& path() const;
 

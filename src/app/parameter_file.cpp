@@ -18,6 +18,8 @@
 #include "comm/mpi_comm.h"
 #include "core/enum_names.h"
 #include "core/error.h"
+#include "core/files.h"
+#include "core/log.h"
 #include "plan/partition.h"
 
 namespace po = boost::program_options;
@@ -293,6 +295,22 @@ void make_options(RunConfig& c, OptionTable& t) {
         Range::ints(1, kMaxInt));
 }
 
+// Longest quotation of a user's text in a message.
+constexpr size_t kMaxMessage = 512;
+
+// A parameter file is text: a control byte (a NUL, a binary file) is named
+// with its line before anything is parsed.
+void check_text(const std::string& text, const std::string& source) {
+  size_t line = 1;
+  for (const char ch : text) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    if (c == '\n') ++line;
+    if ((c < 0x20 && c != '\n' && c != '\r' && c != '\t') || c == 0x7f)
+      fail(source + ": line " + std::to_string(line) + " holds the byte " +
+           log::printable(std::string_view(&ch, 1)) + "; a parameter file is text");
+  }
+}
+
 // "--key=value" and "--key value" to one "--key" "value" pair per key, in
 // first-seen order, the LAST value of a key winning: a job script may put
 // its defaults before the user's overrides.
@@ -300,8 +318,9 @@ std::vector<std::string> normalise_overrides(const std::vector<std::string>& arg
   std::vector<std::pair<std::string, std::string>> kv;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    if (a.rfind("--", 0) != 0 || a.size() < 3)
-      fail("unexpected argument '" + a + "': overrides are written --section.key=value");
+    if (a.rfind("--", 0) != 0 || a.size() < 3 || a[2] == '=')
+      fail("command line: unexpected argument '" + log::printable(a, kMaxMessage) +
+           "': overrides are written --section.key=value");
     std::string key, value;
     if (const auto eq = a.find('='); eq != std::string::npos) {
       key = a.substr(0, eq);
@@ -343,18 +362,18 @@ RunConfig parse_run_config(const std::string& text, const std::string& source,
                   .run(),
               vm);
   } catch (const po::error& e) {
-    fail("command line: " + std::string(e.what()));
+    fail("command line: " + log::printable(e.what(), kMaxMessage));
   }
+  check_text(text, source);
   try {
     std::istringstream in(text);
     po::store(po::parse_config_file(in, desc, /*allow_unregistered=*/false), vm);
     po::notify(vm);
   } catch (const po::unknown_option& e) {
-    fail(source + ": unknown key '" + e.get_option_name() + "' (see meshlm train --help)");
-  } catch (const po::invalid_option_value& e) {
-    fail(source + ": " + e.what());
+    fail(source + ": unknown key '" + log::printable(e.get_option_name(), kMaxMessage) +
+         "' (see meshlm train --help)");
   } catch (const po::error& e) {
-    fail(source + ": " + e.what());
+    fail(source + ": " + log::printable(e.what(), kMaxMessage));
   }
   table.check();
   resolve_run_config(c, world_size);
@@ -366,11 +385,14 @@ RunConfig parse_run_config(const std::string& text, const std::string& source,
 RunConfig load_run_config(MPI_Comm job, const std::string& path,
                           const std::vector<std::string>& overrides) {
   std::unique_ptr<comm::Communicator> all = comm::make_mpi_communicator(job);
-  std::string text;
+  std::string text, why;
   bool ok = true;
   if (all->rank() == 0) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
+    // Not opened unless a regular file: a FIFO would block, a directory reads as empty.
+    std::ifstream in;
+    if (why = non_regular_kind(path); why.empty()) in.open(path, std::ios::binary);
+    else why = ": it is " + why;
+    if (!why.empty() || !in) {
       ok = false;
     } else {
       std::ostringstream s;
@@ -378,7 +400,7 @@ RunConfig load_run_config(MPI_Comm job, const std::string& path,
       text = s.str();
     }
   }
-  check_all(job, ok, "cannot read parameter file '" + path + "'", MESHLM_HERE);
+  check_all(job, ok, "cannot read parameter file '" + path + "'" + why, MESHLM_HERE);
   uint64_t len = text.size();
   all->broadcast(&len, sizeof(len), DType::u8, 0).wait();
   text.resize(len);

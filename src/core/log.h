@@ -7,6 +7,8 @@
 #include <fmt/core.h>
 
 #include <cstdio>
+#include <string>
+#include <string_view>
 #include <utility>
 
 namespace meshlm::log {
@@ -31,5 +33,10 @@ void warn(fmt::format_string<Args...> f, Args&&... args) {
   std::fputc('\n', stderr);
   std::fflush(stderr);
 }
+
+// Text from a user's file made fit for a message: bytes outside printable
+// ASCII written \xNN (a NUL no longer cuts the message short), and at most
+// `max` bytes of it kept ("... (N bytes in all)" after).
+std::string printable(std::string_view text, size_t max = 256);
 
 }  // namespace meshlm::log

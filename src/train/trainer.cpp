@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <memory>
 
 #include "comm/errors.h"
@@ -56,14 +57,17 @@ void check_run_files(const RunConfig& cfg, MPI_Comm job, int rank) {
     for (const auto& [key, path] : inputs) {
       if (path.empty()) continue;
       if (same_file(path, run_log))
-        throw RankError(std::string(key) + " '" + path + "' is the run log output.dir/run.h5 " +
-                            "this run would write",
+        throw RankError(std::string(key) + " '" + path + "' is the run log '" + run_log +
+                            "' (in output.dir) this run would write",
                         MESHLM_HERE);
       if (!cfg.quant.cache.empty() && same_file(path, cfg.quant.cache))
         throw RankError("quant.cache and " + std::string(key) + " are the same file, '" + path +
                             "': meshlm will not write over an input",
                         MESHLM_HERE);
     }
+    if (!cfg.data.path.empty() && cfg.data.path.back() == '/')
+      throw RankError("data.path '" + cfg.data.path + "' names a directory; it must name a token file",
+                      MESHLM_HERE);
     if (same_file(cfg.data.path, cfg.data.tokenize_from))
       throw RankError("data.path and data.tokenize_from are the same file, '" + cfg.data.path +
                           "': the tokens would be written over the text",
@@ -106,12 +110,11 @@ io::TokenReader open_training_data(const DataConfig& d, int vocab_size, MPI_Comm
   }, MESHLM_HERE);
 
   std::unique_ptr<comm::Communicator> all = comm::make_mpi_communicator(job);
-  const uint64_t n = reader->size();
+  const uint64_t n = reader->size(), p = all->size(), r = all->rank();
+  const uint64_t begin = n * r / p, end = n * (r + 1) / p;  // this rank's slice
   double largest = static_cast<double>(reader->max_id_attr());
   if (largest < 0) {
     // Each rank reads its slice; rank 0 shows progress on large files.
-    const uint64_t p = all->size(), r = all->rank();
-    const uint64_t begin = n * r / p, end = n * (r + 1) / p;
     double mine = 0;
     try_all(job, "data.path: ", [&] {
       constexpr uint64_t kPiece = 1 << 24;
@@ -123,11 +126,22 @@ io::TokenReader open_training_data(const DataConfig& d, int vocab_size, MPI_Comm
     }, MESHLM_HERE);
     all->all_reduce(&mine, &largest, 1, DType::f64, comm::ReduceOp::max).wait();
   }
-  check_all(job, largest < vocab_size,
-            fmt::format("data.path: token file '{}' holds the id {}, not below model.vocab_size = "
-                        "{}",
-                        d.path, static_cast<uint64_t>(largest), vocab_size),
-            MESHLM_HERE);
+  if (largest >= vocab_size) {
+    // Where: the first such token of the file (every rank ends with the same error).
+    double mine = std::numeric_limits<double>::infinity(), first = 0;
+    try_all(job, "data.path: ", [&] {
+      const uint64_t at = reader->first_at_least(begin, end - begin, static_cast<uint64_t>(vocab_size));
+      if (at != UINT64_MAX) mine = static_cast<double>(at);
+    }, MESHLM_HERE);
+    all->all_reduce(&mine, &first, 1, DType::f64, comm::ReduceOp::min).wait();
+    const uint64_t at = std::isfinite(first) ? static_cast<uint64_t>(first) : 0;
+    int32_t id = 0;
+    try_all(job, "data.path: ", [&] { reader->read(at, 1, &id); }, MESHLM_HERE);
+    throw CollectiveError(fmt::format("data.path: token file '{}': position {} has id {}, >= "
+                                      "vocab_size {} (model.vocab_size)",
+                                      d.path, at, static_cast<uint32_t>(id), vocab_size),
+                          MESHLM_HERE);
+  }
   return std::move(*reader);
 }
 

@@ -30,7 +30,7 @@ echo "---- exit status $rc"
 fail=0
 [ "$rc" -eq 124 ] && { echo "FAIL: the job hung"; fail=1; }
 [ "$rc" -eq 0 ] && { echo "FAIL: expected a non-zero exit status"; fail=1; }
-grep -Eq "ERROR: data.path: token file 'tokens.bin' holds the id 300, not below model.vocab_size = 256" log ||
+grep -Eq "ERROR: data.path: token file 'tokens.bin': position 0 has id 300, >= vocab_size 256 \(model.vocab_size\)" log ||
   { echo "FAIL: no error naming the file and the id"; fail=1; }
 [ -e out ] && { echo "FAIL: an output directory was written"; fail=1; }
 exit $fail
