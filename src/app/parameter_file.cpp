@@ -40,8 +40,9 @@ class BadValue : public po::error_with_option_name {
 public:
   BadValue(const std::string& value, const std::string& hint)
       : po::error_with_option_name("the argument ('%value%') for option '%canonical_option%' is "
-                                   "invalid; " + hint) {
+                                   "invalid; %hint%") {
     set_substitute("value", value);
+    set_substitute("hint", hint);  // not in the template: it may quote the value (message_of)
   }
 };
 }  // namespace
@@ -295,6 +296,39 @@ void make_options(RunConfig& c, OptionTable& t) {
         Range::ints(1, kMaxInt));
 }
 
+// The message of a Program_options error. Boost (1.74) builds it in what()
+// by replacing each "%name%" of a template with the name's text until none is
+// left, so a value that itself holds such a token ("lr = %value%") never
+// ends. Its texts are escaped for what() ('%' -> "\1p", '\1' -> "\1e") and
+// restored in the message.
+struct PoTexts : po::error_with_option_name {
+  static std::map<std::string, std::string>& of(po::error_with_option_name& e) {
+    return e.*(&PoTexts::m_substitutions);  // a protected member, through a pointer to it
+  }
+};
+std::string message_of(const po::error& e) {
+  const auto* named = dynamic_cast<const po::error_with_option_name*>(&e);
+  if (!named) return e.what();
+  auto escape = [](const std::string& s, bool percent) {
+    std::string out;
+    for (char ch : s) {
+      if (ch == '\1') out += "\1e";
+      else if (percent && ch == '%') out += "\1p";
+      else out += ch;
+    }
+    return out;
+  };
+  po::error_with_option_name copy(*named);
+  copy.m_error_template = escape(copy.m_error_template, false);  // its own tokens stay
+  for (auto& [name, text] : PoTexts::of(copy)) text = escape(text, true);
+  const std::string escaped = copy.what();
+  std::string msg;
+  for (size_t i = 0; i < escaped.size(); ++i)
+    if (escaped[i] == '\1' && i + 1 < escaped.size()) msg += escaped[++i] == 'p' ? '%' : '\1';
+    else msg += escaped[i];
+  return msg;
+}
+
 // Longest quotation of a user's text in a message.
 constexpr size_t kMaxMessage = 512;
 
@@ -362,7 +396,7 @@ RunConfig parse_run_config(const std::string& text, const std::string& source,
                   .run(),
               vm);
   } catch (const po::error& e) {
-    fail("command line: " + log::printable(e.what(), kMaxMessage));
+    fail("command line: " + log::printable(message_of(e), kMaxMessage));
   }
   check_text(text, source);
   try {
@@ -373,7 +407,7 @@ RunConfig parse_run_config(const std::string& text, const std::string& source,
     fail(source + ": unknown key '" + log::printable(e.get_option_name(), kMaxMessage) +
          "' (see meshlm train --help)");
   } catch (const po::error& e) {
-    fail(source + ": " + log::printable(e.what(), kMaxMessage));
+    fail(source + ": " + log::printable(message_of(e), kMaxMessage));
   }
   table.check();
   resolve_run_config(c, world_size);

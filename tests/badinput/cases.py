@@ -151,6 +151,7 @@ P("garbage_bytes", r"run\.cfg",
 P("binary_file_as_parameter_file", r"run\.cfg",
   setup=[fixture("tokens.h5", "run.cfg")], text=None,
   doc="an HDF5 token file given as the parameter file")
+P("file_value_is_a_message_token", r"model\.n_layer", text=base.replace("n_layer = 2", "n_layer = %value%"))
 P("nul_byte_in_value", r"run\.cfg: line \d+ holds the byte \\x00", text=base.replace("n_layer = 2", "n_layer = 2\x003"))
 P("huge_parameter_file", r"run\.cfg", setup=[gen.huge_cfg("run.cfg", base + "[model]\n", 16 << 20)],
   timeout=60, doc="16 MiB of one line that is no key = value")
@@ -253,6 +254,10 @@ CL("override_single_dash", r"unexpected argument '-model\.n_layer=2'", TRAIN + [
 CL("stray_positional_argument", r"unexpected argument 'extra'", TRAIN + ["extra"])
 CL("bare_double_dash", r"unexpected argument '--'", TRAIN + ["--"])
 CL("override_empty_key", r"command line", TRAIN + ["--=3"])
+# Program_options fills "%name%" tokens of its messages until none is left: a
+# value holding one must not loop forever.
+CL("override_value_is_a_message_token", r"parallel\.schedule.*use one of", TRAIN + ["--parallel.schedule=%value%"])
+CL("override_number_is_a_message_token", r"train\.lr", TRAIN + ["--train.lr=%canonical_option%"])
 CL("override_unknown_key", r"model\.n_layers", TRAIN + ["--model.n_layers=2"])
 CL("override_without_section", r"n_layer", TRAIN + ["--n_layer=2"])
 CL("override_empty_int", r"model\.n_layer", TRAIN + ["--model.n_layer="])

@@ -203,3 +203,13 @@ TEST(Config, SizeProductsThatOverflowNameTheirKeys) {
                              "--model.n_head=2"}),
             "");
 }
+
+// Boost.Program_options fills the "%name%" tokens of its messages until none
+// is left: a value that holds one once made the parser loop forever.
+TEST(Config, ValuesHoldingMessageTokensDoNotHang) {
+  EXPECT_NE(error_of(kGood, {"--parallel.schedule=%value%"}).find("parallel.schedule"),
+            std::string::npos);
+  EXPECT_NE(error_of(kGood, {"--train.lr=%canonical_option%"}).find("train.lr"), std::string::npos);
+  EXPECT_NE(error_of(std::string(kGood) + "[parallel]\nschedule = %hint%\n").find("%hint%"),
+            std::string::npos);
+}
