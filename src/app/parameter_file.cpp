@@ -37,8 +37,9 @@ class BadValue : public po::error_with_option_name {
 public:
   BadValue(const std::string& value, const std::string& hint)
       : po::error_with_option_name("the argument ('%value%') for option '%canonical_option%' is "
-                                   "invalid; " + hint) {
+                                   "invalid; %hint%") {
     set_substitute("value", value);
+    set_substitute("hint", hint);  // not in the template: it may quote the value (message_of)
   }
 };
 }  // namespace
@@ -201,6 +202,39 @@ void make_options(RunConfig& c, OptionTable& t) {
 
 [[noreturn]] void fail(const std::string& msg) { throw CollectiveError(msg, MESHLM_HERE); }
 
+// The message of a Program_options error. Boost (1.74) builds it in what()
+// by replacing each "%name%" of a template with the name's text until none is
+// left, so a value that itself holds such a token ("lr = %value%") never
+// ends. Its texts are escaped for what() ('%' -> "\1p", '\1' -> "\1e") and
+// restored in the message.
+struct PoTexts : po::error_with_option_name {
+  static std::map<std::string, std::string>& of(po::error_with_option_name& e) {
+    return e.*(&PoTexts::m_substitutions);  // a protected member, through a pointer to it
+  }
+};
+std::string message_of(const po::error& e) {
+  const auto* named = dynamic_cast<const po::error_with_option_name*>(&e);
+  if (!named) return e.what();
+  auto escape = [](const std::string& s, bool percent) {
+    std::string out;
+    for (char ch : s) {
+      if (ch == '\1') out += "\1e";
+      else if (percent && ch == '%') out += "\1p";
+      else out += ch;
+    }
+    return out;
+  };
+  po::error_with_option_name copy(*named);
+  copy.m_error_template = escape(copy.m_error_template, false);  // its own tokens stay
+  for (auto& [name, text] : PoTexts::of(copy)) text = escape(text, true);
+  const std::string escaped = copy.what();
+  std::string msg;
+  for (size_t i = 0; i < escaped.size(); ++i)
+    if (escaped[i] == '\1' && i + 1 < escaped.size()) msg += escaped[++i] == 'p' ? '%' : '\1';
+    else msg += escaped[i];
+  return msg;
+}
+
 // "--key=value" and "--key value" to one "--key" "value" pair per key, in
 // first-seen order, the LAST value of a key winning: a job script may put
 // its defaults before the user's overrides.
@@ -251,7 +285,7 @@ RunConfig parse_run_config(const std::string& text, const std::string& source,
                   .run(),
               vm);
   } catch (const po::error& e) {
-    fail("command line: " + std::string(e.what()));
+    fail("command line: " + message_of(e));
   }
   try {
     std::istringstream in(text);
@@ -260,9 +294,9 @@ RunConfig parse_run_config(const std::string& text, const std::string& source,
   } catch (const po::unknown_option& e) {
     fail(source + ": unknown key '" + e.get_option_name() + "' (see meshlm train --help)");
   } catch (const po::invalid_option_value& e) {
-    fail(source + ": " + e.what());
+    fail(source + ": " + message_of(e));
   } catch (const po::error& e) {
-    fail(source + ": " + e.what());
+    fail(source + ": " + message_of(e));
   }
   resolve_run_config(c, world_size);
   c.source = source;
