@@ -361,6 +361,9 @@ std::string read_string_attr(hid_t obj, const std::string& name) {
   Datatype stored(H5Aget_type(attr));
   if (H5Tget_class(stored) != H5T_STRING)
     fail(obj, label, "is " + type_name(stored) + ", not a string");
+  // One string is read: an array of them would overrun the buffer below.
+  Dataspace space(H5Aget_space(attr));
+  if (H5Sget_simple_extent_npoints(space) != 1) fail(obj, label, "is not a single string");
   Datatype mem(H5Tcopy(H5T_C_S1));
   H5Tset_cset(mem, H5Tget_cset(stored));
   if (H5Tis_variable_str(stored) > 0) {

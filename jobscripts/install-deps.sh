@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# install-deps.sh [--tests]
+# install-deps.sh [--tests] [--fuzz]
 #
 # Installs what meshlm needs from Debian's packages (Debian 12 "bookworm" or
 # newer): compiler, CMake, Open MPI, parallel HDF5, Boost.Program_options,
 # OpenBLAS (OpenMP flavour), {fmt}, nlohmann-json, xxHash, GoogleTest.
 # --tests adds the Python cross-check references: python3-torch, python3-h5py,
 # python3-xxhash.
+# --fuzz adds clang with libFuzzer and the sanitizer runtimes, its OpenMP
+# (libomp) and llvm-symbolizer, for the fuzz targets (README: "Fuzzing and
+# sanitizers"; the sanitizer build of the tests needs only GCC).
 #
 # Idempotent and quick when everything is there: it asks dpkg first and runs
 # apt-get only for what is missing. Runs apt-get through sudo when not root.
@@ -22,12 +25,13 @@ packages=(
   libfmt-dev nlohmann-json3-dev libxxhash-dev
   libgtest-dev
 )
-if [[ "${1:-}" == "--tests" ]]; then
-  packages+=(python3 python3-numpy python3-h5py python3-torch python3-xxhash)
-elif [[ -n "${1:-}" ]]; then
-  echo "usage: $0 [--tests]" >&2
-  exit 2
-fi
+for arg in "$@"; do
+  case "$arg" in
+    --tests) packages+=(python3 python3-numpy python3-h5py python3-torch python3-xxhash) ;;
+    --fuzz) packages+=(clang libclang-rt-dev libomp-dev llvm) ;;
+    *) echo "usage: $0 [--tests] [--fuzz]" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${packages[@]}"; do

@@ -171,7 +171,8 @@ public:
                                     &req),
           name, "MPI_Ireduce_scatter_block");
     std::function<void()> done;
-    if (rank_ != 0) done = [base, mine, chunk] { std::memmove(mine, base, chunk); };
+    if (rank_ != 0 && chunk != 0)  // (no memmove of nullptr, even of 0 bytes)
+      done = [base, mine, chunk] { std::memmove(mine, base, chunk); };
     return enqueue(req, name, std::move(done));
   }
 

@@ -16,11 +16,12 @@ std::string str(int v) { return std::to_string(v); }
 // parallel.dp = 0: every rank not used by tp and pp is a data-parallel replica.
 void resolve_dp(ParallelConfig& p, int world_size) {
   if (p.dp != 0) return;
-  if (p.tp < 1 || p.pp < 1 || world_size % (p.tp * p.pp) != 0)
+  const long long tp_pp = static_cast<long long>(p.tp) * p.pp;  // (int * int may overflow)
+  if (p.tp < 1 || p.pp < 1 || world_size % tp_pp != 0)
     fail("parallel.dp = 0 takes the ranks left by parallel.tp (" + str(p.tp) + ") * parallel.pp (" +
          str(p.pp) + "), but the job has " + str(world_size) + " ranks, not a multiple of " +
-         str(p.tp * p.pp));
-  p.dp = world_size / (p.tp * p.pp);
+         std::to_string(tp_pp));
+  p.dp = static_cast<int>(world_size / tp_pp);
 }
 
 // train.micro_batch_size and parallel.micro_batches describe the same split

@@ -65,8 +65,9 @@ float* Zero::owned_grads() {
 
 void Zero::zero_grads() {
   if (stage_ < 2) return;
-  std::memset(shard_grads_.data(), 0, shard_grads_.bytes());
-  std::memset(edge_grads_.data(), 0, edge_grads_.bytes());
+  // An empty buffer has no data (nullptr): memset of it is undefined, even of 0 bytes.
+  if (shard_grads_.bytes() > 0) std::memset(shard_grads_.data(), 0, shard_grads_.bytes());
+  if (edge_grads_.bytes() > 0) std::memset(edge_grads_.data(), 0, edge_grads_.bytes());
 }
 
 float* Zero::gradient(size_t index) {
