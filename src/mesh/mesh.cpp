@@ -2,6 +2,8 @@
 
 #include <fmt/core.h>
 
+#include <cstdint>
+#include <limits>
 #include <numeric>
 #include <utility>
 
@@ -28,6 +30,15 @@ MeshLayout::MeshLayout(int dp, int tp, int pp) : dp_(dp), tp_(tp), pp_(pp) {
   for (auto [key, value] : {std::pair{"parallel.dp", dp}, {"parallel.tp", tp}, {"parallel.pp", pp}})
     if (value < 1)
       throw CollectiveError(fmt::format("{} must be >= 1, got {}", key, value), MESHLM_HERE);
+  // Every rank number is an int (MPI's); the product is formed in 64 bits so
+  // that a layout too large for any job cannot wrap around to a small world.
+  const int64_t world = int64_t{dp} * tp * pp;
+  if (world > std::numeric_limits<int>::max())
+    throw CollectiveError(
+        fmt::format("parallel.dp ({}) * parallel.tp ({}) * parallel.pp ({}) = {} ranks, more than "
+                    "an MPI job can have ({})",
+                    dp, tp, pp, world, std::numeric_limits<int>::max()),
+        MESHLM_HERE);
 }
 
 MeshCoords MeshLayout::coords(int rank) const {

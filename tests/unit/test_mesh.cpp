@@ -2,6 +2,7 @@
 // of up to 64 ranks. No communicators: pure arithmetic.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <tuple>
@@ -120,6 +121,24 @@ TEST(MeshLayout, BadSizesNameTheKey) {
       EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
     }
   }
+}
+
+// 6700417 * 641 * 2 = 2^33 + 2, which an int product wraps around to 2: a
+// layout that size must be an error, not a mesh of 2 ranks.
+TEST(MeshLayout, AProductBeyondIntIsAnError) {
+  for (auto [dp, tp, pp] : {std::tuple{6700417, 641, 2}, {1 << 24, 4096, 1024}, {65536, 32768, 1}}) {
+    try {
+      MeshLayout m(dp, tp, pp);
+      ADD_FAILURE() << "no error for dp " << dp << " tp " << tp << " pp " << pp << ", world "
+                    << m.world();
+    } catch (const CollectiveError& e) {
+      const std::string what = e.what();
+      for (const char* key : {"parallel.dp", "parallel.tp", "parallel.pp"})
+        EXPECT_NE(what.find(key), std::string::npos) << what;
+      EXPECT_NE(what.find(std::to_string(int64_t{dp} * tp * pp)), std::string::npos) << what;
+    }
+  }
+  EXPECT_EQ(MeshLayout(32768, 65535, 1).world(), 2147450880);  // the largest products stay
 }
 
 TEST(MeshLayout, RanksOutsideTheMeshAreErrors) {
