@@ -195,31 +195,46 @@ int TokenReader::bytes_per_token() const { return impl_->bytes_per_token; }
 int64_t TokenReader::vocab_size_attr() const { return impl_->vocab_size_attr; }
 int64_t TokenReader::max_id_attr() const { return impl_->max_id_attr; }
 
-uint64_t TokenReader::first_at_least(uint64_t start, uint64_t count, uint64_t limit) const {
+namespace {
+
+// Reads tokens [start, start + count) a chunk at a time and hands each chunk
+// to visit(ids, n, position of ids[0]) until it returns true (stop).
+template <class Visit>
+void for_each_chunk(const TokenReader& r, uint64_t start, uint64_t count, Visit&& visit) {
   constexpr uint64_t kChunk = 1 << 20;
   std::vector<int32_t> buf(std::min(count, kChunk));
   for (uint64_t done = 0; done < count;) {
     const uint64_t n = std::min(kChunk, count - done);
-    read(start + done, n, buf.data());
-    for (uint64_t i = 0; i < n; ++i)
-      if (static_cast<uint32_t>(buf[i]) >= limit) return start + done + i;
+    r.read(start + done, n, buf.data());
+    if (visit(buf.data(), n, start + done)) return;
     done += n;
   }
-  return UINT64_MAX;
+}
+
+}  // namespace
+
+uint64_t TokenReader::first_at_least(uint64_t start, uint64_t count, uint64_t limit) const {
+  uint64_t found = UINT64_MAX;
+  for_each_chunk(*this, start, count, [&](const int32_t* ids, uint64_t n, uint64_t at) {
+    for (uint64_t i = 0; i < n; ++i)
+      if (static_cast<uint32_t>(ids[i]) >= limit) {
+        found = at + i;
+        return true;
+      }
+    return false;
+  });
+  return found;
 }
 
 uint32_t TokenReader::max_id(uint64_t start, uint64_t count) const {
-  constexpr uint64_t kChunk = 1 << 20;
-  std::vector<int32_t> buf(std::min(count, kChunk));
   uint32_t m = 0;
-  for (uint64_t done = 0; done < count;) {
-    const uint64_t n = std::min(kChunk, count - done);
-    read(start + done, n, buf.data());
-    for (uint64_t i = 0; i < n; ++i) m = std::max(m, static_cast<uint32_t>(buf[i]));
-    done += n;
-  }
+  for_each_chunk(*this, start, count, [&](const int32_t* ids, uint64_t n, uint64_t) {
+    for (uint64_t i = 0; i < n; ++i) m = std::max(m, static_cast<uint32_t>(ids[i]));
+    return false;
+  });
   return m;
 }
+
 bool TokenReader::is_hdf5() const { return impl_->hdf5; }
 const std::string& TokenReader::path() const { return impl_->path; }
 

@@ -4,11 +4,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -363,6 +365,32 @@ TEST_F(TokensTest, IdAtOrAboveVocabIsAnError) {
   loader.next(in.data(), tg.data());  // window 2: tokens 8..12
   expect_error([&] { loader.next(in.data(), tg.data()); },
                {file("t.bin"), "position 13", "300", "vocab_size 256"});
+}
+
+// The whole-file id scans read in chunks of 2^20 tokens: ids placed on both
+// sides of chunk boundaries, scanned from starts inside and across chunks,
+// against a plain loop over the same ids.
+TEST_F(TokensTest, IdScansAgreeWithAPlainLoopAcrossChunks) {
+  const size_t n = (size_t{1} << 21) + 77;
+  std::vector<uint32_t> ids(n);
+  for (size_t i = 0; i < n; ++i) ids[i] = static_cast<uint32_t>((i * 2654435761u) % 200);
+  for (size_t at : {size_t{0}, (size_t{1} << 20) - 1, size_t{1} << 20, n - 1}) ids[at] = 250;
+  ids[(size_t{1} << 20) + 5] = 60000;
+  write_tokens_raw(file("t.bin"), ids, 2);
+  const TokenReader r = TokenReader::open(file("t.bin"));
+  for (auto [start, count] : {std::pair<size_t, size_t>{0, n}, {1, n - 2}, {1000, (size_t{1} << 20) - 1001},
+                             {(size_t{1} << 20) + 6, n - (size_t{1} << 20) - 6},  // n - 1 in its 2nd chunk
+                             {(size_t{1} << 20) + 1, n - (size_t{1} << 20) - 2}, {5, 0}}) {
+    uint32_t want_max = 0;
+    size_t want_first = SIZE_MAX;
+    for (size_t i = start; i < start + count; ++i) {
+      want_max = std::max(want_max, ids[i]);
+      if (ids[i] >= 250 && want_first == SIZE_MAX) want_first = i;
+    }
+    EXPECT_EQ(r.max_id(start, count), want_max) << start << " + " << count;
+    const uint64_t first = r.first_at_least(start, count, 250);
+    EXPECT_EQ(first, want_first == SIZE_MAX ? UINT64_MAX : want_first) << start << " + " << count;
+  }
 }
 
 TEST_F(TokensTest, TooShortForSeqLen) {
