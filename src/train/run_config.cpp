@@ -88,36 +88,48 @@ void validate_train(const RunConfig& c) {
 // in checked 64-bit arithmetic. Each count the planner and the model compute
 // is a product of some of the same factors, so once these fit, they fit.
 void check_sizes(const RunConfig& c) {
-  const uint64_t L = c.model.n_layer, NH = c.model.n_head, C = c.model.n_embd;
-  const uint64_t Vp = c.model.padded_vocab_size(), maxT = c.model.max_seq_len;
-  const uint64_t T = c.train.seq_len, B = c.train.micro_batch_size;
-  const uint64_t m = c.parallel.micro_batches, bs = c.train.batch_size;
+  // The keys, each a factor named by its key.
+  const SizeFactor L{uint64_t(c.model.n_layer), "model.n_layer"};
+  const SizeFactor NH{uint64_t(c.model.n_head), "model.n_head"};
+  const SizeFactor C{uint64_t(c.model.n_embd), "model.n_embd"};
+  const SizeFactor Vp{uint64_t(c.model.padded_vocab_size()), "model.vocab_size (padded)"};
+  const SizeFactor maxT{uint64_t(c.model.max_seq_len), "model.max_seq_len"};
+  const SizeFactor T{uint64_t(c.train.seq_len), "model.seq_len"};
+  const SizeFactor B{uint64_t(c.train.micro_batch_size), "train.micro_batch_size"};
+  const SizeFactor m{uint64_t(c.parallel.micro_batches), "parallel.micro_batches"};
+  const SizeFactor bs{uint64_t(c.train.batch_size), "train.batch_size"};
   // Parameters: wte, wpe, L blocks of 12 C^2 + 13 C, ln_f; 4 bytes each in
   // four buffers (parameters, gradients, AdamW's two moments).
-  const uint64_t block = checked_sum(
-      "the parameters of one block", checked_product("the matrices of one block",
-                                                     {{12, "12"}, {C, "model.n_embd"}, {C, "model.n_embd"}}),
-      13 * C);
-  uint64_t params = checked_product("the blocks' parameters", {{L, "model.n_layer"}, {block, "one block's parameters (from model.n_embd)"}});
-  params = checked_sum("the model's parameters", params,
-                       checked_product("wte", {{Vp, "model.vocab_size (padded)"}, {C, "model.n_embd"}}));
-  params = checked_sum("the model's parameters", params,
-                       checked_product("wpe", {{maxT, "model.max_seq_len"}, {C, "model.n_embd"}}));
+  const uint64_t block = checked_sum("the parameters of one block",
+                                     checked_product("the matrices of one block", {{12, "12"}, C, C}),
+                                     13 * C.value);
+  uint64_t params = checked_product(
+      "the blocks' parameters", {L, {block, "one block's parameters (from model.n_embd)"}});
+  params = checked_sum("the model's parameters", params, checked_product("wte", {Vp, C}));
+  params = checked_sum("the model's parameters", params, checked_product("wpe", {maxT, C}));
   checked_product("the bytes of parameters, gradients and optimizer state",
-                  {{params, "the parameters (from model.n_layer, model.n_embd, model.vocab_size, model.max_seq_len)"}, {16, "16 bytes each"}});
+                  {{params, "the parameters (from model.n_layer, model.n_embd, model.vocab_size, "
+                            "model.max_seq_len)"},
+                   {16, "16 bytes each"}});
   // Activations of the micro-batches in flight: per block about 16 B T C
   // plus the attention scores B NH T^2, and the logits B T Vp.
-  const uint64_t per_block = checked_sum(
-      "one block's activations",
-      checked_product("one block's activations", {{16, "16"}, {B, "train.micro_batch_size"}, {T, "model.seq_len"}, {C, "model.n_embd"}}),
-      checked_product("the attention scores", {{B, "train.micro_batch_size"}, {NH, "model.n_head"}, {T, "model.seq_len"}, {T, "model.seq_len"}}));
+  const uint64_t per_block =
+      checked_sum("one block's activations",
+                  checked_product("one block's activations", {{16, "16"}, B, T, C}),
+                  checked_product("the attention scores", {B, NH, T, T}));
   const uint64_t acts = checked_sum(
       "the activations",
-      checked_product("the activations of the blocks", {{L, "model.n_layer"}, {per_block, "one block's activations (from train.micro_batch_size, model.seq_len, model.n_embd, model.n_head)"}}),
-      checked_product("the logits", {{B, "train.micro_batch_size"}, {T, "model.seq_len"}, {Vp, "model.vocab_size (padded)"}}));
+      checked_product("the activations of the blocks",
+                      {L, {per_block, "one block's activations (from train.micro_batch_size, "
+                                      "model.seq_len, model.n_embd, model.n_head)"}}),
+      checked_product("the logits", {B, T, Vp}));
   checked_product("the bytes of the activations in flight",
-                  {{acts, "the activations of a micro-batch (from model.n_layer, train.micro_batch_size, model.seq_len, model.n_embd, model.n_head, model.vocab_size)"}, {m, "parallel.micro_batches"}, {4, "4 bytes each"}});
-  checked_product("the tokens of a step", {{bs, "train.batch_size"}, {T, "model.seq_len"}, {8, "8 bytes each"}});
+                  {{acts, "the activations of a micro-batch (from model.n_layer, "
+                          "train.micro_batch_size, model.seq_len, model.n_embd, model.n_head, "
+                          "model.vocab_size)"},
+                   m,
+                   {4, "4 bytes each"}});
+  checked_product("the tokens of a step", {bs, T, {8, "8 bytes each"}});
 }
 
 }  // namespace
