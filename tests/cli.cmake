@@ -48,6 +48,10 @@ add_test(NAME cli_nonfinite_numbers
           ${CMAKE_CURRENT_SOURCE_DIR}/bench/make_gpt2_safetensors.py)
 set_tests_properties(cli_nonfinite_numbers PROPERTIES LABELS cli TIMEOUT 180 ENVIRONMENT "OMP_NUM_THREADS=1")
 
+# Temporary files: removed on SIGTERM, and after SIGKILL by the next writer.
+add_test(NAME cli_tokenize_signals COMMAND bash ${_cli}/tokenize_signals.sh $<TARGET_FILE:meshlm>)
+set_tests_properties(cli_tokenize_signals PROPERTIES LABELS cli TIMEOUT 180)
+
 # And the ones that must succeed.
 add_test(NAME cli_help_lists_every_key
   COMMAND bash ${_cli}/help_lists_keys.sh $<TARGET_FILE:meshlm> ${PROJECT_SOURCE_DIR}/inputs

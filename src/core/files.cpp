@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -132,9 +133,10 @@ std::vector<std::string> remove_stale_temp_files(const std::string& path) {
     const std::string rest = name.substr(prefix.size());
     const size_t dot = rest.find('.');
     if (dot == std::string::npos || rest.size() - dot - 1 != 16) continue;
-    char* end_ptr = nullptr;
-    const long pid = std::strtol(rest.substr(0, dot).c_str(), &end_ptr, 10);
-    if (pid <= 0 || *end_ptr != '\0') continue;
+    long pid = 0;
+    const auto [pid_end, pid_err] = std::from_chars(rest.data(), rest.data() + dot, pid);
+    if (pid_err != std::errc() || pid_end != rest.data() + dot || pid <= 0) continue;
+    if (rest.find_first_not_of("0123456789abcdef", dot + 1) != std::string::npos) continue;
     if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // still running
     std::error_code rm;
     if (fs::remove(it->path(), rm)) removed.push_back(it->path().string());

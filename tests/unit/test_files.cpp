@@ -82,7 +82,15 @@ TEST_F(FilesTest, StaleTemporaryFilesOfDeadProcessesAreRemoved) {
   const std::string mine = temp_name_for(target);
   touch(mine);
   touch(file("cache.h5.tmp.otherhost.1.0123456789abcdef"));
+  // Names of this host that are not "<pid>.<16 hex>" are not meshlm's.
+  const std::string dead_prefix = mine.substr(0, mine.rfind('.', mine.rfind('.') - 1) + 1);
+  const std::vector<std::string> not_ours = {
+      dead_prefix + std::to_string(pid) + "x.0123456789abcdef",
+      dead_prefix + std::to_string(pid) + ".0123456789abcdeZ",
+      dead_prefix + std::to_string(pid) + ".0123456789abcdef0", dead_prefix + ".0123456789abcdef"};
+  for (const std::string& name : not_ours) touch(name);
   const std::vector<std::string> removed = remove_stale_temp_files(target);
+  for (const std::string& name : not_ours) EXPECT_TRUE(fs::exists(name)) << name;
   ASSERT_EQ(removed.size(), 1u);
   EXPECT_NE(removed[0].find("." + std::to_string(pid) + "."), std::string::npos) << removed[0];
   EXPECT_TRUE(fs::exists(mine));
