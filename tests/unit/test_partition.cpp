@@ -180,6 +180,14 @@ TEST(Partition, LargestSizes) {
   // stage takes 11 (11 + 4.5 <= 16 < 12 + 4.5).
   EXPECT_EQ(largest_cost(got, {1, 0.01, 4.5}), 16);
   EXPECT_EQ(got.back(), 11);
+  // The largest values validation lets through (model.n_layer and
+  // parallel.pp up to 1024) balance at once: every stage gets its layers.
+  for (int pp : {1, 2, 7, 512, 1023, 1024}) {
+    const std::vector<int> all = balance_stages(1024, pp, {1, 0.01, 4.5});
+    ASSERT_EQ(static_cast<int>(all.size()), pp);
+    EXPECT_EQ(stage_bounds(all).back(), 1024);
+    EXPECT_GE(*std::min_element(all.begin(), all.end()), 1) << pp;
+  }
 }
 
 TEST(Partition, HeavyHeadMovesLayersOffLastStage) {
