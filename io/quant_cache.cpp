@@ -1,5 +1,6 @@
 #include "io/quant_cache.h"
 
+#include <cmath>
 #include <cstdio>
 
 #include <cstring>
@@ -368,6 +369,18 @@ CacheLookup read_checked(const std::string& path, const CacheKey& key,
       return corrupt(path, fmt::format(": tensor '{}' fails its checksum (xxh3_64 of the data "
                                        "{:016x}, stored {:016x})",
                                        t.name, computed, stored));
+    // Scales and offsets multiply every weight: none may be NaN or infinite
+    // (a store meshlm wrote has none; one from elsewhere is not trained on).
+    for (const CacheArray& a : t.arrays) {
+      if (a.type != DType::f32) continue;
+      for (size_t k = 0; k < a.count; ++k) {
+        float v;
+        std::memcpy(&v, store + a.offset + k * sizeof(float), sizeof(float));
+        if (!std::isfinite(v))
+          return corrupt(path, fmt::format(": tensor '{}' array '{}' holds {} at element {}",
+                                           t.name, a.name, std::isnan(v) ? "NaN" : "infinity", k));
+      }
+    }
   }
   return {CacheStatus::hit,
           fmt::format("cache '{}' matches: {} tensors, {} bytes", path, tensors.size(), bytes)};

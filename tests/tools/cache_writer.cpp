@@ -66,8 +66,8 @@ Model make_layout(size_t mib) {
   return m;
 }
 
-// The bytes of every array: splitmix64 of (seed, position). The gaps
-// between arrays stay zero, as a read leaves them.
+// The bytes of every array: splitmix64 of (seed, position), floats kept
+// finite. The gaps between arrays stay zero, as a read leaves them.
 void fill(Model& m, uint64_t seed) {
   for (const CacheTensor& t : m.tensors)
     for (const CacheArray& a : t.arrays) {
@@ -79,6 +79,10 @@ void fill(Model& m, uint64_t seed) {
         z ^= z >> 31;
         std::memcpy(&m.store[i], &z, std::min<size_t>(8, end - i));
       }
+      // Floats with the exponent's top bit clear: finite (|x| < 2), as the
+      // reader requires of a cache's scales.
+      if (a.type == DType::f32)
+        for (size_t i = a.offset + 3; i < end; i += 4) m.store[i] &= 0xBF;
     }
 }
 

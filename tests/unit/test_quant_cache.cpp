@@ -5,9 +5,11 @@
 #include <hdf5.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -59,10 +61,18 @@ Model make_model(uint64_t seed) {
   m.tensors.push_back(CacheTensor{"empty", {}, "none", {array("data", DType::u8, 0)}});
   m.store.assign(at, kUntouched);
   std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> scale(-4.0f, 4.0f);
   for (const CacheTensor& t : m.tensors)
     for (const CacheArray& a : t.arrays)
-      for (size_t i = 0; i < a.count * dtype_size(a.type); ++i)
-        m.store[a.offset + i] = static_cast<uint8_t>(rng());
+      if (a.type == DType::f32) {  // finite floats: the reader refuses others
+        for (size_t i = 0; i < a.count; ++i) {
+          const float v = scale(rng);
+          std::memcpy(&m.store[a.offset + i * sizeof(float)], &v, sizeof(float));
+        }
+      } else {
+        for (size_t i = 0; i < a.count * dtype_size(a.type); ++i)
+          m.store[a.offset + i] = static_cast<uint8_t>(rng());
+      }
   return m;
 }
 
@@ -369,6 +379,41 @@ TEST_F(QuantCacheTest, FlippedDataByteIsCorruptNamingTheTensor) {
       EXPECT_NE(r.reason.find("checksum"), std::string::npos) << r.reason;
     }
   }
+}
+
+// A cache whose checksums hold but whose scales are not finite (written by
+// something other than meshlm's quantizer) is corrupt, naming the tensor,
+// the array and the element: its weights would be NaN or infinite.
+TEST_F(QuantCacheTest, NonFiniteScalesAreCorrupt) {
+  const Model clean = make_model(4);
+  struct Poison {
+    size_t tensor;
+    const char* array;
+    size_t element;
+    float value;
+    const char* words;
+  };
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const Poison& p :
+       {Poison{0, "absmax2", 0, std::nanf(""), "tensor 'wte' array 'absmax2' holds NaN at element 0"},
+        Poison{1, "offset", 0, -inf, "tensor 'h.0.attn.c_attn.weight' array 'offset' holds infinity"},
+        Poison{2, "absmax", 255, inf,
+               "tensor 'h.0.mlp.c_fc.weight' array 'absmax' holds infinity at element 255"}}) {
+    Model m = clean;
+    const CacheTensor& t = m.tensors[p.tensor];
+    const auto a = std::find_if(t.arrays.begin(), t.arrays.end(),
+                                [&](const CacheArray& x) { return x.name == p.array; });
+    ASSERT_NE(a, t.arrays.end()) << p.array;
+    std::memcpy(&m.store[a->offset + p.element * sizeof(float)], &p.value, sizeof(float));
+    const std::string path = file("cache.h5");
+    write_quant_cache(path, make_key(), m.tensors, m.store.data(), m.store.size());
+    const CacheLookup r = read(path, m, make_key());
+    EXPECT_EQ(r.status, CacheStatus::corrupt) << p.words << ": " << r.reason;
+    EXPECT_NE(r.reason.find(p.words), std::string::npos) << r.reason;
+  }
+  write_quant_cache(file("clean.h5"), make_key(), clean.tensors, clean.store.data(),
+                    clean.store.size());
+  EXPECT_EQ(read(file("clean.h5"), clean, make_key()).status, CacheStatus::hit);
 }
 
 TEST_F(QuantCacheTest, TruncatedFileIsNeverAHit) {
