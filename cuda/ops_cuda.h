@@ -55,6 +55,91 @@ void gelu_forward(float* out, const float* inp, size_t n, cudaStream_t stream);
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n,
                    cudaStream_t stream);
 
+// ---- embeddings (ops::embedding_*, ops::position_*) -----------------------------
+// out(N,C) = wte_part[token - v0], 0 for tokens outside [v0, v0 + Vl).
+void embedding_forward(float* out, const int32_t* tokens, const float* wte_part, int N, int C,
+                       int v0, int Vl, cudaStream_t stream);
+// dwte_part[token - v0] += dout[n], summed over n in a fixed order (no atomics:
+// the same bits every run).
+void embedding_backward(float* dwte_part, const float* dout, const int32_t* tokens, int N, int C,
+                        int v0, int Vl, cudaStream_t stream);
+// out(B,T,C) += wpe[t];  dwpe[t] += sum_b dout[b,t]
+void position_forward(float* out, const float* wpe, int B, int Tn, int C, cudaStream_t stream);
+void position_backward(float* dwpe, const float* dout, int B, int Tn, int C, cudaStream_t stream);
+
+// ---- layer norm (eps = 1e-5) ------------------------------------------------------
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                       const float* b, int N, int C, cudaStream_t stream);
+// dw and db may be null together (frozen gain and bias); sums over rows run
+// in a fixed order.
+void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                        const float* w, const float* mean, const float* rstd, int N, int C,
+                        cudaStream_t stream);
+
+// ---- linear layer (cuBLAS) ----------------------------------------------------------
+// out(N,OC) = inp(N,IC) w(OC,IC)^T + bias(OC); bias may be null. FP32 GEMMs
+// with TF32 off, so that they can be checked tightly against the CPU.
+void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int IC,
+                    int OC, cudaStream_t stream);
+// dinp += dout w; dw += dout^T inp; dbias += sum_n dout; any of the three may be null.
+void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+                     const float* w, int N, int IC, int OC, cudaStream_t stream);
+
+// ---- causal self-attention ------------------------------------------------------------
+// The first correct version, kept as the reference of fused ones: per batch
+// row, cuBLAS strided-batched GEMMs over the heads and a masked softmax
+// kernel. att(B,NH,T,T) keeps the probabilities; datt is scratch.
+void attention_forward(float* out, float* att, const float* qkv, int B, int Tn, int C, int NH,
+                       cudaStream_t stream);
+void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+                        const float* att, int B, int Tn, int C, int NH, cudaStream_t stream);
+
+// ---- residual -------------------------------------------------------------------------
+void residual_forward(float* out, const float* a, const float* b, size_t n, cudaStream_t stream);
+// da += dout; db += dout
+void residual_backward(float* da, float* db, const float* dout, size_t n, cudaStream_t stream);
+
+// ---- vocabulary-parallel softmax cross-entropy (ops::xent_*) ----------------------------
+void xent_local_max(float* rowmax, const float* logits, int N, int Vl, int v0, int V,
+                    cudaStream_t stream);
+void xent_local_sums(float* sums, const float* logits, const float* rowmax,
+                     const int32_t* targets, int N, int Vl, int v0, int V, cudaStream_t stream);
+void xent_losses(float* losses, const float* rowmax, const float* sums, int N,
+                 cudaStream_t stream);
+void xent_local_backward(float* logits_dlogits, const float* rowmax, const float* sums,
+                         const float* dlosses, const int32_t* targets, int N, int Vl, int v0,
+                         int V, cudaStream_t stream);
+
+// ---- optimizer (train/adamw.h) ---------------------------------------------------------
+// One run of AdamW's elements that share their weight decay: elements
+// [begin, begin + count) of the arrays given to adamw_step.
+struct AdamWSegment {
+  size_t begin, count;
+  bool decay;  // matrices: p *= 1 - lr wd first
+};
+// Hyperparameters of one step, rounded to float as the CPU AdamW rounds them.
+struct AdamWStep {
+  float lr, beta1, beta2, eps, weight_decay;
+  float bias_correction1;       // 1 - beta1^t
+  float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
+};
+// AdamW::step on the GPU, all segments in one launch: per element i of a
+// segment, m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+// p = p decay - lr / bc1 * m / (sqrt(v) / bc2_sqrt + eps). `segments` is
+// device memory (nseg entries), the same for every step.
+void adamw_step(float* params, const float* grads, float* m, float* v,
+                const AdamWSegment* segments, int nseg, size_t max_count, const AdamWStep& h,
+                cudaStream_t stream);
+// sum g^2 over n elements into *out (device, one double), in double, in a
+// fixed order (blocks of 2^16 elements, then their sums in order): the same
+// bits every run. `scratch` is device memory of sum_of_squares_scratch(n)
+// doubles (the caller allocates it, so that it is tracked).
+size_t sum_of_squares_scratch(size_t n);
+void sum_of_squares(double* out, double* scratch, const float* grads, size_t n,
+                    cudaStream_t stream);
+// grads *= factor (clipping to a known global norm).
+void scale(float* grads, size_t n, float factor, cudaStream_t stream);
+
 // ---- quantized weights (quant/formats.h) ----------------------------------------
 // out(n, local_cols) = local rows [i0, i0 + n) of the quantized matrix W of
 // `w`, dequantized, row-major: quant::dequantize_rows on the GPU, with the

@@ -15,6 +15,7 @@
 #include "core/rng.h"
 #include "cuda/cuda_check.cuh"
 #include "cuda/ops_cuda.h"
+#include "device_array.h"
 #include "ops/ops.h"
 
 namespace {
@@ -39,32 +40,6 @@ std::vector<float> uniform_floats(size_t n, double range, uint64_t seed) {
   for (float& x : v) x = static_cast<float>(range * (2.0 * rng.uniform() - 1.0));
   return v;
 }
-
-// Device array of n floats, freed on scope exit. offset > 0 shifts the
-// pointer by that many floats, to make it misaligned for float4.
-class DeviceFloats {
-public:
-  explicit DeviceFloats(size_t n, size_t offset = 0) : offset_(offset) {
-    CUDA_CHECK(cudaMalloc(&base_, (n + offset) * sizeof(float)));
-  }
-  ~DeviceFloats() { cudaFree(base_); }
-  DeviceFloats(const DeviceFloats&) = delete;
-  DeviceFloats& operator=(const DeviceFloats&) = delete;
-
-  float* get() { return static_cast<float*>(base_) + offset_; }
-  void upload(const std::vector<float>& h) {
-    CUDA_CHECK(cudaMemcpy(get(), h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice));
-  }
-  std::vector<float> download(size_t n) {
-    std::vector<float> h(n);
-    CUDA_CHECK(cudaMemcpy(h.data(), get(), n * sizeof(float), cudaMemcpyDeviceToHost));
-    return h;
-  }
-
-private:
-  void* base_ = nullptr;
-  size_t offset_;
-};
 
 // Checks |got[i] - want[i]| <= kTol * scale(i) for all i; on failure names the
 // number of bad elements and the worst one (not one line per element).
@@ -119,7 +94,7 @@ protected:
     std::vector<float> dinp_ref = dinp0;
     meshlm::ops::gelu_backward<float>(dinp_ref.data(), x.data(), dout.data(), n);
 
-    DeviceFloats d_x(n, offset), d_out(n, offset), d_dout(n, offset), d_dinp(n, offset);
+    DeviceArray<float> d_x(n, offset), d_out(n, offset), d_dout(n, offset), d_dinp(n, offset);
     d_x.upload(x);
     d_dout.upload(dout);
     d_dinp.upload(dinp0);
@@ -157,7 +132,7 @@ TEST_F(CudaGelu, ForwardInPlace) {
   std::vector<float> out_ref(n);
   meshlm::ops::gelu_forward<float>(out_ref.data(), x.data(), n);
 
-  DeviceFloats d(n);
+  DeviceArray<float> d(n);
   d.upload(x);
   meshlm::cuda::gelu_forward(d.get(), d.get(), n, nullptr);
   std::vector<float> out = d.download(n);  // cudaMemcpy waits for the legacy default stream
@@ -184,7 +159,7 @@ TEST_F(CudaGelu, RunsOnGivenStream) {
 
   cudaStream_t stream = nullptr;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  DeviceFloats d_x(n), d_out(n);
+  DeviceArray<float> d_x(n), d_out(n);
   d_x.upload(x);
   meshlm::cuda::gelu_forward(d_out.get(), d_x.get(), n, stream);
   CUDA_CHECK(cudaStreamSynchronize(stream));

@@ -1,0 +1,15 @@
+// Row-major GEMMs on the GPU for the kernels of cuda/ (cuda/blas.cu).
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace meshlm::cuda {
+
+// For b in [0, batch): row-major C_b(M,N) = alpha op(A_b) op(B_b) + beta C_b,
+// with X_b = X + b * strideX (elements), as ops::gemm on the CPU, on `stream`.
+void gemm_strided_batched_rm(cudaStream_t stream, bool ta, bool tb, int M, int N, int K,
+                             float alpha, const float* A, int lda, long long strideA,
+                             const float* B, int ldb, long long strideB, float beta, float* C,
+                             int ldc, long long strideC, int batch);
+
+}  // namespace meshlm::cuda

@@ -1,0 +1,58 @@
+// Launch shapes and warp/block reductions shared by the kernels of cuda/.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+
+namespace meshlm::cuda {
+
+constexpr int kWarp = 32;
+constexpr int kThreads = 256;  // threads per block of the elementwise and row kernels
+// Larger grids loop (grid stride): 2^16 blocks of 256 threads fill any GPU.
+constexpr size_t kMaxGrid = size_t(1) << 16;
+
+// Blocks of kThreads for n independent items, at most kMaxGrid.
+inline unsigned grid_for(size_t n) {
+  return static_cast<unsigned>(std::min((n + kThreads - 1) / kThreads, kMaxGrid));
+}
+
+// Blocks of kThreads with one warp per row, for `rows` rows (at most
+// 2^34: a grid within CUDA's 2^31 - 1 blocks).
+inline unsigned grid_for_rows(long long rows) {
+  constexpr long long kWarpsPerBlock = kThreads / kWarp;
+  return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+}
+
+// Kernels with one warp per row: this thread's row, or -1 past the last.
+__device__ __forceinline__ long long warp_row(long long rows) {
+  const long long r = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+  return r < rows ? r : -1;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// The sum (or max) over a block of kThreads threads, returned to every
+// thread. `scratch` holds kThreads / kWarp floats; the block must not use it
+// again before a __syncthreads().
+template <bool kMax>
+__device__ __forceinline__ float block_reduce(float v, float* scratch) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  v = kMax ? warp_max(v) : warp_sum(v);
+  __syncthreads();  // scratch may still be read by an earlier call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < kThreads / kWarp ? scratch[lane] : (kMax ? -INFINITY : 0.0f);
+  return kMax ? warp_max(v) : warp_sum(v);
+}
+
+}  // namespace meshlm::cuda

@@ -1,0 +1,352 @@
+// The row and elementwise ops of the ops interface on the GPU: embeddings,
+// layer norm, residual and the vocabulary-parallel cross-entropy. Each has
+// the semantics of its CPU namesake in src/ops/ (the reference it is tested
+// against, tests/cuda/test_cuda_ops.cpp), in float, asynchronous on the
+// given stream.
+//
+// Sums over rows (dwte, dwpe, LayerNorm's dw and db) run in a fixed order
+// with no atomics, so a step gives the same bits every time; a row kernel
+// gives each row to one warp (C, the channels) or one block (Vl, the
+// vocabulary columns).
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <string>
+
+#include "core/error.h"
+#include "cuda/cuda_check.cuh"
+#include "cuda/launch.cuh"
+#include "cuda/ops_cuda.h"
+
+namespace meshlm::cuda {
+
+namespace {
+
+constexpr float kLayerNormEps = 1e-5f;
+
+// Grid-stride loop over [0, n).
+#define MESHLM_FOR_EACH(i, n)                                                        \
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < size_t(n); \
+       i += size_t(gridDim.x) * blockDim.x)
+
+void check_launch(bool args_ok, const char* op, const std::string& sizes) {
+  MESHLM_CHECK(args_ok, std::string("cuda::") + op + " with " + sizes);
+}
+
+// ---------------------------------------------------------------------------
+// embeddings
+// ---------------------------------------------------------------------------
+
+__global__ void embedding_forward_kernel(float* out, const int32_t* tokens, const float* wte_part,
+                                         int N, int C, int v0, int Vl) {
+  MESHLM_FOR_EACH(i, size_t(N) * C) {
+    const size_t n = i / C, c = i % C;
+    const int row = tokens[n] - v0;
+    out[i] = (row >= 0 && row < Vl) ? wte_part[size_t(row) * C + c] : 0.0f;
+  }
+}
+
+// Thread per channel c: walks the positions in order, adding each into its
+// token's row, so rows shared by several positions need no atomics.
+__global__ void embedding_backward_kernel(float* dwte_part, const float* dout,
+                                          const int32_t* tokens, int N, int C, int v0, int Vl) {
+  MESHLM_FOR_EACH(c, C) {
+    for (int n = 0; n < N; ++n) {
+      const int row = tokens[n] - v0;
+      if (row >= 0 && row < Vl) dwte_part[size_t(row) * C + c] += dout[size_t(n) * C + c];
+    }
+  }
+}
+
+__global__ void position_forward_kernel(float* out, const float* wpe, int B, int Tn, int C) {
+  MESHLM_FOR_EACH(i, size_t(B) * Tn * C) out[i] += wpe[i % (size_t(Tn) * C)];
+}
+
+// Thread per (t, c): the sum over the batch, in order b = 0, 1, ...
+__global__ void position_backward_kernel(float* dwpe, const float* dout, int B, int Tn, int C) {
+  const size_t TC = size_t(Tn) * C;
+  MESHLM_FOR_EACH(i, TC) {
+    float acc = 0.0f;
+    for (int b = 0; b < B; ++b) acc += dout[size_t(b) * TC + i];
+    dwpe[i] += acc;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// layer norm
+// ---------------------------------------------------------------------------
+
+// Warp per row, two passes over the row as the CPU op (mean, then variance
+// of the differences).
+__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp,
+                                         const float* w, const float* b, int N, int C) {
+  const long long n = warp_row(N);
+  if (n < 0) return;
+  const int lane = threadIdx.x % kWarp;
+  const float* x = inp + size_t(n) * C;
+  float sum = 0.0f;
+  for (int c = lane; c < C; c += kWarp) sum += x[c];
+  const float m = warp_sum(sum) / C;
+  float var = 0.0f;
+  for (int c = lane; c < C; c += kWarp) {
+    const float d = x[c] - m;
+    var += d * d;
+  }
+  const float s = 1.0f / sqrtf(warp_sum(var) / C + kLayerNormEps);
+  float* o = out + size_t(n) * C;
+  for (int c = lane; c < C; c += kWarp) o[c] = (x[c] - m) * s * w[c] + b[c];
+  if (lane == 0) {
+    mean[n] = m;
+    rstd[n] = s;
+  }
+}
+
+// dinp, warp per row: dx = s (dxhat - mean(dxhat) - xhat mean(dxhat xhat)).
+__global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, const float* inp,
+                                               const float* w, const float* mean,
+                                               const float* rstd, int N, int C) {
+  const long long n = warp_row(N);
+  if (n < 0) return;
+  const int lane = threadIdx.x % kWarp;
+  const float* x = inp + size_t(n) * C;
+  const float* g = dout + size_t(n) * C;
+  const float m = mean[n], s = rstd[n];
+  float sum_dxhat = 0.0f, sum_dxhat_xhat = 0.0f;
+  for (int c = lane; c < C; c += kWarp) {
+    const float dxhat = g[c] * w[c];
+    sum_dxhat += dxhat;
+    sum_dxhat_xhat += dxhat * (x[c] - m) * s;
+  }
+  const float mean_dxhat = warp_sum(sum_dxhat) / C;
+  const float mean_dxhat_xhat = warp_sum(sum_dxhat_xhat) / C;
+  float* dx = dinp + size_t(n) * C;
+  for (int c = lane; c < C; c += kWarp) {
+    const float xhat = (x[c] - m) * s;
+    dx[c] += s * (g[c] * w[c] - mean_dxhat - xhat * mean_dxhat_xhat);
+  }
+}
+
+// dw and db, sums over rows: a block per 32 channels; its 8 warps take every
+// 8th row and the 8 partial sums are added in warp order.
+constexpr int kColRows = kThreads / kWarp;
+__global__ void layernorm_backward_dwdb_kernel(float* dw, float* db, const float* dout,
+                                               const float* inp, const float* mean,
+                                               const float* rstd, int N, int C) {
+  __shared__ float part_w[kColRows][kWarp], part_b[kColRows][kWarp];
+  const int lane = threadIdx.x % kWarp, r0 = threadIdx.x / kWarp;
+  const int c = blockIdx.x * kWarp + lane;
+  float aw = 0.0f, ab = 0.0f;
+  if (c < C) {
+    for (int n = r0; n < N; n += kColRows) {
+      const float g = dout[size_t(n) * C + c];
+      aw += g * (inp[size_t(n) * C + c] - mean[n]) * rstd[n];
+      ab += g;
+    }
+  }
+  part_w[r0][lane] = aw;
+  part_b[r0][lane] = ab;
+  __syncthreads();
+  if (r0 == 0 && c < C) {
+    for (int r = 1; r < kColRows; ++r) {
+      aw += part_w[r][lane];
+      ab += part_b[r][lane];
+    }
+    dw[c] += aw;
+    db[c] += ab;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// residual
+// ---------------------------------------------------------------------------
+
+__global__ void residual_forward_kernel(float* out, const float* a, const float* b, size_t n) {
+  MESHLM_FOR_EACH(i, n) out[i] = a[i] + b[i];
+}
+
+__global__ void residual_backward_kernel(float* da, float* db, const float* dout, size_t n) {
+  MESHLM_FOR_EACH(i, n) {
+    da[i] += dout[i];
+    db[i] += dout[i];
+  }
+}
+
+// ---------------------------------------------------------------------------
+// vocabulary-parallel cross-entropy: a block per row of logits
+// ---------------------------------------------------------------------------
+
+__device__ __forceinline__ int real_columns(int Vl, int v0, int V) {
+  const int n = V - v0;
+  return n < 0 ? 0 : (n > Vl ? Vl : n);
+}
+
+__global__ void xent_local_max_kernel(float* rowmax, const float* logits, int Vl, int v0, int V) {
+  __shared__ float scratch[kThreads / kWarp];
+  const int nreal = real_columns(Vl, v0, V);
+  const float* row = logits + size_t(blockIdx.x) * Vl;
+  float mx = -INFINITY;
+  for (int v = threadIdx.x; v < nreal; v += kThreads) mx = fmaxf(mx, row[v]);
+  mx = block_reduce<true>(mx, scratch);
+  if (threadIdx.x == 0) rowmax[blockIdx.x] = mx;
+}
+
+__global__ void xent_local_sums_kernel(float* sums, const float* logits, const float* rowmax,
+                                       const int32_t* targets, int Vl, int v0, int V) {
+  __shared__ float scratch[kThreads / kWarp];
+  const int nreal = real_columns(Vl, v0, V);
+  const size_t n = blockIdx.x;
+  const float* row = logits + n * Vl;
+  const float mx = rowmax[n];
+  float sum = 0.0f;
+  for (int v = threadIdx.x; v < nreal; v += kThreads) sum += expf(row[v] - mx);
+  sum = block_reduce<false>(sum, scratch);
+  if (threadIdx.x == 0) {
+    const int t = targets[n] - v0;
+    sums[2 * n] = sum;
+    sums[2 * n + 1] = (t >= 0 && t < nreal) ? row[t] : 0.0f;
+  }
+}
+
+__global__ void xent_losses_kernel(float* losses, const float* rowmax, const float* sums, int N) {
+  MESHLM_FOR_EACH(n, N) losses[n] = logf(sums[2 * n]) + rowmax[n] - sums[2 * n + 1];
+}
+
+__global__ void xent_local_backward_kernel(float* row_all, const float* rowmax, const float* sums,
+                                           const float* dlosses, const int32_t* targets, int Vl,
+                                           int v0, int V) {
+  const int nreal = real_columns(Vl, v0, V);
+  const size_t n = blockIdx.x;
+  float* row = row_all + n * Vl;
+  const float mx = rowmax[n], inv = 1.0f / sums[2 * n], d = dlosses[n];
+  const int t = targets[n] - v0;
+  for (int v = threadIdx.x; v < Vl; v += kThreads) {
+    float g = v < nreal ? expf(row[v] - mx) * inv * d : 0.0f;
+    if (v == t && v < nreal) g -= d;
+    row[v] = g;
+  }
+}
+
+#undef MESHLM_FOR_EACH
+
+std::string dims(int N, int C) { return "N = " + std::to_string(N) + ", C = " + std::to_string(C); }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// launchers
+// ---------------------------------------------------------------------------
+
+void embedding_forward(float* out, const int32_t* tokens, const float* wte_part, int N, int C,
+                       int v0, int Vl, cudaStream_t stream) {
+  if (N == 0 || C == 0) return;
+  check_launch(out && tokens && (wte_part || Vl == 0) && N > 0 && C > 0 && Vl >= 0,
+               "embedding_forward", dims(N, C));
+  embedding_forward_kernel<<<grid_for(size_t(N) * C), kThreads, 0, stream>>>(out, tokens, wte_part,
+                                                                             N, C, v0, Vl);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void embedding_backward(float* dwte_part, const float* dout, const int32_t* tokens, int N, int C,
+                        int v0, int Vl, cudaStream_t stream) {
+  if (N == 0 || C == 0 || Vl == 0) return;
+  check_launch(dwte_part && dout && tokens && N > 0 && C > 0 && Vl > 0, "embedding_backward",
+               dims(N, C));
+  embedding_backward_kernel<<<grid_for(C), kThreads, 0, stream>>>(dwte_part, dout, tokens, N, C,
+                                                                 v0, Vl);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void position_forward(float* out, const float* wpe, int B, int Tn, int C, cudaStream_t stream) {
+  const size_t n = size_t(B) * Tn * C;
+  if (n == 0) return;
+  check_launch(out && wpe && B > 0 && Tn > 0 && C > 0, "position_forward", dims(B * Tn, C));
+  position_forward_kernel<<<grid_for(n), kThreads, 0, stream>>>(out, wpe, B, Tn, C);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void position_backward(float* dwpe, const float* dout, int B, int Tn, int C, cudaStream_t stream) {
+  if (size_t(B) * Tn * C == 0) return;
+  check_launch(dwpe && dout && B > 0 && Tn > 0 && C > 0, "position_backward", dims(B * Tn, C));
+  position_backward_kernel<<<grid_for(size_t(Tn) * C), kThreads, 0, stream>>>(dwpe, dout, B, Tn,
+                                                                              C);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                       const float* b, int N, int C, cudaStream_t stream) {
+  if (N == 0) return;
+  check_launch(out && mean && rstd && inp && w && b && N > 0 && C > 0, "layernorm_forward",
+               dims(N, C));
+  layernorm_forward_kernel<<<grid_for_rows(N), kThreads, 0, stream>>>(out, mean, rstd, inp, w, b,
+                                                                      N, C);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                        const float* w, const float* mean, const float* rstd, int N, int C,
+                        cudaStream_t stream) {
+  if (N == 0) return;
+  check_launch(dinp && dout && inp && w && mean && rstd && (dw == nullptr) == (db == nullptr) &&
+                   N > 0 && C > 0,
+               "layernorm_backward", dims(N, C));
+  layernorm_backward_dinp_kernel<<<grid_for_rows(N), kThreads, 0, stream>>>(dinp, dout, inp, w,
+                                                                            mean, rstd, N, C);
+  CUDA_CHECK(cudaGetLastError());
+  if (dw == nullptr) return;  // frozen gain and bias
+  const unsigned blocks = static_cast<unsigned>((C + kWarp - 1) / kWarp);
+  layernorm_backward_dwdb_kernel<<<blocks, kThreads, 0, stream>>>(dw, db, dout, inp, mean, rstd, N,
+                                                                  C);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void residual_forward(float* out, const float* a, const float* b, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  check_launch(out && a && b, "residual_forward", "n = " + std::to_string(n));
+  residual_forward_kernel<<<grid_for(n), kThreads, 0, stream>>>(out, a, b, n);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void residual_backward(float* da, float* db, const float* dout, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  check_launch(da && db && dout, "residual_backward", "n = " + std::to_string(n));
+  residual_backward_kernel<<<grid_for(n), kThreads, 0, stream>>>(da, db, dout, n);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void xent_local_max(float* rowmax, const float* logits, int N, int Vl, int v0, int V,
+                    cudaStream_t stream) {
+  if (N == 0) return;
+  check_launch(rowmax && logits && N > 0 && Vl > 0, "xent_local_max", "N = " + std::to_string(N) + ", Vl = " + std::to_string(Vl));
+  xent_local_max_kernel<<<N, kThreads, 0, stream>>>(rowmax, logits, Vl, v0, V);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void xent_local_sums(float* sums, const float* logits, const float* rowmax,
+                     const int32_t* targets, int N, int Vl, int v0, int V, cudaStream_t stream) {
+  if (N == 0) return;
+  check_launch(sums && logits && rowmax && targets && N > 0 && Vl > 0, "xent_local_sums",
+               "N = " + std::to_string(N) + ", Vl = " + std::to_string(Vl));
+  xent_local_sums_kernel<<<N, kThreads, 0, stream>>>(sums, logits, rowmax, targets, Vl, v0, V);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void xent_losses(float* losses, const float* rowmax, const float* sums, int N,
+                 cudaStream_t stream) {
+  if (N == 0) return;
+  check_launch(losses && rowmax && sums && N > 0, "xent_losses", "N = " + std::to_string(N));
+  xent_losses_kernel<<<grid_for(N), kThreads, 0, stream>>>(losses, rowmax, sums, N);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void xent_local_backward(float* logits_dlogits, const float* rowmax, const float* sums,
+                         const float* dlosses, const int32_t* targets, int N, int Vl, int v0,
+                         int V, cudaStream_t stream) {
+  if (N == 0) return;
+  check_launch(logits_dlogits && rowmax && sums && dlosses && targets && N > 0 && Vl > 0,
+               "xent_local_backward", "N = " + std::to_string(N) + ", Vl = " + std::to_string(Vl));
+  xent_local_backward_kernel<<<N, kThreads, 0, stream>>>(logits_dlogits, rowmax, sums, dlosses,
+                                                        targets, Vl, v0, V);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace meshlm::cuda

@@ -1,0 +1,807 @@
+// The CUDA ops of cuda/ops_cuda.h against their CPU references in meshlm::ops
+// (float): embeddings, layer norm, linear layer, attention, residual and the
+// vocabulary-parallel cross-entropy. GELU and dequantize_rows have their own
+// tests (test_cuda_gelu.cpp, test_cuda_quant.cpp).
+//
+// Each test gives both ops the same fresh random inputs (never zeros) and
+// compares every output by its relative L2 error, |got - want| / |want|, with
+// a tolerance per op (below); an element may be NaN or infinite only where
+// the reference holds the same infinity. Outputs that a forward op overwrites
+// start as NaN on both sides, so an element the op never writes fails.
+// Gradients start from the same random non-zero values on both sides, so an
+// op that overwrites instead of accumulating fails. Shapes include odd sizes
+// (C not a multiple of 4 or 32, N = 1, T = 1, T not a power of two), several
+// heads and batch rows, and the vocabulary-parallel cases: padding columns,
+// a rank holding only padding, tokens and targets on and off the rank. The
+// ops whose header promises the same bits every run are run twice. The CUDA
+// ops run on a stream of their own. Every test skips, with the reason, where
+// no CUDA device can be used.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/rng.h"
+#include "cuda/cuda_check.cuh"
+#include "cuda/ops_cuda.h"
+#include "device_array.h"
+#include "ops/ops.h"
+
+namespace {
+
+namespace ops = meshlm::ops;
+namespace cuda = meshlm::cuda;
+
+// ---- tolerances (relative L2 error) -------------------------------------------
+// Copies (embedding lookup, target logit, max) and single IEEE additions
+// (residual, position_forward, residual_backward) are correctly rounded on
+// both sides: the same bits.
+constexpr double kExact = 0;
+// Everything else: fp32 on both sides, the same formula, but sums taken in a
+// different order (warp shuffles, blocks, cuBLAS's GEMM blocking) and exp/log/
+// sqrt from different libraries. The rounding error of a sum of K terms grows
+// like 2^-24 sqrt(K), and on these inputs (sums of up to a few thousand
+// terms) the CPU float ops stay within 1e-6 of a double reference; 1e-5
+// leaves a margin and still catches TF32 (about 1e-3) or a missed term.
+constexpr double kTol = 1e-5;
+// Larger for the sum of exp of xent_local_sums: the CPU adds the terms (all
+// positive, up to 50257 of them) one after the other, so its own error grows
+// like 2^-24 sqrt(K / 3), 6e-6 against a double reference for the GPT-2
+// vocabulary here; the GPU's tree of partial sums is more accurate, which
+// leaves the CPU's error. The cases of 512 columns or fewer, where a missed
+// column costs 2e-3 or more, still catch a wrong column range.
+constexpr double kTolVocabSum = 5e-5;
+
+// Starting gradients: uniform in [-kGradStart, kGradStart]. Small next to
+// what the ops add (an RMS of 0.1 to 30 here), so that |want| measures the
+// added part and its errors are not hidden under the start, yet 2e-4 or more
+// of it, far above the tolerances, so that dropping the start (= in place of
+// +=) fails.
+constexpr double kGradStart = 0.01;
+
+// ---- host data ------------------------------------------------------------------
+
+std::vector<float> uniform(size_t n, uint64_t seed, double lo = -1.0, double hi = 1.0) {
+  meshlm::Rng rng(seed);
+  std::vector<float> v(n);
+  for (float& x : v) x = static_cast<float>(lo + (hi - lo) * rng.uniform());
+  return v;
+}
+
+// Uniform integers in [lo, hi).
+std::vector<int32_t> uniform_ints(size_t n, uint64_t seed, int lo, int hi) {
+  meshlm::Rng rng(seed);
+  std::vector<int32_t> v(n);
+  for (int32_t& x : v) x = lo + static_cast<int32_t>(rng.below(static_cast<uint64_t>(hi - lo)));
+  return v;
+}
+
+// Columns [c0, c1) of the rows of length `row` of a.
+std::vector<float> columns(const std::vector<float>& a, size_t row, size_t c0, size_t c1) {
+  std::vector<float> out;
+  for (size_t r = 0; r + row <= a.size(); r += row)
+    out.insert(out.end(), a.begin() + r + c0, a.begin() + r + c1);
+  return out;
+}
+
+// ---- one array given to both ops ----------------------------------------------------
+// `cpu` is the reference op's array, the device copy the CUDA op's; both start
+// from the same values.
+template <typename T>
+class Both {
+public:
+  explicit Both(std::vector<T> start) : cpu(start), start_(std::move(start)), dev_(cpu.size()) {
+    dev_.upload(cpu);
+  }
+  T* c() { return cpu.data(); }
+  T* g() { return dev_.get(); }
+  std::vector<T> gpu() const { return dev_.download(); }
+  const std::vector<T>& start() const { return start_; }
+  // Back to the start on the device (to run the CUDA op again).
+  void restart_gpu() { dev_.upload(start_); }
+
+  std::vector<T> cpu;
+
+private:
+  std::vector<T> start_;
+  DeviceArray<T> dev_;
+};
+
+// ---- comparisons ------------------------------------------------------------------
+
+// |got - want| <= tol |want| over the finite elements of want; got finite
+// where want is, and equal to want where want is infinite (a NaN in want is a
+// bug of the test). On failure: the error, the number of non-finite elements
+// and the worst element.
+testing::AssertionResult close(const std::vector<float>& got, const std::vector<float>& want,
+                               double tol) {
+  if (got.size() != want.size())
+    return testing::AssertionFailure() << got.size() << " elements, want " << want.size();
+  double err2 = 0.0, ref2 = 0.0, worst_err = -1.0;
+  size_t bad = 0, first_bad = 0, worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double g = got[i], w = want[i];
+    if (std::isnan(w)) return testing::AssertionFailure() << "the reference is NaN at i=" << i;
+    if (std::isinf(w) || !std::isfinite(g)) {
+      if (g != w && bad++ == 0) first_bad = i;
+      continue;
+    }
+    const double d = g - w;
+    err2 += d * d;
+    ref2 += w * w;
+    if (std::fabs(d) > worst_err) worst_err = std::fabs(d), worst = i;
+  }
+  const double err = std::sqrt(err2), ref = std::sqrt(ref2);
+  if (bad == 0 && err <= tol * ref) return testing::AssertionSuccess();
+  testing::AssertionResult r = testing::AssertionFailure();
+  if (bad > 0)
+    r << bad << " of " << want.size() << " elements non-finite (or not the reference's "
+      << "infinity), first at i=" << first_bad << ": got " << got[first_bad] << ", want "
+      << want[first_bad] << ". ";
+  if (!(err <= tol * ref))
+    r << "|got - want| = " << err << ", |want| = " << ref << ": relative " << err / ref
+      << ", tolerance " << tol << "; worst at i=" << worst << ": got " << got[worst] << ", want "
+      << want[worst];
+  return r;
+}
+
+// The CUDA op's array against the reference op's.
+testing::AssertionResult matches(const Both<float>& a, double tol) {
+  return close(a.gpu(), a.cpu, tol);
+}
+
+// The same for columns [c0, c1) of rows of length `row` (dq, dk, dv of dqkv;
+// the two columns of the cross-entropy sums).
+testing::AssertionResult matches_columns(const Both<float>& a, size_t row, size_t c0, size_t c1,
+                                         double tol) {
+  return close(columns(a.gpu(), row, c0, c1), columns(a.cpu, row, c0, c1), tol);
+}
+
+testing::AssertionResult same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  size_t differ = 0, first = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::bit_cast<uint32_t>(a[i]) != std::bit_cast<uint32_t>(b[i]) && differ++ == 0) first = i;
+  if (differ == 0) return testing::AssertionSuccess();
+  return testing::AssertionFailure()
+         << differ << " of " << a.size() << " elements differ, first at i=" << first << ": "
+         << a[first] << " then " << b[first];
+}
+
+// ---- the fixture ------------------------------------------------------------------
+
+class CudaOps : public testing::Test {
+protected:
+  void SetUp() override {
+    std::string reason;
+    if (cuda::device_count(&reason) == 0) GTEST_SKIP() << "no CUDA device: " << reason;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  void TearDown() override {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  // Runs the reference op, then the CUDA op on stream_, and waits for it.
+  // The device synchronisation first makes sure that the uploads (cudaMemcpy
+  // from pageable memory may return before its DMA ends, and it does not order
+  // stream_) have landed before the CUDA op reads them.
+  template <typename CpuOp, typename GpuOp>
+  void run_both(CpuOp cpu_op, GpuOp gpu_op) {
+    cpu_op();
+    CUDA_CHECK(cudaDeviceSynchronize());
+    gpu_op();
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  // The CUDA op alone (its second run in the determinism tests).
+  template <typename GpuOp>
+  void run_gpu(GpuOp gpu_op) {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    gpu_op();
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  // Arrays for both ops; every call draws from a new seed.
+  Both<float> input(size_t n, double lo = -1.0, double hi = 1.0) {
+    return Both<float>(uniform(n, next_seed(), lo, hi));
+  }
+  // Written by the op: NaN before it runs.
+  Both<float> output(size_t n) {
+    return Both<float>(std::vector<float>(n, std::numeric_limits<float>::quiet_NaN()));
+  }
+  // Accumulated into by the op.
+  Both<float> gradient(size_t n) {
+    return Both<float>(uniform(n, next_seed(), -kGradStart, kGradStart));
+  }
+
+  uint64_t next_seed() { return seed_++; }
+
+  cudaStream_t stream_ = nullptr;
+  uint64_t seed_ = 1000;
+};
+
+// ---- embeddings -------------------------------------------------------------------
+
+struct EmbeddingCase {
+  int N, C, v0, Vl;
+  int tok_lo, tok_hi;  // tokens uniform in [tok_lo, tok_hi)
+  std::string str() const {
+    return "N=" + std::to_string(N) + " C=" + std::to_string(C) + " v0=" + std::to_string(v0) +
+           " Vl=" + std::to_string(Vl) + " tokens in [" + std::to_string(tok_lo) + ", " +
+           std::to_string(tok_hi) + ")";
+  }
+};
+const EmbeddingCase kEmbeddingCases[] = {
+    {1, 7, 0, 5, 0, 5},            // one token, odd C
+    {37, 48, 0, 64, 0, 64},        // one rank: every token on it
+    {64, 33, 16, 16, 0, 48},       // tokens below, on and above the rank's rows
+    {300, 768, 100, 50, 90, 160},  // GPT-2 width, each row hit several times
+    {5, 20, 64, 32, 0, 64},        // no token on this rank: zeros, no gradient
+};
+
+// Lookup: the rank's rows copied exactly, zeros for tokens of other ranks.
+TEST_F(CudaOps, EmbeddingForward) {
+  for (const EmbeddingCase& k : kEmbeddingCases) {
+    SCOPED_TRACE(k.str());
+    Both<int32_t> tok(uniform_ints(k.N, next_seed(), k.tok_lo, k.tok_hi));
+    Both<float> wte = input(size_t(k.Vl) * k.C);
+    Both<float> out = output(size_t(k.N) * k.C);
+    run_both(
+        [&] { ops::embedding_forward<float>(out.c(), tok.c(), wte.c(), k.N, k.C, k.v0, k.Vl); },
+        [&] { cuda::embedding_forward(out.g(), tok.g(), wte.g(), k.N, k.C, k.v0, k.Vl, stream_); });
+    EXPECT_TRUE(matches(out, kExact));
+  }
+}
+
+// dwte: the rows of the rank's tokens gather their dout rows (several each),
+// the other rows keep their start.
+TEST_F(CudaOps, EmbeddingBackward) {
+  for (const EmbeddingCase& k : kEmbeddingCases) {
+    SCOPED_TRACE(k.str());
+    Both<int32_t> tok(uniform_ints(k.N, next_seed(), k.tok_lo, k.tok_hi));
+    Both<float> dout = input(size_t(k.N) * k.C);
+    Both<float> dwte = gradient(size_t(k.Vl) * k.C);
+    run_both(
+        [&] { ops::embedding_backward<float>(dwte.c(), dout.c(), tok.c(), k.N, k.C, k.v0, k.Vl); },
+        [&] {
+          cuda::embedding_backward(dwte.g(), dout.g(), tok.g(), k.N, k.C, k.v0, k.Vl, stream_);
+        });
+    EXPECT_TRUE(matches(dwte, kTol));
+  }
+}
+
+// The header promises the same bits every run: 4096 positions on three
+// tokens of the rank (and some off it), run twice from the same start.
+TEST_F(CudaOps, EmbeddingBackwardIsDeterministic) {
+  const int N = 4096, C = 768, v0 = 10, Vl = 3;
+  Both<int32_t> tok(uniform_ints(N, next_seed(), v0 - 1, v0 + Vl + 1));
+  Both<float> dout = input(size_t(N) * C);
+  Both<float> dwte = gradient(size_t(Vl) * C);
+  auto gpu_op = [&] {
+    cuda::embedding_backward(dwte.g(), dout.g(), tok.g(), N, C, v0, Vl, stream_);
+  };
+  run_both([&] { ops::embedding_backward<float>(dwte.c(), dout.c(), tok.c(), N, C, v0, Vl); },
+           gpu_op);
+  EXPECT_TRUE(matches(dwte, kTol));
+  const std::vector<float> first = dwte.gpu();
+  dwte.restart_gpu();
+  run_gpu(gpu_op);
+  EXPECT_TRUE(same_bits(first, dwte.gpu()));
+}
+
+struct PositionCase {
+  int B, T, C;
+  std::string str() const {
+    return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C);
+  }
+};
+const PositionCase kPositionCases[] = {
+    {1, 1, 5}, {2, 7, 33}, {4, 1, 17}, {3, 64, 768}, {8, 129, 64},
+};
+// wpe and dwpe have kExtraPositions rows more than T (the model's block size
+// exceeds the sequence): those must be left alone.
+constexpr int kExtraPositions = 3;
+
+// out += wpe[t]: one addition per element, the same bits.
+TEST_F(CudaOps, PositionForward) {
+  for (const PositionCase& k : kPositionCases) {
+    SCOPED_TRACE(k.str());
+    Both<float> wpe = input(size_t(k.T + kExtraPositions) * k.C);
+    Both<float> out = input(size_t(k.B) * k.T * k.C);  // += wpe
+    run_both([&] { ops::position_forward<float>(out.c(), wpe.c(), k.B, k.T, k.C); },
+             [&] { cuda::position_forward(out.g(), wpe.g(), k.B, k.T, k.C, stream_); });
+    EXPECT_TRUE(matches(out, kExact));
+  }
+}
+
+// dwpe[t] += sum over the batch of dout[b, t]; rows past T untouched.
+TEST_F(CudaOps, PositionBackward) {
+  for (const PositionCase& k : kPositionCases) {
+    SCOPED_TRACE(k.str());
+    Both<float> dout = input(size_t(k.B) * k.T * k.C);
+    Both<float> dwpe = gradient(size_t(k.T + kExtraPositions) * k.C);
+    run_both([&] { ops::position_backward<float>(dwpe.c(), dout.c(), k.B, k.T, k.C); },
+             [&] { cuda::position_backward(dwpe.g(), dout.g(), k.B, k.T, k.C, stream_); });
+    EXPECT_TRUE(matches(dwpe, kTol));
+    const std::vector<float> got = dwpe.gpu();
+    const size_t used = size_t(k.T) * k.C;
+    EXPECT_TRUE(same_bits(std::vector<float>(got.begin() + used, got.end()),
+                          std::vector<float>(dwpe.start().begin() + used, dwpe.start().end())))
+        << "rows past T";
+  }
+}
+
+// ---- layer norm -----------------------------------------------------------------------
+
+struct LayerNormCase {
+  int N, C;
+  std::string str() const { return "N=" + std::to_string(N) + " C=" + std::to_string(C); }
+};
+const LayerNormCase kLayerNormCases[] = {
+    {1, 3}, {7, 33}, {17, 100}, {64, 768}, {3, 1601}, {256, 64},
+};
+
+// Rows of uniform values around an offset of their own in [-2, 2], so that the
+// mean is not zero and the variance is that of the differences.
+std::vector<float> layernorm_input(int N, int C, uint64_t seed) {
+  std::vector<float> x = uniform(size_t(N) * C, seed);
+  const std::vector<float> offset = uniform(N, seed + 1, -2.0, 2.0);
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c) x[size_t(n) * C + c] += offset[n];
+  return x;
+}
+
+// Inputs of layernorm_backward: x, w, dout and the mean and rstd that the CPU
+// forward saved (the same floats on both sides).
+struct LayerNormBackwardInputs {
+  Both<float> inp, w, dout, mean, rstd;
+};
+
+class CudaLayerNorm : public CudaOps {
+protected:
+  LayerNormBackwardInputs backward_inputs(int N, int C) {
+    std::vector<float> x = layernorm_input(N, C, next_seed());
+    std::vector<float> wv = uniform(C, next_seed()), bv = uniform(C, next_seed());
+    std::vector<float> out(size_t(N) * C), mean(N), rstd(N);
+    ops::layernorm_forward<float>(out.data(), mean.data(), rstd.data(), x.data(), wv.data(),
+                                  bv.data(), N, C);
+    return {Both<float>(std::move(x)), Both<float>(std::move(wv)), input(size_t(N) * C),
+            Both<float>(std::move(mean)), Both<float>(std::move(rstd))};
+  }
+
+  // dinp, and dw and db unless frozen (null on both sides).
+  void check_backward(int N, int C, bool frozen) {
+    LayerNormBackwardInputs in = backward_inputs(N, C);
+    Both<float> dinp = gradient(size_t(N) * C), dw = gradient(C), db = gradient(C);
+    float* dw_c = frozen ? nullptr : dw.c();
+    float* db_c = frozen ? nullptr : db.c();
+    float* dw_g = frozen ? nullptr : dw.g();
+    float* db_g = frozen ? nullptr : db.g();
+    run_both(
+        [&] {
+          ops::layernorm_backward<float>(dinp.c(), dw_c, db_c, in.dout.c(), in.inp.c(), in.w.c(),
+                                         in.mean.c(), in.rstd.c(), N, C);
+        },
+        [&] {
+          cuda::layernorm_backward(dinp.g(), dw_g, db_g, in.dout.g(), in.inp.g(), in.w.g(),
+                                   in.mean.g(), in.rstd.g(), N, C, stream_);
+        });
+    EXPECT_TRUE(matches(dinp, kTol));
+    if (frozen) {
+      // Untouched: still the start on both sides.
+      EXPECT_TRUE(same_bits(dw.gpu(), dw.start()));
+      EXPECT_TRUE(same_bits(db.gpu(), db.start()));
+    } else {
+      EXPECT_TRUE(matches(dw, kTol));
+      EXPECT_TRUE(matches(db, kTol));
+    }
+  }
+};
+
+// out, mean and rstd, all three written.
+TEST_F(CudaLayerNorm, Forward) {
+  for (const LayerNormCase& k : kLayerNormCases) {
+    SCOPED_TRACE(k.str());
+    const int N = k.N, C = k.C;
+    Both<float> inp(layernorm_input(N, C, next_seed()));
+    Both<float> w = input(C), b = input(C);
+    Both<float> out = output(size_t(N) * C), mean = output(N), rstd = output(N);
+    run_both(
+        [&] {
+          ops::layernorm_forward<float>(out.c(), mean.c(), rstd.c(), inp.c(), w.c(), b.c(), N, C);
+        },
+        [&] {
+          cuda::layernorm_forward(out.g(), mean.g(), rstd.g(), inp.g(), w.g(), b.g(), N, C,
+                                  stream_);
+        });
+    EXPECT_TRUE(matches(out, kTol));
+    EXPECT_TRUE(matches(mean, kTol));
+    EXPECT_TRUE(matches(rstd, kTol));
+  }
+}
+
+// dinp, dw and db accumulate.
+TEST_F(CudaLayerNorm, Backward) {
+  for (const LayerNormCase& k : kLayerNormCases) {
+    SCOPED_TRACE(k.str());
+    check_backward(k.N, k.C, false);
+  }
+}
+
+// dw = db = nullptr (frozen gain and bias): dinp alone.
+TEST_F(CudaLayerNorm, BackwardWithFrozenGainAndBias) {
+  for (const LayerNormCase& k : kLayerNormCases) {
+    SCOPED_TRACE(k.str());
+    check_backward(k.N, k.C, true);
+  }
+}
+
+// dw and db are sums over rows in a fixed order: the same bits every run,
+// with rows enough for every partial sum of the reduction.
+TEST_F(CudaLayerNorm, BackwardGainAndBiasAreDeterministic) {
+  const int N = 2048, C = 771;
+  LayerNormBackwardInputs in = backward_inputs(N, C);
+  Both<float> dinp = gradient(size_t(N) * C), dw = gradient(C), db = gradient(C);
+  auto gpu_op = [&] {
+    cuda::layernorm_backward(dinp.g(), dw.g(), db.g(), in.dout.g(), in.inp.g(), in.w.g(),
+                             in.mean.g(), in.rstd.g(), N, C, stream_);
+  };
+  run_both(
+      [&] {
+        ops::layernorm_backward<float>(dinp.c(), dw.c(), db.c(), in.dout.c(), in.inp.c(), in.w.c(),
+                                       in.mean.c(), in.rstd.c(), N, C);
+      },
+      gpu_op);
+  EXPECT_TRUE(matches(dw, kTol));
+  EXPECT_TRUE(matches(db, kTol));
+  const std::vector<float> dw1 = dw.gpu(), db1 = db.gpu();
+  dinp.restart_gpu();
+  dw.restart_gpu();
+  db.restart_gpu();
+  run_gpu(gpu_op);
+  EXPECT_TRUE(same_bits(dw1, dw.gpu())) << "dw";
+  EXPECT_TRUE(same_bits(db1, db.gpu())) << "db";
+}
+
+// ---- linear layer -------------------------------------------------------------------
+
+struct MatmulCase {
+  int N, IC, OC;
+  std::string str() const {
+    return "N=" + std::to_string(N) + " IC=" + std::to_string(IC) + " OC=" + std::to_string(OC);
+  }
+};
+const MatmulCase kMatmulCases[] = {
+    {1, 3, 5}, {7, 33, 65}, {37, 1, 17}, {5, 1024, 1}, {64, 768, 2304}, {256, 96, 333},
+};
+
+class CudaMatmul : public CudaOps {
+protected:
+  void check_forward(const MatmulCase& k, bool with_bias) {
+    Both<float> inp = input(size_t(k.N) * k.IC), w = input(size_t(k.OC) * k.IC), bias = input(k.OC);
+    Both<float> out = output(size_t(k.N) * k.OC);
+    const float* bias_c = with_bias ? bias.c() : nullptr;
+    const float* bias_g = with_bias ? bias.g() : nullptr;
+    run_both(
+        [&] { ops::matmul_forward<float>(out.c(), inp.c(), w.c(), bias_c, k.N, k.IC, k.OC); },
+        [&] { cuda::matmul_forward(out.g(), inp.g(), w.g(), bias_g, k.N, k.IC, k.OC, stream_); });
+    EXPECT_TRUE(matches(out, kTol));
+  }
+
+  // The gradients asked for accumulate; the others (null on both sides) stay
+  // as they were.
+  void check_backward(const MatmulCase& k, bool want_dinp, bool want_dw, bool want_dbias) {
+    SCOPED_TRACE(std::string("dinp ") + (want_dinp ? "on" : "null") + ", dw " +
+                 (want_dw ? "on" : "null") + ", dbias " + (want_dbias ? "on" : "null"));
+    Both<float> inp = input(size_t(k.N) * k.IC), w = input(size_t(k.OC) * k.IC);
+    Both<float> dout = input(size_t(k.N) * k.OC);
+    Both<float> dinp = gradient(size_t(k.N) * k.IC), dw = gradient(size_t(k.OC) * k.IC);
+    Both<float> dbias = gradient(k.OC);
+    auto pick = [](bool on, float* p) { return on ? p : nullptr; };
+    run_both(
+        [&] {
+          ops::matmul_backward<float>(pick(want_dinp, dinp.c()), pick(want_dw, dw.c()),
+                                      pick(want_dbias, dbias.c()), dout.c(), inp.c(), w.c(), k.N,
+                                      k.IC, k.OC);
+        },
+        [&] {
+          cuda::matmul_backward(pick(want_dinp, dinp.g()), pick(want_dw, dw.g()),
+                                pick(want_dbias, dbias.g()), dout.g(), inp.g(), w.g(), k.N, k.IC,
+                                k.OC, stream_);
+        });
+    const auto check = [](const char* name, const Both<float>& grad, bool on) {
+      if (on)
+        EXPECT_TRUE(matches(grad, kTol)) << name;
+      else
+        EXPECT_TRUE(same_bits(grad.gpu(), grad.start())) << name << " (null, untouched)";
+    };
+    check("dinp", dinp, want_dinp);
+    check("dw", dw, want_dw);
+    check("dbias", dbias, want_dbias);
+  }
+};
+
+// out = inp w^T + bias, fp32 GEMM (TF32 would miss by about 1e-3).
+TEST_F(CudaMatmul, Forward) {
+  for (const MatmulCase& k : kMatmulCases) {
+    SCOPED_TRACE(k.str());
+    check_forward(k, true);
+  }
+}
+
+// bias = nullptr: the GEMM alone, every element of out written.
+TEST_F(CudaMatmul, ForwardWithoutBias) {
+  for (const MatmulCase& k : kMatmulCases) {
+    SCOPED_TRACE(k.str());
+    check_forward(k, false);
+  }
+}
+
+// dinp, dw and dbias together.
+TEST_F(CudaMatmul, Backward) {
+  for (const MatmulCase& k : kMatmulCases) {
+    SCOPED_TRACE(k.str());
+    check_backward(k, true, true, true);
+  }
+}
+
+// Each of dinp, dw, dbias null in turn: the other two still right.
+TEST_F(CudaMatmul, BackwardWithANullGradient) {
+  for (const MatmulCase& k : kMatmulCases) {
+    SCOPED_TRACE(k.str());
+    check_backward(k, false, true, true);
+    check_backward(k, true, false, true);
+    check_backward(k, true, true, false);
+  }
+}
+
+// ---- attention ------------------------------------------------------------------------
+
+struct AttentionCase {
+  int B, T, C, NH;
+  std::string str() const {
+    return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
+           " NH=" + std::to_string(NH);
+  }
+};
+const AttentionCase kAttentionCases[] = {
+    {1, 1, 4, 1},       // one position, one head
+    {3, 1, 8, 2},       // T = 1, several rows and heads
+    {2, 7, 12, 3},      // HS = 4, T not a power of two
+    {3, 5, 15, 5},      // HS = 3
+    {2, 64, 64, 4},     // HS = 16
+    {1, 129, 96, 2},    // HS = 48, T one past a power of two
+    {2, 128, 768, 12},  // GPT-2 heads (HS = 64)
+};
+// q, k, v uniform in [-kQkvRange, kQkvRange]: scores q.k / sqrt(HS) of about
+// +-1 for HS = 64, so that the softmax is neither flat nor one-hot.
+constexpr double kQkvRange = 2.0;
+
+// Elements above the diagonal of the (T,T) matrices of att that are not
+// exactly 0.
+testing::AssertionResult future_masked(const std::vector<float>& att, int T) {
+  size_t bad = 0;
+  for (size_t m = 0; m < att.size(); m += size_t(T) * T)
+    for (int t = 0; t < T; ++t)
+      for (int s = t + 1; s < T; ++s) bad += att[m + size_t(t) * T + s] != 0.0f;
+  if (bad == 0) return testing::AssertionSuccess();
+  return testing::AssertionFailure() << bad << " probabilities above the diagonal are not 0";
+}
+
+// out and the probabilities att, which are exactly 0 above the diagonal.
+TEST_F(CudaOps, AttentionForward) {
+  for (const AttentionCase& k : kAttentionCases) {
+    SCOPED_TRACE(k.str());
+    const int B = k.B, T = k.T, C = k.C, NH = k.NH;
+    Both<float> qkv = input(size_t(B) * T * 3 * C, -kQkvRange, kQkvRange);
+    Both<float> out = output(size_t(B) * T * C), att = output(size_t(B) * NH * T * T);
+    run_both([&] { ops::attention_forward<float>(out.c(), att.c(), qkv.c(), B, T, C, NH); },
+             [&] { cuda::attention_forward(out.g(), att.g(), qkv.g(), B, T, C, NH, stream_); });
+    EXPECT_TRUE(matches(out, kTol));
+    EXPECT_TRUE(matches(att, kTol));
+    EXPECT_TRUE(future_masked(att.gpu(), T));
+  }
+}
+
+// dq, dk and dv (compared one by one: dv is larger than dq and dk, and would
+// hide their errors in one norm) from the probabilities of the CPU forward;
+// datt is scratch, NaN before.
+TEST_F(CudaOps, AttentionBackward) {
+  for (const AttentionCase& k : kAttentionCases) {
+    SCOPED_TRACE(k.str());
+    const int B = k.B, T = k.T, C = k.C, NH = k.NH;
+    std::vector<float> qkv_v = uniform(size_t(B) * T * 3 * C, next_seed(), -kQkvRange, kQkvRange);
+    std::vector<float> out_v(size_t(B) * T * C), att_v(size_t(B) * NH * T * T);
+    ops::attention_forward<float>(out_v.data(), att_v.data(), qkv_v.data(), B, T, C, NH);
+    Both<float> qkv(std::move(qkv_v)), att(std::move(att_v));
+    Both<float> dout = input(size_t(B) * T * C);
+    Both<float> dqkv = gradient(size_t(B) * T * 3 * C), datt = output(size_t(B) * NH * T * T);
+    run_both(
+        [&] {
+          ops::attention_backward<float>(dqkv.c(), datt.c(), dout.c(), qkv.c(), att.c(), B, T, C,
+                                         NH);
+        },
+        [&] {
+          cuda::attention_backward(dqkv.g(), datt.g(), dout.g(), qkv.g(), att.g(), B, T, C, NH,
+                                   stream_);
+        });
+    const size_t C3 = 3 * size_t(C);
+    EXPECT_TRUE(matches_columns(dqkv, C3, 0, C, kTol)) << "dq";
+    EXPECT_TRUE(matches_columns(dqkv, C3, C, 2 * size_t(C), kTol)) << "dk";
+    EXPECT_TRUE(matches_columns(dqkv, C3, 2 * size_t(C), C3, kTol)) << "dv";
+  }
+}
+
+// ---- residual ---------------------------------------------------------------------------
+
+const size_t kResidualSizes[] = {1, 5, 4097, (size_t(1) << 20) + 3};
+
+// out = a + b: one addition per element, the same bits.
+TEST_F(CudaOps, ResidualForward) {
+  for (size_t n : kResidualSizes) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    Both<float> a = input(n), b = input(n), out = output(n);
+    run_both([&] { ops::residual_forward<float>(out.c(), a.c(), b.c(), n); },
+             [&] { cuda::residual_forward(out.g(), a.g(), b.g(), n, stream_); });
+    EXPECT_TRUE(matches(out, kExact));
+  }
+}
+
+// da += dout and db += dout, exactly.
+TEST_F(CudaOps, ResidualBackward) {
+  for (size_t n : kResidualSizes) {
+    SCOPED_TRACE("n=" + std::to_string(n));
+    Both<float> dout = input(n), da = gradient(n), db = gradient(n);
+    run_both([&] { ops::residual_backward<float>(da.c(), db.c(), dout.c(), n); },
+             [&] { cuda::residual_backward(da.g(), db.g(), dout.g(), n, stream_); });
+    EXPECT_TRUE(matches(da, kExact));
+    EXPECT_TRUE(matches(db, kExact));
+  }
+}
+
+// ---- vocabulary-parallel cross-entropy --------------------------------------------------
+
+struct XentCase {
+  int N, V, Vl, v0;
+  // This rank's real (unpadded) columns: [0, nreal).
+  int nreal() const { return std::clamp(V - v0, 0, Vl); }
+  std::string str() const {
+    return "N=" + std::to_string(N) + " V=" + std::to_string(V) + " Vl=" + std::to_string(Vl) +
+           " v0=" + std::to_string(v0);
+  }
+};
+const XentCase kXentCases[] = {
+    {3, 50257, 50304, 0},  // GPT-2 on one rank: 47 padding columns
+    {1, 7, 64, 0},         // one row, mostly padding
+    {37, 1000, 512, 0},    // first of two ranks: no padding
+    {37, 1000, 512, 512},  // second of two: 24 padding columns
+    {9, 100, 64, 64},      // 36 real columns, 28 padding
+    {9, 100, 64, 128},     // padding only (v0 >= V)
+    {6, 30, 33, 0},        // Vl odd: rows not 16-byte aligned
+};
+
+// Logits of this rank: real columns uniform in [-4, 4], padding columns near
+// 1000, which would win the max and overflow exp if they took part.
+std::vector<float> xent_logits(const XentCase& k, uint64_t seed) {
+  std::vector<float> l = uniform(size_t(k.N) * k.Vl, seed, -4.0, 4.0);
+  for (int n = 0; n < k.N; ++n)
+    for (int v = k.nreal(); v < k.Vl; ++v) l[size_t(n) * k.Vl + v] += 1000.0f;
+  return l;
+}
+
+// Targets in [0, V): every other row on this rank's real columns (where it
+// has any), the others anywhere in [0, V).
+std::vector<int32_t> xent_targets(const XentCase& k, uint64_t seed) {
+  std::vector<int32_t> t = uniform_ints(k.N, seed, 0, k.V);
+  const std::vector<int32_t> on =
+      k.nreal() > 0 ? uniform_ints(k.N, seed + 1, k.v0, k.v0 + k.nreal()) : std::vector<int32_t>();
+  for (int n = 0; n < k.N && !on.empty(); n += 2) t[n] = on[n];
+  return t;
+}
+
+// The row maxima after the MAX over the group: the local one, or another
+// rank's larger one (finite also where this rank holds only padding).
+std::vector<float> group_max(const XentCase& k, const std::vector<float>& logits, uint64_t seed) {
+  std::vector<float> mx(k.N);
+  ops::xent_local_max<float>(mx.data(), logits.data(), k.N, k.Vl, k.v0, k.V);
+  const std::vector<float> other = uniform(k.N, seed, -1.0, 5.0);
+  for (int n = 0; n < k.N; ++n) mx[n] = std::max(mx[n], other[n]);
+  return mx;
+}
+
+// The max of the real columns only, exactly; -inf on a rank of padding only.
+TEST_F(CudaOps, XentLocalMax) {
+  for (const XentCase& k : kXentCases) {
+    SCOPED_TRACE(k.str());
+    Both<float> logits(xent_logits(k, next_seed())), rowmax = output(k.N);
+    run_both([&] { ops::xent_local_max<float>(rowmax.c(), logits.c(), k.N, k.Vl, k.v0, k.V); },
+             [&] { cuda::xent_local_max(rowmax.g(), logits.g(), k.N, k.Vl, k.v0, k.V, stream_); });
+    EXPECT_TRUE(matches(rowmax, kExact));
+  }
+}
+
+// sums(N,2): the sum of exp over the real columns (a reduction), and the
+// target's logit where the rank holds it, else 0 (a copy, exact).
+TEST_F(CudaOps, XentLocalSums) {
+  for (const XentCase& k : kXentCases) {
+    SCOPED_TRACE(k.str());
+    std::vector<float> l = xent_logits(k, next_seed());
+    Both<float> rowmax(group_max(k, l, next_seed()));
+    Both<float> logits(std::move(l)), sums = output(2 * size_t(k.N));
+    Both<int32_t> targets(xent_targets(k, next_seed()));
+    run_both(
+        [&] {
+          ops::xent_local_sums<float>(sums.c(), logits.c(), rowmax.c(), targets.c(), k.N, k.Vl,
+                                      k.v0, k.V);
+        },
+        [&] {
+          cuda::xent_local_sums(sums.g(), logits.g(), rowmax.g(), targets.g(), k.N, k.Vl, k.v0, k.V,
+                                stream_);
+        });
+    EXPECT_TRUE(matches_columns(sums, 2, 0, 1, kTolVocabSum)) << "sum of exp";
+    EXPECT_TRUE(matches_columns(sums, 2, 1, 2, kExact)) << "target logit";
+  }
+}
+
+// losses = log(sum) + max - target logit, from reduced sums and maxima.
+TEST_F(CudaOps, XentLosses) {
+  for (int N : {1, 37, 4099}) {
+    SCOPED_TRACE("N=" + std::to_string(N));
+    const std::vector<float> s = uniform(N, next_seed(), 1.0, 1e4),
+                             t = uniform(N, next_seed(), -4.0, 4.0);
+    std::vector<float> sums_v(2 * size_t(N));
+    for (int n = 0; n < N; ++n) sums_v[2 * n] = s[n], sums_v[2 * n + 1] = t[n];
+    Both<float> rowmax = input(N, -1.0, 5.0), sums(std::move(sums_v)), losses = output(N);
+    run_both([&] { ops::xent_losses<float>(losses.c(), rowmax.c(), sums.c(), N); },
+             [&] { cuda::xent_losses(losses.g(), rowmax.g(), sums.g(), N, stream_); });
+    EXPECT_TRUE(matches(losses, kTol));
+  }
+}
+
+// Padding columns of dlogits that are not exactly 0.
+testing::AssertionResult padding_zero(const std::vector<float>& d, const XentCase& k) {
+  size_t bad = 0;
+  for (int n = 0; n < k.N; ++n)
+    for (int v = k.nreal(); v < k.Vl; ++v) bad += d[size_t(n) * k.Vl + v] != 0.0f;
+  if (bad == 0) return testing::AssertionSuccess();
+  return testing::AssertionFailure() << bad << " padding columns of dlogits are not exactly 0";
+}
+
+// In place: logits become (softmax - onehot(target)) * dloss on the real
+// columns, exactly 0 on the padding ones.
+TEST_F(CudaOps, XentLocalBackward) {
+  for (const XentCase& k : kXentCases) {
+    SCOPED_TRACE(k.str());
+    std::vector<float> l = xent_logits(k, next_seed());
+    const std::vector<int32_t> t = xent_targets(k, next_seed());
+    // The group's max and sums: this rank's part plus the other ranks' (a
+    // positive sum of exp of their own).
+    const std::vector<float> mx = group_max(k, l, next_seed());
+    std::vector<float> sums_v(2 * size_t(k.N));
+    ops::xent_local_sums<float>(sums_v.data(), l.data(), mx.data(), t.data(), k.N, k.Vl, k.v0, k.V);
+    const std::vector<float> others = uniform(k.N, next_seed(), 0.5, 20.0);
+    for (int n = 0; n < k.N; ++n) sums_v[2 * n] += others[n];
+    Both<float> rowmax(mx), sums(std::move(sums_v)), dlosses = input(k.N);
+    Both<int32_t> targets(t);
+    Both<float> dlogits(std::move(l));  // logits in, dlogits out
+    run_both(
+        [&] {
+          ops::xent_local_backward<float>(dlogits.c(), rowmax.c(), sums.c(), dlosses.c(),
+                                          targets.c(), k.N, k.Vl, k.v0, k.V);
+        },
+        [&] {
+          cuda::xent_local_backward(dlogits.g(), rowmax.g(), sums.g(), dlosses.g(), targets.g(),
+                                    k.N, k.Vl, k.v0, k.V, stream_);
+        });
+    EXPECT_TRUE(matches(dlogits, kTol));
+    EXPECT_TRUE(padding_zero(dlogits.gpu(), k));
+  }
+}
+
+}  // namespace
