@@ -47,13 +47,6 @@ cublasHandle_t blas_handle(cudaStream_t stream) {
 
 cublasOperation_t op(bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
-// Row-major C(M,N) = alpha op(A) op(B) + beta C, as ops::gemm on the CPU.
-void gemm_rm(cudaStream_t stream, bool ta, bool tb, int M, int N, int K, float alpha,
-             const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) {
-  CUBLAS_CHECK(cublasSgemm(blas_handle(stream), op(tb), op(ta), N, M, K, &alpha, B, ldb, A, lda,
-                           &beta, C, ldc));
-}
-
 // out(N,OC) = bias, row by row.
 __global__ void broadcast_bias_kernel(float* out, const float* bias, int N, int OC) {
   const size_t total = size_t(N) * OC;
@@ -117,7 +110,12 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, co
   }
 }
 
-// Declared in cuda/blas.cuh for the other GEMM users of cuda/ (attention).
+void gemm_rm(cudaStream_t stream, bool ta, bool tb, int M, int N, int K, float alpha,
+             const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  CUBLAS_CHECK(cublasSgemm(blas_handle(stream), op(tb), op(ta), N, M, K, &alpha, B, ldb, A, lda,
+                           &beta, C, ldc));
+}
+
 void gemm_strided_batched_rm(cudaStream_t stream, bool ta, bool tb, int M, int N, int K,
                              float alpha, const float* A, int lda, long long strideA,
                              const float* B, int ldb, long long strideB, float beta, float* C,

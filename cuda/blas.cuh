@@ -5,6 +5,9 @@
 
 namespace meshlm::cuda {
 
+// Row-major C(M,N) = alpha op(A) op(B) + beta C, as ops::gemm on the CPU.
+void gemm_rm(cudaStream_t stream, bool ta, bool tb, int M, int N, int K, float alpha,
+             const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc);
 // For b in [0, batch): row-major C_b(M,N) = alpha op(A_b) op(B_b) + beta C_b,
 // with X_b = X + b * strideX (elements), as ops::gemm on the CPU, on `stream`.
 void gemm_strided_batched_rm(cudaStream_t stream, bool ta, bool tb, int M, int N, int K,

@@ -171,6 +171,14 @@ __global__ void residual_backward_kernel(float* da, float* db, const float* dout
   }
 }
 
+__global__ void add_kernel(float* y, const float* x, size_t n) {
+  MESHLM_FOR_EACH(i, n) y[i] += x[i];
+}
+
+__global__ void add_bias_kernel(float* out, const float* bias, int N, int C) {
+  MESHLM_FOR_EACH(i, size_t(N) * C) out[i] += bias[i % C];
+}
+
 // ---------------------------------------------------------------------------
 // vocabulary-parallel cross-entropy: a block per row of logits
 // ---------------------------------------------------------------------------
@@ -310,6 +318,20 @@ void residual_backward(float* da, float* db, const float* dout, size_t n, cudaSt
   if (n == 0) return;
   check_launch(da && db && dout, "residual_backward", "n = " + std::to_string(n));
   residual_backward_kernel<<<grid_for(n), kThreads, 0, stream>>>(da, db, dout, n);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void add(float* y, const float* x, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  check_launch(y && x, "add", "n = " + std::to_string(n));
+  add_kernel<<<grid_for(n), kThreads, 0, stream>>>(y, x, n);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void add_bias(float* out, const float* bias, int N, int C, cudaStream_t stream) {
+  if (N == 0 || C == 0) return;
+  check_launch(out && bias && N > 0 && C > 0, "add_bias", dims(N, C));
+  add_bias_kernel<<<grid_for(size_t(N) * C), kThreads, 0, stream>>>(out, bias, N, C);
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -99,6 +99,10 @@ void residual_forward(float* out, const float* a, const float* b, size_t n, cuda
 // da += dout; db += dout
 void residual_backward(float* da, float* db, const float* dout, size_t n, cudaStream_t stream);
 
+// y(n) += x(n);  out(N,C) += bias(C) on every row
+void add(float* y, const float* x, size_t n, cudaStream_t stream);
+void add_bias(float* out, const float* bias, int N, int C, cudaStream_t stream);
+
 // ---- vocabulary-parallel softmax cross-entropy (ops::xent_*) ----------------------------
 void xent_local_max(float* rowmax, const float* logits, int N, int Vl, int v0, int V,
                     cudaStream_t stream);

@@ -16,7 +16,11 @@ std::vector<ParamSpec> trainable_table(const GPTConfig& cfg, const ModelShard& s
 
 GPT::GPT(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts,
          comm::Communicator* tp)
-    : cfg_(cfg), shard_(shard), opts_(opts), tp_(tp, nullptr) {
+    : cfg_(cfg),
+      shard_(shard),
+      opts_(opts),
+      k_(opts.kernels != nullptr ? opts.kernels : &ops::Kernels::cpu()),
+      tp_(tp, nullptr) {
   cfg_.validate();
   if (shard_.layer_end < 0) shard_.layer_end = cfg_.n_layer;
   MESHLM_CHECK(shard_.tp_size == 1 || (tp != nullptr && tp->size() == shard_.tp_size),
@@ -216,7 +220,7 @@ const float* GPT::stage_output(int slot) const {
 }
 
 void GPT::zero_grads() {
-  if (opts_.own_grads) std::memset(grads(), 0, padded_params_ * sizeof(float));
+  if (opts_.own_grads) k_->zero(grads(), padded_params_);
 }
 
 }  // namespace meshlm

@@ -26,6 +26,7 @@
 #include "model/lora.h"
 #include "model/param_table.h"
 #include "model/tp_region.h"
+#include "ops/kernels.h"
 #include "quant/qlinear.h"
 
 namespace meshlm {
@@ -169,6 +170,7 @@ private:
   GPTConfig cfg_;
   ModelShard shard_;
   GPTOptions opts_;
+  const ops::Kernels* k_;  // opts_.kernels, or the CPU backend
   TPRegion tp_;
   int n_local_ = 0;  // layers of this stage
   // base_table_ indices, found by role: the tensors outside the blocks (-1

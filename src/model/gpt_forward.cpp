@@ -4,19 +4,10 @@
 
 #include "core/error.h"
 #include "model/gpt.h"
-#include "ops/ops.h"
 
 namespace meshlm {
 
 namespace {
-void add_bias(float* out, const float* bias, int N, int C) {
-#pragma omp parallel for schedule(static)
-  for (int n = 0; n < N; ++n) {
-    float* o = out + static_cast<size_t>(n) * C;
-    for (int c = 0; c < C; ++c) o[c] += bias[c];
-  }
-}
-
 void check_ids(const int32_t* ids, int N, int V, const char* what) {
   for (int i = 0; i < N; ++i) {
     if (ids[i] < 0 || ids[i] >= V)
@@ -39,26 +30,26 @@ void GPT::block_forward(int l, const BlockTensors& w, BlockActs& a, const float*
   const int Fl = 4 * C / tp, N = B * Tn;
   const size_t NC = static_cast<size_t>(N) * C;
   const bool split = tp > 1;
-  ops::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1w, w.ln1b, N, C);
+  k_->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1w, w.ln1b, N, C);
   tp_.copy_to_region_forward(a.ln1, NC);
   linear_forward(l, LinearSlot::qkv, a.qkv, a.ln1, w.qkvw, w.qkvb, N, C, 3 * Cl);
-  ops::attention_forward(a.atty, a.att, a.qkv, B, Tn, Cl, NHl);
+  k_->attention_forward(a.atty, a.att, a.qkv, B, Tn, Cl, NHl);
   linear_forward(l, LinearSlot::attn_out, a.attproj, a.atty, w.attprojw, split ? nullptr : w.attprojb, N, Cl, C);
   if (split) {
     tp_.reduce_from_region_forward(a.attproj, NC);
-    add_bias(a.attproj, w.attprojb, N, C);
+    k_->add_bias(a.attproj, w.attprojb, N, C);
   }
-  ops::residual_forward(a.res2, x, a.attproj, NC);
-  ops::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2w, w.ln2b, N, C);
+  k_->residual_forward(a.res2, x, a.attproj, NC);
+  k_->layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2w, w.ln2b, N, C);
   tp_.copy_to_region_forward(a.ln2, NC);
   linear_forward(l, LinearSlot::mlp_up, a.fch, a.ln2, w.fcw, w.fcb, N, C, Fl);
-  ops::gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * Fl);
+  k_->gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * Fl);
   linear_forward(l, LinearSlot::mlp_down, a.fcproj, a.fch_gelu, w.fcprojw, split ? nullptr : w.fcprojb, N, Fl, C);
   if (split) {
     tp_.reduce_from_region_forward(a.fcproj, NC);
-    add_bias(a.fcproj, w.fcprojb, N, C);
+    k_->add_bias(a.fcproj, w.fcprojb, N, C);
   }
-  ops::residual_forward(a.res3, a.res2, a.fcproj, NC);
+  k_->residual_forward(a.res3, a.res2, a.fcproj, NC);
 }
 
 float GPT::forward(int slot, const int32_t* tokens, const int32_t* targets, int B, int Tn) {
@@ -82,14 +73,14 @@ float GPT::forward(int slot, const int32_t* tokens, const int32_t* targets, int 
           std::memset(o, 0, C * sizeof(float));
       }
     } else {
-      ops::embedding_forward(s.input, tokens, p.wte, N, C, v0, Vl);
+      k_->embedding_forward(s.input, tokens, p.wte, N, C, v0, Vl);
     }
     tp_.reduce_from_region_forward(s.input, static_cast<size_t>(N) * C);
     if (const quant::QSlice* q = qbase(idx_wpe_)) {
       quant::dequantize_rows(*q, 0, Tn, gacts_.wpe_rows);
-      ops::position_forward(s.input, static_cast<const float*>(gacts_.wpe_rows), B, Tn, C);
+      k_->position_forward(s.input, static_cast<const float*>(gacts_.wpe_rows), B, Tn, C);
     } else {
-      ops::position_forward(s.input, p.wpe, B, Tn, C);
+      k_->position_forward(s.input, p.wpe, B, Tn, C);
     }
   }
   const float* x = s.input;
@@ -102,19 +93,19 @@ float GPT::forward(int slot, const int32_t* tokens, const int32_t* targets, int 
 
   check_ids(targets, N, V, "target");
   s.targets.assign(targets, targets + N);
-  ops::layernorm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, x, p.lnfw, p.lnfb, N, C);
+  k_->layernorm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, x, p.lnfw, p.lnfb, N, C);
   tp_.copy_to_region_forward(s.lnf, static_cast<size_t>(N) * C);
   // lm_head tied to wte, vocabulary-parallel: logits(N,Vl) = lnf(N,C) wte_part(Vl,C)^T;
   // the softmax is assembled from two small reductions, never from all logits.
   if (const quant::QSlice* q = qbase(idx_wte_))
     quant::qlinear_forward(s.logits, s.lnf, *q, nullptr, N, gacts_.qtile);
   else
-    ops::matmul_forward<float>(s.logits, s.lnf, p.wte, nullptr, N, C, Vl);
-  ops::xent_local_max(s.xent_max, s.logits, N, Vl, v0, V);
+    k_->matmul_forward(s.logits, s.lnf, p.wte, nullptr, N, C, Vl);
+  k_->xent_local_max(s.xent_max, s.logits, N, Vl, v0, V);
   tp_.max_over_region(s.xent_max, N);
-  ops::xent_local_sums(s.xent_sums, s.logits, s.xent_max, targets, N, Vl, v0, V);
+  k_->xent_local_sums(s.xent_sums, s.logits, s.xent_max, targets, N, Vl, v0, V);
   tp_.sum_over_region(s.xent_sums, 2 * static_cast<size_t>(N));
-  ops::xent_losses(s.losses, s.xent_max, s.xent_sums, N);
+  k_->xent_losses(s.losses, s.xent_max, s.xent_sums, N);
   double sum = 0;
   for (int i = 0; i < N; ++i) sum += s.losses[i];
   return static_cast<float>(sum / N);
@@ -133,25 +124,25 @@ void GPT::backward(int slot, float loss_scale) {
   // Gradients of base tensors: none when the base is frozen (LoRA).
   const bool frozen = opts_.lora.enabled;
   auto gat = [&](size_t i) { return frozen ? nullptr : grad_at(i); };
-  auto zero = [](float* a, size_t n) { std::memset(a, 0, n * sizeof(float)); };
+  auto zero = [this](float* a, size_t n) { k_->zero(a, n); };
   const bool full = opts_.checkpointing == Checkpointing::full;
 
   if (shard_.last_stage) {
     // Loss = loss_scale * mean_n losses[n]
     const float dl = loss_scale / static_cast<float>(N);
     for (int i = 0; i < N; ++i) gacts_.dlosses[i] = dl;
-    ops::xent_local_backward(s.logits, s.xent_max, s.xent_sums, gacts_.dlosses, s.targets.data(),
+    k_->xent_local_backward(s.logits, s.xent_max, s.xent_sums, gacts_.dlosses, s.targets.data(),
                              N, Vl, v0, V);
     // lm_head: dlnf = dlogits wte_part summed over TP; dwte_part += dlogits^T lnf
     zero(gacts_.dln, NC);
     if (const quant::QSlice* q = qbase(idx_wte_))
       quant::qlinear_backward_input(gacts_.dln, s.logits, *q, N, gacts_.qtile);
     else
-      ops::matmul_backward<float>(gacts_.dln, grad_at(idx_wte_), nullptr, s.logits, s.lnf, p.wte,
+      k_->matmul_backward(gacts_.dln, grad_at(idx_wte_), nullptr, s.logits, s.lnf, p.wte,
                                   N, C, Vl);
     tp_.copy_to_region_backward(gacts_.dln, NC);
     zero(gacts_.dres, NC);
-    ops::layernorm_backward(gacts_.dres, gat(idx_lnfw_), gat(idx_lnfb_), gacts_.dln,
+    k_->layernorm_backward(gacts_.dres, gat(idx_lnfw_), gat(idx_lnfb_), gacts_.dln,
                             stage_output(slot), p.lnfw, s.lnf_mean, s.lnf_rstd, N, C);
   }
   // dres holds d loss / d (output of block l); walking down, the residual
@@ -169,11 +160,11 @@ void GPT::backward(int slot, float loss_scale) {
     linear_backward(l, LinearSlot::mlp_down, gacts_.dfch_gelu, gw.fcprojw, gw.fcprojb, gacts_.dres, a.fch_gelu,
                     w.fcprojw, N, Fl, C);
     zero(gacts_.dfch, static_cast<size_t>(N) * Fl);
-    ops::gelu_backward(gacts_.dfch, a.fch, gacts_.dfch_gelu, static_cast<size_t>(N) * Fl);
+    k_->gelu_backward(gacts_.dfch, a.fch, gacts_.dfch_gelu, static_cast<size_t>(N) * Fl);
     zero(gacts_.dln, NC);
     linear_backward(l, LinearSlot::mlp_up, gacts_.dln, gw.fcw, gw.fcb, gacts_.dfch, a.ln2, w.fcw, N, C, Fl);
     tp_.copy_to_region_backward(gacts_.dln, NC);
-    ops::layernorm_backward(gacts_.dres, gw.ln2w, gw.ln2b, gacts_.dln, a.res2, w.ln2w, a.ln2_mean,
+    k_->layernorm_backward(gacts_.dres, gw.ln2w, gw.ln2b, gacts_.dln, a.res2, w.ln2w, a.ln2_mean,
                             a.ln2_rstd, N, C);
 
     // Attention branch: res2 = x + c_proj(attn(c_attn(ln_1(x))))
@@ -182,18 +173,18 @@ void GPT::backward(int slot, float loss_scale) {
     linear_backward(l, LinearSlot::attn_out, gacts_.datty, gw.attprojw, gw.attprojb, gacts_.dres, a.atty,
                     w.attprojw, N, Cl, C);
     zero(gacts_.dqkv, static_cast<size_t>(N) * 3 * Cl);
-    ops::attention_backward(gacts_.dqkv, gacts_.datt, gacts_.datty, a.qkv, a.att, B, Tn, Cl, NHl);
+    k_->attention_backward(gacts_.dqkv, gacts_.datt, gacts_.datty, a.qkv, a.att, B, Tn, Cl, NHl);
     zero(gacts_.dln, NC);
     linear_backward(l, LinearSlot::qkv, gacts_.dln, gw.qkvw, gw.qkvb, gacts_.dqkv, a.ln1, w.qkvw, N, C, 3 * Cl);
     tp_.copy_to_region_backward(gacts_.dln, NC);
-    ops::layernorm_backward(gacts_.dres, gw.ln1w, gw.ln1b, gacts_.dln, x, w.ln1w, a.ln1_mean,
+    k_->layernorm_backward(gacts_.dres, gw.ln1w, gw.ln1b, gacts_.dln, x, w.ln1w, a.ln1_mean,
                             a.ln1_rstd, N, C);
     if (block_done_) block_done_(shard_.layer_begin + l);
   }
   if (shard_.first_stage && !frozen) {
     tp_.reduce_from_region_backward(gacts_.dres, NC);
-    ops::embedding_backward(grad_at(idx_wte_), gacts_.dres, s.tokens.data(), N, C, v0, Vl);
-    ops::position_backward(grad_at(idx_wpe_), gacts_.dres, B, Tn, C);
+    k_->embedding_backward(grad_at(idx_wte_), gacts_.dres, s.tokens.data(), N, C, v0, Vl);
+    k_->position_backward(grad_at(idx_wpe_), gacts_.dres, B, Tn, C);
   }
   // logits now hold dlogits: a second backward() needs a new forward().
   s.forwarded = false;

@@ -1,9 +1,6 @@
 // GPT: the dispatch of one linear layer of a block — its fp32 weight, or its
 // frozen quantized base under LoRA, plus the layer's adapter when it has one.
-#include <cstring>
-
 #include "model/gpt.h"
-#include "ops/ops.h"
 
 namespace meshlm {
 
@@ -13,13 +10,13 @@ void GPT::linear_forward(int l, LinearSlot slot, float* out, const float* inp, c
   if (const quant::QSlice* q = qbase(linear_index_[l][t]))
     quant::qlinear_forward(out, inp, *q, bias, N, gacts_.qtile);
   else
-    ops::matmul_forward(out, inp, w, bias, N, IC, OC);
+    k_->matmul_forward(out, inp, w, bias, N, IC, OC);
   const AdapterIndex ai = adapter_[l][t];
   if (ai.a < 0) return;
   // Column-parallel: u = x A^T is whole on every rank, B's rows are this
   // rank's outputs. Row-parallel: u is this rank's partial sum, and so is
   // s u B^T, which the sum over the group completes, like x W^T.
-  lora_forward(out, inp, params() + table_[ai.a].offset, params() + table_[ai.b].offset,
+  lora_forward(*k_, out, inp, params() + table_[ai.a].offset, params() + table_[ai.b].offset,
                opts_.lora.scale(), N, IC, OC, opts_.lora.rank, gacts_.lora_u);
 }
 
@@ -30,7 +27,7 @@ void GPT::linear_backward(int l, LinearSlot slot, float* dinp, float* dw, float*
   if (const quant::QSlice* q = qbase(linear_index_[l][t]))
     quant::qlinear_backward_input(dinp, dout, *q, N, gacts_.qtile);  // frozen: no dW, no dbias
   else
-    ops::matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC);
+    k_->matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC);
   const AdapterIndex ai = adapter_[l][t];
   if (ai.a < 0) return;
   const ParamSpec &sa = table_[ai.a], &sb = table_[ai.b];
@@ -42,16 +39,16 @@ void GPT::linear_backward(int l, LinearSlot slot, float* dinp, float* dw, float*
   float* dA = grad_at(ai.a);
   float* dB = grad_at(ai.b);
   float* tmp = gacts_.lora_tmp;
-  if (a_partial) std::memset(tmp, 0, sa.numel() * sizeof(float));
-  if (b_partial) std::memset(tmp, 0, sb.numel() * sizeof(float));
-  lora_backward(dinp, a_partial ? tmp : dA, b_partial ? tmp : dB, dout, inp,
+  if (a_partial) k_->zero(tmp, sa.numel());
+  if (b_partial) k_->zero(tmp, sb.numel());
+  lora_backward(*k_, dinp, a_partial ? tmp : dA, b_partial ? tmp : dB, dout, inp,
                 params() + sa.offset, params() + sb.offset, opts_.lora.scale(), N, IC, OC,
                 opts_.lora.rank, gacts_.lora_u, gacts_.lora_du);
   if (a_partial || b_partial) {
     const size_t n = a_partial ? sa.numel() : sb.numel();
     float* g = a_partial ? dA : dB;
     tp_.sum_over_region(tmp, n);
-    for (size_t i = 0; i < n; ++i) g[i] += tmp[i];
+    k_->add(g, tmp, n);
   }
 }
 

@@ -9,6 +9,10 @@
 #include "core/enum_names.h"
 #include "model/lora.h"
 
+namespace meshlm::ops {
+class Kernels;  // ops/kernels.h
+}
+
 namespace meshlm {
 
 // parallel.activation_checkpointing: what a pipeline slot keeps of a block.
@@ -30,6 +34,8 @@ struct GPTOptions {
   size_t pad_multiple = 1;  // flat buffers padded to a multiple of this (ZeRO shards)
   bool own_grads = true;    // false: gradients go where set_grad_target() says (ZeRO-2)
   LoraOptions lora;         // enabled: the base is frozen (attach_base) and only adapters train
+  // The backend of the ops (it must outlive the model); null = ops::Kernels::cpu().
+  const ops::Kernels* kernels = nullptr;
 };
 
 }  // namespace meshlm

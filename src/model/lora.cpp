@@ -4,7 +4,7 @@
 
 #include "core/error.h"
 #include "model/param_table.h"
-#include "ops/blas.h"
+#include "ops/kernels.h"
 
 namespace meshlm {
 
@@ -53,20 +53,20 @@ std::vector<ParamSpec> lora_param_table(const GPTConfig& cfg, const ModelShard& 
   return t.take();
 }
 
-void lora_forward(float* out, const float* inp, const float* A, const float* B, float s, int N,
-                  int IC, int OC, int r, float* u) {
-  ops::gemm(false, true, N, r, IC, 1.0f, inp, IC, A, IC, 0.0f, u, r);    // u = inp A^T
-  ops::gemm(false, true, N, OC, r, s, u, r, B, r, 1.0f, out, OC);        // out += s u B^T
+void lora_forward(const ops::Kernels& k, float* out, const float* inp, const float* A,
+                  const float* B, float s, int N, int IC, int OC, int r, float* u) {
+  k.gemm(false, true, N, r, IC, 1.0f, inp, IC, A, IC, 0.0f, u, r);  // u = inp A^T
+  k.gemm(false, true, N, OC, r, s, u, r, B, r, 1.0f, out, OC);      // out += s u B^T
 }
 
-void lora_backward(float* dinp, float* dA, float* dB, const float* dout, const float* inp,
-                   const float* A, const float* B, float s, int N, int IC, int OC, int r, float* u,
-                   float* du) {
-  ops::gemm(false, true, N, r, IC, 1.0f, inp, IC, A, IC, 0.0f, u, r);    // u = inp A^T
-  if (dB) ops::gemm(true, false, OC, r, N, s, dout, OC, u, r, 1.0f, dB, r);  // dB += s dout^T u
-  ops::gemm(false, false, N, r, OC, s, dout, OC, B, r, 0.0f, du, r);     // du = s dout B
-  if (dA) ops::gemm(true, false, r, IC, N, 1.0f, du, r, inp, IC, 1.0f, dA, IC);  // dA += du^T inp
-  if (dinp) ops::gemm(false, false, N, IC, r, 1.0f, du, r, A, IC, 1.0f, dinp, IC);  // dinp += du A
+void lora_backward(const ops::Kernels& k, float* dinp, float* dA, float* dB, const float* dout,
+                   const float* inp, const float* A, const float* B, float s, int N, int IC, int OC,
+                   int r, float* u, float* du) {
+  k.gemm(false, true, N, r, IC, 1.0f, inp, IC, A, IC, 0.0f, u, r);                  // u = inp A^T
+  if (dB) k.gemm(true, false, OC, r, N, s, dout, OC, u, r, 1.0f, dB, r);            // dB += s dout^T u
+  k.gemm(false, false, N, r, OC, s, dout, OC, B, r, 0.0f, du, r);                   // du = s dout B
+  if (dA) k.gemm(true, false, r, IC, N, 1.0f, du, r, inp, IC, 1.0f, dA, IC);        // dA += du^T inp
+  if (dinp) k.gemm(false, false, N, IC, r, 1.0f, du, r, A, IC, 1.0f, dinp, IC);     // dinp += du A
 }
 
 }  // namespace meshlm

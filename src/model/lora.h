@@ -26,6 +26,7 @@
 #include "core/enum_names.h"
 #include "model/gpt_config.h"
 #include "model/linear_slot.h"
+#include "ops/kernels.h"
 
 namespace meshlm {
 
@@ -71,13 +72,13 @@ std::vector<ParamSpec> lora_param_table(const GPTConfig& cfg, const ModelShard& 
 
 // out(N, OC) += s * (inp(N, IC) A^T) B^T. u (N, r) is scratch and holds
 // inp A^T afterwards.
-void lora_forward(float* out, const float* inp, const float* A, const float* B, float s, int N,
-                  int IC, int OC, int r, float* u);
+void lora_forward(const ops::Kernels& k, float* out, const float* inp, const float* A,
+                  const float* B, float s, int N, int IC, int OC, int r, float* u);
 // Backward of lora_forward: dinp += du A, dA += du^T inp, dB += s dout^T u
 // with u = inp A^T (recomputed here into `u`) and du = s dout B (left in `du`).
 // Any of dinp, dA, dB may be null.
-void lora_backward(float* dinp, float* dA, float* dB, const float* dout, const float* inp,
-                   const float* A, const float* B, float s, int N, int IC, int OC, int r, float* u,
-                   float* du);
+void lora_backward(const ops::Kernels& k, float* dinp, float* dA, float* dB, const float* dout,
+                   const float* inp, const float* A, const float* B, float s, int N, int IC, int OC,
+                   int r, float* u, float* du);
 
 }  // namespace meshlm

@@ -1,0 +1,15 @@
+// The CUDA backend behind ops::Kernels (ops/kernels.h): every op of
+// cuda/ops_cuda.h queued on one stream, pointers in device memory.
+#pragma once
+
+#include <memory>
+
+#include "cuda/ops_cuda.h"
+#include "ops/kernels.h"
+
+namespace meshlm::cuda {
+
+// Kernels on `stream` (which must outlive them) of the current device.
+std::unique_ptr<ops::Kernels> make_kernels(cudaStream_t stream);
+
+}  // namespace meshlm::cuda

@@ -1,0 +1,110 @@
+// Kernels::cpu(): the CPU ops of ops/ops.h behind the Kernels interface.
+#include "ops/kernels.h"
+
+#include <cstring>
+
+#include "ops/blas.h"
+#include "ops/ops.h"
+
+namespace meshlm::ops {
+
+namespace {
+
+class CpuKernels final : public Kernels {
+public:
+  Device device() const override { return Device::cpu; }
+
+  void embedding_forward(float* out, const int32_t* tokens, const float* wte_part, int N, int C,
+                         int v0, int Vl) const override {
+    ops::embedding_forward(out, tokens, wte_part, N, C, v0, Vl);
+  }
+  void embedding_backward(float* dwte_part, const float* dout, const int32_t* tokens, int N, int C,
+                          int v0, int Vl) const override {
+    ops::embedding_backward(dwte_part, dout, tokens, N, C, v0, Vl);
+  }
+  void position_forward(float* out, const float* wpe, int B, int Tn, int C) const override {
+    ops::position_forward(out, wpe, B, Tn, C);
+  }
+  void position_backward(float* dwpe, const float* dout, int B, int Tn, int C) const override {
+    ops::position_backward(dwpe, dout, B, Tn, C);
+  }
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                         const float* b, int N, int C) const override {
+    ops::layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+  }
+  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                          const float* w, const float* mean, const float* rstd, int N,
+                          int C) const override {
+    ops::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+  }
+  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N,
+                      int IC, int OC) const override {
+    ops::matmul_forward(out, inp, w, bias, N, IC, OC);
+  }
+  void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+                       const float* w, int N, int IC, int OC) const override {
+    ops::matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC);
+  }
+  void attention_forward(float* out, float* att, const float* qkv, int B, int Tn, int C,
+                         int NH) const override {
+    ops::attention_forward(out, att, qkv, B, Tn, C, NH);
+  }
+  void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+                          const float* att, int B, int Tn, int C, int NH) const override {
+    ops::attention_backward(dqkv, datt, dout, qkv, att, B, Tn, C, NH);
+  }
+  void gelu_forward(float* out, const float* inp, size_t n) const override {
+    ops::gelu_forward(out, inp, n);
+  }
+  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const override {
+    ops::gelu_backward(dinp, inp, dout, n);
+  }
+  void residual_forward(float* out, const float* a, const float* b, size_t n) const override {
+    ops::residual_forward(out, a, b, n);
+  }
+  void residual_backward(float* da, float* db, const float* dout, size_t n) const override {
+    ops::residual_backward(da, db, dout, n);
+  }
+  void xent_local_max(float* rowmax, const float* logits, int N, int Vl, int v0,
+                      int V) const override {
+    ops::xent_local_max(rowmax, logits, N, Vl, v0, V);
+  }
+  void xent_local_sums(float* sums, const float* logits, const float* rowmax,
+                       const int32_t* targets, int N, int Vl, int v0, int V) const override {
+    ops::xent_local_sums(sums, logits, rowmax, targets, N, Vl, v0, V);
+  }
+  void xent_losses(float* losses, const float* rowmax, const float* sums, int N) const override {
+    ops::xent_losses(losses, rowmax, sums, N);
+  }
+  void xent_local_backward(float* logits_dlogits, const float* rowmax, const float* sums,
+                           const float* dlosses, const int32_t* targets, int N, int Vl, int v0,
+                           int V) const override {
+    ops::xent_local_backward(logits_dlogits, rowmax, sums, dlosses, targets, N, Vl, v0, V);
+  }
+  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+            const float* B, int ldb, float beta, float* C, int ldc) const override {
+    ops::gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
+  void zero(float* x, size_t n) const override {
+    if (n > 0) std::memset(x, 0, n * sizeof(float));
+  }
+  void add(float* y, const float* x, size_t n) const override {
+    for (size_t i = 0; i < n; ++i) y[i] += x[i];
+  }
+  void add_bias(float* out, const float* bias, int N, int C) const override {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; ++n) {
+      float* o = out + static_cast<size_t>(n) * C;
+      for (int c = 0; c < C; ++c) o[c] += bias[c];
+    }
+  }
+};
+
+}  // namespace
+
+const Kernels& Kernels::cpu() {
+  static const CpuKernels kernels;
+  return kernels;
+}
+
+}  // namespace meshlm::ops

@@ -1,0 +1,68 @@
+// The ops of a training step behind one interface, so that the model runs
+// the same code on either backend: Kernels::cpu() calls the CPU ops of
+// ops/ops.h on host memory; cuda/kernels_cuda.h gives the CUDA ops of
+// cuda/ops_cuda.h on device memory, queued on one stream. Every method has
+// the semantics of its namesake in ops/ops.h (forward ops overwrite, backward
+// ops accumulate), in float, with the pointers in the backend's memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace meshlm::ops {
+
+class Kernels {
+public:
+  virtual ~Kernels() = default;
+  // The CPU backend (one per process; OpenMP and BLAS threads as set).
+  static const Kernels& cpu();
+  // Where the pointers given to this backend live.
+  virtual Device device() const = 0;
+
+  virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte_part, int N,
+                                 int C, int v0, int Vl) const = 0;
+  virtual void embedding_backward(float* dwte_part, const float* dout, const int32_t* tokens,
+                                  int N, int C, int v0, int Vl) const = 0;
+  virtual void position_forward(float* out, const float* wpe, int B, int Tn, int C) const = 0;
+  virtual void position_backward(float* dwpe, const float* dout, int B, int Tn, int C) const = 0;
+  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                                 const float* w, const float* b, int N, int C) const = 0;
+  virtual void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
+                                  const float* inp, const float* w, const float* mean,
+                                  const float* rstd, int N, int C) const = 0;
+  virtual void matmul_forward(float* out, const float* inp, const float* w, const float* bias,
+                              int N, int IC, int OC) const = 0;
+  virtual void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
+                               const float* inp, const float* w, int N, int IC,
+                               int OC) const = 0;
+  virtual void attention_forward(float* out, float* att, const float* qkv, int B, int Tn, int C,
+                                 int NH) const = 0;
+  virtual void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+                                  const float* att, int B, int Tn, int C, int NH) const = 0;
+  virtual void gelu_forward(float* out, const float* inp, size_t n) const = 0;
+  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const = 0;
+  virtual void residual_forward(float* out, const float* a, const float* b, size_t n) const = 0;
+  virtual void residual_backward(float* da, float* db, const float* dout, size_t n) const = 0;
+  virtual void xent_local_max(float* rowmax, const float* logits, int N, int Vl, int v0,
+                              int V) const = 0;
+  virtual void xent_local_sums(float* sums, const float* logits, const float* rowmax,
+                               const int32_t* targets, int N, int Vl, int v0, int V) const = 0;
+  virtual void xent_losses(float* losses, const float* rowmax, const float* sums, int N) const = 0;
+  virtual void xent_local_backward(float* logits_dlogits, const float* rowmax, const float* sums,
+                                   const float* dlosses, const int32_t* targets, int N, int Vl,
+                                   int v0, int V) const = 0;
+
+  // Row-major C(M,N) = alpha op(A) op(B) + beta C (ops::gemm).
+  virtual void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+                    const float* B, int ldb, float beta, float* C, int ldc) const = 0;
+  // x(n) = 0
+  virtual void zero(float* x, size_t n) const = 0;
+  // y(n) += x(n)
+  virtual void add(float* y, const float* x, size_t n) const = 0;
+  // out(N,C) += bias(C), every row
+  virtual void add_bias(float* out, const float* bias, int N, int C) const = 0;
+};
+
+}  // namespace meshlm::ops

@@ -1,0 +1,146 @@
+// The CUDA backend behind ops::Kernels (cuda::make_kernels) against
+// ops::Kernels::cpu(): the row-major GEMM in every transpose with alpha and
+// beta, zero, add, add_bias, and LoRA's forward and backward, which the
+// model runs through the interface. Every test skips, with the reason,
+// where no CUDA device can be used.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "cuda/kernels_cuda.h"
+#include "device_array.h"
+#include "model/lora.h"
+#include "ops/kernels.h"
+
+using namespace meshlm;
+
+namespace {
+
+// fp32 on both sides (no TF32), different summation orders.
+constexpr double kTol = 1e-5;
+
+std::vector<float> random_floats(size_t n, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> v(n);
+  for (float& x : v) x = static_cast<float>(2.0 * rng.uniform() - 1.0);
+  return v;
+}
+
+testing::AssertionResult close(const std::vector<float>& got, const std::vector<float>& want,
+                               double tol) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(got[i])) return testing::AssertionFailure() << "element " << i << " is " << got[i];
+    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    den += double(want[i]) * want[i];
+  }
+  const double rel = std::sqrt(num / (den > 0 ? den : 1));
+  if (rel <= tol) return testing::AssertionSuccess();
+  return testing::AssertionFailure() << "relative difference " << rel << " > " << tol;
+}
+
+class CudaKernels : public testing::Test {
+protected:
+  void SetUp() override {
+    std::string reason;
+    if (cuda::device_count(&reason) == 0) GTEST_SKIP() << "no CUDA device: " << reason;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    gpu_ = cuda::make_kernels(stream_);
+  }
+  void TearDown() override {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  void sync() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<ops::Kernels> gpu_;
+  const ops::Kernels& cpu_ = ops::Kernels::cpu();
+};
+
+}  // namespace
+
+TEST_F(CudaKernels, ReportTheirDevice) {
+  EXPECT_EQ(gpu_->device(), Device::cuda);
+  EXPECT_EQ(cpu_.device(), Device::cpu);
+}
+
+// C = alpha op(A) op(B) + beta C for the four transpose pairs, on
+// sub-matrices (leading dimensions larger than the rows).
+TEST_F(CudaKernels, GemmInEveryTransposeMatchesTheCpu) {
+  const int M = 37, N = 53, K = 29, pad = 3;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+      const std::vector<float> A = random_floats(size_t(ta ? K : M) * lda, 1);
+      const std::vector<float> B = random_floats(size_t(tb ? N : K) * ldb, 2);
+      std::vector<float> C = random_floats(size_t(M) * ldc, 3);
+      DeviceArray<float> dA(A.size()), dB(B.size()), dC(C.size());
+      dA.upload(A);
+      dB.upload(B);
+      dC.upload(C);
+      gpu_->gemm(ta, tb, M, N, K, 0.75f, dA.get(), lda, dB.get(), ldb, 0.5f, dC.get(), ldc);
+      cpu_.gemm(ta, tb, M, N, K, 0.75f, A.data(), lda, B.data(), ldb, 0.5f, C.data(), ldc);
+      sync();
+      EXPECT_TRUE(close(dC.download(), C, kTol)) << "ta " << ta << " tb " << tb;
+    }
+}
+
+TEST_F(CudaKernels, ZeroAddAndAddBias) {
+  const int N = 129, C = 77;
+  const size_t n = size_t(N) * C;
+  std::vector<float> y = random_floats(n, 4);
+  const std::vector<float> x = random_floats(n, 5), bias = random_floats(C, 6);
+  DeviceArray<float> dy(n), dx(n), dbias(C);
+  dy.upload(y);
+  dx.upload(x);
+  dbias.upload(bias);
+  gpu_->add(dy.get(), dx.get(), n);
+  gpu_->add_bias(dy.get(), dbias.get(), N, C);
+  cpu_.add(y.data(), x.data(), n);
+  cpu_.add_bias(y.data(), bias.data(), N, C);
+  sync();
+  EXPECT_EQ(dy.download(), y);  // one addition per element: the same float
+  gpu_->zero(dy.get(), n - 1);
+  sync();
+  const std::vector<float> zeroed = dy.download();
+  for (size_t i = 0; i + 1 < n; ++i) ASSERT_EQ(zeroed[i], 0.0f) << i;
+  EXPECT_EQ(zeroed[n - 1], y[n - 1]);  // past the count: untouched
+}
+
+// LoRA's forward and backward (model/lora.h) through each backend.
+TEST_F(CudaKernels, LoraForwardAndBackwardMatchTheCpu) {
+  const int N = 45, IC = 64, OC = 96, r = 8;
+  const float s = 2.0f;
+  const std::vector<float> inp = random_floats(size_t(N) * IC, 7), A = random_floats(size_t(r) * IC, 8),
+                           B = random_floats(size_t(OC) * r, 9), dout = random_floats(size_t(N) * OC, 10);
+  std::vector<float> out = random_floats(size_t(N) * OC, 11), dinp = random_floats(size_t(N) * IC, 12),
+                     dA = random_floats(A.size(), 13), dB = random_floats(B.size(), 14);
+  std::vector<float> u(size_t(N) * r), du(size_t(N) * r);
+  DeviceArray<float> d_inp(inp.size()), d_A(A.size()), d_B(B.size()), d_dout(dout.size()),
+      d_out(out.size()), d_dinp(dinp.size()), d_dA(dA.size()), d_dB(dB.size()), d_u(u.size()),
+      d_du(du.size());
+  d_inp.upload(inp);
+  d_A.upload(A);
+  d_B.upload(B);
+  d_dout.upload(dout);
+  d_out.upload(out);
+  d_dinp.upload(dinp);
+  d_dA.upload(dA);
+  d_dB.upload(dB);
+  lora_forward(*gpu_, d_out.get(), d_inp.get(), d_A.get(), d_B.get(), s, N, IC, OC, r, d_u.get());
+  lora_backward(*gpu_, d_dinp.get(), d_dA.get(), d_dB.get(), d_dout.get(), d_inp.get(), d_A.get(),
+                d_B.get(), s, N, IC, OC, r, d_u.get(), d_du.get());
+  lora_forward(cpu_, out.data(), inp.data(), A.data(), B.data(), s, N, IC, OC, r, u.data());
+  lora_backward(cpu_, dinp.data(), dA.data(), dB.data(), dout.data(), inp.data(), A.data(),
+                B.data(), s, N, IC, OC, r, u.data(), du.data());
+  sync();
+  EXPECT_TRUE(close(d_out.download(), out, kTol)) << "out";
+  EXPECT_TRUE(close(d_dinp.download(), dinp, kTol)) << "dinp";
+  EXPECT_TRUE(close(d_dA.download(), dA, kTol)) << "dA";
+  EXPECT_TRUE(close(d_dB.download(), dB, kTol)) << "dB";
+}
