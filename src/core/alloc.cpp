@@ -49,20 +49,32 @@ void MemTracker::reset_peaks() {
   total_peak_ = total_cur_;
 }
 
+namespace {
+DeviceMemory* g_device_memory = nullptr;
+}
+
+void set_device_memory(DeviceMemory* m) { g_device_memory = m; }
+DeviceMemory* device_memory() { return g_device_memory; }
+
 Buffer::Buffer(size_t bytes, MemCategory category, std::string label, Device device)
     : bytes_(bytes), category_(category), device_(device), label_(std::move(label)) {
-  if (device != Device::cpu)
-    throw RankError("Buffer '" + label_ + "': device memory is allocated by the CUDA backend",
-                    MESHLM_HERE);
   if (bytes == 0) return;
-  constexpr size_t kAlign = 64;  // one cache line; also AVX-512 aligned
-  size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
-  data_ = std::aligned_alloc(kAlign, rounded);
-  if (!data_)
-    throw RankError("out of host memory allocating " + std::to_string(bytes) + " bytes for '" +
-                        label_ + "' (" + mem_category_name(category) + ")",
-                    MESHLM_HERE);
-  std::memset(data_, 0, rounded);
+  if (device == Device::cuda) {
+    if (g_device_memory == nullptr)
+      throw RankError("Buffer '" + label_ + "': device memory needs the CUDA backend, which "
+                          "has not been started on this rank",
+                      MESHLM_HERE);
+    data_ = g_device_memory->allocate(bytes, label_);
+  } else {
+    constexpr size_t kAlign = 64;  // one cache line; also AVX-512 aligned
+    const size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
+    data_ = std::aligned_alloc(kAlign, rounded);
+    if (!data_)
+      throw RankError("out of host memory allocating " + std::to_string(bytes) + " bytes for '" +
+                          label_ + "' (" + mem_category_name(category) + ")",
+                      MESHLM_HERE);
+    std::memset(data_, 0, rounded);
+  }
   MemTracker::get().on_alloc(category_, device_, bytes_);
 }
 
@@ -70,7 +82,10 @@ Buffer::~Buffer() { release(); }
 
 void Buffer::release() {
   if (data_) {
-    std::free(data_);
+    if (device_ == Device::cuda)
+      g_device_memory->release(data_, bytes_);
+    else
+      std::free(data_);
     MemTracker::get().on_free(category_, device_, bytes_);
   }
   data_ = nullptr;

@@ -53,8 +53,25 @@ private:
   std::array<size_t, kNumDevices> total_cur_{}, total_peak_{};
 };
 
-// An owning, zero-initialised, 64-byte aligned block of memory with a label
-// and a category. Move-only.
+// Where Buffers on Device::cuda come from. core knows no CUDA: the CUDA
+// backend installs its allocator (cuda/device_memory.h) before the first
+// device Buffer is made. allocate() returns zeroed memory of at least
+// `bytes`, or throws RankError naming `label` and the bytes; release() takes
+// back what allocate() gave, with the same byte count.
+class DeviceMemory {
+public:
+  virtual ~DeviceMemory() = default;
+  virtual void* allocate(size_t bytes, const std::string& label) = 0;
+  virtual void release(void* p, size_t bytes) noexcept = 0;
+};
+// The installed allocator (null: none; device Buffers are then an error).
+// It must outlive every device Buffer.
+void set_device_memory(DeviceMemory* m);
+DeviceMemory* device_memory();
+
+// An owning, zero-initialised block of memory with a label and a category:
+// on the host 64-byte aligned, on a GPU from the installed DeviceMemory.
+// Move-only.
 class Buffer {
 public:
   Buffer() = default;
@@ -70,6 +87,7 @@ public:
   T* as() const { return static_cast<T*>(data_); }
   size_t bytes() const { return bytes_; }
   MemCategory category() const { return category_; }
+  Device device() const { return device_; }
   const std::string& label() const { return label_; }
 
 private:

@@ -2,9 +2,13 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "core/alloc.h"
+#include "core/error.h"
 #include "core/tensor.h"
 #include "model/gpt.h"
 
@@ -87,4 +91,57 @@ TEST(ProcessMemory, ReadsProc) {
   const ProcessMemory m = read_process_memory();
   EXPECT_GT(m.rss, 0u);
   EXPECT_GE(m.rss_peak, m.rss);
+}
+
+namespace {
+
+// A DeviceMemory backed by host memory, recording its calls: what Buffer asks
+// of the CUDA backend's allocator, checked without a GPU.
+class FakeDeviceMemory final : public DeviceMemory {
+public:
+  void* allocate(size_t bytes, const std::string& label) override {
+    allocated.push_back({bytes, label});
+    return std::calloc(bytes, 1);
+  }
+  void release(void* p, size_t bytes) noexcept override {
+    released.push_back(bytes);
+    std::free(p);
+  }
+  std::vector<std::pair<size_t, std::string>> allocated;
+  std::vector<size_t> released;
+};
+
+}  // namespace
+
+// Device Buffers come from the installed DeviceMemory, are counted under
+// Device::cuda (the host counters do not move), and go back to it once,
+// also after a move; with none installed, one is an error naming the buffer.
+TEST(Buffer, DeviceBuffersUseTheInstalledDeviceMemory) {
+  ASSERT_EQ(device_memory(), nullptr);
+  try {
+    Buffer b(64, MemCategory::activations, "acts.on.gpu", Device::cuda);
+    ADD_FAILURE() << "a device buffer without a device allocator";
+  } catch (const RankError& e) {
+    EXPECT_NE(std::string(e.what()).find("acts.on.gpu"), std::string::npos) << e.what();
+  }
+  FakeDeviceMemory fake;
+  set_device_memory(&fake);
+  MemTracker& t = MemTracker::get();
+  const size_t host_before = t.current_total(Device::cpu);
+  const size_t dev_before = t.current(MemCategory::grads, Device::cuda);
+  {
+    Buffer a(1000, MemCategory::grads, "grads.gpu", Device::cuda);
+    EXPECT_EQ(a.device(), Device::cuda);
+    ASSERT_EQ(fake.allocated.size(), 1u);
+    EXPECT_EQ(fake.allocated[0], std::make_pair(size_t{1000}, std::string("grads.gpu")));
+    EXPECT_EQ(t.current(MemCategory::grads, Device::cuda), dev_before + 1000);
+    EXPECT_EQ(t.current_total(Device::cpu), host_before);
+    Buffer moved = std::move(a);
+    Buffer other(24, MemCategory::grads, "other.gpu", Device::cuda);
+    other = std::move(moved);  // frees other's 24 bytes, takes the 1000
+    EXPECT_EQ(fake.released, std::vector<size_t>{24});
+  }
+  EXPECT_EQ(fake.released, (std::vector<size_t>{24, 1000}));
+  EXPECT_EQ(t.current(MemCategory::grads, Device::cuda), dev_before);
+  set_device_memory(nullptr);
 }
