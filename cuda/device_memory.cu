@@ -22,6 +22,10 @@ void* CachingDeviceMemory::allocate(size_t bytes, const std::string& label) {
   void* p = nullptr;
   auto bin = free_.find(size);
   if (bin != free_.end() && !bin->second.empty()) {
+    // A freed block may still be in use by work queued on any stream before
+    // its Buffer went away: wait for the device before handing it out again
+    // (allocations happen at set-up, not per step, so this costs little).
+    CUDA_CHECK(cudaDeviceSynchronize());
     p = bin->second.back();
     bin->second.pop_back();
     cached_ -= size;

@@ -1,7 +1,7 @@
 // The device allocator behind Buffers on Device::cuda (core/alloc.h): a
 // caching allocator over cudaMalloc for the current device, no managed
 // memory. Freed blocks are kept in bins by their rounded size and handed out
-// again; when cudaMalloc fails, the cached blocks are returned to the driver
+// again (after the device has finished the work queued before); when cudaMalloc fails, the cached blocks are returned to the driver
 // and the allocation is tried once more before it fails, naming the buffer,
 // its bytes and the device's free and total memory.
 #pragma once
