@@ -16,7 +16,7 @@
 
 #include "core/rng.h"
 #include "cuda/ops_cuda.h"
-#include "device_array.h"
+#include "cuda_test.h"
 #include "model/param_table.h"
 #include "train/adamw.h"
 
@@ -47,13 +47,6 @@ std::vector<ParamSpec> make_table() {
   return t;
 }
 
-std::vector<float> random_floats(size_t n, double range, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<float> v(n);
-  for (float& x : v) x = static_cast<float>(range * (2.0 * rng.uniform() - 1.0));
-  return v;
-}
-
 double rel_diff(const std::vector<float>& got, const float* want, size_t n) {
   double num = 0, den = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -64,13 +57,7 @@ double rel_diff(const std::vector<float>& got, const float* want, size_t n) {
   return std::isfinite(num) ? std::sqrt(num / den) : INFINITY;
 }
 
-class CudaAdamW : public testing::Test {
-protected:
-  void SetUp() override {
-    std::string reason;
-    if (cuda::device_count(&reason) == 0) GTEST_SKIP() << "no CUDA device: " << reason;
-  }
-};
+class CudaAdamW : public CudaTest {};
 
 }  // namespace
 
@@ -82,7 +69,7 @@ TEST_F(CudaAdamW, StepsMatchTheCpuOptimizer) {
   AdamWConfig cfg;
   cfg.weight_decay = 0.1;
   AdamW cpu(table, cfg);
-  std::vector<float> params = random_floats(n, 1.0, 1);
+  std::vector<float> params = uniform_floats(n, 1, -1.0, 1.0);
 
   std::vector<cuda::AdamWSegment> segs;
   size_t max_count = 0;
@@ -99,7 +86,7 @@ TEST_F(CudaAdamW, StepsMatchTheCpuOptimizer) {
 
   for (int t = 1; t <= 3; ++t) {
     const float lr = 1e-3f * t;
-    const std::vector<float> grads = random_floats(n, 0.5, 100 + t);
+    const std::vector<float> grads = uniform_floats(n, 100 + t, -0.5, 0.5);
     cpu.step(params.data(), grads.data(), lr);
     d_grads.upload(grads);
     const cuda::AdamWStep h{
@@ -123,7 +110,7 @@ TEST_F(CudaAdamW, StepsMatchTheCpuOptimizer) {
 // 2^16-element blocks, agrees with the CPU's; the same bits twice.
 TEST_F(CudaAdamW, SumOfSquaresMatchesTheCpu) {
   for (size_t n : {size_t{1}, size_t{1000}, size_t{1} << 16, (size_t{1} << 16) + 1, size_t{3000017}}) {
-    const std::vector<float> g = random_floats(n, 2.0, n);
+    const std::vector<float> g = uniform_floats(n, n, -2.0, 2.0);
     DeviceArray<float> d_g(n);
     DeviceArray<double> d_out(1), d_scratch(cuda::sum_of_squares_scratch(n));
     d_g.upload(g);
@@ -140,7 +127,7 @@ TEST_F(CudaAdamW, SumOfSquaresMatchesTheCpu) {
 // Scaling multiplies every element once (the clip of a known global norm).
 TEST_F(CudaAdamW, ScaleMultipliesEveryElement) {
   const size_t n = 1234567;
-  std::vector<float> g = random_floats(n, 3.0, 7);
+  std::vector<float> g = uniform_floats(n, 7, -3.0, 3.0);
   DeviceArray<float> d_g(n);
   d_g.upload(g);
   cuda::scale(d_g.get(), n, 0.37f, nullptr);

@@ -14,18 +14,13 @@
 #include "cuda/cuda_check.cuh"
 #include "cuda/device_memory.h"
 #include "cuda/ops_cuda.h"
+#include "cuda_test.h"
 
 using namespace meshlm;
 
 namespace {
 
-class CudaDeviceMemory : public testing::Test {
-protected:
-  void SetUp() override {
-    std::string reason;
-    if (cuda::device_count(&reason) == 0) GTEST_SKIP() << "no CUDA device: " << reason;
-  }
-};
+class CudaDeviceMemory : public CudaTest {};
 
 }  // namespace
 

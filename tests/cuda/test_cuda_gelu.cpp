@@ -15,7 +15,7 @@
 #include "core/rng.h"
 #include "cuda/cuda_check.cuh"
 #include "cuda/ops_cuda.h"
-#include "device_array.h"
+#include "cuda_test.h"
 #include "ops/ops.h"
 
 namespace {
@@ -33,13 +33,6 @@ constexpr double kTol = 1e-6;
 // Inputs uniform in [-kRange, kRange]: both tails of GELU, including the
 // region where tanh saturates to +-1 in float (|u| > 9).
 constexpr double kRange = 10.0;
-
-std::vector<float> uniform_floats(size_t n, double range, uint64_t seed) {
-  meshlm::Rng rng(seed);
-  std::vector<float> v(n);
-  for (float& x : v) x = static_cast<float>(range * (2.0 * rng.uniform() - 1.0));
-  return v;
-}
 
 // Checks |got[i] - want[i]| <= kTol * scale(i) for all i; on failure names the
 // number of bad elements and the worst one (not one line per element).
@@ -72,22 +65,16 @@ testing::AssertionResult forward_close(const std::vector<float>& got,
                    [&](size_t i) { return std::fabs(double(want[i])) + std::fabs(double(x[i])); });
 }
 
-class CudaGelu : public testing::Test {
+class CudaGelu : public CudaTest {
 protected:
-  void SetUp() override {
-    std::string reason;
-    if (meshlm::cuda::device_count(&reason) == 0)
-      GTEST_SKIP() << "no CUDA device: " << reason;
-  }
-
   // Forward and backward of n elements, every device array shifted by
   // `offset` floats, compared with the CPU op.
   void check(size_t n, size_t offset, uint64_t seed) {
     SCOPED_TRACE("n=" + std::to_string(n) + " offset=" + std::to_string(offset));
-    std::vector<float> x = uniform_floats(n, kRange, seed);
-    std::vector<float> dout = uniform_floats(n, 1.0, seed + 1);
+    std::vector<float> x = uniform_floats(n, seed, -kRange, kRange);
+    std::vector<float> dout = uniform_floats(n, seed + 1, -1.0, 1.0);
     // Nonzero gradient already there: backward must add to it.
-    std::vector<float> dinp0 = uniform_floats(n, 1.0, seed + 2);
+    std::vector<float> dinp0 = uniform_floats(n, seed + 2, -1.0, 1.0);
 
     std::vector<float> out_ref(n);
     meshlm::ops::gelu_forward<float>(out_ref.data(), x.data(), n);
@@ -128,7 +115,7 @@ TEST_F(CudaGelu, MatchesCpuOnMisalignedPointers) {
 
 TEST_F(CudaGelu, ForwardInPlace) {
   const size_t n = 1003;
-  std::vector<float> x = uniform_floats(n, kRange, 7);
+  std::vector<float> x = uniform_floats(n, 7, -kRange, kRange);
   std::vector<float> out_ref(n);
   meshlm::ops::gelu_forward<float>(out_ref.data(), x.data(), n);
 
@@ -153,7 +140,7 @@ TEST_F(CudaGelu, NullPointerThrowsRankError) {
 // A non-default stream: the launch goes where it is told.
 TEST_F(CudaGelu, RunsOnGivenStream) {
   const size_t n = 4099;
-  std::vector<float> x = uniform_floats(n, kRange, 11);
+  std::vector<float> x = uniform_floats(n, 11, -kRange, kRange);
   std::vector<float> out_ref(n);
   meshlm::ops::gelu_forward<float>(out_ref.data(), x.data(), n);
 

@@ -13,7 +13,7 @@
 
 #include "core/rng.h"
 #include "cuda/kernels_cuda.h"
-#include "device_array.h"
+#include "cuda_test.h"
 #include "model/lora.h"
 #include "ops/kernels.h"
 
@@ -23,13 +23,6 @@ namespace {
 
 // fp32 on both sides (no TF32), different summation orders.
 constexpr double kTol = 1e-5;
-
-std::vector<float> random_floats(size_t n, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<float> v(n);
-  for (float& x : v) x = static_cast<float>(2.0 * rng.uniform() - 1.0);
-  return v;
-}
 
 testing::AssertionResult close(const std::vector<float>& got, const std::vector<float>& want,
                                double tol) {
@@ -44,11 +37,11 @@ testing::AssertionResult close(const std::vector<float>& got, const std::vector<
   return testing::AssertionFailure() << "relative difference " << rel << " > " << tol;
 }
 
-class CudaKernels : public testing::Test {
+class CudaKernels : public CudaTest {
 protected:
   void SetUp() override {
-    std::string reason;
-    if (cuda::device_count(&reason) == 0) GTEST_SKIP() << "no CUDA device: " << reason;
+    CudaTest::SetUp();
+    if (IsSkipped()) return;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     gpu_ = cuda::make_kernels(stream_);
   }
@@ -76,9 +69,9 @@ TEST_F(CudaKernels, GemmInEveryTransposeMatchesTheCpu) {
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
       const int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
-      const std::vector<float> A = random_floats(size_t(ta ? K : M) * lda, 1);
-      const std::vector<float> B = random_floats(size_t(tb ? N : K) * ldb, 2);
-      std::vector<float> C = random_floats(size_t(M) * ldc, 3);
+      const std::vector<float> A = uniform_floats(size_t(ta ? K : M) * lda, 1);
+      const std::vector<float> B = uniform_floats(size_t(tb ? N : K) * ldb, 2);
+      std::vector<float> C = uniform_floats(size_t(M) * ldc, 3);
       DeviceArray<float> dA(A.size()), dB(B.size()), dC(C.size());
       dA.upload(A);
       dB.upload(B);
@@ -93,8 +86,8 @@ TEST_F(CudaKernels, GemmInEveryTransposeMatchesTheCpu) {
 TEST_F(CudaKernels, ZeroAddAndAddBias) {
   const int N = 129, C = 77;
   const size_t n = size_t(N) * C;
-  std::vector<float> y = random_floats(n, 4);
-  const std::vector<float> x = random_floats(n, 5), bias = random_floats(C, 6);
+  std::vector<float> y = uniform_floats(n, 4);
+  const std::vector<float> x = uniform_floats(n, 5), bias = uniform_floats(C, 6);
   DeviceArray<float> dy(n), dx(n), dbias(C);
   dy.upload(y);
   dx.upload(x);
@@ -116,10 +109,10 @@ TEST_F(CudaKernels, ZeroAddAndAddBias) {
 TEST_F(CudaKernels, LoraForwardAndBackwardMatchTheCpu) {
   const int N = 45, IC = 64, OC = 96, r = 8;
   const float s = 2.0f;
-  const std::vector<float> inp = random_floats(size_t(N) * IC, 7), A = random_floats(size_t(r) * IC, 8),
-                           B = random_floats(size_t(OC) * r, 9), dout = random_floats(size_t(N) * OC, 10);
-  std::vector<float> out = random_floats(size_t(N) * OC, 11), dinp = random_floats(size_t(N) * IC, 12),
-                     dA = random_floats(A.size(), 13), dB = random_floats(B.size(), 14);
+  const std::vector<float> inp = uniform_floats(size_t(N) * IC, 7), A = uniform_floats(size_t(r) * IC, 8),
+                           B = uniform_floats(size_t(OC) * r, 9), dout = uniform_floats(size_t(N) * OC, 10);
+  std::vector<float> out = uniform_floats(size_t(N) * OC, 11), dinp = uniform_floats(size_t(N) * IC, 12),
+                     dA = uniform_floats(A.size(), 13), dB = uniform_floats(B.size(), 14);
   std::vector<float> u(size_t(N) * r), du(size_t(N) * r);
   DeviceArray<float> d_inp(inp.size()), d_A(A.size()), d_B(B.size()), d_dout(dout.size()),
       d_out(out.size()), d_dinp(dinp.size()), d_dA(dA.size()), d_dB(dB.size()), d_u(u.size()),

@@ -32,7 +32,7 @@
 #include "core/rng.h"
 #include "cuda/cuda_check.cuh"
 #include "cuda/ops_cuda.h"
-#include "device_array.h"
+#include "cuda_test.h"
 #include "ops/ops.h"
 
 namespace {
@@ -68,13 +68,6 @@ constexpr double kTolVocabSum = 5e-5;
 constexpr double kGradStart = 0.01;
 
 // ---- host data ------------------------------------------------------------------
-
-std::vector<float> uniform(size_t n, uint64_t seed, double lo = -1.0, double hi = 1.0) {
-  meshlm::Rng rng(seed);
-  std::vector<float> v(n);
-  for (float& x : v) x = static_cast<float>(lo + (hi - lo) * rng.uniform());
-  return v;
-}
 
 // Uniform integers in [lo, hi).
 std::vector<int32_t> uniform_ints(size_t n, uint64_t seed, int lo, int hi) {
@@ -177,11 +170,11 @@ testing::AssertionResult same_bits(const std::vector<float>& a, const std::vecto
 
 // ---- the fixture ------------------------------------------------------------------
 
-class CudaOps : public testing::Test {
+class CudaOps : public CudaTest {
 protected:
   void SetUp() override {
-    std::string reason;
-    if (cuda::device_count(&reason) == 0) GTEST_SKIP() << "no CUDA device: " << reason;
+    CudaTest::SetUp();
+    if (IsSkipped()) return;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
   void TearDown() override {
@@ -209,7 +202,7 @@ protected:
 
   // Arrays for both ops; every call draws from a new seed.
   Both<float> input(size_t n, double lo = -1.0, double hi = 1.0) {
-    return Both<float>(uniform(n, next_seed(), lo, hi));
+    return Both<float>(uniform_floats(n, next_seed(), lo, hi));
   }
   // Written by the op: NaN before it runs.
   Both<float> output(size_t n) {
@@ -217,7 +210,7 @@ protected:
   }
   // Accumulated into by the op.
   Both<float> gradient(size_t n) {
-    return Both<float>(uniform(n, next_seed(), -kGradStart, kGradStart));
+    return Both<float>(uniform_floats(n, next_seed(), -kGradStart, kGradStart));
   }
 
   uint64_t next_seed() { return seed_++; }
@@ -350,8 +343,8 @@ const LayerNormCase kLayerNormCases[] = {
 // Rows of uniform values around an offset of their own in [-2, 2], so that the
 // mean is not zero and the variance is that of the differences.
 std::vector<float> layernorm_input(int N, int C, uint64_t seed) {
-  std::vector<float> x = uniform(size_t(N) * C, seed);
-  const std::vector<float> offset = uniform(N, seed + 1, -2.0, 2.0);
+  std::vector<float> x = uniform_floats(size_t(N) * C, seed);
+  const std::vector<float> offset = uniform_floats(N, seed + 1, -2.0, 2.0);
   for (int n = 0; n < N; ++n)
     for (int c = 0; c < C; ++c) x[size_t(n) * C + c] += offset[n];
   return x;
@@ -367,7 +360,7 @@ class CudaLayerNorm : public CudaOps {
 protected:
   LayerNormBackwardInputs backward_inputs(int N, int C) {
     std::vector<float> x = layernorm_input(N, C, next_seed());
-    std::vector<float> wv = uniform(C, next_seed()), bv = uniform(C, next_seed());
+    std::vector<float> wv = uniform_floats(C, next_seed()), bv = uniform_floats(C, next_seed());
     std::vector<float> out(size_t(N) * C), mean(N), rstd(N);
     ops::layernorm_forward<float>(out.data(), mean.data(), rstd.data(), x.data(), wv.data(),
                                   bv.data(), N, C);
@@ -616,7 +609,7 @@ TEST_F(CudaOps, AttentionBackward) {
   for (const AttentionCase& k : kAttentionCases) {
     SCOPED_TRACE(k.str());
     const int B = k.B, T = k.T, C = k.C, NH = k.NH;
-    std::vector<float> qkv_v = uniform(size_t(B) * T * 3 * C, next_seed(), -kQkvRange, kQkvRange);
+    std::vector<float> qkv_v = uniform_floats(size_t(B) * T * 3 * C, next_seed(), -kQkvRange, kQkvRange);
     std::vector<float> out_v(size_t(B) * T * C), att_v(size_t(B) * NH * T * T);
     ops::attention_forward<float>(out_v.data(), att_v.data(), qkv_v.data(), B, T, C, NH);
     Both<float> qkv(std::move(qkv_v)), att(std::move(att_v));
@@ -689,7 +682,7 @@ const XentCase kXentCases[] = {
 // Logits of this rank: real columns uniform in [-4, 4], padding columns near
 // 1000, which would win the max and overflow exp if they took part.
 std::vector<float> xent_logits(const XentCase& k, uint64_t seed) {
-  std::vector<float> l = uniform(size_t(k.N) * k.Vl, seed, -4.0, 4.0);
+  std::vector<float> l = uniform_floats(size_t(k.N) * k.Vl, seed, -4.0, 4.0);
   for (int n = 0; n < k.N; ++n)
     for (int v = k.nreal(); v < k.Vl; ++v) l[size_t(n) * k.Vl + v] += 1000.0f;
   return l;
@@ -710,7 +703,7 @@ std::vector<int32_t> xent_targets(const XentCase& k, uint64_t seed) {
 std::vector<float> group_max(const XentCase& k, const std::vector<float>& logits, uint64_t seed) {
   std::vector<float> mx(k.N);
   ops::xent_local_max<float>(mx.data(), logits.data(), k.N, k.Vl, k.v0, k.V);
-  const std::vector<float> other = uniform(k.N, seed, -1.0, 5.0);
+  const std::vector<float> other = uniform_floats(k.N, seed, -1.0, 5.0);
   for (int n = 0; n < k.N; ++n) mx[n] = std::max(mx[n], other[n]);
   return mx;
 }
@@ -753,8 +746,8 @@ TEST_F(CudaOps, XentLocalSums) {
 TEST_F(CudaOps, XentLosses) {
   for (int N : {1, 37, 4099}) {
     SCOPED_TRACE("N=" + std::to_string(N));
-    const std::vector<float> s = uniform(N, next_seed(), 1.0, 1e4),
-                             t = uniform(N, next_seed(), -4.0, 4.0);
+    const std::vector<float> s = uniform_floats(N, next_seed(), 1.0, 1e4),
+                             t = uniform_floats(N, next_seed(), -4.0, 4.0);
     std::vector<float> sums_v(2 * size_t(N));
     for (int n = 0; n < N; ++n) sums_v[2 * n] = s[n], sums_v[2 * n + 1] = t[n];
     Both<float> rowmax = input(N, -1.0, 5.0), sums(std::move(sums_v)), losses = output(N);
@@ -785,7 +778,7 @@ TEST_F(CudaOps, XentLocalBackward) {
     const std::vector<float> mx = group_max(k, l, next_seed());
     std::vector<float> sums_v(2 * size_t(k.N));
     ops::xent_local_sums<float>(sums_v.data(), l.data(), mx.data(), t.data(), k.N, k.Vl, k.v0, k.V);
-    const std::vector<float> others = uniform(k.N, next_seed(), 0.5, 20.0);
+    const std::vector<float> others = uniform_floats(k.N, next_seed(), 0.5, 20.0);
     for (int n = 0; n < k.N; ++n) sums_v[2 * n] += others[n];
     Both<float> rowmax(mx), sums(std::move(sums_v)), dlosses = input(k.N);
     Both<int32_t> targets(t);

@@ -25,6 +25,7 @@
 #include "core/rng.h"
 #include "cuda/cuda_check.cuh"
 #include "cuda/ops_cuda.h"
+#include "cuda_test.h"
 #include "quant/formats.h"
 #include "quant/qlinear.h"
 #include "quant/quantize.h"
@@ -146,13 +147,8 @@ struct Case {
   int tp_dim, tp_parts, tp_size;
 };
 
-class CudaQuant : public testing::Test {
+class CudaQuant : public CudaTest {
 protected:
-  void SetUp() override {
-    std::string reason;
-    if (meshlm::cuda::device_count(&reason) == 0) GTEST_SKIP() << "no CUDA device: " << reason;
-  }
-
   // Local rows [i0, i0 + n) of w on the GPU and on the CPU, compared.
   static void check_rows(const QSlice& w_host, const QSlice& w_dev, int64_t i0, int64_t n,
                          cudaStream_t stream = nullptr) {

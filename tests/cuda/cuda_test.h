@@ -1,17 +1,26 @@
-// DeviceArray<T>: an array of n elements of T in device memory for the CUDA
-// tests, from cudaMalloc, freed in the destructor. upload() and download()
-// copy with cudaMemcpy, which waits for the work queued on the legacy
-// default stream (and nothing else: synchronise other streams first).
+// What the CUDA tests share: CudaTest, the fixture that skips (with the
+// reason) where no CUDA device can be used; DeviceArray<T>, an array in
+// device memory; uniform_floats, fresh random inputs.
+//
+// DeviceArray<T>: n elements of T from cudaMalloc, freed in the destructor.
+// upload() returns once the data is on the device (cudaMemcpy from pageable
+// memory may return before its DMA ends and does not order other streams,
+// so it waits for the device); download() waits for the work queued on the
+// legacy default stream (and nothing else: synchronise other streams first).
 #pragma once
 
 #include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "core/rng.h"
 #include "cuda/cuda_check.cuh"
+#include "cuda/ops_cuda.h"
 
 template <typename T>
 class DeviceArray {
@@ -34,6 +43,7 @@ public:
   void upload(const std::vector<T>& h) {
     check_count(h.size(), "upload");
     CUDA_CHECK(cudaMemcpy(get(), h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaDeviceSynchronize());
   }
   // The first n elements.
   std::vector<T> download(size_t n) const {
@@ -55,3 +65,23 @@ private:
   size_t n_;
   size_t offset_;
 };
+
+// Skips every test of a fixture derived from it where no CUDA device can be
+// used. A derived SetUp calls CudaTest::SetUp() first and returns when
+// IsSkipped().
+class CudaTest : public testing::Test {
+protected:
+  void SetUp() override {
+    std::string reason;
+    if (meshlm::cuda::device_count(&reason) == 0) GTEST_SKIP() << "no CUDA device: " << reason;
+  }
+};
+
+// n floats uniform in [lo, hi), from meshlm's Rng with `seed`.
+inline std::vector<float> uniform_floats(size_t n, uint64_t seed, double lo = -1.0,
+                                         double hi = 1.0) {
+  meshlm::Rng rng(seed);
+  std::vector<float> v(n);
+  for (float& x : v) x = static_cast<float>(lo + (hi - lo) * rng.uniform());
+  return v;
+}
