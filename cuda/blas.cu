@@ -55,22 +55,15 @@ __global__ void broadcast_bias_kernel(float* out, const float* bias, int N, int 
     out[i] = bias[i % OC];
 }
 
-// dbias(OC) += sum_n dout(n, .): a block per 32 columns, its 8 warps taking
-// every 8th row, partial sums added in warp order (fixed order, no atomics).
-constexpr int kColRows = kThreads / kWarp;
+// dbias(OC) += sum_n dout(n, .) (column_block_sum: a block per 32 columns).
 __global__ void bias_backward_kernel(float* dbias, const float* dout, int N, int OC) {
-  __shared__ float part[kColRows][kWarp];
-  const int lane = threadIdx.x % kWarp, r0 = threadIdx.x / kWarp;
-  const int c = blockIdx.x * kWarp + lane;
+  __shared__ float part[kColumnRows][kWarp];
+  const int c = blockIdx.x * kWarp + threadIdx.x % kWarp, r0 = threadIdx.x / kWarp;
   float acc = 0.0f;
   if (c < OC)
-    for (int n = r0; n < N; n += kColRows) acc += dout[size_t(n) * OC + c];
-  part[r0][lane] = acc;
-  __syncthreads();
-  if (r0 == 0 && c < OC) {
-    for (int r = 1; r < kColRows; ++r) acc += part[r][lane];
-    dbias[c] += acc;
-  }
+    for (int n = r0; n < N; n += kColumnRows) acc += dout[size_t(n) * OC + c];
+  acc = column_block_sum(acc, part);
+  if (r0 == 0 && c < OC) dbias[c] += acc;
 }
 
 std::string dims(int N, int IC, int OC) {

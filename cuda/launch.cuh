@@ -55,4 +55,21 @@ __device__ __forceinline__ float block_reduce(float v, float* scratch) {
   return kMax ? warp_max(v) : warp_sum(v);
 }
 
+// Sums over the rows of columns (LayerNorm's dw and db, a bias gradient), in
+// a fixed order with no atomics: a block of kThreads per kWarp columns;
+// thread (lane, r0) sums rows r0, r0 + kColumnRows, ... of column
+// blockIdx.x * kWarp + lane into `acc`, and column_block_sum adds the
+// kColumnRows partial sums of each column in row order. The total is valid in
+// the threads of warp 0 (r0 == 0). Every thread of the block must call it.
+constexpr int kColumnRows = kThreads / kWarp;
+__device__ __forceinline__ float column_block_sum(float acc, float (&part)[kColumnRows][kWarp]) {
+  const int lane = threadIdx.x % kWarp, r0 = threadIdx.x / kWarp;
+  __syncthreads();  // part may still be read by an earlier call
+  part[r0][lane] = acc;
+  __syncthreads();
+  if (r0 == 0)
+    for (int r = 1; r < kColumnRows; ++r) acc += part[r][lane];
+  return acc;
+}
+
 }  // namespace meshlm::cuda

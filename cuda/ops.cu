@@ -126,31 +126,23 @@ __global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, c
   }
 }
 
-// dw and db, sums over rows: a block per 32 channels; its 8 warps take every
-// 8th row and the 8 partial sums are added in warp order.
-constexpr int kColRows = kThreads / kWarp;
+// dw and db, sums over rows (column_block_sum: a block per 32 channels).
 __global__ void layernorm_backward_dwdb_kernel(float* dw, float* db, const float* dout,
                                                const float* inp, const float* mean,
                                                const float* rstd, int N, int C) {
-  __shared__ float part_w[kColRows][kWarp], part_b[kColRows][kWarp];
-  const int lane = threadIdx.x % kWarp, r0 = threadIdx.x / kWarp;
-  const int c = blockIdx.x * kWarp + lane;
+  __shared__ float part[kColumnRows][kWarp];
+  const int c = blockIdx.x * kWarp + threadIdx.x % kWarp, r0 = threadIdx.x / kWarp;
   float aw = 0.0f, ab = 0.0f;
   if (c < C) {
-    for (int n = r0; n < N; n += kColRows) {
+    for (int n = r0; n < N; n += kColumnRows) {
       const float g = dout[size_t(n) * C + c];
       aw += g * (inp[size_t(n) * C + c] - mean[n]) * rstd[n];
       ab += g;
     }
   }
-  part_w[r0][lane] = aw;
-  part_b[r0][lane] = ab;
-  __syncthreads();
+  aw = column_block_sum(aw, part);
+  ab = column_block_sum(ab, part);
   if (r0 == 0 && c < C) {
-    for (int r = 1; r < kColRows; ++r) {
-      aw += part_w[r][lane];
-      ab += part_b[r][lane];
-    }
     dw[c] += aw;
     db[c] += ab;
   }
