@@ -49,7 +49,11 @@ void* CachingDeviceMemory::allocate(size_t bytes, const std::string& label) {
     }
     reserved_ += size;
   }
+  // cudaMemset runs on the legacy default stream, asynchronously to the host:
+  // wait for it, so that no kernel on another (non-blocking) stream reads the
+  // block before it is zeroed.
   CUDA_CHECK(cudaMemset(p, 0, size));
+  CUDA_CHECK(cudaDeviceSynchronize());
   return p;
 }
 

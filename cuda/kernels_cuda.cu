@@ -3,6 +3,11 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <vector>
+
+#include "core/alloc.h"
+
 #include "cuda/blas.cuh"
 #include "cuda/cuda_check.cuh"
 
@@ -93,9 +98,57 @@ public:
   void add_bias(float* out, const float* bias, int N, int C) const override {
     cuda::add_bias(out, bias, N, C, s_);
   }
+  void fill(float* x, float value, size_t n) const override { cuda::fill(x, value, n, s_); }
+  void upload(void* dst, const void* host_src, size_t bytes) const override {
+    if (bytes == 0) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, s_));
+    CUDA_CHECK(cudaStreamSynchronize(s_));
+  }
+  void download(void* host_dst, const void* src, size_t bytes) const override {
+    if (bytes == 0) return;
+    CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, s_));
+    CUDA_CHECK(cudaStreamSynchronize(s_));
+  }
+  void synchronize() const override { CUDA_CHECK(cudaStreamSynchronize(s_)); }
+
+  void adamw_update(float* params, const float* grads, float* m, float* v,
+                    std::span<const ops::AdamWSegment> segments,
+                    const ops::AdamWHyper& h) const override {
+    if (segments.empty()) return;
+    // The segments stay on the device while they are the same (every step).
+    if (!std::equal(segments.begin(), segments.end(), segments_.begin(), segments_.end(),
+                    [](const ops::AdamWSegment& a, const ops::AdamWSegment& b) {
+                      return a.begin == b.begin && a.count == b.count && a.decay == b.decay;
+                    })) {
+      segments_.assign(segments.begin(), segments.end());
+      d_segments_ = Buffer(segments.size() * sizeof(ops::AdamWSegment), MemCategory::optimizer,
+                           "adamw.segments", Device::cuda);
+      upload(d_segments_.data(), segments_.data(), d_segments_.bytes());
+      max_count_ = 0;
+      for (const auto& s : segments_) max_count_ = std::max(max_count_, s.count);
+    }
+    cuda::adamw_step(params, grads, m, v, d_segments_.as<ops::AdamWSegment>(),
+                     static_cast<int>(segments_.size()), max_count_, h, s_);
+  }
+  double sum_of_squares(const float* x, size_t n) const override {
+    const size_t need = (1 + cuda::sum_of_squares_scratch(n)) * sizeof(double);
+    if (scratch_.bytes() < need)
+      scratch_ = Buffer(need, MemCategory::workspace, "sum_of_squares.scratch", Device::cuda);
+    double* d = scratch_.as<double>();
+    cuda::sum_of_squares(d, d + 1, x, n, s_);
+    double out = 0;
+    download(&out, d, sizeof(double));
+    return out;
+  }
+  void scale(float* x, float factor, size_t n) const override { cuda::scale(x, n, factor, s_); }
 
 private:
   cudaStream_t s_;
+  // adamw_update's segments (host copy, device copy) and the sum's scratch.
+  mutable std::vector<ops::AdamWSegment> segments_;
+  mutable Buffer d_segments_;
+  mutable size_t max_count_ = 0;
+  mutable Buffer scratch_;
 };
 
 }  // namespace

@@ -167,6 +167,10 @@ __global__ void add_kernel(float* y, const float* x, size_t n) {
   MESHLM_FOR_EACH(i, n) y[i] += x[i];
 }
 
+__global__ void fill_kernel(float* x, float value, size_t n) {
+  MESHLM_FOR_EACH(i, n) x[i] = value;
+}
+
 __global__ void add_bias_kernel(float* out, const float* bias, int N, int C) {
   MESHLM_FOR_EACH(i, size_t(N) * C) out[i] += bias[i % C];
 }
@@ -317,6 +321,13 @@ void add(float* y, const float* x, size_t n, cudaStream_t stream) {
   if (n == 0) return;
   check_launch(y && x, "add", "n = " + std::to_string(n));
   add_kernel<<<grid_for(n), kThreads, 0, stream>>>(y, x, n);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void fill(float* x, float value, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  check_launch(x, "fill", "n = " + std::to_string(n));
+  fill_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, value, n);
   CUDA_CHECK(cudaGetLastError());
 }
 

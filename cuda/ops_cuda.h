@@ -23,6 +23,8 @@
 #include <cstdint>
 #include <string>
 
+#include "ops/ops.h"
+
 // cudaStream_t as <cuda_runtime_api.h> declares it, without that header.
 struct CUstream_st;
 using cudaStream_t = CUstream_st*;
@@ -101,6 +103,8 @@ void residual_backward(float* da, float* db, const float* dout, size_t n, cudaSt
 
 // y(n) += x(n);  out(N,C) += bias(C) on every row
 void add(float* y, const float* x, size_t n, cudaStream_t stream);
+// x(n) = value
+void fill(float* x, float value, size_t n, cudaStream_t stream);
 void add_bias(float* out, const float* bias, int N, int C, cudaStream_t stream);
 
 // ---- vocabulary-parallel softmax cross-entropy (ops::xent_*) ----------------------------
@@ -115,18 +119,9 @@ void xent_local_backward(float* logits_dlogits, const float* rowmax, const float
                          int V, cudaStream_t stream);
 
 // ---- optimizer (train/adamw.h) ---------------------------------------------------------
-// One run of AdamW's elements that share their weight decay: elements
-// [begin, begin + count) of the arrays given to adamw_step.
-struct AdamWSegment {
-  size_t begin, count;
-  bool decay;  // matrices: p *= 1 - lr wd first
-};
-// Hyperparameters of one step, rounded to float as the CPU AdamW rounds them.
-struct AdamWStep {
-  float lr, beta1, beta2, eps, weight_decay;
-  float bias_correction1;       // 1 - beta1^t
-  float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
-};
+// AdamW's segments and hyperparameters are those of the CPU optimizer (ops/ops.h).
+using AdamWSegment = ops::AdamWSegment;
+using AdamWStep = ops::AdamWHyper;
 // AdamW::step on the GPU, all segments in one launch: per element i of a
 // segment, m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 // p = p decay - lr / bc1 * m / (sqrt(v) / bc2_sqrt + eps). `segments` is

@@ -41,6 +41,18 @@ meshlm_cli_error(no_parameter_file "needs a parameter file" train)
 meshlm_cli_error(unknown_command "unknown command 'trian'" trian)
 meshlm_cli_error(tokenize_missing_input "/nonexistent/in.txt" tokenize /nonexistent/in.txt @SCRATCH@/out.h5)
 
+# runtime.backend = cuda where no GPU can be used (CUDA_VISIBLE_DEVICES hides
+# them all), on one rank: an error naming the rank, or, in a build without
+# CUDA, naming the build.
+string(JOIN " " _mpiexec1 ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 ${MESHLM_MPIEXEC_PREFLAGS})
+add_test(NAME cli_cuda_backend_without_a_gpu
+  COMMAND bash ${_expect} "rank 0 can use no GPU|built without the CUDA backend" "${_mpiexec1}"
+          $<TARGET_FILE:meshlm> train ${_tiny} --runtime.backend=cuda)
+set_tests_properties(cli_cuda_backend_without_a_gpu PROPERTIES LABELS cli TIMEOUT 60
+  ENVIRONMENT "OMP_NUM_THREADS=1;CUDA_VISIBLE_DEVICES=")
+meshlm_cli_error(cuda_backend_on_two_ranks "parallel.dp, parallel.tp and parallel.pp must be 1 \\(got dp 2|built without the CUDA backend"
+  train ${_tiny} --runtime.backend=cuda)
+
 # Non-finite numbers: in a base file (full and LoRA), in a step's gradient
 # (train.on_nonfinite = stop | skip, train.max_skipped).
 add_test(NAME cli_nonfinite_numbers

@@ -21,6 +21,11 @@ void plan_activations(const GPTConfig& cfg, const ModelShard& shard, const GPTOp
     L.cuts.push_back({&p, n, grad});
     (grad ? L.grad_floats : L.act_floats) += n;
   };
+  static_assert(sizeof(int32_t) == sizeof(float));
+  auto cut_ids = [&](int32_t*& p, size_t n) {
+    L.cuts.push_back({nullptr, n, false, &p});
+    L.act_floats += n;
+  };
   // Everything of one block but its output (res3).
   auto cut_block_inner = [&](BlockActs& a) {
     cut(a.ln1, BT * C);
@@ -40,6 +45,9 @@ void plan_activations(const GPTConfig& cfg, const ModelShard& shard, const GPTOp
   };
   if (full) cut_block_inner(L.recompute);
   for (auto& s : L.slots) {
+    s.tokens = s.targets = nullptr;
+    if (shard.first_stage) cut_ids(s.tokens, BT);
+    if (shard.last_stage) cut_ids(s.targets, BT);
     cut(s.input, BT * C);
     for (auto& a : s.blocks) {
       if (!full) cut_block_inner(a);
@@ -76,7 +84,10 @@ void plan_activations(const GPTConfig& cfg, const ModelShard& shard, const GPTOp
 void ActLayout::bind(float* acts, float* grads, Checkpointing checkpointing) {
   size_t a = 0, g = 0;
   for (const Cut& c : cuts) {
-    *c.ptr = c.grad ? grads + g : acts + a;
+    if (c.ids != nullptr)
+      *c.ids = reinterpret_cast<int32_t*>(acts + a);  // raw memory, only ever read as ids
+    else
+      *c.ptr = c.grad ? grads + g : acts + a;
     (c.grad ? g : a) += c.n;
   }
   if (checkpointing == Checkpointing::full) {

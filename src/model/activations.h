@@ -50,7 +50,8 @@ struct SlotActs {
   float* losses;     // (B,T)
   float* xent_max;   // (B,T) row max over the whole vocabulary
   float* xent_sums;  // (B,T,2) sum exp(l - max), target logit
-  std::vector<int32_t> tokens, targets;
+  int32_t* tokens;   // (B,T) first stage: the micro-batch's tokens, where the ops read them
+  int32_t* targets;  // (B,T) last stage: its targets
   bool forwarded = false;
 };
 
@@ -79,8 +80,9 @@ struct ActLayout {
   GradActs g{};
   struct Cut {
     float** ptr;  // where the array's pointer goes
-    size_t n;     // floats
+    size_t n;     // floats (or int32 ids)
     bool grad;    // in the gradient buffer
+    int32_t** ids = nullptr;  // instead of ptr: an array of token ids (4 bytes each, like a float)
   };
   std::vector<Cut> cuts;
   size_t act_floats = 0, grad_floats = 0;

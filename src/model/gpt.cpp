@@ -28,6 +28,8 @@ GPT::GPT(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts,
   MESHLM_CHECK(cfg_.n_head % shard_.tp_size == 0, "heads must split evenly over TP");
   MESHLM_CHECK(cfg_.padded_vocab_size() % shard_.tp_size == 0, "vocabulary must split over TP");
   MESHLM_CHECK(opts_.slots >= 1 && opts_.pad_multiple >= 1, "bad GPT options");
+  MESHLM_CHECK(k_->device() == Device::cpu || !opts_.lora.enabled,
+               "LoRA on a quantized base runs on the CPU backend only");
   base_table_ = gpt_param_table(cfg_, shard_);
   table_ = opts_.lora.enabled ? lora_param_table(cfg_, shard_, opts_.lora) : base_table_;
   n_local_ = shard_.layer_end - shard_.layer_begin;
@@ -63,10 +65,10 @@ GPT::GPT(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts,
   num_params_ = table_numel(table_);
   padded_params_ = (num_params_ + opts_.pad_multiple - 1) / opts_.pad_multiple * opts_.pad_multiple;
   params_ = Buffer(padded_params_ * sizeof(float), MemCategory::params,
-                   opts_.lora.enabled ? "lora.params" : "gpt.params");
+                   opts_.lora.enabled ? "lora.params" : "gpt.params", k_->device());
   if (opts_.own_grads)
     grads_ = Buffer(padded_params_ * sizeof(float), MemCategory::grads,
-                    opts_.lora.enabled ? "lora.grads" : "gpt.grads");
+                    opts_.lora.enabled ? "lora.grads" : "gpt.grads", k_->device());
 }
 
 size_t GPT::frozen_numel(const GPTConfig& cfg, const ModelShard& shard) {
@@ -178,17 +180,29 @@ void GPT::set_grad_target(std::function<float*(size_t)> where, std::function<voi
 
 void GPT::set_weights(const std::function<void(const ParamSpec&, float*)>& value_of) {
   float* base = params();
+  const bool host = k_->device() == Device::cpu;
   for (const ParamSpec& p : table_) {
-    // A split tensor is made whole (workspace) and this rank keeps its part.
+    // A split tensor is made whole (workspace) and this rank keeps its part;
+    // on a GPU each tensor is made on the host and its part uploaded.
     const bool split = p.tp_dim >= 0 && shard_.tp_size > 1;
-    Buffer whole;
-    if (split)
+    Buffer whole, part;
+    if (split || !host)
       whole = Buffer(static_cast<size_t>(p.full_shape.numel()) * sizeof(float),
                      MemCategory::workspace, "gpt.whole_tensor");
-    float* x = split ? whole.as<float>() : base + p.offset;
+    if (split && !host)
+      part = Buffer(p.numel() * sizeof(float), MemCategory::workspace, "gpt.tensor_part");
+    float* x = whole.bytes() > 0 ? whole.as<float>() : base + p.offset;
     value_of(p, x);
-    if (split) shard_from_full(p, x, base + p.offset, shard_.tp_rank, shard_.tp_size);
+    float* mine = host ? base + p.offset : split ? part.as<float>() : x;
+    if (split) shard_from_full(p, x, mine, shard_.tp_rank, shard_.tp_size);
+    if (!host) k_->upload(base + p.offset, mine, p.numel() * sizeof(float));
   }
+}
+
+std::vector<float> GPT::host_params() const {
+  std::vector<float> out(num_params_);
+  k_->download(out.data(), params(), num_params_ * sizeof(float));
+  return out;
 }
 
 void GPT::init_weights(uint64_t seed) {
@@ -202,9 +216,10 @@ void GPT::ensure_activations(int B, int Tn) {
   grad_act_buf_ = Buffer();
   ActLayout L;
   plan_activations(cfg_, shard_, opts_, B, Tn, L);
-  act_buf_ = Buffer(L.act_floats * sizeof(float), MemCategory::activations, "gpt.activations");
+  act_buf_ = Buffer(L.act_floats * sizeof(float), MemCategory::activations, "gpt.activations",
+                    k_->device());
   grad_act_buf_ = Buffer(L.grad_floats * sizeof(float), MemCategory::activations,
-                         "gpt.activation_grads");
+                         "gpt.activation_grads", k_->device());
   L.bind(act_buf_.as<float>(), grad_act_buf_.as<float>(), opts_.checkpointing);
   slots_ = std::move(L.slots);
   gacts_ = L.g;

@@ -1,4 +1,4 @@
-// GPT-2 on the CPU backend: one rank's shard of the model (its pipeline
+// GPT-2 on either backend (ops::Kernels): one rank's shard of the model (its pipeline
 // stage's layers, each split tensor cut to its tensor-parallel part), its
 // flat parameter and gradient buffers laid out by the parameter table
 // (model/param_table.h), and the forward/backward of that shard for one
@@ -73,6 +73,11 @@ public:
   const GPTConfig& config() const { return cfg_; }
   const ModelShard& shard() const { return shard_; }
   const GPTOptions& options() const { return opts_; }
+  // The backend the shard computes on; params(), grads() and the activations
+  // are in its memory (kernels().device()).
+  const ops::Kernels& kernels() const { return *k_; }
+  // The trained parameters (num_params()) copied to the host.
+  std::vector<float> host_params() const;
   const std::vector<ParamSpec>& table() const { return table_; }
   size_t num_params() const { return num_params_; }      // elements of this shard
   size_t padded_params() const { return padded_params_; }  // flat buffer length
@@ -200,6 +205,7 @@ private:
   Buffer act_buf_, grad_act_buf_;
   std::vector<SlotActs> slots_;
   GradActs gacts_{};
+  std::vector<float> host_losses_;  // a micro-batch's losses, summed on the host
 };
 
 }  // namespace meshlm

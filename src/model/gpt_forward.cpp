@@ -61,7 +61,7 @@ float GPT::forward(int slot, const int32_t* tokens, const int32_t* targets, int 
   const GPTTensors p = tensors(params());
   if (shard_.first_stage) {
     check_ids(tokens, N, V, "token");
-    s.tokens.assign(tokens, tokens + N);
+    k_->upload(s.tokens, tokens, static_cast<size_t>(N) * sizeof(int32_t));
     // Vocabulary-parallel lookup: each rank contributes the rows it holds.
     if (const quant::QSlice* q = qbase(idx_wte_)) {
       for (int n = 0; n < N; ++n) {
@@ -73,7 +73,7 @@ float GPT::forward(int slot, const int32_t* tokens, const int32_t* targets, int 
           std::memset(o, 0, C * sizeof(float));
       }
     } else {
-      k_->embedding_forward(s.input, tokens, p.wte, N, C, v0, Vl);
+      k_->embedding_forward(s.input, s.tokens, p.wte, N, C, v0, Vl);
     }
     tp_.reduce_from_region_forward(s.input, static_cast<size_t>(N) * C);
     if (const quant::QSlice* q = qbase(idx_wpe_)) {
@@ -92,7 +92,7 @@ float GPT::forward(int slot, const int32_t* tokens, const int32_t* targets, int 
   if (!shard_.last_stage) return 0.0f;
 
   check_ids(targets, N, V, "target");
-  s.targets.assign(targets, targets + N);
+  k_->upload(s.targets, targets, static_cast<size_t>(N) * sizeof(int32_t));
   k_->layernorm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, x, p.lnfw, p.lnfb, N, C);
   tp_.copy_to_region_forward(s.lnf, static_cast<size_t>(N) * C);
   // lm_head tied to wte, vocabulary-parallel: logits(N,Vl) = lnf(N,C) wte_part(Vl,C)^T;
@@ -103,11 +103,13 @@ float GPT::forward(int slot, const int32_t* tokens, const int32_t* targets, int 
     k_->matmul_forward(s.logits, s.lnf, p.wte, nullptr, N, C, Vl);
   k_->xent_local_max(s.xent_max, s.logits, N, Vl, v0, V);
   tp_.max_over_region(s.xent_max, N);
-  k_->xent_local_sums(s.xent_sums, s.logits, s.xent_max, targets, N, Vl, v0, V);
+  k_->xent_local_sums(s.xent_sums, s.logits, s.xent_max, s.targets, N, Vl, v0, V);
   tp_.sum_over_region(s.xent_sums, 2 * static_cast<size_t>(N));
   k_->xent_losses(s.losses, s.xent_max, s.xent_sums, N);
+  host_losses_.resize(N);
+  k_->download(host_losses_.data(), s.losses, static_cast<size_t>(N) * sizeof(float));
   double sum = 0;
-  for (int i = 0; i < N; ++i) sum += s.losses[i];
+  for (int i = 0; i < N; ++i) sum += host_losses_[i];
   return static_cast<float>(sum / N);
 }
 
@@ -129,9 +131,8 @@ void GPT::backward(int slot, float loss_scale) {
 
   if (shard_.last_stage) {
     // Loss = loss_scale * mean_n losses[n]
-    const float dl = loss_scale / static_cast<float>(N);
-    for (int i = 0; i < N; ++i) gacts_.dlosses[i] = dl;
-    k_->xent_local_backward(s.logits, s.xent_max, s.xent_sums, gacts_.dlosses, s.targets.data(),
+    k_->fill(gacts_.dlosses, loss_scale / static_cast<float>(N), N);
+    k_->xent_local_backward(s.logits, s.xent_max, s.xent_sums, gacts_.dlosses, s.targets,
                              N, Vl, v0, V);
     // lm_head: dlnf = dlogits wte_part summed over TP; dwte_part += dlogits^T lnf
     zero(gacts_.dln, NC);
@@ -183,7 +184,7 @@ void GPT::backward(int slot, float loss_scale) {
   }
   if (shard_.first_stage && !frozen) {
     tp_.reduce_from_region_backward(gacts_.dres, NC);
-    k_->embedding_backward(grad_at(idx_wte_), gacts_.dres, s.tokens.data(), N, C, v0, Vl);
+    k_->embedding_backward(grad_at(idx_wte_), gacts_.dres, s.tokens, N, C, v0, Vl);
     k_->position_backward(grad_at(idx_wpe_), gacts_.dres, B, Tn, C);
   }
   // logits now hold dlogits: a second backward() needs a new forward().

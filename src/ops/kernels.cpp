@@ -1,6 +1,7 @@
 // Kernels::cpu(): the CPU ops of ops/ops.h behind the Kernels interface.
 #include "ops/kernels.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "ops/blas.h"
@@ -98,6 +99,22 @@ public:
       for (int c = 0; c < C; ++c) o[c] += bias[c];
     }
   }
+  void fill(float* x, float value, size_t n) const override { std::fill(x, x + n, value); }
+  void upload(void* dst, const void* host_src, size_t bytes) const override {
+    if (bytes > 0) std::memcpy(dst, host_src, bytes);
+  }
+  void download(void* host_dst, const void* src, size_t bytes) const override {
+    if (bytes > 0) std::memcpy(host_dst, src, bytes);
+  }
+  void synchronize() const override {}
+  void adamw_update(float* params, const float* grads, float* m, float* v,
+                    std::span<const AdamWSegment> segments, const AdamWHyper& h) const override {
+    ops::adamw_update(params, grads, m, v, segments, h);
+  }
+  double sum_of_squares(const float* x, size_t n) const override {
+    return ops::sum_of_squares(x, n);
+  }
+  void scale(float* x, float factor, size_t n) const override { ops::scale(x, factor, n); }
 };
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "ops/ops.h"
 
 namespace meshlm::ops {
 
@@ -63,6 +64,22 @@ public:
   virtual void add(float* y, const float* x, size_t n) const = 0;
   // out(N,C) += bias(C), every row
   virtual void add_bias(float* out, const float* bias, int N, int C) const = 0;
+  // x(n) = value
+  virtual void fill(float* x, float value, size_t n) const = 0;
+
+  // ---- between the host and the backend's memory; both return when done ----
+  virtual void upload(void* dst, const void* host_src, size_t bytes) const = 0;
+  virtual void download(void* host_dst, const void* src, size_t bytes) const = 0;
+  // Waits for every op queued so far (a no-op on the CPU).
+  virtual void synchronize() const = 0;
+
+  // ---- the optimizer (ops/ops.h; the same bits on every backend) -----------
+  virtual void adamw_update(float* params, const float* grads, float* m, float* v,
+                            std::span<const AdamWSegment> segments,
+                            const AdamWHyper& h) const = 0;
+  // Returns when the sum is known.
+  virtual double sum_of_squares(const float* x, size_t n) const = 0;
+  virtual void scale(float* x, float factor, size_t n) const = 0;
 };
 
 }  // namespace meshlm::ops

@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 namespace meshlm::ops {
 
@@ -110,5 +111,30 @@ void xent_losses(T* losses, const T* rowmax, const T* sums, int N);
 template <typename T>
 void xent_local_backward(T* logits_dlogits, const T* rowmax, const T* sums, const T* dlosses,
                          const int32_t* targets, int N, int Vl, int v0, int V);
+
+// ---- optimizer (float only) ---------------------------------------------------
+// One run of AdamW's elements that share their weight decay: elements
+// [begin, begin + count) of the arrays given to adamw_update.
+struct AdamWSegment {
+  size_t begin = 0, count = 0;
+  bool decay = false;  // matrices: p *= 1 - lr wd first
+};
+// The hyperparameters of one step, rounded to float once (train/adamw.h).
+struct AdamWHyper {
+  float lr, beta1, beta2, eps, weight_decay;
+  float bias_correction1;       // 1 - beta1^t
+  float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
+};
+// AdamW over every segment, in float: per element, m = b1 m + (1-b1) g;
+// v = b2 v + (1-b2) g^2; p = p decay - lr / bc1 * m / (sqrt(v) / bc2_sqrt + eps).
+void adamw_update(float* params, const float* grads, float* m, float* v,
+                  std::span<const AdamWSegment> segments, const AdamWHyper& h);
+// sum x^2 over n elements in double, in a fixed order (blocks of
+// kSumOfSquaresBlock elements, then their sums in order): the same bits for
+// any number of threads, and on the CUDA backend.
+inline constexpr size_t kSumOfSquaresBlock = size_t(1) << 16;
+double sum_of_squares(const float* x, size_t n);
+// x(n) *= factor
+void scale(float* x, float factor, size_t n);
 
 }  // namespace meshlm::ops

@@ -15,6 +15,7 @@
 
 #include "core/alloc.h"
 #include "model/param_table.h"
+#include "ops/kernels.h"
 
 namespace meshlm {
 
@@ -33,12 +34,16 @@ class AdamW {
 public:
   // Moments (category: optimizer) for the elements [begin, end) of the flat
   // buffer laid out by `table`: the whole table by default, this rank's
-  // shard under ZeRO (which may reach into the padding past the table).
+  // shard under ZeRO (which may reach into the padding past the table). They
+  // live where `kernels` computes (which must outlive the optimizer), and so
+  // must the buffers given to step().
   AdamW(const std::vector<ParamSpec>& table, const AdamWConfig& cfg, size_t begin = 0,
-        size_t end = SIZE_MAX);
+        size_t end = SIZE_MAX, const ops::Kernels& kernels = ops::Kernels::cpu());
   // One step of the elements [begin, end): `params` is the whole flat buffer,
   // `grads` the gradients of those elements (grads[0] belongs to element begin).
   void step(float* params, const float* grads, float lr);
+  // The tensors' parts inside [begin, end), relative to begin, in table order.
+  const std::vector<ops::AdamWSegment>& segments() const { return segments_; }
   int64_t steps_taken() const { return t_; }
   size_t begin() const { return begin_; }
   size_t end() const { return end_; }
@@ -49,6 +54,8 @@ private:
   std::vector<ParamSpec> table_;
   AdamWConfig cfg_;
   size_t begin_ = 0, end_ = 0;
+  const ops::Kernels& k_;
+  std::vector<ops::AdamWSegment> segments_;
   int64_t t_ = 0;
   Buffer m_, v_;
 };
@@ -63,7 +70,8 @@ inline double grad_norm(const float* grads, size_t n) { return std::sqrt(sum_of_
 // Returns the norm before clipping. max_norm <= 0 disables clipping.
 double clip_grad_norm(float* grads, size_t n, double max_norm);
 // The scaling step of clip_grad_norm, for gradients whose (global) norm is
-// already known: the shards of a distributed step.
-void clip_to_norm(float* grads, size_t n, double norm, double max_norm);
+// already known: the shards of a distributed step (on the backend of `k`).
+void clip_to_norm(float* grads, size_t n, double norm, double max_norm,
+                  const ops::Kernels& k = ops::Kernels::cpu());
 
 }  // namespace meshlm

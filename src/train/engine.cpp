@@ -19,7 +19,7 @@ RankPlan Engine::plan_of(const RunConfig& cfg, const MeshCoords& c) {
 }
 
 Engine::Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& timers,
-               const load::FrozenBase* base)
+               const load::FrozenBase* base, const ops::Kernels& kernels)
     : cfg_(cfg), mesh_(mesh), timers_(timers) {
   tp_ = comm::make_mpi_communicator(mesh.tp());
   dp_ = comm::make_mpi_communicator(mesh.dp());
@@ -29,6 +29,7 @@ Engine::Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& tim
   if (mesh.embedding() != MPI_COMM_NULL) emb_ = comm::make_mpi_communicator(mesh.embedding());
   const MeshCoords c = mesh.coords();
   shape_ = plan_of(cfg, c);
+  shape_.model.kernels = &kernels;
   const int B = cfg.train.micro_batch_size, T = cfg.train.seq_len, m = cfg.parallel.micro_batches;
 
   model_ = std::make_unique<GPT>(cfg.model, shape_.shard, shape_.model,
@@ -47,7 +48,7 @@ Engine::Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& tim
   zero_ = std::make_unique<Zero>(shape_.zero_stage, *dp_, *model_,
                                  zero_layout(cfg.model, shape_), timers_);
   opt_ = std::make_unique<AdamW>(model_->table(), cfg.train.adamw, zero_->own_begin(),
-                                 zero_->own_end());
+                                 zero_->own_end(), model_->kernels());
   pipeline_ = std::make_unique<PipelineRunner>(
       *model_, build_schedule(cfg.parallel.schedule, c.pp, cfg.parallel.pp, m), *pp_send_,
       *pp_recv_, B, T, 1.0f / static_cast<float>(m * cfg.parallel.dp), timers_);
@@ -94,7 +95,8 @@ double Engine::clip_owned(double max_norm) {
     world_->all_reduce(&local, &total, 1, DType::f64, comm::ReduceOp::sum).wait();
   }
   const double norm = std::sqrt(total);
-  clip_to_norm(zero_->owned_grads(), zero_->own_end() - zero_->own_begin(), norm, max_norm);
+  clip_to_norm(zero_->owned_grads(), zero_->own_end() - zero_->own_begin(), norm, max_norm,
+               model_->kernels());
   return norm;
 }
 
@@ -112,7 +114,7 @@ StepResult Engine::step(const int32_t* tokens, const int32_t* targets, float lr,
   zero_->reduce();
   if (debug.nan_step > 0 && step_number >= debug.nan_step &&
       step_number < debug.nan_step + debug.nan_count && mesh_.rank() == 0)
-    zero_->owned_grads()[0] = std::numeric_limits<float>::quiet_NaN();
+    model_->kernels().fill(zero_->owned_grads(), std::numeric_limits<float>::quiet_NaN(), 1);
 
   StepResult r;
   // The loss lives on the last stage; one rank per DP replica contributes.

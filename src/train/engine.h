@@ -47,9 +47,11 @@ struct StepResult {
 class Engine {
 public:
   // Collective over mesh.world(). The mesh must outlive the engine; so must
-  // `base`, the frozen base model, which finetune.mode = lora needs.
+  // `base`, the frozen base model, which finetune.mode = lora needs, and
+  // `kernels`, the backend the rank computes on (train/backend.h).
   Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& timers,
-         const load::FrozenBase* base = nullptr);
+         const load::FrozenBase* base = nullptr,
+         const ops::Kernels& kernels = ops::Kernels::cpu());
   ~Engine();
 
   // What the rank at `c` holds under `cfg` (plan/rank_plan.h).

@@ -14,10 +14,13 @@ std::vector<float> gather_params(const RunConfig& cfg, const ProcessMesh& mesh,
   const std::vector<ParamSpec> full_table = trainable_table(cfg.model, {}, model.options());
   std::vector<float> full;
   if (mesh.rank() != 0) {
-    if (mesh.coords().dp == 0)
-      world.send(model.params(), model.num_params(), DType::f32, 0).wait();
+    if (mesh.coords().dp == 0) {
+      const std::vector<float> mine = model.host_params();
+      world.send(mine.data(), mine.size(), DType::f32, 0).wait();
+    }
     return full;
   }
+  const std::vector<float> mine = model.host_params();
   full.assign(table_numel(full_table), 0.0f);
   std::vector<float> part;
   for (int r = 0; r < layout.world(); ++r) {
@@ -26,7 +29,7 @@ std::vector<float> gather_params(const RunConfig& cfg, const ProcessMesh& mesh,
     const RankPlan s = plan_rank(cfg.model, cfg.parallel, cfg.finetune, cfg.train.micro_batch_size,
                                  cfg.train.seq_len, c);
     const std::vector<ParamSpec> table = trainable_table(cfg.model, s.shard, s.model);
-    const float* src = model.params();
+    const float* src = mine.data();
     if (r != 0) {
       part.resize(table_numel(table));
       world.recv(part.data(), part.size(), DType::f32, r).wait();

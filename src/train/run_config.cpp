@@ -81,6 +81,23 @@ void validate_train(const RunConfig& c) {
   if (c.data.path.empty()) fail("data.path is required (a token file; see data.tokenize_from)");
   if (c.output.dir.empty()) fail("output.dir must not be empty");
   if (c.runtime.threads < 0) fail("runtime.threads must be >= 0 (0 = automatic)");
+  if (c.runtime.backend == ComputeBackend::cuda) {
+#ifndef MESHLM_HAVE_CUDA
+    fail("runtime.backend = cuda, but this meshlm was built without the CUDA backend (no nvcc "
+         "found, or -DMESHLM_CUDA=OFF); rebuild with -DMESHLM_CUDA=ON");
+#endif
+    // One GPU computes the whole model: several ranks would exchange
+    // activations and gradients through host MPI, which the CUDA backend
+    // does not stage yet.
+    const ParallelConfig& p = c.parallel;
+    if (p.dp * p.tp * p.pp != 1)
+      fail("runtime.backend = cuda runs one rank with the whole model: parallel.dp, parallel.tp "
+           "and parallel.pp must be 1 (got dp " + str(p.dp) + ", tp " + str(p.tp) + ", pp " +
+           str(p.pp) + ")");
+    if (c.finetune.mode != FinetuneMode::full)
+      fail("runtime.backend = cuda trains finetune.mode = full only; LoRA on a quantized base "
+           "runs on runtime.backend = cpu");
+  }
   if (c.debug.fail_step < 1) fail("debug.fail_step must be >= 1 (got " + str(c.debug.fail_step) + ")");
 }
 

@@ -32,6 +32,19 @@ inline constexpr EnumName<NonFinite> kNonFiniteNames[] = {
 };
 constexpr std::span<const EnumName<NonFinite>> enum_names(NonFinite) { return kNonFiniteNames; }
 
+// runtime.backend: where a rank computes.
+enum class ComputeBackend {
+  cpu,   // OpenMP + BLAS on the rank's cores
+  cuda,  // the GPU of its node-local rank modulo the node's GPUs (cuBLAS + meshlm's kernels)
+};
+inline constexpr EnumName<ComputeBackend> kComputeBackendNames[] = {
+    {ComputeBackend::cpu, "cpu"},
+    {ComputeBackend::cuda, "cuda"},
+};
+constexpr std::span<const EnumName<ComputeBackend>> enum_names(ComputeBackend) {
+  return kComputeBackendNames;
+}
+
 // [train] (and model.seq_len): the optimisation.
 struct TrainConfig {
   int seq_len = 64;            // [model] seq_len: T of every training sequence
@@ -63,6 +76,7 @@ struct OutputConfig {
 
 struct RuntimeConfig {
   int threads = 0;  // OpenMP threads per rank; 0 = from the CPU affinity mask (train/threads.h)
+  ComputeBackend backend = ComputeBackend::cpu;
 };
 
 // [debug] switches for tests of the failure paths.

@@ -22,6 +22,7 @@
 #include "plan/memory.h"
 #include "load/base_loader.h"
 #include "mesh/mesh.h"
+#include "train/backend.h"
 #include "train/engine.h"
 #include "train/report.h"
 #include "train/threads.h"
@@ -179,8 +180,9 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
   log::info("# meshlm {} | {} rank(s) = dp {} x tp {} x pp {} on {} node(s) | parameter file {}",
             MESHLM_VERSION, mesh.layout().world(), pc.dp, pc.tp, pc.pp, mesh.node_count(),
             cfg.source);
-  mesh.print_rank_lines(fmt::format("device cpu | cores {} | threads {}", threads.cores.text(),
-                                    threads.threads));
+  const Backend backend(cfg.runtime.backend, mesh);
+  mesh.print_rank_lines(fmt::format("device {} | cores {} | threads {}", backend.describe(),
+                                    threads.cores.text(), threads.threads));
 
   check_run_files(cfg, mesh.world(), rank);
   io::TokenReader data = open_training_data(cfg.data, cfg.model.vocab_size, mesh.world(), rank);
@@ -214,7 +216,7 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
               cfg.quant.share == quant::ShareMode::per_rank ? "rank" : "node", base->report().cache, base->seconds());
   }
 
-  Engine engine(cfg, mesh, timers, base.get());
+  Engine engine(cfg, mesh, timers, base.get(), backend.kernels());
   const LRSchedule sched{tc.lr, tc.lr_min_ratio, tc.warmup_steps, tc.steps};
   const size_t n_full = table_numel(gpt_param_table(cfg.model));
   log::info("# model: GPT-2 L={} NH={} C={} V={} (padded {}) | {} parameters ({})",
@@ -301,6 +303,23 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
     labels.push_back(fmt::format("dp {} tp {} pp {}", c.dp, c.tp, c.pp));
   }
   print_memory_table(mem, labels);
+  if (backend.kind() == ComputeBackend::cuda) {
+    // Device memory (one rank): the tracked Buffers by category, and what the
+    // driver reports in use on the device.
+    const MemTracker& t = MemTracker::get();
+    std::string cats;
+    for (int c = 0; c < kNumMemCategories; ++c) {
+      const size_t peak = t.peak(static_cast<MemCategory>(c), Device::cuda);
+      if (peak > 0)
+        cats += fmt::format(" | {} {}", mem_category_name(static_cast<MemCategory>(c)),
+                            format_bytes(static_cast<double>(peak)));
+    }
+    log::info("# device memory, {}: tracked peak {}{} | in use on the device now {} of {} "
+              "(cudaMemGetInfo)",
+              backend.describe(), format_bytes(static_cast<double>(t.peak_total(Device::cuda))),
+              cats, format_bytes(static_cast<double>(backend.device_used_bytes())),
+              format_bytes(static_cast<double>(backend.device_total_bytes())));
+  }
   print_timing_table(timers, summary.seconds, *world);
   if (gather_final_params) summary.final_params = engine.gather_params();
   if (runlog) {

@@ -2,16 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "core/error.h"
-#include "train/adamw.h"
 
 namespace meshlm {
 
 Zero::Zero(int stage, comm::Communicator& dp, GPT& model, const ZeroLayout& layout,
            SectionTimers& timers)
-    : stage_(stage), dp_(dp), model_(model), z_(layout), timers_(timers) {
+    : stage_(stage), dp_(dp), model_(model), k_(model.kernels()), z_(layout), timers_(timers) {
   MESHLM_CHECK(stage >= 0 && stage <= 2, "ZeRO stage must be 0, 1 or 2");
   MESHLM_CHECK(model.padded_params() == z_.padded &&
                    (stage == 0 || z_.shard * dp.size() == z_.padded),
@@ -29,9 +27,12 @@ Zero::Zero(int stage, comm::Communicator& dp, GPT& model, const ZeroLayout& layo
 
   const std::vector<ParamSpec>& table = model_.table();
   const int layer0 = model_.shard().layer_begin;
-  shard_grads_ = Buffer(z_.shard * sizeof(float), MemCategory::grads, "zero2.shard_grads");
-  bucket_ = Buffer(largest_block_numel(table) * sizeof(float), MemCategory::grads, "zero2.bucket");
-  edge_grads_ = Buffer(edge_numel(table) * sizeof(float), MemCategory::grads, "zero2.edge_grads");
+  const Device dev = k_.device();
+  shard_grads_ = Buffer(z_.shard * sizeof(float), MemCategory::grads, "zero2.shard_grads", dev);
+  bucket_ = Buffer(largest_block_numel(table) * sizeof(float), MemCategory::grads, "zero2.bucket",
+                   dev);
+  edge_grads_ =
+      Buffer(edge_numel(table) * sizeof(float), MemCategory::grads, "zero2.edge_grads", dev);
   edge_offset_.assign(table.size(), 0);
   size_t e = 0;
   for (size_t i = 0; i < table.size(); ++i) {
@@ -55,7 +56,7 @@ Zero::Zero(int stage, comm::Communicator& dp, GPT& model, const ZeroLayout& layo
       [this, layer0](int layer) {
         const auto& r = block_range_[layer - layer0];
         reduce_to_owners(bucket_.as<float>(), r.first, r.second);
-        std::memset(bucket_.data(), 0, (r.second - r.first) * sizeof(float));
+        k_.zero(bucket_.as<float>(), r.second - r.first);
       });
 }
 
@@ -65,9 +66,8 @@ float* Zero::owned_grads() {
 
 void Zero::zero_grads() {
   if (stage_ < 2) return;
-  // An empty buffer has no data (nullptr): memset of it is undefined, even of 0 bytes.
-  if (shard_grads_.bytes() > 0) std::memset(shard_grads_.data(), 0, shard_grads_.bytes());
-  if (edge_grads_.bytes() > 0) std::memset(edge_grads_.data(), 0, edge_grads_.bytes());
+  k_.zero(shard_grads_.as<float>(), shard_grads_.bytes() / sizeof(float));
+  k_.zero(edge_grads_.as<float>(), edge_grads_.bytes() / sizeof(float));
 }
 
 float* Zero::gradient(size_t index) {
@@ -86,9 +86,13 @@ void Zero::reduce_to_owners(float* src, size_t a, size_t b) {
     float* part = src + (lo - a);
     float* owned = shard_grads_.as<float>() + (lo - k * S);
     // The owner adds what it accumulated so far to its own contribution, so
-    // the reduction lands straight in the shard.
-    if (me == k)
-      for (size_t i = 0; i < hi - lo; ++i) part[i] += owned[i];
+    // the reduction lands straight in the shard. Alone in the group, that
+    // sum is the whole reduction.
+    if (dp_.size() == 1) {
+      k_.add(owned, part, hi - lo);
+      continue;
+    }
+    if (me == k) k_.add(part, owned, hi - lo);
     dp_.reduce(part, owned, hi - lo, DType::f32, comm::ReduceOp::sum, k).wait();
   }
 }
@@ -101,6 +105,7 @@ void Zero::reduce() {
       if (dp_.size() > 1) dp_.all_reduce(g, g, z_.n, DType::f32, comm::ReduceOp::sum).wait();
       break;
     case 1:
+      if (dp_.size() == 1) break;  // the shard is everything
       dp_.reduce_scatter(g, g + own_begin_, z_.shard, DType::f32, comm::ReduceOp::sum).wait();
       break;
     case 2: {
@@ -124,7 +129,7 @@ double Zero::sum_of_squares(const std::function<bool(const ParamSpec&)>& counted
     const size_t lo = std::max(p.offset, own_begin_);
     const size_t hi = std::min(p.offset + p.numel(), own_end_);
     if (lo >= hi || !counted(p)) continue;
-    local += meshlm::sum_of_squares(g + (lo - own_begin_), hi - lo);
+    local += k_.sum_of_squares(g + (lo - own_begin_), hi - lo);
   }
   return local;
 }
@@ -134,14 +139,16 @@ int Zero::first_nonfinite() const {
   for (const ParamSpec& p : model_.table()) {
     const size_t lo = std::max(p.offset, own_begin_);
     const size_t hi = std::min(p.offset + p.numel(), own_end_);
-    for (size_t i = lo; i < hi; ++i)
-      if (!std::isfinite(g[i - own_begin_])) return p.index;
+    // A sum of float squares in double overflows only if an element is not
+    // finite (and NaN stays NaN).
+    if (lo < hi && !std::isfinite(k_.sum_of_squares(g + (lo - own_begin_), hi - lo)))
+      return p.index;
   }
   return -1;
 }
 
 void Zero::share_params() {
-  if (stage_ == 0) return;
+  if (stage_ == 0 || dp_.size() == 1) return;
   ScopedTimer t(timers_, Section::dp_comm);
   float* p = model_.params();
   dp_.all_gather(p + own_begin_, p, z_.shard, DType::f32).wait();

@@ -72,6 +72,7 @@ private:
   int stage_;
   comm::Communicator& dp_;
   GPT& model_;
+  const ops::Kernels& k_;  // the model's backend: ZeRO's buffers live there too
   ZeroLayout z_;
   SectionTimers& timers_;
   size_t own_begin_ = 0, own_end_ = 0;

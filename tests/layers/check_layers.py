@@ -25,7 +25,7 @@ ALLOWED = {
     "model": ["core", "ops", "comm", "quant"],
     "load": ["core", "comm", "mesh", "quant", "model", "io"],
     "plan": ["core", "mesh", "quant", "model"],
-    "train": ["core", "ops", "comm", "mesh", "quant", "model", "io", "load", "plan"],
+    "train": ["core", "ops", "comm", "mesh", "quant", "model", "io", "load", "plan", "cuda"],
     "app": ["core", "ops", "comm", "mesh", "quant", "model", "io", "load", "plan", "train"],
     "cuda": ["core", "ops", "quant"],
 }

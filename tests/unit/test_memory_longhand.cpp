@@ -149,13 +149,15 @@ Expected longhand(const Case& k) {
   const size_t res3 = BT * C;  // the block's output
   const size_t inner = ln1 + ln1_mean + ln1_rstd + qkv + atty + att + attproj + res2 + ln2 +
                        ln2_mean + ln2_rstd + fch + fch_gelu + fcproj;
-  // One micro-batch: the stage's input, its blocks (only their outputs under
-  // full checkpointing), and on the last stage the head and the loss.
+  // One micro-batch: its token ids (first stage) and target ids (last
+  // stage), 4 bytes each, the stage's input, its blocks (only their outputs
+  // under full checkpointing), and on the last stage the head and the loss.
+  const size_t ids = (k.first ? BT : 0) + (k.last ? BT : 0);
   const size_t input = BT * C;
   const size_t lnf = BT * C, lnf_mean = BT, lnf_rstd = BT;
   const size_t logits = BT * Vl, losses = BT, xent_max = BT, xent_sums = 2 * BT;
   const size_t head = lnf + lnf_mean + lnf_rstd + logits + losses + xent_max + xent_sums;
-  const size_t per_slot = input + L * ((ckpt ? 0 : inner) + res3) + (k.last ? head : 0);
+  const size_t per_slot = ids + input + L * ((ckpt ? 0 : inner) + res3) + (k.last ? head : 0);
   // Checkpointing recomputes into one shared block.
   const size_t recompute = ckpt ? inner : 0;
   // Gradients of the activations, one set for the whole stage.
@@ -413,8 +415,8 @@ TEST(MemoryLonghand, EveryCasePerCategory) {
 //   a block: 48 (18 C + 4) + B NH T T = 48 * 868 + 3 * 4 * 16 * 16 = 41664 + 3072 = 44736
 //     (ln1, qkv 3C, atty, attproj, res2, ln2, fch 4C, fch_gelu 4C, fcproj, res3; two
 //     means and two rstds per token; att),
-//   a slot: input 48 C + 5 blocks + head 48 (C + 2 + Vp + 1 + 1 + 2)
-//     = 2304 + 223680 + 8736,
+//   a slot: token and target ids 2 * 48 + input 48 C + 5 blocks + head 48 (C + 2 + Vp + 1 + 1 + 2)
+//     = 96 + 2304 + 223680 + 8736,
 //   gradients: 48 (14 C + 1) + 3072 = 35376.
 TEST(MemoryLonghand, WholeModelAsNumbers) {
   const GPTConfig A = model_a();
@@ -422,7 +424,7 @@ TEST(MemoryLonghand, WholeModelAsNumbers) {
   EXPECT_EQ(at(got, MemCategory::params), 148560u * 4);
   EXPECT_EQ(at(got, MemCategory::grads), 148560u * 4);
   EXPECT_EQ(at(got, MemCategory::optimizer), 2u * 148560u * 4);
-  EXPECT_EQ(at(got, MemCategory::activations), (2304u + 223680u + 8736u + 35376u) * 4);
+  EXPECT_EQ(at(got, MemCategory::activations), (96u + 2304u + 223680u + 8736u + 35376u) * 4);
   EXPECT_EQ(at(got, MemCategory::quantized), 0u);
   EXPECT_EQ(at(got, MemCategory::comm), 0u);
   EXPECT_EQ(at(got, MemCategory::workspace), 0u);

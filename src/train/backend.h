@@ -1,0 +1,43 @@
+// The compute backend of a rank (runtime.backend): the CPU ops, or one GPU
+// with its stream and device allocator (cuda/context.h). The model, ZeRO and
+// AdamW run on backend().kernels(); their buffers live in its memory.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "mesh/mesh.h"
+#include "ops/kernels.h"
+#include "train/run_config.h"
+
+namespace meshlm {
+
+namespace cuda {
+class DeviceContext;
+}
+
+class Backend {
+public:
+  // Collective over mesh.world(): a rank that can use no GPU under
+  // runtime.backend = cuda makes every rank throw (CollectiveError naming it).
+  Backend(ComputeBackend kind, const ProcessMesh& mesh);
+  ~Backend();
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  ComputeBackend kind() const { return kind_; }
+  const ops::Kernels& kernels() const;
+  // "cpu", or "cuda:0 (NVIDIA H100 80GB HBM3)".
+  std::string describe() const;
+  // A GPU's memory as its driver reports it (every process on the device),
+  // and its size; 0 on the CPU.
+  size_t device_used_bytes() const;
+  size_t device_total_bytes() const;
+
+private:
+  ComputeBackend kind_;
+  std::unique_ptr<cuda::DeviceContext> gpu_;
+};
+
+}  // namespace meshlm
