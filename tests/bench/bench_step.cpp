@@ -3,7 +3,12 @@
 // (tests/bench/torch_step.py, driven by tests/bench/compare.py).
 //
 //   meshlm_bench --n_layer 12 --n_head 12 --n_embd 768 --vocab_size 50304
-//                --seq_len 64 --batch 4 --threads 2 [--steps 5] [--warmup 2]
+//                --seq_len 64 --batch 4 --threads 2 [--steps 5] [--warmup 2] [--cuda 1]
+//
+// --cuda 1 runs the step on GPU 0 (runtime.backend = cuda, fp32), timed to
+// the end of the device's work, and adds the device memory to the line: the
+// tracked Buffers' peak, the caching allocator's reservation, and what
+// cudaMemGetInfo reports in use.
 //
 // Prints one JSON line (same keys as torch_step.py). Training FLOPs per step
 // (docs/PERFORMANCE.md):
@@ -14,6 +19,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
+#include <memory>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -23,6 +30,9 @@
 #include "core/timer.h"
 #include "model/gpt.h"
 #include "train/adamw.h"
+#ifdef MESHLM_HAVE_CUDA
+#include "cuda/context.h"
+#endif
 
 using namespace meshlm;
 
@@ -30,7 +40,7 @@ int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   std::map<std::string, long> f = {{"n_layer", 12}, {"n_head", 12},   {"n_embd", 768},
                                    {"vocab_size", 50304}, {"seq_len", 64}, {"batch", 4},
-                                   {"threads", 1},  {"steps", 5},     {"warmup", 2}};
+                                   {"threads", 1},  {"steps", 5},     {"warmup", 2}, {"cuda", 0}};
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     if (k.rfind("--", 0) != 0 || !f.count(k.substr(2))) {
@@ -51,9 +61,27 @@ int main(int argc, char** argv) {
   cfg.vocab_size = static_cast<int>(f["vocab_size"]);
   const int B = static_cast<int>(f["batch"]), T = static_cast<int>(f["seq_len"]);
   cfg.max_seq_len = T;
-  GPT model(cfg);
+  const ops::Kernels* kernels = &ops::Kernels::cpu();
+  std::string device = "cpu";
+#ifdef MESHLM_HAVE_CUDA
+  std::unique_ptr<cuda::DeviceContext> gpu;
+  if (f["cuda"] != 0) {
+    gpu = std::make_unique<cuda::DeviceContext>(0, 0);
+    kernels = &gpu->kernels();
+    device = gpu->name();
+  }
+#else
+  if (f["cuda"] != 0) {
+    std::fprintf(stderr, "meshlm_bench: built without the CUDA backend\n");
+    MPI_Finalize();
+    return 2;
+  }
+#endif
+  GPTOptions opts;
+  opts.kernels = kernels;
+  GPT model(cfg, {}, opts);
   model.init_weights(0);
-  AdamW opt(model.table(), {0.9f, 0.95f, 1e-8f, 0.1f});
+  AdamW opt(model.table(), {0.9f, 0.95f, 1e-8f, 0.1f}, 0, SIZE_MAX, *kernels);
   std::vector<int32_t> tok(static_cast<size_t>(B) * T), tgt(tok.size());
   Rng rng(1);
   for (auto& t : tok) t = static_cast<int32_t>(rng.below(cfg.vocab_size));
@@ -66,8 +94,10 @@ int main(int argc, char** argv) {
     model.zero_grads();
     loss = model.forward(tok.data(), tgt.data(), B, T);
     model.backward();
-    clip_grad_norm(model.grads(), model.num_params(), 1.0);
+    const double norm = std::sqrt(kernels->sum_of_squares(model.grads(), model.num_params()));
+    clip_to_norm(model.grads(), model.num_params(), norm, 1.0, *kernels);
     opt.step(model.params(), model.grads(), 3e-4f);
+    kernels->synchronize();
     if (s >= f["warmup"]) times.push_back(now_seconds() - t0);
   }
   std::sort(times.begin(), times.end());
@@ -75,12 +105,20 @@ int main(int argc, char** argv) {
   const double L = cfg.n_layer, C = cfg.n_embd, V = cfg.vocab_size;
   const double fwd_per_token = 2 * (L * 12 * C * C + V * C) + 4 * L * T * C;
   const double flops = 3 * fwd_per_token * B * T;
+  std::string memory;
+#ifdef MESHLM_HAVE_CUDA
+  if (gpu)
+    memory = ", \"peak_tracked_gib\": " +
+             std::to_string(MemTracker::get().peak_total(Device::cuda) / 1073741824.0) +
+             ", \"reserved_gib\": " + std::to_string(gpu->reserved_bytes() / 1073741824.0) +
+             ", \"device_in_use_gib\": " + std::to_string(gpu->used_bytes() / 1073741824.0);
+#endif
   std::printf(
-      "{\"impl\": \"meshlm\", \"threads\": %d, \"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d, "
+      "{\"impl\": \"meshlm\", \"device\": \"%s\", \"threads\": %d, \"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d, "
       "\"vocab_size\": %d, \"seq_len\": %d, \"batch\": %d, \"ms_per_step\": %.3f, "
-      "\"tokens_per_s\": %.1f, \"gflops\": %.2f, \"loss\": %.4f}\n",
-      threads, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, T, B, 1e3 * med, B * T / med,
-      flops / med / 1e9, loss);
+      "\"tokens_per_s\": %.1f, \"gflops\": %.2f, \"loss\": %.4f%s}\n",
+      device.c_str(), threads, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, T, B, 1e3 * med, B * T / med,
+      flops / med / 1e9, loss, memory.c_str());
   MPI_Finalize();
   return 0;
 }

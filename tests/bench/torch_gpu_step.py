@@ -4,7 +4,7 @@
 Usage:
   torch_gpu_step.py --n_layer L --n_head NH --n_embd C [--vocab_size 50257] [--seq_len 1024]
                     [--batch B[,B...] | --batch auto] [--steps 20] [--warmup 5] [--no-compile]
-                    [--peak-tflops 989.4]
+                    [--peak-tflops 989.4] [--fp32]
 
 GPT-2 (learned positions, pre-LayerNorm, tanh GELU, tied lm_head, vocabulary
 padded to a multiple of 64 rows, logits over the V real rows) trained the way
@@ -16,6 +16,10 @@ PyTorch's own performance guides set it up on a GPU:
   - torch.optim.AdamW(fused=True), clip_grad_norm_(1.0, foreach);
   - torch.compile of the model (unless --no-compile);
   - TF32 allowed for the fp32 matmuls that remain.
+
+--fp32 trains in plain float32 instead (no autocast, TF32 off, no compile):
+the same arithmetic as meshlm's fp32 CUDA backend, for a like-for-like
+figure beside the bf16 one.
 
 A step is zero_grad(set_to_none) + forward + backward + clip + optimizer step;
 steps are timed with CUDA events after `warmup` untimed ones (the first ones
@@ -127,7 +131,7 @@ def run(args, B):
 
     def step():
         opt.zero_grad(set_to_none=True)
-        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=not args.fp32):
             loss = fwd(tokens, targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
@@ -151,7 +155,7 @@ def run(args, B):
     return {
         "impl": "pytorch-gpu", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
         "n_layer": L, "n_head": NH, "n_embd": C, "vocab_size": V, "seq_len": T, "batch": B,
-        "compile": args.compile, "ms_per_step": med * 1e3, "tokens_per_s": B * T / med,
+        "precision": "fp32" if args.fp32 else "bf16-autocast", "compile": args.compile, "ms_per_step": med * 1e3, "tokens_per_s": B * T / med,
         "tflops": flops / 1e12, "mfu": flops / (args.peak_tflops * 1e12),
         "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30, "final_loss": loss.item(),
     }
@@ -170,11 +174,14 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--peak-tflops", type=float, default=989.4)
     ap.add_argument("--no-compile", dest="compile", action="store_false")
+    ap.add_argument("--fp32", action="store_true")
     args = ap.parse_args()
+    if args.fp32:
+        args.compile = False
     if not torch.cuda.is_available():
         sys.exit("torch_gpu_step.py: no CUDA device")
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cuda.matmul.allow_tf32 = not args.fp32
+    torch.backends.cudnn.allow_tf32 = not args.fp32
     if args.batch == "auto":
         batches = [64, 48, 32, 24, 16, 12, 8, 4, 2, 1]
     else:
