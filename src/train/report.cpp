@@ -54,10 +54,13 @@ std::vector<RankMemory> gather_memory(const MemoryByCategory& predicted, comm::C
   const MemTracker& t = MemTracker::get();
   RankMemory mine;
   mine.predicted = predicted;
+  // The host's and the GPU's tracked buffers together, per category (on the
+  // CUDA backend the model's buffers are on the device, the data loader's on
+  // the host; the prediction counts both).
   for (int c = 0; c < kNumMemCategories; ++c) {
     const auto cat = static_cast<MemCategory>(c);
-    mine.current[c] = t.current(cat);
-    mine.peak[c] = t.peak(cat);
+    mine.current[c] = t.current(cat, Device::cpu) + t.current(cat, Device::cuda);
+    mine.peak[c] = t.peak(cat, Device::cpu) + t.peak(cat, Device::cuda);
   }
   mine.process = read_process_memory();
   static_assert(std::is_trivially_copyable_v<RankMemory>);

@@ -18,7 +18,8 @@ struct RankMemory {
   ProcessMemory process;
 };
 // Collective over `world`: every rank's figures (its prediction, the tracked
-// allocator, /proc) on rank 0, in rank order; empty on the other ranks.
+// allocator, host and GPU buffers together per category, /proc) on rank 0,
+// in rank order; empty on the other ranks.
 std::vector<RankMemory> gather_memory(const MemoryByCategory& predicted, comm::Communicator& world);
 // Collective over `world`: one line before the run, the predicted total per
 // rank as min / avg / max, and rank 0's largest categories.
