@@ -89,7 +89,7 @@ void print_memory_table(const std::vector<RankMemory>& ranks,
   // Per category over the ranks; the tracked total and the process figures
   // also show what the tracker does not see (MPI, BLAS and HDF5 buffers,
   // code, the C++ heap).
-  log::info("# Memory per rank, host: predicted | peak measured by the tracked allocator "
+  log::info("# Memory per rank (tracked buffers, host and GPU together): predicted | peak measured by the tracked allocator "
             "(min / avg / max over {} ranks)", ranks.size());
   log::info("# {:<12} {:>11} {:>11} {:>11} | {:>11} {:>11} {:>11}", "category", "pred min",
             "pred avg", "pred max", "peak min", "peak avg", "peak max");

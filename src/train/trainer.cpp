@@ -199,8 +199,17 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
   const bool lora = shape.model.lora.enabled;
   if (!lora && !cfg.quant.cache.empty())
     log::warn("quant.cache = {} is not used: finetune.mode = full quantizes nothing", cfg.quant.cache);
-  const MemoryByCategory predicted =
+  MemoryByCategory predicted =
       predict_memory(cfg.model, shape, loader->windows_per_epoch(), cfg.data.shuffle);
+  if (cfg.runtime.backend == ComputeBackend::cuda) {
+    // On a GPU each trained tensor is made whole on the host and uploaded
+    // (GPT::set_weights), one at a time: host workspace of the largest.
+    size_t largest = 0;
+    for (const ParamSpec& p : trainable_table(cfg.model, shape.shard, shape.model))
+      largest = std::max(largest, static_cast<size_t>(p.full_shape.numel()));
+    at(predicted, MemCategory::workspace) =
+        std::max(at(predicted, MemCategory::workspace), largest * sizeof(float));
+  }
   print_predicted_memory(predicted, *world);
   check_memory_fits(predicted, mesh);
 
