@@ -9,7 +9,10 @@
 // use and kept for the life of the process; every call sets the caller's
 // stream on it. FP32 GEMMs run in CUBLAS_DEFAULT_MATH, which uses no TF32
 // (that takes CUBLAS_TF32_TENSOR_OP_MATH), so the fp32 backend can be
-// compared tightly with the CPU.
+// compared tightly with the CPU. Under bf16 and fp16 the operands stay fp32
+// in memory and the GEMM's compute type, CUBLAS_COMPUTE_32F_FAST_16BF or
+// _16F, has cuBLAS convert them to the 16-bit type for the tensor cores and
+// accumulate in fp32: the rounding the CPU backend emulates.
 #include <cuda_runtime.h>
 
 #include <map>
@@ -47,6 +50,15 @@ cublasHandle_t blas_handle(cudaStream_t stream) {
 
 cublasOperation_t op(bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
+cublasComputeType_t compute_type(ops::Precision p) {
+  switch (p) {
+    case ops::Precision::bf16: return CUBLAS_COMPUTE_32F_FAST_16BF;
+    case ops::Precision::fp16: return CUBLAS_COMPUTE_32F_FAST_16F;
+    case ops::Precision::fp32: break;
+  }
+  return CUBLAS_COMPUTE_32F;
+}
+
 // out(N,OC) = bias, row by row.
 __global__ void broadcast_bias_kernel(float* out, const float* bias, int N, int OC) {
   const size_t total = size_t(N) * OC;
@@ -74,7 +86,7 @@ std::string dims(int N, int IC, int OC) {
 }  // namespace
 
 void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int IC,
-                    int OC, cudaStream_t stream) {
+                    int OC, cudaStream_t stream, ops::Precision p) {
   if (N == 0 || OC == 0) return;
   MESHLM_CHECK(out && inp && w && N > 0 && IC > 0 && OC > 0,
                "cuda::matmul_forward with " + dims(N, IC, OC));
@@ -85,17 +97,18 @@ void matmul_forward(float* out, const float* inp, const float* w, const float* b
     CUDA_CHECK(cudaGetLastError());
     beta = 1.0f;
   }
-  gemm_rm(stream, false, true, N, OC, IC, 1.0f, inp, IC, w, IC, beta, out, OC);
+  gemm_rm(stream, p, false, true, N, OC, IC, 1.0f, inp, IC, w, IC, beta, out, OC);
 }
 
 void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
-                     const float* w, int N, int IC, int OC, cudaStream_t stream) {
+                     const float* w, int N, int IC, int OC, cudaStream_t stream,
+                     ops::Precision p) {
   if (N == 0) return;
   MESHLM_CHECK(dout && N > 0 && IC > 0 && OC > 0 && (dinp == nullptr || w) &&
                    (dw == nullptr || inp),
                "cuda::matmul_backward with " + dims(N, IC, OC));
-  if (dinp) gemm_rm(stream, false, false, N, IC, OC, 1.0f, dout, OC, w, IC, 1.0f, dinp, IC);
-  if (dw) gemm_rm(stream, true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dw, IC);
+  if (dinp) gemm_rm(stream, p, false, false, N, IC, OC, 1.0f, dout, OC, w, IC, 1.0f, dinp, IC);
+  if (dw) gemm_rm(stream, p, true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dw, IC);
   if (dbias) {
     const unsigned blocks = static_cast<unsigned>((OC + kWarp - 1) / kWarp);
     bias_backward_kernel<<<blocks, kThreads, 0, stream>>>(dbias, dout, N, OC);
@@ -103,19 +116,33 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, co
   }
 }
 
-void gemm_rm(cudaStream_t stream, bool ta, bool tb, int M, int N, int K, float alpha,
-             const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) {
-  CUBLAS_CHECK(cublasSgemm(blas_handle(stream), op(tb), op(ta), N, M, K, &alpha, B, ldb, A, lda,
-                           &beta, C, ldc));
+void gemm_rm(cudaStream_t stream, ops::Precision p, bool ta, bool tb, int M, int N, int K,
+             float alpha, const float* A, int lda, const float* B, int ldb, float beta, float* C,
+             int ldc) {
+  if (p == ops::Precision::fp32) {
+    CUBLAS_CHECK(cublasSgemm(blas_handle(stream), op(tb), op(ta), N, M, K, &alpha, B, ldb, A, lda,
+                             &beta, C, ldc));
+    return;
+  }
+  CUBLAS_CHECK(cublasGemmEx(blas_handle(stream), op(tb), op(ta), N, M, K, &alpha, B, CUDA_R_32F,
+                            ldb, A, CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc, compute_type(p),
+                            CUBLAS_GEMM_DEFAULT));
 }
 
-void gemm_strided_batched_rm(cudaStream_t stream, bool ta, bool tb, int M, int N, int K,
-                             float alpha, const float* A, int lda, long long strideA,
+void gemm_strided_batched_rm(cudaStream_t stream, ops::Precision p, bool ta, bool tb, int M, int N,
+                             int K, float alpha, const float* A, int lda, long long strideA,
                              const float* B, int ldb, long long strideB, float beta, float* C,
                              int ldc, long long strideC, int batch) {
-  CUBLAS_CHECK(cublasSgemmStridedBatched(blas_handle(stream), op(tb), op(ta), N, M, K, &alpha, B,
-                                         ldb, strideB, A, lda, strideA, &beta, C, ldc, strideC,
-                                         batch));
+  if (p == ops::Precision::fp32) {
+    CUBLAS_CHECK(cublasSgemmStridedBatched(blas_handle(stream), op(tb), op(ta), N, M, K, &alpha, B,
+                                           ldb, strideB, A, lda, strideA, &beta, C, ldc, strideC,
+                                           batch));
+    return;
+  }
+  CUBLAS_CHECK(cublasGemmStridedBatchedEx(blas_handle(stream), op(tb), op(ta), N, M, K, &alpha, B,
+                                          CUDA_R_32F, ldb, strideB, A, CUDA_R_32F, lda, strideA,
+                                          &beta, C, CUDA_R_32F, ldc, strideC, batch,
+                                          compute_type(p), CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace meshlm::cuda

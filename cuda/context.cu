@@ -11,7 +11,7 @@
 
 namespace meshlm::cuda {
 
-DeviceContext::DeviceContext(int node_rank, int rank) {
+DeviceContext::DeviceContext(int node_rank, int rank, ops::Precision p) {
   std::string reason;
   count_ = cuda::device_count(&reason);
   if (count_ == 0)
@@ -27,7 +27,7 @@ DeviceContext::DeviceContext(int node_rank, int rank) {
   CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   stream_ = s;
   install_device_memory();
-  kernels_ = make_kernels(s);
+  kernels_ = make_kernels(s, p);
 }
 
 DeviceContext::~DeviceContext() {

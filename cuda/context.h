@@ -13,10 +13,10 @@ namespace meshlm::cuda {
 
 class DeviceContext {
 public:
-  // Takes device `node_rank` modulo the node's device count. RankError naming
-  // `rank` (the world rank) and CUDA's reason when this process can use no
-  // device.
-  DeviceContext(int node_rank, int rank);
+  // Takes device `node_rank` modulo the node's device count; its kernels
+  // compute at precision `p`. RankError naming `rank` (the world rank) and
+  // CUDA's reason when this process can use no device.
+  DeviceContext(int node_rank, int rank, ops::Precision p = ops::Precision::fp32);
   ~DeviceContext();  // waits for the stream, then destroys it
   DeviceContext(const DeviceContext&) = delete;
   DeviceContext& operator=(const DeviceContext&) = delete;

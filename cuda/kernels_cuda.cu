@@ -17,8 +17,9 @@ namespace {
 
 class CudaKernels final : public ops::Kernels {
 public:
-  explicit CudaKernels(cudaStream_t stream) : s_(stream) {}
+  CudaKernels(cudaStream_t stream, ops::Precision p) : s_(stream), p_(p) {}
   Device device() const override { return Device::cuda; }
+  ops::Precision precision() const override { return p_; }
 
   void embedding_forward(float* out, const int32_t* tokens, const float* wte_part, int N, int C,
                          int v0, int Vl) const override {
@@ -45,19 +46,19 @@ public:
   }
   void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N,
                       int IC, int OC) const override {
-    cuda::matmul_forward(out, inp, w, bias, N, IC, OC, s_);
+    cuda::matmul_forward(out, inp, w, bias, N, IC, OC, s_, p_);
   }
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                        const float* w, int N, int IC, int OC) const override {
-    cuda::matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC, s_);
+    cuda::matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC, s_, p_);
   }
   void attention_forward(float* out, float* att, const float* qkv, int B, int Tn, int C,
                          int NH) const override {
-    cuda::attention_forward(out, att, qkv, B, Tn, C, NH, s_);
+    cuda::attention_forward(out, att, qkv, B, Tn, C, NH, s_, p_);
   }
   void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                           const float* att, int B, int Tn, int C, int NH) const override {
-    cuda::attention_backward(dqkv, datt, dout, qkv, att, B, Tn, C, NH, s_);
+    cuda::attention_backward(dqkv, datt, dout, qkv, att, B, Tn, C, NH, s_, p_);
   }
   void gelu_forward(float* out, const float* inp, size_t n) const override {
     cuda::gelu_forward(out, inp, n, s_);
@@ -89,7 +90,7 @@ public:
   }
   void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
             const float* B, int ldb, float beta, float* C, int ldc) const override {
-    gemm_rm(s_, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    gemm_rm(s_, p_, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
   void zero(float* x, size_t n) const override {
     if (n > 0) CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), s_));
@@ -144,6 +145,7 @@ public:
 
 private:
   cudaStream_t s_;
+  ops::Precision p_;
   // adamw_update's segments (host copy, device copy) and the sum's scratch.
   mutable std::vector<ops::AdamWSegment> segments_;
   mutable Buffer d_segments_;
@@ -153,8 +155,8 @@ private:
 
 }  // namespace
 
-std::unique_ptr<ops::Kernels> make_kernels(cudaStream_t stream) {
-  return std::make_unique<CudaKernels>(stream);
+std::unique_ptr<ops::Kernels> make_kernels(cudaStream_t stream, ops::Precision p) {
+  return std::make_unique<CudaKernels>(stream, p);
 }
 
 }  // namespace meshlm::cuda

@@ -9,7 +9,9 @@
 
 namespace meshlm::cuda {
 
-// Kernels on `stream` (which must outlive them) of the current device.
-std::unique_ptr<ops::Kernels> make_kernels(cudaStream_t stream);
+// Kernels on `stream` (which must outlive them) of the current device, at
+// precision `p`.
+std::unique_ptr<ops::Kernels> make_kernels(cudaStream_t stream,
+                                           ops::Precision p = ops::Precision::fp32);
 
 }  // namespace meshlm::cuda

@@ -79,22 +79,26 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
                         cudaStream_t stream);
 
 // ---- linear layer (cuBLAS) ----------------------------------------------------------
-// out(N,OC) = inp(N,IC) w(OC,IC)^T + bias(OC); bias may be null. FP32 GEMMs
-// with TF32 off, so that they can be checked tightly against the CPU.
+// out(N,OC) = inp(N,IC) w(OC,IC)^T + bias(OC); bias may be null. At fp32
+// the GEMMs run with TF32 off, so that they can be checked tightly against
+// the CPU; at bf16/fp16 cuBLAS rounds their inputs and accumulates in fp32
+// (cuda/blas.cu).
 void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int IC,
-                    int OC, cudaStream_t stream);
+                    int OC, cudaStream_t stream, ops::Precision p = ops::Precision::fp32);
 // dinp += dout w; dw += dout^T inp; dbias += sum_n dout; any of the three may be null.
 void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
-                     const float* w, int N, int IC, int OC, cudaStream_t stream);
+                     const float* w, int N, int IC, int OC, cudaStream_t stream,
+                     ops::Precision p = ops::Precision::fp32);
 
 // ---- causal self-attention ------------------------------------------------------------
 // The first correct version, kept as the reference of fused ones: per batch
 // row, cuBLAS strided-batched GEMMs over the heads and a masked softmax
 // kernel. att(B,NH,T,T) keeps the probabilities; datt is scratch.
 void attention_forward(float* out, float* att, const float* qkv, int B, int Tn, int C, int NH,
-                       cudaStream_t stream);
+                       cudaStream_t stream, ops::Precision p = ops::Precision::fp32);
 void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
-                        const float* att, int B, int Tn, int C, int NH, cudaStream_t stream);
+                        const float* att, int B, int Tn, int C, int NH, cudaStream_t stream,
+                        ops::Precision p = ops::Precision::fp32);
 
 // ---- residual -------------------------------------------------------------------------
 void residual_forward(float* out, const float* a, const float* b, size_t n, cudaStream_t stream);

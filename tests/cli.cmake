@@ -148,3 +148,14 @@ set_tests_properties(cli_3d_parallel_same_losses PROPERTIES LABELS cli TIMEOUT 1
 add_test(NAME cli_concurrent_cache_writers
   COMMAND bash ${_cli}/concurrent_cache_writers.sh $<TARGET_FILE:meshlm_cache_writer>)
 set_tests_properties(cli_concurrent_cache_writers PROPERTIES LABELS cli TIMEOUT 240)
+
+# train.precision = bf16 | fp16 on the CPU backend (emulated rounding): bf16
+# follows fp32's loss curve within its tolerance; fp16 skips and counts
+# overflowing steps and halves its loss scale.
+add_test(NAME cli_precision
+  COMMAND bash ${_cli}/precision.sh "${_mpiexec2}" "${_mpiexec1}" $<TARGET_FILE:meshlm> ${_tiny})
+set_tests_properties(cli_precision PROPERTIES LABELS cli TIMEOUT 300 ENVIRONMENT "OMP_NUM_THREADS=1")
+meshlm_cli_error(unknown_precision "the argument \\('fp8'\\) for option '--train.precision' is invalid; use one of fp32 \\| bf16 \\| fp16"
+  train ${_tiny} --train.precision=fp8)
+meshlm_cli_error(bf16_with_lora "train.precision = bf16 trains finetune.mode = full only"
+  train ${_tiny} --train.precision=bf16 --finetune.mode=lora)

@@ -21,6 +21,7 @@
 #include "core/files.h"
 #include "core/log.h"
 #include "plan/partition.h"
+#include "train/loss_scaler.h"
 
 namespace po = boost::program_options;
 
@@ -78,6 +79,9 @@ void validate(boost::any& v, const std::vector<std::string>& values, StageLayers
 
 namespace quant {
 using meshlm::validate;  // for QuantType and ShareMode, which live here
+}
+namespace ops {
+using meshlm::validate;  // for Precision
 }
 
 namespace {
@@ -202,6 +206,7 @@ constexpr double kMaxLayers = 1024, kMaxHeads = 4096, kMaxChannels = 1 << 17;
 constexpr double kMaxVocabulary = 1 << 24, kMaxSequence = 1 << 20, kMaxBatch = 1 << 20;
 constexpr double kMaxRanks = 1 << 24, kMaxThreads = 4096, kMaxInt = 2147483647;
 constexpr double kMaxSeed = 9223372036854775807.0;  // 2^63 - 1 (rounds to 2^63 as a double)
+constexpr double kMaxLossScale = LossScaler::kMax;
 
 void make_options(RunConfig& c, OptionTable& t) {
   auto& model = t.section("[model] the GPT-2 architecture");
@@ -246,6 +251,11 @@ void make_options(RunConfig& c, OptionTable& t) {
         Range::ints(1, kMaxInt));
   t.add(train, "train.on_nonfinite", &c.train.on_nonfinite, "a step whose loss or gradient norm is NaN or infinite: " + enum_choices<NonFinite>() + " (stop: the run ends naming the step and the first tensor whose gradient is not finite; skip: the step is dropped, nothing is updated, and it is counted and logged)");
   t.add(train, "train.max_skipped", &c.train.max_skipped, "under on_nonfinite = skip, this many skipped steps in a row end the run",
+        Range::ints(1, kMaxInt));
+  t.add(train, "train.precision", &c.train.precision, "number format of every GEMM's inputs: " + enum_choices<ops::Precision>() + " (fp32: exact, TF32 off on a GPU; bf16 and fp16: each GEMM reads its inputs rounded to 16 bits and accumulates in fp32, while master weights, AdamW moments and the other ops stay fp32; the CPU backend emulates the rounding; fp16 scales the loss dynamically)");
+  t.add(train, "train.loss_scale", &c.train.loss_scale.initial, "under precision = fp16: the first loss scale; a step whose scaled gradients overflow is skipped and counted, and the scale halves",
+        Range::reals(1, kMaxLossScale));
+  t.add(train, "train.loss_scale_window", &c.train.loss_scale.window, "under precision = fp16: the loss scale doubles after this many steps in a row without overflow (up to 2^32)",
         Range::ints(1, kMaxInt));
   auto& data = t.section("[data] training tokens");
   t.add(data, "data.path", &c.data.path, "token file: HDF5 with dataset 'tokens' (uint16/uint32) or meshlm raw tokens (required)");

@@ -11,7 +11,7 @@
 namespace meshlm::ops {
 
 template <typename T>
-void attention_forward(T* out, T* att, const T* qkv, int B, int Tn, int C, int NH) {
+void attention_forward(T* out, T* att, const T* qkv, int B, int Tn, int C, int NH, Precision pr) {
   const int HS = C / NH;
   const int C3 = 3 * C;
   const T scale = T(1) / std::sqrt(T(HS));
@@ -23,7 +23,7 @@ void attention_forward(T* out, T* att, const T* qkv, int B, int Tn, int C, int N
       const T* v = q + 2 * C;
       T* p = att + (static_cast<size_t>(b) * NH + h) * Tn * Tn;  // (T,T)
       T* y = out + static_cast<size_t>(b) * Tn * C + h * HS;      // (T,HS), row stride C
-      gemm(false, true, Tn, Tn, HS, scale, q, C3, k, C3, T(0), p, Tn);
+      gemm(pr, false, true, Tn, Tn, HS, scale, q, C3, k, C3, T(0), p, Tn);
       for (int t = 0; t < Tn; ++t) {
         T* row = p + static_cast<size_t>(t) * Tn;
         T mx = row[0];
@@ -37,14 +37,14 @@ void attention_forward(T* out, T* att, const T* qkv, int B, int Tn, int C, int N
         for (int s = 0; s <= t; ++s) row[s] *= inv;
         for (int s = t + 1; s < Tn; ++s) row[s] = 0;  // the future is masked
       }
-      gemm(false, false, Tn, HS, Tn, T(1), p, Tn, v, C3, T(0), y, C);
+      gemm(pr, false, false, Tn, HS, Tn, T(1), p, Tn, v, C3, T(0), y, C);
     }
   }
 }
 
 template <typename T>
 void attention_backward(T* dqkv, T* datt, const T* dout, const T* qkv, const T* att, int B, int Tn,
-                        int C, int NH) {
+                        int C, int NH, Precision pr) {
   const int HS = C / NH;
   const int C3 = 3 * C;
   const T scale = T(1) / std::sqrt(T(HS));
@@ -62,8 +62,8 @@ void attention_backward(T* dqkv, T* datt, const T* dout, const T* qkv, const T* 
       T* dp = datt + (static_cast<size_t>(b) * NH + h) * Tn * Tn;
       const T* dy = dout + static_cast<size_t>(b) * Tn * C + h * HS;
       // dP = dY V^T ; dV += P^T dY
-      gemm(false, true, Tn, Tn, HS, T(1), dy, C, v, C3, T(0), dp, Tn);
-      gemm(true, false, Tn, HS, Tn, T(1), p, Tn, dy, C, T(1), dv, C3);
+      gemm(pr, false, true, Tn, Tn, HS, T(1), dy, C, v, C3, T(0), dp, Tn);
+      gemm(pr, true, false, Tn, HS, Tn, T(1), p, Tn, dy, C, T(1), dv, C3);
       // Softmax backward, row by row: dS = P * (dP - sum_s P dP); masked = 0.
       for (int t = 0; t < Tn; ++t) {
         const T* prow = p + static_cast<size_t>(t) * Tn;
@@ -74,15 +74,15 @@ void attention_backward(T* dqkv, T* datt, const T* dout, const T* qkv, const T* 
         for (int s = t + 1; s < Tn; ++s) drow[s] = 0;
       }
       // S = scale Q K^T (scale folded into dS above): dQ += dS K ; dK += dS^T Q
-      gemm(false, false, Tn, HS, Tn, T(1), dp, Tn, k, C3, T(1), dq, C3);
-      gemm(true, false, Tn, HS, Tn, T(1), dp, Tn, q, C3, T(1), dk, C3);
+      gemm(pr, false, false, Tn, HS, Tn, T(1), dp, Tn, k, C3, T(1), dq, C3);
+      gemm(pr, true, false, Tn, HS, Tn, T(1), dp, Tn, q, C3, T(1), dk, C3);
     }
   }
 }
 
-template void attention_forward<float>(float*, float*, const float*, int, int, int, int);
-template void attention_forward<double>(double*, double*, const double*, int, int, int, int);
-template void attention_backward<float>(float*, float*, const float*, const float*, const float*, int, int, int, int);
-template void attention_backward<double>(double*, double*, const double*, const double*, const double*, int, int, int, int);
+template void attention_forward<float>(float*, float*, const float*, int, int, int, int, Precision);
+template void attention_forward<double>(double*, double*, const double*, int, int, int, int, Precision);
+template void attention_backward<float>(float*, float*, const float*, const float*, const float*, int, int, int, int, Precision);
+template void attention_backward<double>(double*, double*, const double*, const double*, const double*, int, int, int, int, Precision);
 
 }  // namespace meshlm::ops

@@ -13,7 +13,9 @@ namespace {
 
 class CpuKernels final : public Kernels {
 public:
+  explicit CpuKernels(Precision p) : p_(p) {}
   Device device() const override { return Device::cpu; }
+  Precision precision() const override { return p_; }
 
   void embedding_forward(float* out, const int32_t* tokens, const float* wte_part, int N, int C,
                          int v0, int Vl) const override {
@@ -40,19 +42,19 @@ public:
   }
   void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N,
                       int IC, int OC) const override {
-    ops::matmul_forward(out, inp, w, bias, N, IC, OC);
+    ops::matmul_forward(out, inp, w, bias, N, IC, OC, p_);
   }
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                        const float* w, int N, int IC, int OC) const override {
-    ops::matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC);
+    ops::matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC, p_);
   }
   void attention_forward(float* out, float* att, const float* qkv, int B, int Tn, int C,
                          int NH) const override {
-    ops::attention_forward(out, att, qkv, B, Tn, C, NH);
+    ops::attention_forward(out, att, qkv, B, Tn, C, NH, p_);
   }
   void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                           const float* att, int B, int Tn, int C, int NH) const override {
-    ops::attention_backward(dqkv, datt, dout, qkv, att, B, Tn, C, NH);
+    ops::attention_backward(dqkv, datt, dout, qkv, att, B, Tn, C, NH, p_);
   }
   void gelu_forward(float* out, const float* inp, size_t n) const override {
     ops::gelu_forward(out, inp, n);
@@ -84,7 +86,7 @@ public:
   }
   void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
             const float* B, int ldb, float beta, float* C, int ldc) const override {
-    ops::gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    ops::gemm(p_, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
   void zero(float* x, size_t n) const override {
     if (n > 0) std::memset(x, 0, n * sizeof(float));
@@ -115,13 +117,21 @@ public:
     return ops::sum_of_squares(x, n);
   }
   void scale(float* x, float factor, size_t n) const override { ops::scale(x, factor, n); }
+
+private:
+  Precision p_;
 };
 
 }  // namespace
 
-const Kernels& Kernels::cpu() {
-  static const CpuKernels kernels;
-  return kernels;
+const Kernels& Kernels::cpu(Precision p) {
+  static const CpuKernels fp32(Precision::fp32), bf16(Precision::bf16), fp16(Precision::fp16);
+  switch (p) {
+    case Precision::bf16: return bf16;
+    case Precision::fp16: return fp16;
+    case Precision::fp32: break;
+  }
+  return fp32;
 }
 
 }  // namespace meshlm::ops

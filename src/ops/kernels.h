@@ -3,7 +3,9 @@
 // ops/ops.h on host memory; cuda/kernels_cuda.h gives the CUDA ops of
 // cuda/ops_cuda.h on device memory, queued on one stream. Every method has
 // the semantics of its namesake in ops/ops.h (forward ops overwrite, backward
-// ops accumulate), in float, with the pointers in the backend's memory.
+// ops accumulate), in float, with the pointers in the backend's memory. A
+// backend computes at one precision (ops/precision.h): the GEMMs of
+// matmul_*, attention_* and gemm round their inputs to it.
 #pragma once
 
 #include <cstddef>
@@ -17,10 +19,12 @@ namespace meshlm::ops {
 class Kernels {
 public:
   virtual ~Kernels() = default;
-  // The CPU backend (one per process; OpenMP and BLAS threads as set).
-  static const Kernels& cpu();
+  // The CPU backend at precision `p` (one per precision and process; OpenMP
+  // and BLAS threads as set). Below fp32 it emulates the rounding.
+  static const Kernels& cpu(Precision p = Precision::fp32);
   // Where the pointers given to this backend live.
   virtual Device device() const = 0;
+  virtual Precision precision() const = 0;
 
   virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte_part, int N,
                                  int C, int v0, int Vl) const = 0;
@@ -55,7 +59,8 @@ public:
                                    const float* dlosses, const int32_t* targets, int N, int Vl,
                                    int v0, int V) const = 0;
 
-  // Row-major C(M,N) = alpha op(A) op(B) + beta C (ops::gemm).
+  // Row-major C(M,N) = alpha op(A) op(B) + beta C (ops::gemm), A and B
+  // rounded to precision().
   virtual void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
                     const float* B, int ldb, float beta, float* C, int ldc) const = 0;
   // x(n) = 0

@@ -6,7 +6,8 @@
 namespace meshlm::ops {
 
 template <typename T>
-void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int N, int IC, int OC) {
+void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int N, int IC, int OC,
+                    Precision p) {
   T beta = 0;
   if (bias) {
     // Start from the bias and let the GEMM accumulate onto it (beta = 1).
@@ -17,14 +18,14 @@ void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int N, int 
     }
     beta = 1;
   }
-  gemm(false, true, N, OC, IC, T(1), inp, IC, w, IC, beta, out, OC);
+  gemm(p, false, true, N, OC, IC, T(1), inp, IC, w, IC, beta, out, OC);
 }
 
 template <typename T>
 void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w, int N,
-                     int IC, int OC) {
-  if (dinp) gemm(false, false, N, IC, OC, T(1), dout, OC, w, IC, T(1), dinp, IC);
-  if (dw) gemm(true, false, OC, IC, N, T(1), dout, OC, inp, IC, T(1), dw, IC);
+                     int IC, int OC, Precision p) {
+  if (dinp) gemm(p, false, false, N, IC, OC, T(1), dout, OC, w, IC, T(1), dinp, IC);
+  if (dw) gemm(p, true, false, OC, IC, N, T(1), dout, OC, inp, IC, T(1), dw, IC);
   if (dbias) {
 #pragma omp parallel
     {
@@ -37,9 +38,9 @@ void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, cons
   }
 }
 
-template void matmul_forward<float>(float*, const float*, const float*, const float*, int, int, int);
-template void matmul_forward<double>(double*, const double*, const double*, const double*, int, int, int);
-template void matmul_backward<float>(float*, float*, float*, const float*, const float*, const float*, int, int, int);
-template void matmul_backward<double>(double*, double*, double*, const double*, const double*, const double*, int, int, int);
+template void matmul_forward<float>(float*, const float*, const float*, const float*, int, int, int, Precision);
+template void matmul_forward<double>(double*, const double*, const double*, const double*, int, int, int, Precision);
+template void matmul_backward<float>(float*, float*, float*, const float*, const float*, const float*, int, int, int, Precision);
+template void matmul_backward<double>(double*, double*, double*, const double*, const double*, const double*, int, int, int, Precision);
 
 }  // namespace meshlm::ops

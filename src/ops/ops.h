@@ -23,6 +23,8 @@
 #include <cstdint>
 #include <span>
 
+#include "ops/precision.h"
+
 namespace meshlm::ops {
 
 // ---- embeddings -------------------------------------------------------------
@@ -54,24 +56,30 @@ void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, cons
                         const T* mean, const T* rstd, int N, int C);
 
 // ---- linear layer -----------------------------------------------------------
-// out(N,OC) = inp(N,IC) w(OC,IC)^T + bias(OC); bias may be null.
+// out(N,OC) = inp(N,IC) w(OC,IC)^T + bias(OC); bias may be null. Under a
+// precision other than fp32 every GEMM of the op rounds its two inputs to it
+// (ops/precision.h); the double ops take fp32 only.
 template <typename T>
-void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int N, int IC, int OC);
+void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int N, int IC, int OC,
+                    Precision p = Precision::fp32);
 // dinp(N,IC) += dout w; dw(OC,IC) += dout^T inp; dbias(OC) += sum_n dout (if non-null).
 template <typename T>
 void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w, int N,
-                     int IC, int OC);
+                     int IC, int OC, Precision p = Precision::fp32);
 
 // ---- causal self-attention --------------------------------------------------
 // qkv(B,T,3C) holds q, k, v side by side; head h uses channels [h*HS, (h+1)*HS)
 // of each. att(B,NH,T,T) keeps the softmax probabilities (zero above the
 // diagonal) for backward. out(B,T,C) = concat_h softmax(q k^T / sqrt(HS)) v.
+// Under bf16/fp16 the GEMMs (S = Q K^T, Y = P V and their backward) round
+// their inputs; the softmax and the kept probabilities stay fp32.
 template <typename T>
-void attention_forward(T* out, T* att, const T* qkv, int B, int Tn, int C, int NH);
+void attention_forward(T* out, T* att, const T* qkv, int B, int Tn, int C, int NH,
+                       Precision p = Precision::fp32);
 // datt(B,NH,T,T) is scratch (overwritten).
 template <typename T>
 void attention_backward(T* dqkv, T* datt, const T* dout, const T* qkv, const T* att, int B, int Tn,
-                        int C, int NH);
+                        int C, int NH, Precision p = Precision::fp32);
 
 // ---- GELU, tanh approximation (as GPT-2) ------------------------------------
 // out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))

@@ -12,11 +12,12 @@ class DeviceContext {};  // never made: a build without CUDA refuses runtime.bac
 
 namespace meshlm {
 
-Backend::Backend(ComputeBackend kind, const ProcessMesh& mesh) : kind_(kind) {
+Backend::Backend(ComputeBackend kind, const ProcessMesh& mesh, ops::Precision precision)
+    : kind_(kind), precision_(precision) {
   if (kind_ == ComputeBackend::cpu) return;
 #ifdef MESHLM_HAVE_CUDA
   try_all(mesh.world(), "", [&] {
-    gpu_ = std::make_unique<cuda::DeviceContext>(mesh.node_rank(), mesh.rank());
+    gpu_ = std::make_unique<cuda::DeviceContext>(mesh.node_rank(), mesh.rank(), precision_);
   }, MESHLM_HERE);
 #else
   throw CollectiveError("runtime.backend = cuda, but this meshlm was built without the CUDA backend",
@@ -30,7 +31,7 @@ const ops::Kernels& Backend::kernels() const {
 #ifdef MESHLM_HAVE_CUDA
   if (gpu_) return gpu_->kernels();
 #endif
-  return ops::Kernels::cpu();
+  return ops::Kernels::cpu(precision_);
 }
 
 std::string Backend::describe() const {

@@ -21,7 +21,9 @@ class Backend {
 public:
   // Collective over mesh.world(): a rank that can use no GPU under
   // runtime.backend = cuda makes every rank throw (CollectiveError naming it).
-  Backend(ComputeBackend kind, const ProcessMesh& mesh);
+  // The kernels compute at `precision` (train.precision).
+  Backend(ComputeBackend kind, const ProcessMesh& mesh,
+          ops::Precision precision = ops::Precision::fp32);
   ~Backend();
   Backend(const Backend&) = delete;
   Backend& operator=(const Backend&) = delete;
@@ -37,6 +39,7 @@ public:
 
 private:
   ComputeBackend kind_;
+  ops::Precision precision_;
   std::unique_ptr<cuda::DeviceContext> gpu_;
 };
 

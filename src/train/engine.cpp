@@ -20,7 +20,8 @@ RankPlan Engine::plan_of(const RunConfig& cfg, const MeshCoords& c) {
 
 Engine::Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& timers,
                const load::FrozenBase* base, const ops::Kernels& kernels)
-    : cfg_(cfg), mesh_(mesh), timers_(timers) {
+    : cfg_(cfg), mesh_(mesh), timers_(timers),
+      scaler_(cfg.train.precision == ops::Precision::fp16, cfg.train.loss_scale) {
   tp_ = comm::make_mpi_communicator(mesh.tp());
   dp_ = comm::make_mpi_communicator(mesh.dp());
   pp_send_ = comm::make_mpi_communicator(mesh.pp());
@@ -78,7 +79,7 @@ void Engine::sum_tied_gradients() {
   }
 }
 
-double Engine::clip_owned(double max_norm) {
+double Engine::global_grad_norm() {
   // Each logical element counts once in the norm: replicated tensors on TP
   // rank 0 only, tied tensors on the first stage that holds them only, and
   // the DP replicas as ZeRO says.
@@ -94,15 +95,15 @@ double Engine::clip_owned(double max_norm) {
     ScopedTimer t(timers_, Section::dp_comm);
     world_->all_reduce(&local, &total, 1, DType::f64, comm::ReduceOp::sum).wait();
   }
-  const double norm = std::sqrt(total);
-  clip_to_norm(zero_->owned_grads(), zero_->own_end() - zero_->own_begin(), norm, max_norm,
-               model_->kernels());
-  return norm;
+  return std::sqrt(total);
 }
 
 StepResult Engine::step(const int32_t* tokens, const int32_t* targets, float lr, int step_number) {
   model_->zero_grads();
   zero_->zero_grads();
+  const double S = scaler_.scale();
+  pipeline_->set_loss_scale(
+      static_cast<float>(S / (cfg_.parallel.micro_batches * cfg_.parallel.dp)));
   const DebugConfig& debug = cfg_.debug;
   const double loss_sum = pipeline_->run(tokens, targets, [&](int) {
     if (debug.fail_rank == mesh_.rank() && debug.fail_step == step_number)
@@ -117,6 +118,7 @@ StepResult Engine::step(const int32_t* tokens, const int32_t* targets, float lr,
     model_->kernels().fill(zero_->owned_grads(), std::numeric_limits<float>::quiet_NaN(), 1);
 
   StepResult r;
+  r.loss_scale = S;
   // The loss lives on the last stage; one rank per DP replica contributes.
   const MeshCoords c = mesh_.coords();
   const int m = cfg_.parallel.micro_batches;
@@ -125,14 +127,27 @@ StepResult Engine::step(const int32_t* tokens, const int32_t* targets, float lr,
   r.loss = sum / cfg_.parallel.dp;
   {
     ScopedTimer t(timers_, Section::optimizer);
-    r.grad_norm = clip_owned(cfg_.train.grad_clip);
+    const double scaled_norm = global_grad_norm();
+    r.grad_norm = scaled_norm / S;
     // Both are the same on every rank: every rank takes the same branch.
-    if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
+    const bool finite = std::isfinite(r.loss) && std::isfinite(scaled_norm);
+    if (!finite && scaler_.enabled()) {
+      scaler_.overflowed();
+      r.overflow = true;
+      // Not finite at any scale: no longer an overflow but a divergence.
+      if (!scaler_.exhausted()) return r;
+    }
+    if (!finite) {
       r.nonfinite = true;
       r.nonfinite_tensor = first_nonfinite_tensor();
       return r;
     }
-    opt_->step(model_->params(), zero_->owned_grads(), lr);
+    float* g = zero_->owned_grads();
+    const size_t n = zero_->own_end() - zero_->own_begin();
+    if (S != 1.0) model_->kernels().scale(g, static_cast<float>(1.0 / S), n);
+    clip_to_norm(g, n, r.grad_norm, cfg_.train.grad_clip, model_->kernels());
+    opt_->step(model_->params(), g, lr);
+    scaler_.applied();
   }
   zero_->share_params();
   return r;

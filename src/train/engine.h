@@ -12,7 +12,10 @@
 //      stage (they hold the same wte);
 //   3. gradients are reduced over DP (ZeRO decides how);
 //   4. the global gradient norm is clipped and AdamW updates the owned
-//      elements; ZeRO shares the updated shards again.
+//      elements; ZeRO shares the updated shards again. Under fp16 the
+//      gradients carry the loss scale (train/loss_scaler.h) until here: a
+//      step whose scaled gradients overflowed stops before 4, the others
+//      are unscaled first.
 // Every micro-batch's loss is scaled by 1 / (micro_batches * dp), so the sum
 // over DP is the mean over the global batch, as on one rank.
 #pragma once
@@ -28,6 +31,7 @@
 #include "model/gpt.h"
 #include "plan/rank_plan.h"
 #include "train/adamw.h"
+#include "train/loss_scaler.h"
 #include "train/pipeline_runner.h"
 #include "train/run_config.h"
 #include "train/zero.h"
@@ -42,6 +46,10 @@ struct StepResult {
   // Then: the first tensor (in the whole model's table) whose gradient is not
   // finite, or "" when every gradient is (on every rank).
   std::string nonfinite_tensor;
+  // train.precision = fp16: the scaled gradients overflowed, so nothing was
+  // updated and the loss scale halved (not an error: nonfinite stays false).
+  bool overflow = false;
+  double loss_scale = 1;  // the scale this step's backward ran with
 };
 
 class Engine {
@@ -69,6 +77,7 @@ public:
   const RankPlan& shape() const { return shape_; }
   int micro_batches() const { return cfg_.parallel.micro_batches; }
   const std::vector<Action>& schedule() const { return pipeline_->schedule(); }
+  const LossScaler& loss_scaler() const { return scaler_; }
 
 private:
   // Full training with quant.base set: the parameters start from those
@@ -76,8 +85,8 @@ private:
   void load_base_params();
   // Step 2: the tied tensors' gradients summed between the stages that hold them.
   void sum_tied_gradients();
-  // The global gradient norm (before clipping); clips the owned gradients.
-  double clip_owned(double max_norm);
+  // The global norm of the gradients as they are (collective over the world).
+  double global_grad_norm();
   // Collective over the world: StepResult::nonfinite_tensor.
   std::string first_nonfinite_tensor();
 
@@ -92,6 +101,7 @@ private:
   std::unique_ptr<PipelineRunner> pipeline_;
   std::unique_ptr<Zero> zero_;
   std::unique_ptr<AdamW> opt_;
+  LossScaler scaler_;
 };
 
 }  // namespace meshlm

@@ -41,6 +41,9 @@ public:
              const std::function<void(int micro)>& before_forward);
 
   const std::vector<Action>& schedule() const { return schedule_; }
+  // The factor of the next run()'s backward (the engine's fp16 loss scale
+  // times 1 / (micro_batches * dp)).
+  void set_loss_scale(float s) { loss_scale_ = s; }
 
 private:
   GPT& model_;

@@ -16,7 +16,9 @@
 #include "model/lora.h"
 #include "plan/parallel_config.h"
 #include "quant/quant_config.h"
+#include "ops/precision.h"
 #include "train/adamw.h"
+#include "train/loss_scaler.h"
 
 namespace meshlm {
 
@@ -60,6 +62,8 @@ struct TrainConfig {
   int log_every = 10;
   NonFinite on_nonfinite = NonFinite::stop;
   int max_skipped = 10;        // consecutive skipped steps that end the run (skip)
+  ops::Precision precision = ops::Precision::fp32;  // of the GEMMs' inputs (ops/precision.h)
+  LossScaleConfig loss_scale;  // fp16 only
 };
 
 // [data] the training tokens.

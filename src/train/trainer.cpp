@@ -180,7 +180,7 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
   log::info("# meshlm {} | {} rank(s) = dp {} x tp {} x pp {} on {} node(s) | parameter file {}",
             MESHLM_VERSION, mesh.layout().world(), pc.dp, pc.tp, pc.pp, mesh.node_count(),
             cfg.source);
-  const Backend backend(cfg.runtime.backend, mesh);
+  const Backend backend(cfg.runtime.backend, mesh, tc.precision);
   mesh.print_rank_lines(fmt::format("device {} | cores {} | threads {}", backend.describe(),
                                     threads.cores.text(), threads.threads));
 
@@ -232,6 +232,18 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
             cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.vocab_size,
             cfg.model.padded_vocab_size(), n_full,
             format_bytes(static_cast<double>(n_full) * sizeof(float)));
+  if (tc.precision == ops::Precision::fp32)
+    log::info("# precision: fp32{}", backend.kind() == ComputeBackend::cuda ? " (TF32 off)" : "");
+  else
+    log::info("# precision: {} GEMM inputs, fp32 accumulation{} | master weights, AdamW moments, "
+              "activations and the other ops fp32{}",
+              name_of(tc.precision),
+              backend.kind() == ComputeBackend::cpu ? " (emulated on the CPU)" : "",
+              tc.precision == ops::Precision::fp16
+                  ? fmt::format(" | dynamic loss scale from {:g}, doubling after {} steps "
+                                "without overflow",
+                                tc.loss_scale.initial, tc.loss_scale.window)
+                  : std::string());
   std::string layers;
   for (int l : stage_layers(cfg.model, pc, tc.seq_len)) {
     if (!layers.empty()) layers += ',';
@@ -273,13 +285,25 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
     const double lr = sched.at(step);
     const StepResult res = engine.step(inputs.data(), targets.data(), static_cast<float>(lr), step + 1);
     const double dt = now_seconds() - t0;
+    if (res.overflow && !res.nonfinite) {
+      // fp16: nothing was updated; the scale has halved (train/loss_scaler.h).
+      ++summary.overflow_steps;
+      log::warn("step {}: fp16 gradients overflowed at loss scale {:g} (loss {:.6g}, scaled "
+                "gradient norm {:.6g}): step skipped, nothing updated; loss scale now {:g} ({} "
+                "overflowing step(s) in all)",
+                step + 1, res.loss_scale, res.loss, res.grad_norm * res.loss_scale,
+                engine.loss_scaler().scale(), summary.overflow_steps);
+      continue;
+    }
     if (res.nonfinite) {
       // Nothing was updated from this step (the engine checks before AdamW).
       ++summary.skipped_steps;
       ++skipped_in_a_row;
       const std::string what = fmt::format(
-          "step {}: the loss is {:.6g} and the gradient norm is {:.6g}{}", step + 1, res.loss,
+          "step {}: the loss is {:.6g} and the gradient norm is {:.6g}{}{}", step + 1, res.loss,
           res.grad_norm,
+          res.overflow ? fmt::format(" at every fp16 loss scale down to {:g}", res.loss_scale)
+                       : std::string(),
           res.nonfinite_tensor.empty()
               ? std::string("; every gradient is finite")
               : "; the first tensor whose gradient is not finite is " + res.nonfinite_tensor);
@@ -304,6 +328,11 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
     }
   }
   summary.seconds = now_seconds() - t_start;
+  if (engine.loss_scaler().enabled()) {
+    summary.loss_scale = engine.loss_scaler().scale();
+    log::info("# fp16 loss scaling: {} overflowing step(s) skipped | loss scale at the end {:g}",
+              summary.overflow_steps, summary.loss_scale);
+  }
   timers.account_rest_as_other(summary.seconds);
   const std::vector<RankMemory> mem = gather_memory(predicted, *world);
   std::vector<std::string> labels;

@@ -25,6 +25,8 @@ struct StepRecord {
 struct TrainSummary {
   std::vector<StepRecord> steps;  // every step, logged or not, but the skipped ones
   int skipped_steps = 0;          // train.on_nonfinite = skip: steps dropped
+  int overflow_steps = 0;         // train.precision = fp16: steps skipped as overflowed
+  double loss_scale = 1;          // fp16: the loss scale at the end
   double seconds = 0;
   // The whole model's parameters at the end, in the order of
   // gpt_param_table(cfg.model), on rank 0 when asked for (tests).
