@@ -64,14 +64,14 @@ void check_args(bool ok, const char* op, int B, int Tn, int C, int NH) {
 }  // namespace
 
 void attention_forward(float* out, float* att, const float* qkv, int B, int Tn, int C, int NH,
-                       cudaStream_t stream, ops::Precision p) {
+                       cudaStream_t stream, ops::Precision pr) {
   check_args(out && att && qkv, "attention_forward", B, Tn, C, NH);
   const int HS = C / NH, C3 = 3 * C;
   const long long TT = static_cast<long long>(Tn) * Tn;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   for (int b = 0; b < B; ++b) {  // S = scale Q K^T
     const float* q = qkv + static_cast<size_t>(b) * Tn * C3;
-    gemm_strided_batched_rm(stream, p, false, true, Tn, Tn, HS, scale, q, C3, HS, q + C, C3, HS, 0.0f,
+    gemm_strided_batched_rm(stream, pr, false, true, Tn, Tn, HS, scale, q, C3, HS, q + C, C3, HS, 0.0f,
                             att + b * NH * TT, Tn, TT, NH);
   }
   const long long rows = static_cast<long long>(B) * NH * Tn;
@@ -79,14 +79,14 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int Tn, 
   CUDA_CHECK(cudaGetLastError());
   for (int b = 0; b < B; ++b) {  // Y = P V
     const float* v = qkv + static_cast<size_t>(b) * Tn * C3 + 2 * C;
-    gemm_strided_batched_rm(stream, p, false, false, Tn, HS, Tn, 1.0f, att + b * NH * TT, Tn, TT, v,
+    gemm_strided_batched_rm(stream, pr, false, false, Tn, HS, Tn, 1.0f, att + b * NH * TT, Tn, TT, v,
                             C3, HS, 0.0f, out + static_cast<size_t>(b) * Tn * C, C, HS, NH);
   }
 }
 
 void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                         const float* att, int B, int Tn, int C, int NH, cudaStream_t stream,
-                        ops::Precision p) {
+                        ops::Precision pr) {
   check_args(dqkv && datt && dout && qkv && att, "attention_backward", B, Tn, C, NH);
   const int HS = C / NH, C3 = 3 * C;
   const long long TT = static_cast<long long>(Tn) * Tn;
@@ -96,9 +96,9 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
     const float* dy = dout + static_cast<size_t>(b) * Tn * C;
     const float* p = att + b * NH * TT;
     // dP = dY V^T ; dV += P^T dY
-    gemm_strided_batched_rm(stream, p, false, true, Tn, Tn, HS, 1.0f, dy, C, HS, qkv + qoff + 2 * C,
+    gemm_strided_batched_rm(stream, pr, false, true, Tn, Tn, HS, 1.0f, dy, C, HS, qkv + qoff + 2 * C,
                             C3, HS, 0.0f, datt + b * NH * TT, Tn, TT, NH);
-    gemm_strided_batched_rm(stream, p, true, false, Tn, HS, Tn, 1.0f, p, Tn, TT, dy, C, HS, 1.0f,
+    gemm_strided_batched_rm(stream, pr, true, false, Tn, HS, Tn, 1.0f, p, Tn, TT, dy, C, HS, 1.0f,
                             dqkv + qoff + 2 * C, C3, HS, NH);
   }
   const long long rows = static_cast<long long>(B) * NH * Tn;
@@ -109,9 +109,9 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
     const size_t qoff = static_cast<size_t>(b) * Tn * C3;
     const float* ds = datt + b * NH * TT;
     // dQ += dS K ; dK += dS^T Q  (scale folded into dS)
-    gemm_strided_batched_rm(stream, p, false, false, Tn, HS, Tn, 1.0f, ds, Tn, TT, qkv + qoff + C, C3,
+    gemm_strided_batched_rm(stream, pr, false, false, Tn, HS, Tn, 1.0f, ds, Tn, TT, qkv + qoff + C, C3,
                             HS, 1.0f, dqkv + qoff, C3, HS, NH);
-    gemm_strided_batched_rm(stream, p, true, false, Tn, HS, Tn, 1.0f, ds, Tn, TT, qkv + qoff, C3, HS,
+    gemm_strided_batched_rm(stream, pr, true, false, Tn, HS, Tn, 1.0f, ds, Tn, TT, qkv + qoff, C3, HS,
                             1.0f, dqkv + qoff + C, C3, HS, NH);
   }
 }

@@ -38,6 +38,26 @@ add_test(NAME torch_gpt2_grads_v256
 add_test(NAME torch_gpt2_grads_v250
   COMMAND ${MESHLM_PYTHON} ${_torch}/check_gpt2_grads.py $<TARGET_FILE:meshlm_refdump>
           --n_layer 2 --n_head 4 --n_embd 64 --vocab_size 250 --seq_len 32 --batch 2 --tol 1e-4)
+# train.precision = bf16 and fp16 (the CPU's emulated rounding) against the
+# reference whose every matrix product rounds its inputs (gpt2_torch.py). The
+# tolerance is what rounding allows: the reference's own float32 and float64
+# versions differ by up to 5e-3 of max|g| at bf16, 9e-4 at fp16. A meshlm
+# that ignored train.precision must fail the bf16 check on the loss.
+add_test(NAME torch_gpt2_grads_bf16
+  COMMAND ${MESHLM_PYTHON} ${_torch}/check_gpt2_grads.py $<TARGET_FILE:meshlm_refdump>
+          --n_layer 2 --n_head 4 --n_embd 64 --vocab_size 250 --seq_len 32 --batch 2 --tol 1e-2
+          --precision bf16)
+add_test(NAME torch_gpt2_grads_fp16
+  COMMAND ${MESHLM_PYTHON} ${_torch}/check_gpt2_grads.py $<TARGET_FILE:meshlm_refdump>
+          --n_layer 2 --n_head 4 --n_embd 64 --vocab_size 250 --seq_len 32 --batch 2 --tol 3e-3
+          --precision fp16)
+add_test(NAME torch_gpt2_grads_bf16_catches_fp32
+  COMMAND ${MESHLM_PYTHON} ${_torch}/check_gpt2_grads.py ${_torch}/ignore_precision.sh
+          --n_layer 2 --n_head 4 --n_embd 64 --vocab_size 250 --seq_len 32 --batch 2 --tol 1e-2
+          --precision bf16)
+set_tests_properties(torch_gpt2_grads_bf16_catches_fp32 PROPERTIES
+  ENVIRONMENT "MESHLM_REFDUMP=$<TARGET_FILE:meshlm_refdump>"
+  PASS_REGULAR_EXPRESSION "loss from the unrounded reference [^\n]*FAIL \\(must be")
 # AdamW steps with clipping against torch.optim.AdamW + clip_grad_norm_.
 add_test(NAME torch_adamw
   COMMAND ${MESHLM_PYTHON} ${_torch}/check_adamw.py $<TARGET_FILE:meshlm_refdump>)

@@ -4,11 +4,13 @@
 //
 //   meshlm_bench --n_layer 12 --n_head 12 --n_embd 768 --vocab_size 50304
 //                --seq_len 64 --batch 4 --threads 2 [--steps 5] [--warmup 2] [--cuda 1]
+//                [--bf16 1]
 //
 // --cuda 1 runs the step on GPU 0 (runtime.backend = cuda, fp32), timed to
 // the end of the device's work, and adds the device memory to the line: the
 // tracked Buffers' peak, the caching allocator's reservation, and what
-// cudaMemGetInfo reports in use.
+// cudaMemGetInfo reports in use. --bf16 1 computes at train.precision = bf16
+// (emulated on the CPU).
 //
 // Prints one JSON line (same keys as torch_step.py). Training FLOPs per step
 // (docs/PERFORMANCE.md):
@@ -40,7 +42,8 @@ int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   std::map<std::string, long> f = {{"n_layer", 12}, {"n_head", 12},   {"n_embd", 768},
                                    {"vocab_size", 50304}, {"seq_len", 64}, {"batch", 4},
-                                   {"threads", 1},  {"steps", 5},     {"warmup", 2}, {"cuda", 0}};
+                                   {"threads", 1},  {"steps", 5},     {"warmup", 2}, {"cuda", 0},
+                                   {"bf16", 0}};
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     if (k.rfind("--", 0) != 0 || !f.count(k.substr(2))) {
@@ -61,12 +64,13 @@ int main(int argc, char** argv) {
   cfg.vocab_size = static_cast<int>(f["vocab_size"]);
   const int B = static_cast<int>(f["batch"]), T = static_cast<int>(f["seq_len"]);
   cfg.max_seq_len = T;
-  const ops::Kernels* kernels = &ops::Kernels::cpu();
+  const ops::Precision precision = f["bf16"] != 0 ? ops::Precision::bf16 : ops::Precision::fp32;
+  const ops::Kernels* kernels = &ops::Kernels::cpu(precision);
   std::string device = "cpu";
 #ifdef MESHLM_HAVE_CUDA
   std::unique_ptr<cuda::DeviceContext> gpu;
   if (f["cuda"] != 0) {
-    gpu = std::make_unique<cuda::DeviceContext>(0, 0);
+    gpu = std::make_unique<cuda::DeviceContext>(0, 0, precision);
     kernels = &gpu->kernels();
     device = gpu->name();
   }
@@ -114,10 +118,10 @@ int main(int argc, char** argv) {
              ", \"device_in_use_gib\": " + std::to_string(gpu->used_bytes() / 1073741824.0);
 #endif
   std::printf(
-      "{\"impl\": \"meshlm\", \"device\": \"%s\", \"threads\": %d, \"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d, "
+      "{\"impl\": \"meshlm\", \"device\": \"%s\", \"precision\": \"%s\", \"threads\": %d, \"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d, "
       "\"vocab_size\": %d, \"seq_len\": %d, \"batch\": %d, \"ms_per_step\": %.3f, "
       "\"tokens_per_s\": %.1f, \"gflops\": %.2f, \"loss\": %.4f%s}\n",
-      device.c_str(), threads, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, T, B, 1e3 * med, B * T / med,
+      device.c_str(), name_of(precision), threads, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, T, B, 1e3 * med, B * T / med,
       flops / med / 1e9, loss, memory.c_str());
   MPI_Finalize();
   return 0;

@@ -83,6 +83,35 @@ TEST_F(CudaKernels, GemmInEveryTransposeMatchesTheCpu) {
     }
 }
 
+// At bf16 and fp16 cuBLAS rounds A and B as the CPU emulation does (to
+// nearest, ties to even): the same inputs give the same rounded products, so
+// only the summation order differs. A K large enough for the rounding to
+// show: the fp32 result is far outside this tolerance (checked).
+TEST_F(CudaKernels, GemmAtBf16AndFp16RoundsAsTheCpu) {
+  const int M = 64, N = 96, K = 256;
+  const std::vector<float> A = uniform_floats(size_t(M) * K, 21), B = uniform_floats(size_t(K) * N, 22);
+  const std::vector<float> C0 = uniform_floats(size_t(M) * N, 23);
+  DeviceArray<float> dA(A.size()), dB(B.size()), dC(C0.size());
+  dA.upload(A);
+  dB.upload(B);
+  for (ops::Precision p : {ops::Precision::bf16, ops::Precision::fp16}) {
+    const std::unique_ptr<ops::Kernels> gpu = cuda::make_kernels(stream_, p);
+    ASSERT_EQ(gpu->precision(), p);
+    for (bool tb : {false, true}) {
+      std::vector<float> C = C0, C32 = C0;
+      dC.upload(C0);
+      gpu->gemm(false, tb, M, N, K, 1.0f, dA.get(), K, dB.get(), tb ? K : N, 0.5f, dC.get(), N);
+      ops::Kernels::cpu(p).gemm(false, tb, M, N, K, 1.0f, A.data(), K, B.data(), tb ? K : N, 0.5f,
+                                C.data(), N);
+      cpu_.gemm(false, tb, M, N, K, 1.0f, A.data(), K, B.data(), tb ? K : N, 0.5f, C32.data(), N);
+      sync();
+      const std::vector<float> got = dC.download();
+      EXPECT_TRUE(close(got, C, 1e-5)) << name_of(p) << " tb " << tb;
+      EXPECT_FALSE(close(got, C32, 1e-4)) << name_of(p) << " tb " << tb << ": no rounding seen";
+    }
+  }
+}
+
 TEST_F(CudaKernels, ZeroAddAndAddBias) {
   const int N = 129, C = 77;
   const size_t n = size_t(N) * C;

@@ -3,8 +3,10 @@
 //
 //   meshlm_refdump grads OUT.h5 --n_layer L --n_head NH --n_embd C
 //                  --vocab_size V --seq_len T --batch B [--seed S]
+//                  [--precision fp32|bf16|fp16]
 //       parameters (perturbed away from the GPT-2 init so that every tensor
 //       matters), a random batch, meshlm's loss and every parameter gradient.
+//       At bf16/fp16 the CPU backend's emulated rounding of the GEMM inputs.
 //       Read by tests/torch/check_gpt2_grads.py.
 //   meshlm_refdump adamw OUT.h5
 //       parameters, gradients and learning rates of a few AdamW steps with
@@ -15,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,7 +66,13 @@ int dump_grads(const std::string& out, const std::map<std::string, std::string>&
                       .vocab_size = flag(f, "vocab_size", 256),
                       .max_seq_len = T + 3};  // a position table longer than the sequence
 
-  GPT model(cfg);
+  GPTOptions opts;
+  if (auto it = f.find("precision"); it != f.end()) {
+    const std::optional<ops::Precision> p = enum_from_name<ops::Precision>(it->second);
+    if (!p) throw std::runtime_error("--precision " + it->second + ": not fp32, bf16 or fp16");
+    opts.kernels = &ops::Kernels::cpu(*p);
+  }
+  GPT model(cfg, {}, opts);
   model.init_weights(seed);
   // Perturb every tensor (LayerNorm gains and biases too) so that a wrong
   // gradient of any of them shows; padded vocabulary rows stay zero.

@@ -4,6 +4,7 @@
 Usage:
   check_gpt2_grads.py TOOL --n_layer L --n_head NH --n_embd C --vocab_size V
                       --seq_len T --batch B [--seed S] [--tol 1e-4]
+                      [--precision fp32|bf16|fp16]
   check_gpt2_grads.py --self-test [same options]
 
 Runs `TOOL grads OUT.h5 --n_layer L --n_head NH --n_embd C --vocab_size V
@@ -21,6 +22,14 @@ gpt2_torch.py, whose loss and gradients (autograd) are the reference:
 wte is compared on its V real rows; the padded rows [V, Vp) of meshlm's
 gradient must be exactly 0. The dump must hold exactly the expected
 parameter set. Exit status 1 on any failure.
+
+--precision bf16 (fp16) has meshlm compute at train.precision = bf16 (the
+CPU's emulated rounding: `TOOL grads ... --precision bf16`), and the
+reference round the inputs of each of its matrix products to
+torch.bfloat16 (gpt2_torch.RoundedMatmul), still in float64. The check is
+then also required to tell the precisions apart: meshlm's loss must be at
+least 3 times further from the unrounded (fp32) reference's than from the
+rounded one's.
 
 --self-test checks the checker without meshlm: it writes dumps from the
 reference model itself (float32), one correct and several subtly wrong, and
@@ -104,13 +113,7 @@ def check_dump(path, args, out=sys.stdout):
             return c.finish()
         params, grads = groups["params"], groups["grads"]
 
-    torch.manual_seed(0)
-    model = GPT2(cfg).double()
-    model.load_from_arrays(params)
-    model.zero_grad(set_to_none=True)
-    _, loss = model(torch.from_numpy(tokens.astype(np.int64)), torch.from_numpy(targets.astype(np.int64)))
-    loss.backward()
-    loss_ref = loss.item()
+    model, loss_ref = reference(cfg, params, tokens, targets, GEMM_INPUTS[args.precision])
 
     loss_rel = abs(loss_ours - loss_ref) / abs(loss_ref) if loss_ref != 0 else abs(loss_ours - loss_ref)
     loss_ok = abs(loss_ours - loss_ref) <= args.tol * abs(loss_ref)
@@ -140,7 +143,35 @@ def check_dump(path, args, out=sys.stdout):
         print(f"{name:<28s} {str(tuple(p.shape)):<16s} {ref_max:11.4e} {diff:11.4e} {rel:10.3e}"
               f"{'' if good else '  FAIL'}{extra_note}", file=out)
     print(f"worst rel {worst:.3e} (tol {args.tol:g})", file=out)
+    if args.precision != "fp32":
+        # The rounding must show: the loss is further from the unrounded
+        # reference. (The gradients are a poor judge: inputs a float32
+        # rounding apart can round to bf16 values an ulp apart, so the
+        # float32 and float64 rounded references themselves differ by up to
+        # about 5e-3 of max|g|, which --tol must allow.)
+        plain, loss_plain = reference(cfg, params, tokens, targets, None)
+        off_plain, off_rounded = abs(loss_ours - loss_plain), abs(loss_ours - loss_ref)
+        distinct = off_plain >= 3 * off_rounded
+        print(f"loss from the unrounded reference {loss_plain:.9g}: |diff| {off_plain:.3e}, "
+              f"{'ok' if distinct else 'FAIL'} (must be >= 3 x {off_rounded:.3e})", file=out)
+        if not distinct:
+            c.ok = False
     return c.finish()
+
+
+GEMM_INPUTS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def reference(cfg, params, tokens, targets, gemm_inputs):
+    """The float64 reference model with meshlm's parameters after one
+    forward and backward of (tokens, targets), and its loss."""
+    torch.manual_seed(0)
+    model = GPT2(cfg, gemm_inputs=gemm_inputs).double()
+    model.load_from_arrays(params)
+    model.zero_grad(set_to_none=True)
+    _, loss = model(torch.from_numpy(tokens.astype(np.int64)), torch.from_numpy(targets.astype(np.int64)))
+    loss.backward()
+    return model, loss.item()
 
 
 # ----------------------------------------------------------------------------
@@ -222,6 +253,8 @@ def main():
     ap.add_argument("--batch", type=int, default=3)
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--tol", type=float, default=1e-4)
+    ap.add_argument("--precision", choices=sorted(GEMM_INPUTS), default="fp32",
+                    help="meshlm's train.precision, and the rounding of the reference's products")
     ap.add_argument("--self-test", action="store_true",
                     help="check the checker against dumps written by the reference model")
     args = ap.parse_args()
@@ -233,7 +266,7 @@ def main():
 
     options = ["--n_layer", str(args.n_layer), "--n_head", str(args.n_head), "--n_embd", str(args.n_embd),
                "--vocab_size", str(args.vocab_size), "--seq_len", str(args.seq_len),
-               "--batch", str(args.batch), "--seed", str(args.seed)]
+               "--batch", str(args.batch), "--seed", str(args.seed), "--precision", args.precision]
     ok = refcheck.run_tool(args.tool, "grads", "grads.h5", options, lambda path: check_dump(path, args))
     sys.exit(0 if ok else 1)
 

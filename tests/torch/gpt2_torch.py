@@ -23,6 +23,12 @@ meshlm's parameter names (the HDF5 dataset names of its dumps):
   h.{l}.mlp.c_proj.bias (C), ln_f.{weight,bias} (C).
 
 Attention is written out by hand (torch 1.13 has no scaled_dot_product_attention).
+
+`GPT2(cfg, gemm_inputs=torch.bfloat16)` is meshlm's train.precision = bf16
+(or float16 for fp16): every product of two matrices (the four linear
+layers, q k^T, P v and the tied lm_head) reads both of its inputs rounded to
+that type, in forward and in backward (the gradient flowing in and the other
+operand), and accumulates in the model's own dtype. Nothing else is rounded.
 """
 
 import math
@@ -68,9 +74,45 @@ def expected_param_shapes(cfg):
     return shapes
 
 
+class RoundedMatmul(torch.autograd.Function):
+    """a @ b with both inputs rounded to `dtype` first, in forward and in both
+    products of backward (grad_a = r(g) @ r(b)^T, grad_b = r(a)^T @ r(g))."""
+
+    @staticmethod
+    def forward(ctx, a, b, dtype):
+        ctx.save_for_backward(a, b)
+        ctx.dtype = dtype
+        return _round(a, dtype) @ _round(b, dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        r = ctx.dtype
+        ga = _round(g, r) @ _round(b, r).transpose(-2, -1)
+        gb = _round(a, r).transpose(-2, -1) @ _round(g, r)
+        return ga, gb, None
+
+
+def _round(x, dtype):
+    return x.to(dtype).to(x.dtype)
+
+
+def matmul(a, b, dtype=None):
+    """a @ b, or with both inputs rounded to `dtype` (RoundedMatmul)."""
+    return a @ b if dtype is None else RoundedMatmul.apply(a, b, dtype)
+
+
+def linear(x, layer, dtype=None):
+    """x W^T + b of an nn.Linear, its product through matmul()."""
+    if dtype is None:
+        return layer(x)
+    return matmul(x, layer.weight.t(), dtype) + layer.bias
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg):
         super().__init__()
+        self.gemm_inputs = None
         assert cfg.n_embd % cfg.n_head == 0
         self.n_head = cfg.n_head
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
@@ -81,27 +123,30 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x):
         B, T, C = x.shape
         NH, HS = self.n_head, C // self.n_head
-        q, k, v = self.c_attn(x).split(C, dim=2)
+        r = self.gemm_inputs
+        q, k, v = linear(x, self.c_attn, r).split(C, dim=2)
         # head h = channels [h*HS, (h+1)*HS) of each of q, k, v
         q = q.view(B, T, NH, HS).transpose(1, 2)  # (B, NH, T, HS)
         k = k.view(B, T, NH, HS).transpose(1, 2)
         v = v.view(B, T, NH, HS).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(HS))
+        att = matmul(q, k.transpose(-2, -1), r) * (1.0 / math.sqrt(HS))
         att = att.masked_fill(~self.mask[:T, :T], float("-inf"))
         att = F.softmax(att, dim=-1)
-        y = att @ v  # (B, NH, T, HS)
+        y = matmul(att, v, r)  # (B, NH, T, HS)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.c_proj(y)
+        return linear(y, self.c_proj, r)
 
 
 class MLP(nn.Module):
     def __init__(self, cfg):
         super().__init__()
+        self.gemm_inputs = None
         self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd)
         self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd)
 
     def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+        r = self.gemm_inputs
+        return linear(F.gelu(linear(x, self.c_fc, r), approximate="tanh"), self.c_proj, r)
 
 
 class Block(nn.Module):
@@ -119,15 +164,19 @@ class Block(nn.Module):
 
 
 class GPT2(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, gemm_inputs=None):
         super().__init__()
         assert cfg.padded_vocab_size >= cfg.vocab_size
         self.config = cfg
+        self.gemm_inputs = gemm_inputs
         # Registration order gives named_parameters() meshlm's order.
         self.wte = nn.Embedding(cfg.padded_vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.max_seq_len, cfg.n_embd)
         self.h = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
         self.ln_f = nn.LayerNorm(cfg.n_embd, eps=1e-5)
+        for block in self.h:
+            block.attn.gemm_inputs = gemm_inputs
+            block.mlp.gemm_inputs = gemm_inputs
 
     def init_weights(self, seed=None, std=0.02):
         """GPT-2 style init: N(0, std) weights (residual projections scaled by
@@ -173,7 +222,10 @@ class GPT2(nn.Module):
         for block in self.h:
             x = block(x)
         x = self.ln_f(x)
-        logits = F.linear(x, self.wte.weight[:V])  # tied lm_head, real rows only
+        if self.gemm_inputs is None:
+            logits = F.linear(x, self.wte.weight[:V])  # tied lm_head, real rows only
+        else:
+            logits = matmul(x, self.wte.weight[:V].t(), self.gemm_inputs)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.reshape(B * T, V), targets.long().reshape(B * T))
