@@ -9,14 +9,22 @@
 // use and kept for the life of the process; every call sets the caller's
 // stream on it. FP32 GEMMs run in CUBLAS_DEFAULT_MATH, which uses no TF32
 // (that takes CUBLAS_TF32_TENSOR_OP_MATH), so the fp32 backend can be
-// compared tightly with the CPU. Under bf16 and fp16 the operands stay fp32
-// in memory and the GEMM's compute type, CUBLAS_COMPUTE_32F_FAST_16BF or
-// _16F, has cuBLAS convert them to the 16-bit type for the tensor cores and
-// accumulate in fp32: the rounding the CPU backend emulates.
+// compared tightly with the CPU. Under bf16 and fp16 each operand is rounded
+// (to nearest even, as the CPU emulates it) into a 16-bit copy of the memory
+// span it touches, keeping its strides, and cuBLAS multiplies the copies on
+// the tensor cores with fp32 accumulation and fp32 output. (The compute type
+// CUBLAS_COMPUTE_32F_FAST_16BF on fp32 operands only *allows* cuBLAS to
+// round: on an H100 it gave products far closer to fp32 than to the bf16
+// rounding, so it fixes no precision.)
 #include <cuda_runtime.h>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <map>
 #include <string>
+
+#include "core/alloc.h"
 
 #include "core/error.h"
 #include "cuda/blas.cuh"
@@ -50,13 +58,67 @@ cublasHandle_t blas_handle(cudaStream_t stream) {
 
 cublasOperation_t op(bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
-cublasComputeType_t compute_type(ops::Precision p) {
-  switch (p) {
-    case ops::Precision::bf16: return CUBLAS_COMPUTE_32F_FAST_16BF;
-    case ops::Precision::fp16: return CUBLAS_COMPUTE_32F_FAST_16F;
-    case ops::Precision::fp32: break;
+// ---- 16-bit copies of GEMM inputs --------------------------------------------
+
+__global__ void round_to_bf16_kernel(__nv_bfloat16* out, const float* in, size_t n) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x)
+    out[i] = __float2bfloat16_rn(in[i]);
+}
+__global__ void round_to_fp16_kernel(__half* out, const float* in, size_t n) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x)
+    out[i] = __float2half_rn(in[i]);  // beyond 65504 (after rounding): infinity
+}
+
+// Elements from the first element of a row-major operand stored (rows, cols)
+// with leading dimension ld, `batch` of them `stride` apart, to its last.
+size_t span_of(int rows, int cols, int ld, long long stride = 0, int batch = 1) {
+  return size_t(batch - 1) * size_t(stride) + size_t(rows - 1) * size_t(ld) + size_t(cols);
+}
+
+// The 16-bit copies of the two inputs of the GEMMs queued on one stream
+// (workspace, grown on demand; reused by the next GEMM on the stream, which
+// runs after this one). Per host thread, kept for the life of the process.
+class Inputs16 {
+public:
+  // Room for a and b elements of 2 bytes; returns the two copies.
+  std::pair<void*, void*> reserve(cudaStream_t stream, size_t a, size_t b) {
+    const size_t a_bytes = (2 * a + 255) / 256 * 256, bytes = a_bytes + 2 * b;
+    Buffer*& buf = by_stream_[stream];
+    if (buf == nullptr || buf->bytes() < bytes) {
+      // The stream's earlier GEMMs may still read the old copies.
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      delete buf;
+      buf = new Buffer(bytes + bytes / 4, MemCategory::workspace, "gemm.inputs_16bit",
+                       Device::cuda);
+    }
+    char* base = buf->as<char>();
+    return {base, base + a_bytes};
   }
-  return CUBLAS_COMPUTE_32F;
+
+private:
+  // Never freed: a thread's copies outlive every stream it uses, and the
+  // allocator must not see a release after the process has torn it down.
+  std::map<cudaStream_t, Buffer*> by_stream_;
+};
+
+Inputs16& inputs16() {
+  thread_local Inputs16* copies = new Inputs16;
+  return *copies;
+}
+
+// Rounds x[0, n) into `dst` at precision p (bf16 or fp16).
+void round_span(ops::Precision p, void* dst, const float* x, size_t n, cudaStream_t stream) {
+  if (p == ops::Precision::bf16)
+    round_to_bf16_kernel<<<grid_for(n), kThreads, 0, stream>>>(static_cast<__nv_bfloat16*>(dst), x, n);
+  else
+    round_to_fp16_kernel<<<grid_for(n), kThreads, 0, stream>>>(static_cast<__half*>(dst), x, n);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+cudaDataType_t data_type(ops::Precision p) {
+  return p == ops::Precision::bf16 ? CUDA_R_16BF : CUDA_R_16F;
 }
 
 // out(N,OC) = bias, row by row.
@@ -119,30 +181,40 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, co
 void gemm_rm(cudaStream_t stream, ops::Precision p, bool ta, bool tb, int M, int N, int K,
              float alpha, const float* A, int lda, const float* B, int ldb, float beta, float* C,
              int ldc) {
-  if (p == ops::Precision::fp32) {
+  if (p == ops::Precision::fp32 || M == 0 || N == 0 || K == 0) {
     CUBLAS_CHECK(cublasSgemm(blas_handle(stream), op(tb), op(ta), N, M, K, &alpha, B, ldb, A, lda,
                              &beta, C, ldc));
     return;
   }
-  CUBLAS_CHECK(cublasGemmEx(blas_handle(stream), op(tb), op(ta), N, M, K, &alpha, B, CUDA_R_32F,
-                            ldb, A, CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc, compute_type(p),
-                            CUBLAS_GEMM_DEFAULT));
+  // op(A) is (M,K): stored (K,M) when transposed; op(B) is (K,N): stored (N,K).
+  const size_t a = span_of(ta ? K : M, ta ? M : K, lda), b = span_of(tb ? N : K, tb ? K : N, ldb);
+  const auto [A16, B16] = inputs16().reserve(stream, a, b);
+  round_span(p, A16, A, a, stream);
+  round_span(p, B16, B, b, stream);
+  CUBLAS_CHECK(cublasGemmEx(blas_handle(stream), op(tb), op(ta), N, M, K, &alpha, B16,
+                            data_type(p), ldb, A16, data_type(p), lda, &beta, C, CUDA_R_32F, ldc,
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 void gemm_strided_batched_rm(cudaStream_t stream, ops::Precision p, bool ta, bool tb, int M, int N,
                              int K, float alpha, const float* A, int lda, long long strideA,
                              const float* B, int ldb, long long strideB, float beta, float* C,
                              int ldc, long long strideC, int batch) {
-  if (p == ops::Precision::fp32) {
+  if (p == ops::Precision::fp32 || M == 0 || N == 0 || K == 0 || batch == 0) {
     CUBLAS_CHECK(cublasSgemmStridedBatched(blas_handle(stream), op(tb), op(ta), N, M, K, &alpha, B,
                                            ldb, strideB, A, lda, strideA, &beta, C, ldc, strideC,
                                            batch));
     return;
   }
-  CUBLAS_CHECK(cublasGemmStridedBatchedEx(blas_handle(stream), op(tb), op(ta), N, M, K, &alpha, B,
-                                          CUDA_R_32F, ldb, strideB, A, CUDA_R_32F, lda, strideA,
-                                          &beta, C, CUDA_R_32F, ldc, strideC, batch,
-                                          compute_type(p), CUBLAS_GEMM_DEFAULT));
+  const size_t a = span_of(ta ? K : M, ta ? M : K, lda, strideA, batch);
+  const size_t b = span_of(tb ? N : K, tb ? K : N, ldb, strideB, batch);
+  const auto [A16, B16] = inputs16().reserve(stream, a, b);
+  round_span(p, A16, A, a, stream);
+  round_span(p, B16, B, b, stream);
+  CUBLAS_CHECK(cublasGemmStridedBatchedEx(blas_handle(stream), op(tb), op(ta), N, M, K, &alpha,
+                                          B16, data_type(p), ldb, strideB, A16, data_type(p), lda,
+                                          strideA, &beta, C, CUDA_R_32F, ldc, strideC, batch,
+                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace meshlm::cuda

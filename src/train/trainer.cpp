@@ -28,7 +28,38 @@
 #include "train/threads.h"
 #include "train/lr_schedule.h"
 
+#include <utility>
+
 namespace meshlm {
+
+namespace {
+
+// The CUDA backend's 16-bit copies of the inputs of its GEMMs at bf16 and
+// fp16 (cuda/blas.cu): room for the largest pair, the first copy rounded up
+// to 256 bytes, grown by a quarter when it grows. One rank, the whole model.
+size_t gemm_16bit_copies_bytes(const GPTConfig& m, ops::Precision p, int B, int T) {
+  if (p == ops::Precision::fp32) return 0;
+  const size_t N = size_t(B) * T, C = size_t(m.n_embd), NH = size_t(m.n_head);
+  const size_t Vp = size_t(m.padded_vocab_size());
+  size_t most = 0;
+  auto pair = [&](size_t a, size_t b) { most = std::max(most, (2 * a + 255) / 256 * 256 + 2 * b); };
+  // Linear layers (IC, OC): forward x w^T; backward dout w and dout^T x.
+  for (const auto& [IC, OC] : {std::pair{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}, {C, Vp}}) {
+    pair(N * IC, OC * IC);
+    pair(N * OC, OC * IC);
+    pair(N * OC, N * IC);
+  }
+  // Attention, one sequence at a time: Q K^T over the heads (q and k as
+  // strided views of qkv), then P V, dP = dY V^T, dV += P^T dY, dS K, dS^T Q.
+  const size_t T2 = size_t(T) * T, view = (size_t(T) - 1) * 3 * C + C;
+  pair(view, view);
+  pair(NH * T2, view);
+  pair((size_t(T) - 1) * C + C, view);
+  pair(NH * T2, (size_t(T) - 1) * C + C);
+  return most + most / 4;
+}
+
+}  // namespace
 
 RankPlan planned_rank_plan(const RunConfig& cfg, const ProcessMesh& mesh) {
   RankPlan shape = Engine::plan_of(cfg, mesh.coords());
@@ -208,7 +239,9 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
     for (const ParamSpec& p : trainable_table(cfg.model, shape.shard, shape.model))
       largest = std::max(largest, static_cast<size_t>(p.full_shape.numel()));
     at(predicted, MemCategory::workspace) =
-        std::max(at(predicted, MemCategory::workspace), largest * sizeof(float));
+        std::max(at(predicted, MemCategory::workspace) +
+                     gemm_16bit_copies_bytes(cfg.model, tc.precision, tc.micro_batch_size, tc.seq_len),
+                 largest * sizeof(float));
   }
   print_predicted_memory(predicted, *world);
   check_memory_fits(predicted, mesh);
