@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "cuda/device_memory.h"
 #include "cuda/kernels_cuda.h"
 #include "cuda_test.h"
 #include "model/lora.h"
@@ -43,6 +44,7 @@ protected:
     CudaTest::SetUp();
     if (IsSkipped()) return;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    cuda::install_device_memory();  // for the kernels' own device Buffers
     gpu_ = cuda::make_kernels(stream_);
   }
   void TearDown() override {

@@ -8,7 +8,8 @@
 #     the CPU's at each of the first 60 steps;
 #   * cuda bf16 and fp16: the loss within the bf16 tolerance of the CPU's
 #     fp32 curve, 1.5% at every step and 0.2% on average over the 200 (as
-#     the CPU's own emulated bf16 in tests/cli/precision.sh);
+#     the CPU's own emulated bf16 in tests/cli/precision.sh); fp16 may skip
+#     a few overflowing steps (compared where both logged a loss);
 #   * the loss falls; the rank line names the GPU.
 # Exit 77 (skipped) when meshlm says this machine has no GPU it can use.
 set -u
@@ -48,8 +49,10 @@ grep -q "device cuda:" cuda_fp32.log || { echo "FAIL: the rank line names no GPU
 import sys
 import h5py
 import numpy as np
-def curve(d):
+def curve(d, steps=False):
     with h5py.File(f"{d}/run.h5", "r") as f:
+        if steps:
+            return f["metrics/step"][()], f["metrics/loss"][()]
         return f["metrics/loss"][()], f["metrics/grad_norm"][()]
 lc, gc = curve("cpu_fp32")
 bad = False
@@ -63,13 +66,15 @@ print(f"fp32: loss {lc[0]:.5f} -> {lc[-1]:.5f} (cpu), {lg[0]:.5f} -> {lg[-1]:.5f
 if not (np.all(np.isfinite(lg)) and rl.max() <= 1e-3 and rg.max() <= 1e-3 and lg[-1] < lg[0] - 0.5):
     print("FAIL: cuda fp32"); bad = True
 for p in ["bf16", "fp16"]:
-    l16, _ = curve(f"cuda_{p}")
-    if len(l16) != 200:
+    s16, l16 = curve(f"cuda_{p}", steps=True)
+    skipped = 200 - len(s16)
+    if skipped > (5 if p == "fp16" else 0):
         print(f"FAIL: cuda {p} logged {len(l16)} steps"); bad = True; continue
-    d = np.abs(l16 - lc) / np.abs(lc)
+    ref = lc[s16 - 1]
+    d = np.abs(l16 - ref) / np.abs(ref)
     print(f"{p}: loss {l16[0]:.5f} -> {l16[-1]:.5f} (cuda) vs fp32 {lc[0]:.5f} -> {lc[-1]:.5f} "
-          f"(cpu); relative difference largest {d.max():.2e} (step {d.argmax() + 1}), "
-          f"mean {d.mean():.2e}")
+          f"(cpu); relative difference largest {d.max():.2e} (step {s16[d.argmax()]}), "
+          f"mean {d.mean():.2e}; {skipped} overflowing step(s) skipped")
     if not (np.all(np.isfinite(l16)) and d.max() <= 0.015 and d.mean() <= 0.002
             and l16[-1] < l16[0] - 0.5):
         print(f"FAIL: cuda {p}"); bad = True
