@@ -238,10 +238,11 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
     size_t largest = 0;
     for (const ParamSpec& p : trainable_table(cfg.model, shape.shard, shape.model))
       largest = std::max(largest, static_cast<size_t>(p.full_shape.numel()));
+    // The table adds each category's host and device peaks: the staging
+    // (host) and the GEMMs' 16-bit copies (device) count both.
     at(predicted, MemCategory::workspace) =
-        std::max(at(predicted, MemCategory::workspace) +
-                     gemm_16bit_copies_bytes(cfg.model, tc.precision, tc.micro_batch_size, tc.seq_len),
-                 largest * sizeof(float));
+        std::max(at(predicted, MemCategory::workspace), largest * sizeof(float)) +
+        gemm_16bit_copies_bytes(cfg.model, tc.precision, tc.micro_batch_size, tc.seq_len);
   }
   print_predicted_memory(predicted, *world);
   check_memory_fits(predicted, mesh);
