@@ -8,8 +8,10 @@
 #     the CPU's at each of the first 60 steps;
 #   * cuda bf16 and fp16: the loss within the bf16 tolerance of the CPU's
 #     fp32 curve, 1.5% at every step and 0.2% on average over the 200 (as
-#     the CPU's own emulated bf16 in tests/cli/precision.sh); fp16 may skip
-#     a few overflowing steps (compared where both logged a loss);
+#     the CPU's own emulated bf16 in tests/cli/precision.sh); fp16 starts
+#     from a loss scale of 4096, under which this model never overflows
+#     (at 65536 a GPU run skipped one step where another did not; the
+#     skipping itself is tested on the CPU, tests/cli/precision.sh);
 #   * the loss falls; the rank line names the GPU.
 # Exit 77 (skipped) when meshlm says this machine has no GPU it can use.
 set -u
@@ -40,7 +42,7 @@ timeout 120 $mpiexec1 "$meshlm" train "$cfg" "${common[@]}" --output.dir=cpu_fp3
 for p in bf16 fp16; do
   # shellcheck disable=SC2086
   timeout 120 $mpiexec1 "$meshlm" train "$cfg" "${common[@]}" --output.dir=cuda_$p \
-    --runtime.backend=cuda --train.precision=$p >cuda_$p.log 2>&1 ||
+    --runtime.backend=cuda --train.precision=$p --train.loss_scale=4096 >cuda_$p.log 2>&1 ||
     { cat cuda_$p.log; echo "FAIL: the CUDA $p run"; exit 1; }
 done
 grep -E "^# (precision|device)|device cuda:" cuda_*.log
@@ -68,7 +70,7 @@ if not (np.all(np.isfinite(lg)) and rl.max() <= 1e-3 and rg.max() <= 1e-3 and lg
 for p in ["bf16", "fp16"]:
     s16, l16 = curve(f"cuda_{p}", steps=True)
     skipped = 200 - len(s16)
-    if skipped > (5 if p == "fp16" else 0):
+    if skipped > 0:
         print(f"FAIL: cuda {p} logged {len(l16)} steps"); bad = True; continue
     ref = lc[s16 - 1]
     d = np.abs(l16 - ref) / np.abs(ref)
