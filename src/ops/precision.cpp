@@ -3,6 +3,9 @@
 
 #include <omp.h>
 
+#include <bit>
+#include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "ops/blas.h"
@@ -10,9 +13,19 @@
 namespace meshlm::ops {
 
 float round_to_fp16(float x) {
-  // The compiler's half type converts with the IEEE rounding (to nearest,
-  // ties to even), including subnormals and overflow to infinity.
-  return static_cast<float>(static_cast<_Float16>(x));
+  // By hand rather than through a compiler's half type (not every compiler
+  // has one on x86): the IEEE rounding, to nearest, ties to even.
+  const uint32_t u = std::bit_cast<uint32_t>(x), sign = u & 0x80000000u;
+  uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return x;  // NaN
+  if (a >= 0x477ff000u)            // |x| >= 65520: rounds past 65504
+    return std::bit_cast<float>(sign | 0x7f800000u);
+  if (a < 0x38800000u) {  // below 2^-14: half's subnormals, multiples of 2^-24
+    const float q = std::nearbyint(std::ldexp(std::fabs(x), 24));  // ties to even
+    return std::copysign(std::ldexp(q, -24), x);
+  }
+  a += 0xfffu + ((a >> 13) & 1u);  // keep 10 of float's 23 mantissa bits
+  return std::bit_cast<float>(sign | (a & ~0x1fffu));
 }
 
 void round_matrix(Precision p, float* dst, const float* src, size_t rows, size_t cols, size_t ld) {

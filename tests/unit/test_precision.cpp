@@ -6,7 +6,9 @@
 // --precision bf16.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <vector>
 
@@ -164,3 +166,19 @@ TEST(LossScaler, HalvesOnOverflowDoublesAfterTheWindow) {
   off.applied();
   EXPECT_EQ(off.scale(), 1.0);
 }
+
+// Against the compiler's own half type where it has one (GCC on x86-64):
+// every float of a sweep over the exponents of half's range and beyond.
+#if defined(__FLT16_MAX__) && !defined(__clang__)
+TEST(Precision, Fp16MatchesTheCompilersHalfType) {
+  Rng rng(5);
+  for (int i = 0; i < 2000000; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(rng.below(0x48000000u)) ^
+                          (static_cast<uint32_t>(rng.below(2)) << 31);  // |x| < 2^17
+    const float x = std::bit_cast<float>(bits);
+    const float want = static_cast<float>(static_cast<_Float16>(x));
+    ASSERT_EQ(std::bit_cast<uint32_t>(ops::round_to_fp16(x)), std::bit_cast<uint32_t>(want))
+        << "x = " << x << " (0x" << std::hex << bits << ")";
+  }
+}
+#endif
