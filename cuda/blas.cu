@@ -117,6 +117,15 @@ void round_span(ops::Precision p, void* dst, const float* x, size_t n, cudaStrea
   CUDA_CHECK(cudaGetLastError());
 }
 
+// The 16-bit copies of A[0, a) and B[0, b), queued on `stream`.
+std::pair<void*, void*> round_inputs(cudaStream_t stream, ops::Precision p, const float* A, size_t a,
+                                     const float* B, size_t b) {
+  const auto copies = inputs16().reserve(stream, a, b);
+  round_span(p, copies.first, A, a, stream);
+  round_span(p, copies.second, B, b, stream);
+  return copies;
+}
+
 cudaDataType_t data_type(ops::Precision p) {
   return p == ops::Precision::bf16 ? CUDA_R_16BF : CUDA_R_16F;
 }
@@ -187,10 +196,8 @@ void gemm_rm(cudaStream_t stream, ops::Precision p, bool ta, bool tb, int M, int
     return;
   }
   // op(A) is (M,K): stored (K,M) when transposed; op(B) is (K,N): stored (N,K).
-  const size_t a = span_of(ta ? K : M, ta ? M : K, lda), b = span_of(tb ? N : K, tb ? K : N, ldb);
-  const auto [A16, B16] = inputs16().reserve(stream, a, b);
-  round_span(p, A16, A, a, stream);
-  round_span(p, B16, B, b, stream);
+  const auto [A16, B16] = round_inputs(stream, p, A, span_of(ta ? K : M, ta ? M : K, lda), B,
+                                       span_of(tb ? N : K, tb ? K : N, ldb));
   CUBLAS_CHECK(cublasGemmEx(blas_handle(stream), op(tb), op(ta), N, M, K, &alpha, B16,
                             data_type(p), ldb, A16, data_type(p), lda, &beta, C, CUDA_R_32F, ldc,
                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -206,11 +213,9 @@ void gemm_strided_batched_rm(cudaStream_t stream, ops::Precision p, bool ta, boo
                                            batch));
     return;
   }
-  const size_t a = span_of(ta ? K : M, ta ? M : K, lda, strideA, batch);
-  const size_t b = span_of(tb ? N : K, tb ? K : N, ldb, strideB, batch);
-  const auto [A16, B16] = inputs16().reserve(stream, a, b);
-  round_span(p, A16, A, a, stream);
-  round_span(p, B16, B, b, stream);
+  const auto [A16, B16] =
+      round_inputs(stream, p, A, span_of(ta ? K : M, ta ? M : K, lda, strideA, batch), B,
+                   span_of(tb ? N : K, tb ? K : N, ldb, strideB, batch));
   CUBLAS_CHECK(cublasGemmStridedBatchedEx(blas_handle(stream), op(tb), op(ta), N, M, K, &alpha,
                                           B16, data_type(p), ldb, strideB, A16, data_type(p), lda,
                                           strideA, &beta, C, CUDA_R_32F, ldc, strideC, batch,
