@@ -28,6 +28,7 @@
 
 #include "core/error.h"
 #include "cuda/blas.cuh"
+#include "cuda/cublas_lib.h"
 #include "cuda/cuda_check.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/ops_cuda.h"
@@ -41,7 +42,7 @@ cublasHandle_t blas_handle(cudaStream_t stream) {
   struct Handles {
     std::map<int, cublasHandle_t> by_device;
     ~Handles() {
-      for (auto& [device, h] : by_device) cublasDestroy(h);
+      for (auto& [device, h] : by_device) cublas().destroy(h);
     }
   };
   thread_local Handles handles;
@@ -49,10 +50,10 @@ cublasHandle_t blas_handle(cudaStream_t stream) {
   CUDA_CHECK(cudaGetDevice(&device));
   cublasHandle_t& h = handles.by_device[device];
   if (h == nullptr) {
-    CUBLAS_CHECK(cublasCreate(&h));
-    CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+    CUBLAS_CHECK(cublas().create(&h));
+    CUBLAS_CHECK(cublas().set_math_mode(h, CUBLAS_DEFAULT_MATH));
   }
-  CUBLAS_CHECK(cublasSetStream(h, stream));
+  CUBLAS_CHECK(cublas().set_stream(h, stream));
   return h;
 }
 
@@ -191,14 +192,14 @@ void gemm_rm(cudaStream_t stream, ops::Precision p, bool ta, bool tb, int M, int
              float alpha, const float* A, int lda, const float* B, int ldb, float beta, float* C,
              int ldc) {
   if (p == ops::Precision::fp32 || M == 0 || N == 0 || K == 0) {
-    CUBLAS_CHECK(cublasSgemm(blas_handle(stream), op(tb), op(ta), N, M, K, &alpha, B, ldb, A, lda,
+    CUBLAS_CHECK(cublas().sgemm(blas_handle(stream), op(tb), op(ta), N, M, K, &alpha, B, ldb, A, lda,
                              &beta, C, ldc));
     return;
   }
   // op(A) is (M,K): stored (K,M) when transposed; op(B) is (K,N): stored (N,K).
   const auto [A16, B16] = round_inputs(stream, p, A, span_of(ta ? K : M, ta ? M : K, lda), B,
                                        span_of(tb ? N : K, tb ? K : N, ldb));
-  CUBLAS_CHECK(cublasGemmEx(blas_handle(stream), op(tb), op(ta), N, M, K, &alpha, B16,
+  CUBLAS_CHECK(cublas().gemm_ex(blas_handle(stream), op(tb), op(ta), N, M, K, &alpha, B16,
                             data_type(p), ldb, A16, data_type(p), lda, &beta, C, CUDA_R_32F, ldc,
                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
@@ -208,7 +209,7 @@ void gemm_strided_batched_rm(cudaStream_t stream, ops::Precision p, bool ta, boo
                              const float* B, int ldb, long long strideB, float beta, float* C,
                              int ldc, long long strideC, int batch) {
   if (p == ops::Precision::fp32 || M == 0 || N == 0 || K == 0 || batch == 0) {
-    CUBLAS_CHECK(cublasSgemmStridedBatched(blas_handle(stream), op(tb), op(ta), N, M, K, &alpha, B,
+    CUBLAS_CHECK(cublas().sgemm_strided_batched(blas_handle(stream), op(tb), op(ta), N, M, K, &alpha, B,
                                            ldb, strideB, A, lda, strideA, &beta, C, ldc, strideC,
                                            batch));
     return;
@@ -216,7 +217,7 @@ void gemm_strided_batched_rm(cudaStream_t stream, ops::Precision p, bool ta, boo
   const auto [A16, B16] =
       round_inputs(stream, p, A, span_of(ta ? K : M, ta ? M : K, lda, strideA, batch), B,
                    span_of(tb ? N : K, tb ? K : N, ldb, strideB, batch));
-  CUBLAS_CHECK(cublasGemmStridedBatchedEx(blas_handle(stream), op(tb), op(ta), N, M, K, &alpha,
+  CUBLAS_CHECK(cublas().gemm_strided_batched_ex(blas_handle(stream), op(tb), op(ta), N, M, K, &alpha,
                                           B16, data_type(p), ldb, strideB, A16, data_type(p), lda,
                                           strideA, &beta, C, CUDA_R_32F, ldc, strideC, batch,
                                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));

@@ -28,10 +28,12 @@ DeviceContext::DeviceContext(int node_rank, int rank, ops::Precision p) {
   stream_ = s;
   install_device_memory();
   kernels_ = make_kernels(s, p);
+  dequantizer_ = make_dequantizer(s);
 }
 
 DeviceContext::~DeviceContext() {
   kernels_.reset();
+  dequantizer_.reset();
   if (stream_ != nullptr) {
     cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
     cudaStreamDestroy(static_cast<cudaStream_t>(stream_));

@@ -1,6 +1,6 @@
 // One rank's GPU: the device it computes on, a non-blocking stream, the
 // caching device allocator behind Buffers on Device::cuda, and the ops of the
-// CUDA backend on that stream (ops::Kernels).
+// CUDA backend on that stream (ops::Kernels, quant::Dequantizer).
 #pragma once
 
 #include <cstddef>
@@ -8,6 +8,7 @@
 #include <string>
 
 #include "ops/kernels.h"
+#include "quant/dequantizer.h"
 
 namespace meshlm::cuda {
 
@@ -22,6 +23,7 @@ public:
   DeviceContext& operator=(const DeviceContext&) = delete;
 
   const ops::Kernels& kernels() const { return *kernels_; }
+  const quant::Dequantizer& dequantizer() const { return *dequantizer_; }
   int device() const { return device_; }
   int device_count() const { return count_; }
   // "NVIDIA H100 80GB HBM3", as the driver names it.
@@ -38,6 +40,7 @@ private:
   std::string name_;
   void* stream_ = nullptr;  // cudaStream_t
   std::unique_ptr<ops::Kernels> kernels_;
+  std::unique_ptr<quant::Dequantizer> dequantizer_;
 };
 
 }  // namespace meshlm::cuda

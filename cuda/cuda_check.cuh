@@ -29,12 +29,8 @@ inline void cuda_check(cudaError_t err, const char* call, const char* file, int 
                   file, line);
 }
 
-inline void cublas_check(cublasStatus_t status, const char* call, const char* file, int line) {
-  if (status == CUBLAS_STATUS_SUCCESS) return;
-  throw RankError(std::string("cuBLAS error ") + cublasGetStatusName(status) + " (" +
-                      cublasGetStatusString(status) + ") in " + call,
-                  file, line);
-}
+// cuBLAS is opened on demand (cuda/cublas_lib.h), which also names its codes.
+void cublas_check(cublasStatus_t status, const char* call, const char* file, int line);
 
 // ncclGetLastError(nullptr) adds NCCL's own detail (which peer, which
 // transport) to the short text of the result code; it is empty when NCCL has

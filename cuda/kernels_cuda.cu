@@ -153,7 +153,27 @@ private:
   mutable Buffer scratch_;
 };
 
+class CudaDequantizer final : public quant::Dequantizer {
+public:
+  explicit CudaDequantizer(cudaStream_t stream) : s_(stream) {}
+  Device device() const override { return Device::cuda; }
+  void rows(const quant::QSlice& w, int64_t i0, int64_t n, float* out) const override {
+    cuda::dequantize_rows(w, i0, n, out, s_);
+  }
+  void lookup(float* out, const int32_t* ids, int N, const quant::QSlice& w,
+              int64_t first) const override {
+    cuda::dequantize_lookup(out, ids, N, w, first, s_);
+  }
+
+private:
+  cudaStream_t s_;
+};
+
 }  // namespace
+
+std::unique_ptr<quant::Dequantizer> make_dequantizer(cudaStream_t stream) {
+  return std::make_unique<CudaDequantizer>(stream);
+}
 
 std::unique_ptr<ops::Kernels> make_kernels(cudaStream_t stream, ops::Precision p) {
   return std::make_unique<CudaKernels>(stream, p);

@@ -156,5 +156,11 @@ void scale(float* grads, size_t n, float factor, cudaStream_t stream);
 // make_qslice checks) or a null pointer.
 void dequantize_rows(const quant::QSlice& w, int64_t i0, int64_t n, float* out,
                      cudaStream_t stream);
+// A lookup in a quantized table (quant::Dequantizer::lookup): row r of
+// out(N, local_cols) is local row ids[r] - first of w, dequantized, when
+// that lies in [0, local_rows), else zeros. ids is device memory. The same
+// checks and bits as dequantize_rows; N may be 0.
+void dequantize_lookup(float* out, const int32_t* ids, int N, const quant::QSlice& w,
+                       int64_t first, cudaStream_t stream);
 
 }  // namespace meshlm::cuda

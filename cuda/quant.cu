@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "core/error.h"
 #include "cuda/cuda_check.cuh"
@@ -94,6 +95,24 @@ __global__ void dequantize_rows_kernel(float* out, QTensor t, int64_t K, SplitMa
   }
 }
 
+// out(N, Kl): row r is local row ids[r] - first of t, or zeros when this
+// rank holds no such row. Threads as in dequantize_rows_kernel.
+template <QuantType T>
+__global__ void dequantize_lookup_kernel(float* out, const int32_t* ids, QTensor t, int64_t K,
+                                         SplitMap rows, SplitMap cols, int64_t first,
+                                         int64_t local_rows, int N, int64_t Kl) {
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= Kl) return;
+  const int64_t col = logical_index(cols, c);
+  for (int64_t r = blockIdx.y; r < N; r += gridDim.y) {
+    const int64_t i = int64_t(ids[r]) - first;
+    out[r * Kl + c] =
+        (i >= 0 && i < local_rows)
+            ? dequantize_element<T>(t, static_cast<uint64_t>(logical_index(rows, i) * K + col))
+            : 0.0f;
+  }
+}
+
 // ---------------------------------------------------------------------------
 // launchers
 // ---------------------------------------------------------------------------
@@ -105,28 +124,21 @@ SplitMap split_map(const quant::QSlice& w, int dim, int64_t D) {
   return {per_part, piece, w.tp_rank * piece};
 }
 
-template <QuantType T>
-void launch(float* out, const quant::QSlice& w, int64_t i0, int64_t n, int64_t Kl,
-            cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((Kl + kBlockSize - 1) / kBlockSize),
-                  static_cast<unsigned>(std::min(n, kMaxGridRows)));
-  dequantize_rows_kernel<T><<<grid, kBlockSize, 0, stream>>>(
-      out, w.t, w.K, split_map(w, 0, w.R), split_map(w, 1, w.K), i0, n, Kl);
+dim3 grid_of(int64_t Kl, int64_t n) {
+  return dim3(static_cast<unsigned>((Kl + kBlockSize - 1) / kBlockSize),
+              static_cast<unsigned>(std::min(n, kMaxGridRows)));
 }
 
-}  // namespace
+std::string describe(const quant::QSlice& w) {
+  return "a (" + std::to_string(w.R) + ", " + std::to_string(w.K) + ") " +
+         std::string(meshlm::name_of(w.t.type)) + " matrix";
+}
 
-void dequantize_rows(const quant::QSlice& w, int64_t i0, int64_t n, float* out,
-                     cudaStream_t stream) {
-  // The message is built only when a check fails: this runs once per tile.
-  auto what = [&] {
-    return "cuda::dequantize_rows of rows [" + std::to_string(i0) + ", " + std::to_string(i0 + n) +
-           ") of a (" + std::to_string(w.R) + ", " + std::to_string(w.K) + ") " +
-           std::string(meshlm::name_of(w.t.type)) + " matrix";
-  };
-  MESHLM_CHECK(i0 >= 0 && n >= 0 && i0 + n <= w.local_rows(),
-               what() + ": rows out of the local matrix");
-  if (n == 0) return;
+// The checks both launchers make, then f(QuantType constant) with the
+// arrays of w's type checked non-null.
+// `what()` names the call in a failed check's message (built only then).
+template <class W, class F>
+void checked_dispatch(const quant::QSlice& w, const float* out, W&& what, F&& f) {
   MESHLM_CHECK(w.R > 0 && w.K > 0 && w.t.n == static_cast<size_t>(w.R * w.K),
                what() + ": the tensor does not hold R * K elements");
   MESHLM_CHECK(w.tp_size >= 1 && w.tp_rank >= 0 && w.tp_rank < w.tp_size && w.tp_parts >= 1,
@@ -138,26 +150,61 @@ void dequantize_rows(const quant::QSlice& w, int64_t i0, int64_t n, float* out,
                      std::to_string(w.tp_parts) + " parts over " + std::to_string(w.tp_size) +
                      " ranks");
   }
-  const int64_t Kl = w.local_cols();
-  MESHLM_CHECK((Kl + kBlockSize - 1) / kBlockSize <= INT32_MAX, what() + ": too many columns");
+  MESHLM_CHECK((w.local_cols() + kBlockSize - 1) / kBlockSize <= INT32_MAX,
+               what() + ": too many columns");
   MESHLM_CHECK(out != nullptr && w.t.data != nullptr, what() + ": null pointer");
   switch (w.t.type) {
     case QuantType::f32:
-      launch<QuantType::f32>(out, w, i0, n, Kl, stream);
+      f(std::integral_constant<QuantType, QuantType::f32>{});
       break;
     case QuantType::int8:
       MESHLM_CHECK(w.t.absmax != nullptr, what() + ": null absmax");
-      launch<QuantType::int8>(out, w, i0, n, Kl, stream);
+      f(std::integral_constant<QuantType, QuantType::int8>{});
       break;
     case QuantType::nf4:
       MESHLM_CHECK(w.t.absmax_q != nullptr && w.t.absmax2 != nullptr && w.t.offset != nullptr,
                    what() + ": null absmax, absmax2 or offset");
-      launch<QuantType::nf4>(out, w, i0, n, Kl, stream);
+      f(std::integral_constant<QuantType, QuantType::nf4>{});
       break;
     default:
       MESHLM_CHECK(false, what() + ": unknown quantization type");
   }
   CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void dequantize_rows(const quant::QSlice& w, int64_t i0, int64_t n, float* out,
+                     cudaStream_t stream) {
+  // The message is built only when a check fails: this runs once per tile.
+  auto what = [&] {
+    return "cuda::dequantize_rows of rows [" + std::to_string(i0) + ", " + std::to_string(i0 + n) +
+           ") of " + describe(w);
+  };
+  MESHLM_CHECK(i0 >= 0 && n >= 0 && i0 + n <= w.local_rows(),
+               what() + ": rows out of the local matrix");
+  if (n == 0) return;
+  const int64_t Kl = w.local_cols();
+  checked_dispatch(w, out, what, [&](auto type) {
+    dequantize_rows_kernel<decltype(type)::value><<<grid_of(Kl, n), kBlockSize, 0, stream>>>(
+        out, w.t, w.K, split_map(w, 0, w.R), split_map(w, 1, w.K), i0, n, Kl);
+  });
+}
+
+void dequantize_lookup(float* out, const int32_t* ids, int N, const quant::QSlice& w,
+                       int64_t first, cudaStream_t stream) {
+  auto what = [&] {
+    return "cuda::dequantize_lookup of " + std::to_string(N) + " rows of " + describe(w);
+  };
+  MESHLM_CHECK(N >= 0, what() + ": negative row count");
+  if (N == 0) return;
+  MESHLM_CHECK(ids != nullptr, what() + ": null ids");
+  const int64_t Kl = w.local_cols();
+  checked_dispatch(w, out, what, [&](auto type) {
+    dequantize_lookup_kernel<decltype(type)::value><<<grid_of(Kl, N), kBlockSize, 0, stream>>>(
+        out, ids, w.t, w.K, split_map(w, 0, w.R), split_map(w, 1, w.K), first, w.local_rows(), N,
+        Kl);
+  });
 }
 
 }  // namespace meshlm::cuda

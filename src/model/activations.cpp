@@ -6,6 +6,13 @@
 
 namespace meshlm {
 
+int classifier_rows(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts, size_t N) {
+  const size_t Vl = cfg.padded_vocab_size() / shard.tp_size;
+  const size_t rows = opts.classifier_rows > 0 ? size_t(opts.classifier_rows)
+                                               : std::max<size_t>(1, kClassifierChunkFloats / Vl);
+  return static_cast<int>(std::min(rows, std::max<size_t>(N, 1)));
+}
+
 void plan_activations(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts, int B,
                       int Tn, ActLayout& L) {
   const size_t BT = static_cast<size_t>(B) * Tn, C = cfg.n_embd;
@@ -57,7 +64,7 @@ void plan_activations(const GPTConfig& cfg, const ModelShard& shard, const GPTOp
       cut(s.lnf, BT * C);
       cut(s.lnf_mean, BT);
       cut(s.lnf_rstd, BT);
-      cut(s.logits, BT * Vl);
+      cut(s.dlnf, BT * C);
       cut(s.losses, BT);
       cut(s.xent_max, BT);
       cut(s.xent_sums, 2 * BT);
@@ -71,6 +78,7 @@ void plan_activations(const GPTConfig& cfg, const ModelShard& shard, const GPTOp
   cut(L.g.dfch, BT * Fl, true);
   cut(L.g.dfch_gelu, BT * Fl, true);
   cut(L.g.dlosses, BT, true);
+  if (shard.last_stage) cut(L.g.logits, classifier_rows(cfg, shard, opts, BT) * Vl, true);
   if (opts.lora.enabled) {
     const size_t r = opts.lora.rank;
     cut(L.g.lora_u, BT * r, true);

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "model/gpt_config.h"
@@ -46,13 +47,16 @@ struct SlotActs {
   float* lnf;        // (B,T,C)
   float* lnf_mean;   // (B,T)
   float* lnf_rstd;   // (B,T)
-  float* logits;     // (B,T,Vl) logits, then dlogits in backward
+  float* dlnf;       // (B,T,C) d loss / d lnf from the classifier (this rank's vocabulary part)
   float* losses;     // (B,T)
   float* xent_max;   // (B,T) row max over the whole vocabulary
   float* xent_sums;  // (B,T,2) sum exp(l - max), target logit
   int32_t* tokens;   // (B,T) first stage: the micro-batch's tokens, where the ops read them
   int32_t* targets;  // (B,T) last stage: its targets
   bool forwarded = false;
+  // The loss scale of the classifier's backward when forward() ran it
+  // (GPT::forward's head_grad_scale); unset: backward() runs it.
+  std::optional<float> head_scale;
 };
 
 // One backward's gradients of activations and scratch, shared by the slots.
@@ -65,6 +69,7 @@ struct GradActs {
   float* dfch;       // (B,T,Fl)
   float* dfch_gelu;  // (B,T,Fl)
   float* dlosses;    // (B,T)
+  float* logits;     // (rows, Vl) one chunk of the classifier's logits, then its dlogits
   // LoRA / quantized base scratch (null in full training)
   float* lora_u;     // (B*T, r)
   float* lora_du;    // (B*T, r)
@@ -92,6 +97,13 @@ struct ActLayout {
   // all but their output.
   void bind(float* acts, float* grads, Checkpointing checkpointing);
 };
+
+// The classifier (the tied lm_head with softmax cross-entropy) computes its
+// logits `rows` at a time, so the (B, T, Vl) logits never exist: at most
+// kClassifierChunkFloats of them (64 MiB of fp32) unless GPTOptions::
+// classifier_rows says otherwise. Between 1 and N rows.
+constexpr size_t kClassifierChunkFloats = size_t(1) << 24;
+int classifier_rows(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts, size_t N);
 
 // Fills `L` (empty) with the layout for micro-batches of (B, Tn). Its cuts
 // point into `L` itself: bind it where it is, then copy out what is needed.

@@ -20,6 +20,7 @@ GPT::GPT(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts,
       shard_(shard),
       opts_(opts),
       k_(opts.kernels != nullptr ? opts.kernels : &ops::Kernels::cpu()),
+      dq_(opts.dequantizer != nullptr ? opts.dequantizer : &quant::Dequantizer::cpu()),
       tp_(tp, nullptr) {
   cfg_.validate();
   if (shard_.layer_end < 0) shard_.layer_end = cfg_.n_layer;
@@ -28,8 +29,8 @@ GPT::GPT(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts,
   MESHLM_CHECK(cfg_.n_head % shard_.tp_size == 0, "heads must split evenly over TP");
   MESHLM_CHECK(cfg_.padded_vocab_size() % shard_.tp_size == 0, "vocabulary must split over TP");
   MESHLM_CHECK(opts_.slots >= 1 && opts_.pad_multiple >= 1, "bad GPT options");
-  MESHLM_CHECK(k_->device() == Device::cpu || !opts_.lora.enabled,
-               "LoRA on a quantized base runs on the CPU backend only");
+  MESHLM_CHECK(!opts_.lora.enabled || dq_->device() == k_->device(),
+               "LoRA: the dequantizer and the kernels are of two backends");
   base_table_ = gpt_param_table(cfg_, shard_);
   table_ = opts_.lora.enabled ? lora_param_table(cfg_, shard_, opts_.lora) : base_table_;
   n_local_ = shard_.layer_end - shard_.layer_begin;
@@ -88,22 +89,47 @@ void GPT::attach_base(const std::function<quant::QTensor(const ParamSpec&)>& ten
       frozen_offset_[i] = n;
       n += base_table_[i].numel();
     }
-  frozen_ = Buffer(n * sizeof(float), MemCategory::params, "lora.frozen_vectors");
-  std::vector<float> whole;
+  const bool host = k_->device() == Device::cpu;
+  frozen_ = Buffer(n * sizeof(float), MemCategory::params, "lora.frozen_vectors", k_->device());
+  // On a GPU: one device buffer for the quantized matrices, each at a
+  // multiple of kQAlign bytes, as in the host store.
+  std::vector<quant::QTensor> host_q(base_table_.size());
+  size_t device_bytes = 0;
   for (size_t i = 0; i < base_table_.size(); ++i) {
     const ParamSpec& p = base_table_[i];
-    const quant::QTensor q = tensor_of(p);
-    MESHLM_CHECK(q.n == static_cast<size_t>(p.full_shape.numel()),
+    host_q[i] = tensor_of(p);
+    MESHLM_CHECK(host_q[i].n == static_cast<size_t>(p.full_shape.numel()),
                  "the frozen base's " + p.name + " has the wrong size");
+    if (p.shape.ndim != 1) device_bytes += quant::qlayout(host_q[i].type, host_q[i].n).total_bytes;
+  }
+  if (!host) qdevice_ = Buffer(device_bytes, MemCategory::quantized, "lora.base_on_device", k_->device());
+  std::vector<float> whole, part;
+  size_t at = 0;
+  for (size_t i = 0; i < base_table_.size(); ++i) {
+    const ParamSpec& p = base_table_[i];
+    quant::QTensor q = host_q[i];
     if (p.shape.ndim == 1) {
       whole.resize(q.n);
       quant::dequantize_ref(q, 0, q.n, whole.data());
-      shard_from_full(p, whole.data(), frozen_.as<float>() + frozen_offset_[i], shard_.tp_rank,
-                      shard_.tp_size);
-    } else {
-      qbase_[i] = quant::make_qslice(q, p.full_shape.dims[0], p.full_shape.dims[1], p.tp_dim,
-                                     p.tp_parts, shard_.tp_rank, shard_.tp_size);
+      part.resize(p.numel());
+      shard_from_full(p, whole.data(), part.data(), shard_.tp_rank, shard_.tp_size);
+      k_->upload(frozen_.as<float>() + frozen_offset_[i], part.data(), part.size() * sizeof(float));
+      continue;
     }
+    if (!host) {
+      const quant::QLayout layout = quant::qlayout(q.type, q.n);
+      uint8_t* dst = static_cast<uint8_t*>(qdevice_.data()) + at;
+      for (int a = 0; a < layout.narrays; ++a) {
+        const quant::QArray& arr = layout.arrays[a];
+        const void* src = quant::qarray_data(q, arr.name);
+        MESHLM_CHECK(src != nullptr, "the frozen base's " + p.name + " has no " + arr.name + " array");
+        k_->upload(dst + arr.offset, src, arr.bytes());
+      }
+      q = quant::qtensor_at(layout, dst);
+      at += layout.total_bytes;
+    }
+    qbase_[i] = quant::make_qslice(q, p.full_shape.dims[0], p.full_shape.dims[1], p.tp_dim,
+                                   p.tp_parts, shard_.tp_rank, shard_.tp_size);
   }
 }
 

@@ -13,6 +13,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -27,6 +28,7 @@
 #include "model/param_table.h"
 #include "model/tp_region.h"
 #include "ops/kernels.h"
+#include "quant/dequantizer.h"
 #include "quant/qlinear.h"
 
 namespace meshlm {
@@ -108,9 +110,11 @@ public:
   // whatever is trained.
   const std::vector<ParamSpec>& base_table() const { return base_table_; }
   // Under LoRA: `tensor_of(spec)` gives the quantized logical tensor of each
-  // base table entry (spec.full_shape). Matrices are used in place, never
-  // copied (zero copy from a node-shared window); vectors (biases, LayerNorm)
-  // are copied into this rank's part (frozen, booked as params).
+  // base table entry (spec.full_shape), in host memory. On the CPU, matrices
+  // are used in place, never copied (zero copy from a node-shared window);
+  // on a GPU, the matrices of this stage are uploaded once, still quantized,
+  // into one device buffer (booked as quantized). Vectors (biases,
+  // LayerNorm) are copied into this rank's part (frozen, booked as params).
   void attach_base(const std::function<quant::QTensor(const ParamSpec&)>& tensor_of);
   // Elements of the frozen vectors a shard keeps (planner).
   static size_t frozen_numel(const GPTConfig& cfg, const ModelShard& shard);
@@ -119,8 +123,15 @@ public:
   // Forward. First stage: reads tokens(B,T); other stages: their input
   // (B,T,C) must be in stage_input(slot). Last stage: returns the mean
   // cross-entropy against targets(B,T); other stages leave their output
-  // (B,T,C) in stage_output(slot) and return 0.
-  float forward(int slot, const int32_t* tokens, const int32_t* targets, int B, int Tn);
+  // (B,T,C) in stage_output(slot) and return 0. The classifier computes its
+  // logits a chunk of rows at a time (model/activations.h), so the (B,T,V)
+  // logits never exist. With head_grad_scale (training), the last stage
+  // also runs the classifier's backward at that loss scale, chunk by chunk
+  // while each chunk's logits are at hand, accumulating wte's gradient now;
+  // backward(slot) must then follow at the same scale. Without it,
+  // backward() recomputes the logits: the same bits, one more GEMM.
+  float forward(int slot, const int32_t* tokens, const int32_t* targets, int B, int Tn,
+                std::optional<float> head_grad_scale = std::nullopt);
   // Backward of slot's forward. Last stage: of loss_scale * mean loss; other
   // stages: of <grad_stream(), output> (put d loss / d output in
   // grad_stream() first). Parameter gradients are accumulated (+=); on a
@@ -170,12 +181,15 @@ private:
   void linear_backward(int l, LinearSlot slot, float* dinp, float* dw, float* dbias,
                        const float* dout, const float* inp, const float* w, int N, int IC, int OC);
   const quant::QSlice* qbase(size_t base_index) const;
+  void head_logits(const SlotActs& s, const GPTTensors& p, int r0, int nr);
+  void head_backward_rows(SlotActs& s, const GPTTensors& p, int r0, int nr);
   float* grad_at(size_t index);
 
   GPTConfig cfg_;
   ModelShard shard_;
   GPTOptions opts_;
-  const ops::Kernels* k_;  // opts_.kernels, or the CPU backend
+  const ops::Kernels* k_;            // opts_.kernels, or the CPU backend
+  const quant::Dequantizer* dq_;     // opts_.dequantizer, or the CPU reference
   TPRegion tp_;
   int n_local_ = 0;  // layers of this stage
   // base_table_ indices, found by role: the tensors outside the blocks (-1
@@ -191,6 +205,7 @@ private:
   // LoRA: frozen base matrices (per base_table_ index; empty slices, R = 0,
   // for vectors) and vectors (frozen_, at frozen_offset_ per base index).
   std::vector<quant::QSlice> qbase_;
+  Buffer qdevice_;  // on a GPU: the matrices' quantized bytes, uploaded once (qbase_ points here)
   Buffer frozen_;
   std::vector<size_t> frozen_offset_;
   // Under LoRA, per local block and slot: table_ indices of A and B, or -1.

@@ -52,7 +52,36 @@ void GPT::block_forward(int l, const BlockTensors& w, BlockActs& a, const float*
   k_->residual_forward(a.res3, a.res2, a.fcproj, NC);
 }
 
-float GPT::forward(int slot, const int32_t* tokens, const int32_t* targets, int B, int Tn) {
+// The classifier, rows [r0, r0 + nr) of the micro-batch into gacts_.logits:
+// lm_head tied to wte, vocabulary-parallel, logits(nr, Vl) = lnf(nr, C) wte_part(Vl, C)^T.
+void GPT::head_logits(const SlotActs& s, const GPTTensors& p, int r0, int nr) {
+  const int C = cfg_.n_embd, Vl = cfg_.padded_vocab_size() / shard_.tp_size;
+  const float* x = s.lnf + static_cast<size_t>(r0) * C;
+  if (const quant::QSlice* q = qbase(idx_wte_))
+    quant::qlinear_forward(*k_, *dq_, gacts_.logits, x, *q, nullptr, nr, gacts_.qtile);
+  else
+    k_->matmul_forward(gacts_.logits, x, p.wte, nullptr, nr, C, Vl);
+}
+
+// The classifier's backward on the same rows, once their logits are in
+// gacts_.logits and the softmax's reductions in s: dlogits in place, then
+// dlnf += dlogits wte_part (this rank's part; summed over TP in backward)
+// and dwte_part += dlogits^T lnf.
+void GPT::head_backward_rows(SlotActs& s, const GPTTensors& p, int r0, int nr) {
+  const int C = cfg_.n_embd, V = cfg_.vocab_size, Vl = cfg_.padded_vocab_size() / shard_.tp_size;
+  const int v0 = shard_.tp_rank * Vl;
+  k_->xent_local_backward(gacts_.logits, s.xent_max + r0, s.xent_sums + 2 * static_cast<size_t>(r0),
+                          gacts_.dlosses + r0, s.targets + r0, nr, Vl, v0, V);
+  float* dx = s.dlnf + static_cast<size_t>(r0) * C;
+  if (const quant::QSlice* q = qbase(idx_wte_))
+    quant::qlinear_backward_input(*k_, *dq_, dx, gacts_.logits, *q, nr, gacts_.qtile);
+  else
+    k_->matmul_backward(dx, grad_at(idx_wte_), nullptr, gacts_.logits,
+                        s.lnf + static_cast<size_t>(r0) * C, p.wte, nr, C, Vl);
+}
+
+float GPT::forward(int slot, const int32_t* tokens, const int32_t* targets, int B, int Tn,
+                   std::optional<float> head_grad_scale) {
   ensure_activations(B, Tn);
   MESHLM_CHECK(slot >= 0 && slot < opts_.slots, "activation slot out of range");
   SlotActs& s = slots_[slot];
@@ -64,20 +93,13 @@ float GPT::forward(int slot, const int32_t* tokens, const int32_t* targets, int 
     k_->upload(s.tokens, tokens, static_cast<size_t>(N) * sizeof(int32_t));
     // Vocabulary-parallel lookup: each rank contributes the rows it holds.
     if (const quant::QSlice* q = qbase(idx_wte_)) {
-      for (int n = 0; n < N; ++n) {
-        float* o = s.input + static_cast<size_t>(n) * C;
-        const int v = tokens[n] - v0;
-        if (v >= 0 && v < Vl)
-          quant::dequantize_rows(*q, v, 1, o);
-        else
-          std::memset(o, 0, C * sizeof(float));
-      }
+      dq_->lookup(s.input, s.tokens, N, *q, v0);
     } else {
       k_->embedding_forward(s.input, s.tokens, p.wte, N, C, v0, Vl);
     }
     tp_.reduce_from_region_forward(s.input, static_cast<size_t>(N) * C);
     if (const quant::QSlice* q = qbase(idx_wpe_)) {
-      quant::dequantize_rows(*q, 0, Tn, gacts_.wpe_rows);
+      dq_->rows(*q, 0, Tn, gacts_.wpe_rows);
       k_->position_forward(s.input, static_cast<const float*>(gacts_.wpe_rows), B, Tn, C);
     } else {
       k_->position_forward(s.input, p.wpe, B, Tn, C);
@@ -95,16 +117,27 @@ float GPT::forward(int slot, const int32_t* tokens, const int32_t* targets, int 
   k_->upload(s.targets, targets, static_cast<size_t>(N) * sizeof(int32_t));
   k_->layernorm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, x, p.lnfw, p.lnfb, N, C);
   tp_.copy_to_region_forward(s.lnf, static_cast<size_t>(N) * C);
-  // lm_head tied to wte, vocabulary-parallel: logits(N,Vl) = lnf(N,C) wte_part(Vl,C)^T;
-  // the softmax is assembled from two small reductions, never from all logits.
-  if (const quant::QSlice* q = qbase(idx_wte_))
-    quant::qlinear_forward(s.logits, s.lnf, *q, nullptr, N, gacts_.qtile);
-  else
-    k_->matmul_forward(s.logits, s.lnf, p.wte, nullptr, N, C, Vl);
-  k_->xent_local_max(s.xent_max, s.logits, N, Vl, v0, V);
-  tp_.max_over_region(s.xent_max, N);
-  k_->xent_local_sums(s.xent_sums, s.logits, s.xent_max, s.targets, N, Vl, v0, V);
-  tp_.sum_over_region(s.xent_sums, 2 * static_cast<size_t>(N));
+  // The classifier a chunk of rows at a time; the softmax of each row is
+  // assembled from two small reductions over TP, never from all logits.
+  // With head_grad_scale, each chunk's backward follows at once, while its
+  // logits are at hand.
+  s.head_scale = head_grad_scale;
+  if (head_grad_scale) {
+    k_->zero(s.dlnf, static_cast<size_t>(N) * C);
+    k_->fill(gacts_.dlosses, *head_grad_scale / static_cast<float>(N), N);
+  }
+  const int rows = classifier_rows(cfg_, shard_, opts_, N);
+  for (int r0 = 0; r0 < N; r0 += rows) {
+    const int nr = std::min(rows, N - r0);
+    float* rmax = s.xent_max + r0;
+    float* sums = s.xent_sums + 2 * static_cast<size_t>(r0);
+    head_logits(s, p, r0, nr);
+    k_->xent_local_max(rmax, gacts_.logits, nr, Vl, v0, V);
+    tp_.max_over_region(rmax, nr);
+    k_->xent_local_sums(sums, gacts_.logits, rmax, s.targets + r0, nr, Vl, v0, V);
+    tp_.sum_over_region(sums, 2 * static_cast<size_t>(nr));
+    if (head_grad_scale) head_backward_rows(s, p, r0, nr);
+  }
   k_->xent_losses(s.losses, s.xent_max, s.xent_sums, N);
   host_losses_.resize(N);
   k_->download(host_losses_.data(), s.losses, static_cast<size_t>(N) * sizeof(float));
@@ -119,7 +152,7 @@ void GPT::backward(int slot, float loss_scale) {
   MESHLM_CHECK(s.forwarded, "backward() needs a forward() of its own first");
   const int B = B_, Tn = T_, tp = shard_.tp_size;
   const int C = cfg_.n_embd, Cl = C / tp, NHl = cfg_.n_head / tp, Fl = 4 * C / tp;
-  const int V = cfg_.vocab_size, Vl = cfg_.padded_vocab_size() / tp, v0 = shard_.tp_rank * Vl;
+  const int Vl = cfg_.padded_vocab_size() / tp, v0 = shard_.tp_rank * Vl;
   const int N = B * Tn;
   const size_t NC = static_cast<size_t>(N) * C;
   const GPTTensors p = tensors(params());
@@ -130,20 +163,27 @@ void GPT::backward(int slot, float loss_scale) {
   const bool full = opts_.checkpointing == Checkpointing::full;
 
   if (shard_.last_stage) {
-    // Loss = loss_scale * mean_n losses[n]
-    k_->fill(gacts_.dlosses, loss_scale / static_cast<float>(N), N);
-    k_->xent_local_backward(s.logits, s.xent_max, s.xent_sums, gacts_.dlosses, s.targets,
-                             N, Vl, v0, V);
-    // lm_head: dlnf = dlogits wte_part summed over TP; dwte_part += dlogits^T lnf
-    zero(gacts_.dln, NC);
-    if (const quant::QSlice* q = qbase(idx_wte_))
-      quant::qlinear_backward_input(gacts_.dln, s.logits, *q, N, gacts_.qtile);
-    else
-      k_->matmul_backward(gacts_.dln, grad_at(idx_wte_), nullptr, s.logits, s.lnf, p.wte,
-                                  N, C, Vl);
-    tp_.copy_to_region_backward(gacts_.dln, NC);
+    // Loss = loss_scale * mean_n losses[n]. The classifier's backward ran in
+    // forward (at this scale), or runs now, recomputing each chunk's logits.
+    if (s.head_scale) {
+      MESHLM_CHECK(*s.head_scale == loss_scale,
+                   "backward() at loss scale " + std::to_string(loss_scale) +
+                       " after a forward() that ran the classifier's backward at " +
+                       std::to_string(*s.head_scale));
+    } else {
+      zero(s.dlnf, NC);
+      k_->fill(gacts_.dlosses, loss_scale / static_cast<float>(N), N);
+      const int rows = classifier_rows(cfg_, shard_, opts_, N);
+      for (int r0 = 0; r0 < N; r0 += rows) {
+        const int nr = std::min(rows, N - r0);
+        head_logits(s, p, r0, nr);
+        head_backward_rows(s, p, r0, nr);
+      }
+    }
+    // dlnf summed over TP (each rank has its vocabulary part's)
+    tp_.copy_to_region_backward(s.dlnf, NC);
     zero(gacts_.dres, NC);
-    k_->layernorm_backward(gacts_.dres, gat(idx_lnfw_), gat(idx_lnfb_), gacts_.dln,
+    k_->layernorm_backward(gacts_.dres, gat(idx_lnfw_), gat(idx_lnfb_), s.dlnf,
                             stage_output(slot), p.lnfw, s.lnf_mean, s.lnf_rstd, N, C);
   }
   // dres holds d loss / d (output of block l); walking down, the residual
@@ -187,8 +227,9 @@ void GPT::backward(int slot, float loss_scale) {
     k_->embedding_backward(grad_at(idx_wte_), gacts_.dres, s.tokens, N, C, v0, Vl);
     k_->position_backward(grad_at(idx_wpe_), gacts_.dres, B, Tn, C);
   }
-  // logits now hold dlogits: a second backward() needs a new forward().
+  // dlnf was summed over TP in place: a second backward() needs a new forward().
   s.forwarded = false;
+  s.head_scale.reset();
 }
 
 }  // namespace meshlm

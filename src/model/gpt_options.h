@@ -12,6 +12,9 @@
 namespace meshlm::ops {
 class Kernels;  // ops/kernels.h
 }
+namespace meshlm::quant {
+class Dequantizer;  // quant/dequantizer.h
+}
 
 namespace meshlm {
 
@@ -34,8 +37,12 @@ struct GPTOptions {
   size_t pad_multiple = 1;  // flat buffers padded to a multiple of this (ZeRO shards)
   bool own_grads = true;    // false: gradients go where set_grad_target() says (ZeRO-2)
   LoraOptions lora;         // enabled: the base is frozen (attach_base) and only adapters train
+  int classifier_rows = 0;  // rows of logits the classifier computes at once; 0 = automatic
   // The backend of the ops (it must outlive the model); null = ops::Kernels::cpu().
   const ops::Kernels* kernels = nullptr;
+  // Dequantizes the frozen base under LoRA, on the same backend as `kernels`
+  // (it must outlive the model); null = quant::Dequantizer::cpu().
+  const quant::Dequantizer* dequantizer = nullptr;
 };
 
 }  // namespace meshlm

@@ -6,7 +6,8 @@
 #include <string>
 
 #include "core/error.h"
-#include "ops/blas.h"
+#include "ops/kernels.h"
+#include "quant/dequantizer.h"
 
 namespace meshlm::quant {
 
@@ -67,31 +68,35 @@ size_t qlinear_workspace_floats(const QSlice& w) {
   return static_cast<size_t>(kQLinearTileRows) * static_cast<size_t>(w.local_cols());
 }
 
-void qlinear_forward(float* out, const float* inp, const QSlice& w, const float* bias, int N,
-                     float* ws) {
+void qlinear_forward(const ops::Kernels& k, const Dequantizer& dq, float* out, const float* inp,
+                     const QSlice& w, const float* bias, int N, float* ws) {
+  MESHLM_CHECK(k.device() == dq.device(), "qlinear_forward: kernels and dequantizer of two backends");
   const int OC = static_cast<int>(w.local_rows()), IC = static_cast<int>(w.local_cols());
   float beta = 0.0f;
   if (bias) {
     // Start from the bias and let every tile's GEMM accumulate onto it.
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; ++n) std::copy(bias, bias + OC, out + static_cast<size_t>(n) * OC);
+    k.zero(out, static_cast<size_t>(N) * OC);
+    k.add_bias(out, bias, N, OC);
     beta = 1.0f;
   }
   for (int r0 = 0; r0 < OC; r0 += kQLinearTileRows) {
     const int tr = std::min(kQLinearTileRows, OC - r0);
-    dequantize_rows(w, r0, tr, ws);
+    dq.rows(w, r0, tr, ws);
     // out[:, r0:r0+tr] (N, tr) = inp (N, IC) tile(tr, IC)^T (+ out)
-    ops::gemm(false, true, N, tr, IC, 1.0f, inp, IC, ws, IC, beta, out + r0, OC);
+    k.gemm(false, true, N, tr, IC, 1.0f, inp, IC, ws, IC, beta, out + r0, OC);
   }
 }
 
-void qlinear_backward_input(float* dinp, const float* dout, const QSlice& w, int N, float* ws) {
+void qlinear_backward_input(const ops::Kernels& k, const Dequantizer& dq, float* dinp,
+                            const float* dout, const QSlice& w, int N, float* ws) {
+  MESHLM_CHECK(k.device() == dq.device(),
+               "qlinear_backward_input: kernels and dequantizer of two backends");
   const int OC = static_cast<int>(w.local_rows()), IC = static_cast<int>(w.local_cols());
   for (int r0 = 0; r0 < OC; r0 += kQLinearTileRows) {
     const int tr = std::min(kQLinearTileRows, OC - r0);
-    dequantize_rows(w, r0, tr, ws);
+    dq.rows(w, r0, tr, ws);
     // dinp (N, IC) += dout[:, r0:r0+tr] (N, tr) tile (tr, IC)
-    ops::gemm(false, false, N, IC, tr, 1.0f, dout + r0, OC, ws, IC, 1.0f, dinp, IC);
+    k.gemm(false, false, N, IC, tr, 1.0f, dout + r0, OC, ws, IC, 1.0f, dinp, IC);
   }
 }
 

@@ -24,7 +24,13 @@
 
 #include "quant/quantize.h"
 
+namespace meshlm::ops {
+class Kernels;  // ops/kernels.h
+}
+
 namespace meshlm::quant {
+
+class Dequantizer;  // quant/dequantizer.h
 
 struct QSlice {
   QTensor t;               // the logical matrix (R, K), row-major: t.n == R * K
@@ -54,13 +60,19 @@ constexpr int kQLinearTileRows = 64;
 // Floats of the scratch `ws` that qlinear_forward / qlinear_backward_input need.
 size_t qlinear_workspace_floats(const QSlice& w);
 
+// The two layers run on one backend: `dq` dequantizes each tile into ws and
+// `k` multiplies (k.gemm, which rounds both inputs, the dequantized tile
+// included, to k.precision()). Every pointer, w's arrays included, is in
+// that backend's memory.
+//
 // out(N, OCl) = inp(N, ICl) W_local(OCl, ICl)^T + bias(OCl), with
 // OCl = local_rows(), ICl = local_cols(); bias may be null. out is overwritten.
-void qlinear_forward(float* out, const float* inp, const QSlice& w, const float* bias, int N,
-                     float* ws);
+void qlinear_forward(const ops::Kernels& k, const Dequantizer& dq, float* out, const float* inp,
+                     const QSlice& w, const float* bias, int N, float* ws);
 
 // dinp(N, ICl) += dout(N, OCl) W_local(OCl, ICl). No weight gradient: the
 // base weight is frozen (a LoRA adapter beside it takes its own).
-void qlinear_backward_input(float* dinp, const float* dout, const QSlice& w, int N, float* ws);
+void qlinear_backward_input(const ops::Kernels& k, const Dequantizer& dq, float* dinp,
+                            const float* dout, const QSlice& w, int N, float* ws);
 
 }  // namespace meshlm::quant

@@ -209,6 +209,15 @@ QTensor qtensor_at(const QLayout& L, uint8_t* base) {
   return t;
 }
 
+const void* qarray_data(const QTensor& t, std::string_view name) {
+  if (name == "data") return t.data;
+  if (name == "absmax")
+    return t.type == QuantType::nf4 ? static_cast<const void*>(t.absmax_q) : t.absmax;
+  if (name == "absmax2") return t.absmax2;
+  if (name == "offset") return t.offset;
+  return nullptr;
+}
+
 void quantize_ref(const float* x, const QTensor& out) {
   MESHLM_CHECK(out.n > 0 && out.data, "empty quantized tensor");
   quant_format(out.type).quantize_ref(x, out);

@@ -73,6 +73,10 @@ struct QTensor {
 // The view of a tensor laid out by `layout` from `base` (aligned to at least
 // 4 bytes; kQAlign is best).
 QTensor qtensor_at(const QLayout& layout, uint8_t* base);
+// Where t keeps the array of that name ("data", "absmax", "absmax2",
+// "offset": the names of QArray), or null when its type has none; the
+// inverse of qtensor_at's naming, for copying a tensor array by array.
+const void* qarray_data(const QTensor& t, std::string_view name);
 
 // ---- reference implementation --------------------------------------------------
 

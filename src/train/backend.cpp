@@ -34,6 +34,13 @@ const ops::Kernels& Backend::kernels() const {
   return ops::Kernels::cpu(precision_);
 }
 
+const quant::Dequantizer& Backend::dequantizer() const {
+#ifdef MESHLM_HAVE_CUDA
+  if (gpu_) return gpu_->dequantizer();
+#endif
+  return quant::Dequantizer::cpu();
+}
+
 std::string Backend::describe() const {
 #ifdef MESHLM_HAVE_CUDA
   if (gpu_) return "cuda:" + std::to_string(gpu_->device()) + " (" + gpu_->name() + ")";

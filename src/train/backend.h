@@ -9,6 +9,7 @@
 
 #include "mesh/mesh.h"
 #include "ops/kernels.h"
+#include "quant/dequantizer.h"
 #include "train/run_config.h"
 
 namespace meshlm {
@@ -30,6 +31,8 @@ public:
 
   ComputeBackend kind() const { return kind_; }
   const ops::Kernels& kernels() const;
+  // The frozen base's dequantization, beside kernels() (LoRA).
+  const quant::Dequantizer& dequantizer() const;
   // "cpu", or "cuda:0 (NVIDIA H100 80GB HBM3)".
   std::string describe() const;
   // A GPU's memory as its driver reports it (every process on the device),

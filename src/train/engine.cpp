@@ -19,7 +19,8 @@ RankPlan Engine::plan_of(const RunConfig& cfg, const MeshCoords& c) {
 }
 
 Engine::Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& timers,
-               const load::FrozenBase* base, const ops::Kernels& kernels)
+               const load::FrozenBase* base, const ops::Kernels& kernels,
+               const quant::Dequantizer& dequantizer)
     : cfg_(cfg), mesh_(mesh), timers_(timers),
       scaler_(cfg.train.precision == ops::Precision::fp16, cfg.train.loss_scale) {
   tp_ = comm::make_mpi_communicator(mesh.tp());
@@ -31,6 +32,7 @@ Engine::Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& tim
   const MeshCoords c = mesh.coords();
   shape_ = plan_of(cfg, c);
   shape_.model.kernels = &kernels;
+  shape_.model.dequantizer = &dequantizer;
   const int B = cfg.train.micro_batch_size, T = cfg.train.seq_len, m = cfg.parallel.micro_batches;
 
   model_ = std::make_unique<GPT>(cfg.model, shape_.shard, shape_.model,

@@ -56,10 +56,12 @@ class Engine {
 public:
   // Collective over mesh.world(). The mesh must outlive the engine; so must
   // `base`, the frozen base model, which finetune.mode = lora needs, and
-  // `kernels`, the backend the rank computes on (train/backend.h).
+  // `kernels` and `dequantizer`, the backend the rank computes on
+  // (train/backend.h).
   Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& timers,
          const load::FrozenBase* base = nullptr,
-         const ops::Kernels& kernels = ops::Kernels::cpu());
+         const ops::Kernels& kernels = ops::Kernels::cpu(),
+         const quant::Dequantizer& dequantizer = quant::Dequantizer::cpu());
   ~Engine();
 
   // What the rank at `c` holds under `cfg` (plan/rank_plan.h).

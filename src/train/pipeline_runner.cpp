@@ -41,7 +41,10 @@ double PipelineRunner::run(const int32_t* tokens, const int32_t* targets,
         }
         ScopedTimer t(timers_, Section::forward);
         if (before_forward) before_forward(a.micro);
-        loss_sum += model_.forward(slot, tokens + a.micro * BT, targets + a.micro * BT, B_, T_);
+        // The last stage runs the classifier's backward in the forward
+        // (GPT::forward), at the scale backward() will use.
+        loss_sum += model_.forward(slot, tokens + a.micro * BT, targets + a.micro * BT, B_, T_,
+                                   loss_scale_);
         break;
       }
       case ActionKind::send_forward: {

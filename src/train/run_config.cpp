@@ -94,14 +94,7 @@ void validate_train(const RunConfig& c) {
       fail("runtime.backend = cuda runs one rank with the whole model: parallel.dp, parallel.tp "
            "and parallel.pp must be 1 (got dp " + str(p.dp) + ", tp " + str(p.tp) + ", pp " +
            str(p.pp) + ")");
-    if (c.finetune.mode != FinetuneMode::full)
-      fail("runtime.backend = cuda trains finetune.mode = full only; LoRA on a quantized base "
-           "runs on runtime.backend = cpu");
   }
-  if (t.precision != ops::Precision::fp32 && c.finetune.mode != FinetuneMode::full)
-    fail(std::string("train.precision = ") + name_of(t.precision) +
-         " trains finetune.mode = full only for now: the quantized base's layers of LoRA compute "
-         "in fp32 (train.precision = fp32)");
   if (!(t.loss_scale.initial >= 1 && t.loss_scale.initial <= LossScaler::kMax))
     fail("train.loss_scale must lie in [1, 2^32]");
   if (t.loss_scale.window < 1) fail("train.loss_scale_window must be >= 1");

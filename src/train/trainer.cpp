@@ -59,6 +59,16 @@ size_t gemm_16bit_copies_bytes(const GPTConfig& m, ops::Precision p, int B, int 
   return most + most / 4;
 }
 
+// Under LoRA on a GPU: the frozen base's matrices of the shard, uploaded
+// still quantized (GPT::attach_base); vectors are dequantized into params.
+size_t device_base_bytes(const GPTConfig& m, const ModelShard& shard, quant::QuantType type) {
+  size_t bytes = 0;
+  for (const ParamSpec& p : gpt_param_table(m, shard))
+    if (p.shape.ndim != 1)
+      bytes += quant::qlayout(type, static_cast<size_t>(p.full_shape.numel())).total_bytes;
+  return bytes;
+}
+
 }  // namespace
 
 RankPlan planned_rank_plan(const RunConfig& cfg, const ProcessMesh& mesh) {
@@ -243,6 +253,8 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
     at(predicted, MemCategory::workspace) =
         std::max(at(predicted, MemCategory::workspace), largest * sizeof(float)) +
         gemm_16bit_copies_bytes(cfg.model, tc.precision, tc.micro_batch_size, tc.seq_len);
+    if (lora)
+      at(predicted, MemCategory::quantized) += device_base_bytes(cfg.model, shape.shard, cfg.quant.type);
   }
   print_predicted_memory(predicted, *world);
   check_memory_fits(predicted, mesh);
@@ -259,7 +271,7 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
               cfg.quant.share == quant::ShareMode::per_rank ? "rank" : "node", base->report().cache, base->seconds());
   }
 
-  Engine engine(cfg, mesh, timers, base.get(), backend.kernels());
+  Engine engine(cfg, mesh, timers, base.get(), backend.kernels(), backend.dequantizer());
   const LRSchedule sched{tc.lr, tc.lr_min_ratio, tc.warmup_steps, tc.steps};
   const size_t n_full = table_numel(gpt_param_table(cfg.model));
   log::info("# model: GPT-2 L={} NH={} C={} V={} (padded {}) | {} parameters ({})",

@@ -6,14 +6,17 @@
 // (cuBLAS) is checked against the CPU's emulation of it.
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <string>
 #include <vector>
 
+#include "core/alloc.h"
 #include "core/rng.h"
 #include "cuda/context.h"
 #include "cuda_test.h"
+#include "load/base_loader.h"
 #include "model/gpt.h"
 #include "train/adamw.h"
 
@@ -193,6 +196,89 @@ TEST_F(CudaGPT, AdamWStepsFollowTheCpu) {
     }
     ASSERT_GT(moved, 0.0) << s.name << " did not train";
     EXPECT_LE(std::sqrt(diff / moved), 1e-2) << s.name;
+  }
+}
+
+// QLoRA on the GPU: an NF4 base (made and quantized on the host, as the
+// node-shared store holds it) uploaded once, still quantized; its matrices
+// dequantized tile by tile on the device, its embedding looked up on the
+// device. The loss and every adapter gradient against the CPU backend with
+// the same base and adapters, at fp32 and at bf16 (tolerances as above),
+// and the device holds the base in NF4: at most 0.52 bytes per parameter.
+TEST_F(CudaGPT, QLoraOnAnNf4BaseMatchesTheCpu) {
+  const GPTConfig cfg = config();
+  const load::StoreManifest m = load::make_manifest(cfg, quant::QuantType::nf4);
+  Buffer store(m.bytes, MemCategory::quantized, "test.store");
+  quant::QuantConfig qc;
+  qc.type = quant::QuantType::nf4;
+  load::fill_store(cfg, qc, 31, m, store.as<uint8_t>(), /*use_cache=*/false);
+  auto tensor_of = [&](const ParamSpec& p) {
+    const load::StoreEntry& e = m.at(p.name);
+    return quant::qtensor_at(e.layout, store.as<uint8_t>() + e.offset);
+  };
+  size_t matrix_params = 0, matrix_bytes = 0;
+  for (const ParamSpec& p : gpt_param_table(cfg))
+    if (p.shape.ndim != 1) {
+      matrix_params += p.numel();
+      matrix_bytes += m.at(p.name).layout.total_bytes;
+    }
+
+  GPTOptions o;
+  o.lora.enabled = true;
+  o.lora.rank = 4;
+  o.lora.alpha = 8.0f;
+  for (LinearSlot t : {LinearSlot::qkv, LinearSlot::attn_out, LinearSlot::mlp_up, LinearSlot::mlp_down})
+    o.lora.targets.add(t);
+  // Adapters with values in both factors (B starts at zero otherwise, and
+  // dA with it), the same on both backends.
+  auto adapters = [](const ParamSpec& p, float* x) {
+    Rng rng(std::hash<std::string>{}(p.name));
+    for (int64_t i = 0; i < p.full_shape.numel(); ++i) x[i] = static_cast<float>(0.05 * rng.normal());
+  };
+  for (const auto& [p, tol] : {std::pair{ops::Precision::fp32, kGradTol},
+                               std::pair{ops::Precision::bf16, 1e-2}}) {
+    SCOPED_TRACE(name_of(p));
+    const cuda::DeviceContext ctx(0, 0, p);
+    GPTOptions cpu_opts = o, gpu_opts = o;
+    cpu_opts.kernels = &ops::Kernels::cpu(p);
+    gpu_opts.kernels = &ctx.kernels();
+    gpu_opts.dequantizer = &ctx.dequantizer();
+    const size_t before = MemTracker::get().current(MemCategory::quantized, Device::cuda);
+    GPT cpu(cfg, {}, cpu_opts), gpu(cfg, {}, gpu_opts);
+    cpu.attach_base(tensor_of);
+    gpu.attach_base(tensor_of);
+    const size_t on_device = MemTracker::get().current(MemCategory::quantized, Device::cuda) - before;
+    EXPECT_EQ(on_device, matrix_bytes);
+    EXPECT_LE(double(on_device) / double(matrix_params), 0.52);
+    cpu.set_weights(adapters);
+    gpu.set_weights(adapters);
+
+    const int B = 2, T = 40;
+    const size_t N = size_t(B) * T;
+    const auto tokens = random_ids(N, cfg.vocab_size, 41), targets = random_ids(N, cfg.vocab_size, 42);
+    cpu.zero_grads();
+    gpu.zero_grads();
+    const float lc = cpu.forward(tokens.data(), targets.data(), B, T);
+    const float lg = gpu.forward(tokens.data(), targets.data(), B, T);
+    EXPECT_TRUE(std::isfinite(lg));
+    EXPECT_NEAR(lg, lc, tol * std::fabs(lc));
+    EXPECT_GT(lc, 0.5 * std::log(double(cfg.vocab_size)));
+    cpu.backward(0.7f);
+    gpu.backward(0.7f);
+    std::vector<float> g(gpu.padded_params());
+    gpu.kernels().download(g.data(), gpu.grads(), g.size() * sizeof(float));
+    ASSERT_EQ(cpu.table().size(), size_t(2 * 4 * cfg.n_layer));  // A and B, 4 slots, 2 layers
+    for (const ParamSpec& s : cpu.table()) {
+      const std::vector<float> mine(g.begin() + s.offset, g.begin() + s.offset + s.numel());
+      double norm = 0;
+      for (size_t i = 0; i < s.numel(); ++i) norm += std::pow(double(cpu.grads()[s.offset + i]), 2);
+      EXPECT_GT(norm, 0.0) << s.name << ": a zero gradient proves nothing";
+      EXPECT_LE(rel_l2(mine, cpu.grads() + s.offset, s.numel()), tol) << s.name;
+    }
+    std::printf("%s: QLoRA loss CPU %.7f GPU %.7f; base on the device %zu bytes for %zu "
+                "parameters (%.4f B/param)\n",
+                name_of(p), lc, lg, on_device, matrix_params,
+                double(on_device) / double(matrix_params));
   }
 }
 

@@ -26,6 +26,7 @@
 #include "cuda/cuda_check.cuh"
 #include "cuda/ops_cuda.h"
 #include "cuda_test.h"
+#include "quant/dequantizer.h"
 #include "quant/formats.h"
 #include "quant/qlinear.h"
 #include "quant/quantize.h"
@@ -216,6 +217,37 @@ TEST_F(CudaQuant, RunsOnGivenStream) {
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   check_rows(wh, wd, 5, 40, stream);
   CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// The quantized embedding lookup (cuda::dequantize_lookup) against the CPU's
+// (quant::Dequantizer::cpu().lookup): a vocabulary of 96 rows split over tp
+// 2 (rank 1 holds rows [48, 96)), ids inside, before and after its part and
+// repeated, and more ids than one grid's rows.
+TEST_F(CudaQuant, LookupMatchesTheCpuBitForBit) {
+  const int64_t R = 96, K = 130;
+  const std::vector<float> x = test_values(static_cast<size_t>(R * K), 9);
+  meshlm::Rng rng(10);
+  std::vector<int32_t> ids(70000);
+  for (auto& id : ids) id = static_cast<int32_t>(rng.below(R));
+  ids[0] = 48; ids[1] = 47; ids[2] = 95; ids[3] = 0; ids[4] = 48;
+  int32_t* d_ids = nullptr;
+  CUDA_CHECK(cudaMalloc(&d_ids, ids.size() * sizeof(int32_t)));
+  CUDA_CHECK(cudaMemcpy(d_ids, ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  for (QuantType type : kAllTypes) {
+    SCOPED_TRACE(meshlm::name_of(type));
+    QuantizedPair q(type, x);
+    const QSlice wh = meshlm::quant::make_qslice(q.host(), R, K, 0, 1, 1, 2);
+    const QSlice wd = meshlm::quant::make_qslice(q.device(), R, K, 0, 1, 1, 2);
+    const int N = static_cast<int>(ids.size());
+    std::vector<float> want(static_cast<size_t>(N) * K);
+    meshlm::quant::Dequantizer::cpu().lookup(want.data(), ids.data(), N, wh, 48);
+    DeviceFloats out(want.size());
+    out.poison();
+    meshlm::cuda::dequantize_lookup(out.get(), d_ids, N, wd, 48, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_TRUE(same_within_ulps(out.download(), want, K));
+  }
+  cudaFree(d_ids);
 }
 
 TEST_F(CudaQuant, NoRowsLaunchesNothing) {

@@ -12,6 +12,10 @@
 #     from a loss scale of 4096, under which this model never overflows
 #     (at 65536 a GPU run skipped one step where another did not; the
 #     skipping itself is tested on the CPU, tests/cli/precision.sh);
+#   * QLoRA (finetune.mode = lora on an NF4 base, 100 steps): cuda fp32
+#     within 1e-3 of the CPU's LoRA curve over the first 60 steps, cuda bf16
+#     within the bf16 tolerance of it; the device memory line books the
+#     base as quantized;
 #   * the loss falls; the rank line names the GPU.
 # Exit 77 (skipped) when meshlm says this machine has no GPU it can use.
 set -u
@@ -45,6 +49,18 @@ for p in bf16 fp16; do
     --runtime.backend=cuda --train.precision=$p --train.loss_scale=4096 >cuda_$p.log 2>&1 ||
     { cat cuda_$p.log; echo "FAIL: the CUDA $p run"; exit 1; }
 done
+lora=(--train.steps=100 --finetune.mode=lora --quant.type=nf4 --train.lr=0.01)
+# shellcheck disable=SC2086
+timeout 120 $mpiexec1 "$meshlm" train "$cfg" "${common[@]}" "${lora[@]}" --output.dir=cpu_lora \
+  >cpu_lora.log 2>&1 || { cat cpu_lora.log; echo "FAIL: the CPU LoRA run"; exit 1; }
+for p in fp32 bf16; do
+  # shellcheck disable=SC2086
+  timeout 120 $mpiexec1 "$meshlm" train "$cfg" "${common[@]}" "${lora[@]}" --output.dir=cuda_lora_$p \
+    --runtime.backend=cuda --train.precision=$p >cuda_lora_$p.log 2>&1 ||
+    { cat cuda_lora_$p.log; echo "FAIL: the CUDA LoRA $p run"; exit 1; }
+done
+grep -Eq "^# device memory, .*quantized" cuda_lora_fp32.log ||
+  { grep "^# device memory" cuda_lora_fp32.log; echo "FAIL: no quantized base on the device"; exit 1; }
 grep -E "^# (precision|device)|device cuda:" cuda_*.log
 grep -q "device cuda:" cuda_fp32.log || { echo "FAIL: the rank line names no GPU"; exit 1; }
 /usr/bin/env python3 - <<'PY'
@@ -80,5 +96,19 @@ for p in ["bf16", "fp16"]:
     if not (np.all(np.isfinite(l16)) and d.max() <= 0.015 and d.mean() <= 0.002
             and l16[-1] < l16[0] - 0.5):
         print(f"FAIL: cuda {p}"); bad = True
+lc, gc = curve("cpu_lora")
+for p in ["fp32", "bf16"]:
+    lg, gg = curve(f"cuda_lora_{p}")
+    if len(lg) != 100 or len(lc) != 100:
+        print(f"FAIL: LoRA {p}: {len(lg)} and {len(lc)} steps logged"); bad = True; continue
+    n = 60 if p == "fp32" else 100
+    d = np.abs(lg[:n] - lc[:n]) / np.abs(lc[:n])
+    tol_max, tol_mean = (1e-3, 1e-3) if p == "fp32" else (0.015, 0.002)
+    print(f"QLoRA {p}: loss {lg[0]:.5f} -> {lg[-1]:.5f} (cuda) vs {lc[0]:.5f} -> {lc[-1]:.5f} "
+          f"(cpu fp32); relative difference over {n} steps largest {d.max():.2e} "
+          f"(step {d.argmax() + 1}), mean {d.mean():.2e}")
+    if not (np.all(np.isfinite(lg)) and d.max() <= tol_max and d.mean() <= tol_mean
+            and lg[-1] < lg[0] - 0.3):
+        print(f"FAIL: cuda QLoRA {p}"); bad = True
 sys.exit("FAIL" if bad else 0)
 PY

@@ -214,17 +214,18 @@ TEST(Config, ValuesHoldingMessageTokensDoNotHang) {
             std::string::npos);
 }
 
-// runtime.backend = cuda: one rank with the whole model, full training; a
-// build without the CUDA backend refuses it by name.
+// runtime.backend = cuda: one rank with the whole model, full training or
+// LoRA; a build without the CUDA backend refuses it by name.
 TEST(Config, TheCudaBackendTrainsOneRankWithTheWholeModel) {
 #ifdef MESHLM_HAVE_CUDA
   EXPECT_EQ(error_of(kGood, {"--runtime.backend=cuda"}), "");
   std::string msg = error_of(kGood, {"--runtime.backend=cuda", "--parallel.dp=2"});
   EXPECT_NE(msg.find("parallel.dp, parallel.tp and parallel.pp must be 1 (got dp 2, tp 1, pp 1)"),
             std::string::npos) << msg;
-  msg = error_of(kGood, {"--runtime.backend=cuda", "--finetune.mode=lora"});
-  EXPECT_NE(msg.find("runtime.backend = cuda trains finetune.mode = full only"), std::string::npos)
-      << msg;
+  EXPECT_EQ(error_of(kGood, {"--runtime.backend=cuda", "--finetune.mode=lora"}), "");
+  EXPECT_EQ(error_of(kGood, {"--runtime.backend=cuda", "--finetune.mode=lora",
+                             "--train.precision=bf16"}),
+            "");
 #else
   const std::string msg = error_of(kGood, {"--runtime.backend=cuda"});
   EXPECT_NE(msg.find("built without the CUDA backend"), std::string::npos) << msg;

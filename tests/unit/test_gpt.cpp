@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/alloc.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "model/gpt.h"
 #include "train/adamw.h"
@@ -235,6 +236,62 @@ TEST(GPT, GradientAccumulationEqualsBigBatch) {
     max_err = std::max(max_err, static_cast<double>(std::fabs(a.grads()[i] - b.grads()[i])));
   }
   EXPECT_LE(max_err, 1e-5 * max_ref);
+}
+
+// The classifier computes its logits a chunk of rows at a time: 32 rows in
+// chunks of 7 (the last one of 4) give the loss and gradients of one chunk
+// of 32 (only wte's gradient sums its rows in another order), and hold 7
+// rows of logits instead of 32.
+TEST(GPT, ClassifierInChunksMatchesOneChunk) {
+  const GPTConfig c = small_config(50);  // Vp 64
+  GPTOptions chunked;
+  chunked.classifier_rows = 7;
+  GPT a(c), b(c, {}, chunked);
+  a.init_weights(5);
+  b.init_weights(5);
+  std::vector<int32_t> tok(2 * 16), tgt(2 * 16);
+  random_batch(tok, tgt, 50, 6);
+  a.zero_grads();
+  b.zero_grads();
+  const float la = a.forward(tok.data(), tgt.data(), 2, 16);
+  const float lb = b.forward(tok.data(), tgt.data(), 2, 16);
+  EXPECT_NEAR(lb, la, 1e-6 * la);
+  a.backward(0.7f);
+  b.backward(0.7f);
+  double max_ref = 0, max_err = 0;
+  for (size_t i = 0; i < a.num_params(); ++i) {
+    max_ref = std::max(max_ref, static_cast<double>(std::fabs(a.grads()[i])));
+    max_err = std::max(max_err, static_cast<double>(std::fabs(a.grads()[i] - b.grads()[i])));
+  }
+  EXPECT_GT(max_ref, 0.0);
+  EXPECT_LE(max_err, 1e-6 * max_ref);
+  EXPECT_EQ(GPT::activation_bytes(c, {}, {}, 2, 16) - GPT::activation_bytes(c, {}, chunked, 2, 16),
+            (32u - 7u) * 64u * sizeof(float));
+}
+
+// forward() with the loss scale runs the classifier's backward while each
+// chunk's logits are at hand; backward() without it recomputes them. The
+// arithmetic is the same, so the gradients are the same bits.
+TEST(GPT, ClassifierBackwardInForwardGivesTheSameBits) {
+  const GPTConfig c = small_config(50);
+  GPTOptions o;
+  o.classifier_rows = 7;
+  GPT a(c, {}, o), b(c, {}, o);
+  a.init_weights(7);
+  b.init_weights(7);
+  std::vector<int32_t> tok(2 * 16), tgt(2 * 16);
+  random_batch(tok, tgt, 50, 8);
+  a.zero_grads();
+  b.zero_grads();
+  const float la = a.forward(0, tok.data(), tgt.data(), 2, 16, 0.7f);
+  const float lb = b.forward(0, tok.data(), tgt.data(), 2, 16);
+  EXPECT_EQ(la, lb);
+  a.backward(0, 0.7f);
+  b.backward(0, 0.7f);
+  EXPECT_EQ(std::memcmp(a.grads(), b.grads(), a.num_params() * sizeof(float)), 0);
+  // The scale of backward() must be the one forward() used.
+  a.forward(0, tok.data(), tgt.data(), 2, 16, 0.7f);
+  EXPECT_THROW(a.backward(0, 0.5f), RankError);
 }
 
 TEST(GPT, ActivationMemoryIsTrackedAndPredicted) {

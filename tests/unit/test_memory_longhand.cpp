@@ -155,15 +155,20 @@ Expected longhand(const Case& k) {
   const size_t ids = (k.first ? BT : 0) + (k.last ? BT : 0);
   const size_t input = BT * C;
   const size_t lnf = BT * C, lnf_mean = BT, lnf_rstd = BT;
-  const size_t logits = BT * Vl, losses = BT, xent_max = BT, xent_sums = 2 * BT;
-  const size_t head = lnf + lnf_mean + lnf_rstd + logits + losses + xent_max + xent_sums;
+  // The classifier's gradient of lnf (its backward may run in forward).
+  const size_t dlnf = BT * C, losses = BT, xent_max = BT, xent_sums = 2 * BT;
+  const size_t head = lnf + lnf_mean + lnf_rstd + dlnf + losses + xent_max + xent_sums;
   const size_t per_slot = ids + input + L * ((ckpt ? 0 : inner) + res3) + (k.last ? head : 0);
   // Checkpointing recomputes into one shared block.
   const size_t recompute = ckpt ? inner : 0;
   // Gradients of the activations, one set for the whole stage.
   const size_t dres = BT * C, dln = BT * C, dqkv = BT * 3 * Cl, datty = BT * Cl;
   const size_t datt = B * NHl * T * T, dfch = BT * Fl, dfch_gelu = BT * Fl, dlosses = BT;
-  const size_t grad_acts = dres + dln + dqkv + datty + datt + dfch + dfch_gelu + dlosses;
+  // The classifier's logits, a chunk of rows at a time: as many rows as
+  // 2^24 floats hold, at least one, at most BT.
+  const size_t logit_rows = std::min(BT, std::max<size_t>(1, (size_t(1) << 24) / Vl));
+  const size_t logits = k.last ? logit_rows * Vl : 0;
+  const size_t grad_acts = dres + dln + dqkv + datty + datt + dfch + dfch_gelu + dlosses + logits;
   // LoRA scratch: x A^T and its gradient, a replicated adapter's partial
   // gradient (r, C), a tile of dequantized rows, the positions (first stage).
   const size_t lora_u = BT * r, lora_du = BT * r, lora_tmp = r * C;
@@ -415,16 +420,18 @@ TEST(MemoryLonghand, EveryCasePerCategory) {
 //   a block: 48 (18 C + 4) + B NH T T = 48 * 868 + 3 * 4 * 16 * 16 = 41664 + 3072 = 44736
 //     (ln1, qkv 3C, atty, attproj, res2, ln2, fch 4C, fch_gelu 4C, fcproj, res3; two
 //     means and two rstds per token; att),
-//   a slot: token and target ids 2 * 48 + input 48 C + 5 blocks + head 48 (C + 2 + Vp + 1 + 1 + 2)
-//     = 96 + 2304 + 223680 + 8736,
-//   gradients: 48 (14 C + 1) + 3072 = 35376.
+//   a slot: token and target ids 2 * 48 + input 48 C + 5 blocks + head 48 (C + 2 + C + 1 + 1 + 2)
+//     (lnf, its mean and rstd, dlnf, losses, row max, sums)
+//     = 96 + 2304 + 223680 + 4896,
+//   gradients: 48 (14 C + 1) + 3072 + one chunk of logits, all 48 rows: 48 Vp
+//     = 35376 + 6144 = 41520.
 TEST(MemoryLonghand, WholeModelAsNumbers) {
   const GPTConfig A = model_a();
   const MemoryByCategory got = predict_memory(A, 3, 16, 1000, true);
   EXPECT_EQ(at(got, MemCategory::params), 148560u * 4);
   EXPECT_EQ(at(got, MemCategory::grads), 148560u * 4);
   EXPECT_EQ(at(got, MemCategory::optimizer), 2u * 148560u * 4);
-  EXPECT_EQ(at(got, MemCategory::activations), (96u + 2304u + 223680u + 8736u + 35376u) * 4);
+  EXPECT_EQ(at(got, MemCategory::activations), (96u + 2304u + 223680u + 4896u + 41520u) * 4);
   EXPECT_EQ(at(got, MemCategory::quantized), 0u);
   EXPECT_EQ(at(got, MemCategory::comm), 0u);
   EXPECT_EQ(at(got, MemCategory::workspace), 0u);

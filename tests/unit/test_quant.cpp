@@ -15,7 +15,10 @@
 
 #include "core/rng.h"
 #include "model/gpt.h"
+#include "ops/kernels.h"
 #include "ops/ops.h"
+#include "ops/precision.h"
+#include "quant/dequantizer.h"
 #include "quant/formats.h"
 #include "quant/qlinear.h"
 #include "quant/quantize.h"
@@ -519,6 +522,99 @@ TEST(QSlice, MatchesShardFromFull) {
   }
 }
 
+TEST(QLayout, QarrayDataFindsEachArrayWhereQtensorAtPutIt) {
+  for (QuantType type : kAllTypes) {
+    SCOPED_TRACE(name_of(type));
+    const QLayout L = qlayout(type, 1000);
+    std::vector<uint8_t> mem(L.total_bytes);
+    const QTensor t = qtensor_at(L, mem.data());
+    for (int a = 0; a < L.narrays; ++a)
+      EXPECT_EQ(qarray_data(t, L.arrays[a].name), mem.data() + L.arrays[a].offset)
+          << L.arrays[a].name;
+    EXPECT_EQ(qarray_data(t, "no such array"), nullptr);
+  }
+}
+
+TEST(Dequantizer, LookupGivesTheRowsItHoldsAndZerosElsewhere) {
+  // A vocabulary split over 2 ranks (rows): rank 1 holds logical rows
+  // [24, 48); ids outside them (either side) give zero rows.
+  for (QuantType type : kAllTypes) {
+    SCOPED_TRACE(name_of(type));
+    const int64_t R = 48, K = 40;
+    Owned q(type, R * K);
+    quantize_ref(randn(R * K, 71).data(), q.t);
+    const QSlice w = make_qslice(q.t, R, K, 0, 1, 1, 2);
+    std::vector<float> all(static_cast<size_t>(w.local_rows() * K));
+    dequantize_rows(w, 0, w.local_rows(), all.data());
+    const std::vector<int32_t> ids = {24, 0, 47, 23, 30, 48, 24};
+    std::vector<float> got(ids.size() * K, std::numeric_limits<float>::quiet_NaN());
+    Dequantizer::cpu().lookup(got.data(), ids.data(), static_cast<int>(ids.size()), w, 24);
+    for (size_t r = 0; r < ids.size(); ++r) {
+      const int64_t i = ids[r] - 24;
+      for (int64_t c = 0; c < K; ++c) {
+        const float want = (i >= 0 && i < w.local_rows()) ? all[i * K + c] : 0.0f;
+        ASSERT_EQ(got[r * K + c], want) << "id " << ids[r] << " column " << c;
+      }
+    }
+  }
+}
+
+// At bf16 and fp16 a quantized layer multiplies like any other: both inputs
+// of each tile's GEMM, the dequantized tile included, rounded to 16 bits,
+// products summed in fp32. Reference: the rounded operands multiplied in
+// double; the fp32 sums of the tiles stay within a few float ulps of it.
+TEST(QLinear, At16BitsRoundsTheDequantizedTileAndTheInput) {
+  const int64_t R = 150, K = 72;  // 3 tiles, the last one partial
+  const int N = 19;
+  for (ops::Precision p : {ops::Precision::bf16, ops::Precision::fp16}) {
+    SCOPED_TRACE(name_of(p));
+    Owned q(QuantType::nf4, R * K);
+    quantize_ref(randn(R * K, 81).data(), q.t);
+    const QSlice w = make_qslice(q.t, R, K, -1, 1, 0, 1);
+    std::vector<float> W(R * K);
+    dequantize_rows(w, 0, R, W.data());
+    const auto inp = randn(static_cast<size_t>(N) * K, 82);
+    const auto bias = randn(R, 83);
+    std::vector<float> ws(qlinear_workspace_floats(w));
+    std::vector<float> out(static_cast<size_t>(N) * R);
+    qlinear_forward(ops::Kernels::cpu(p), Dequantizer::cpu(), out.data(), inp.data(), w,
+                    bias.data(), N, ws.data());
+    const auto dout = randn(static_cast<size_t>(N) * R, 84);
+    std::vector<float> dinp(static_cast<size_t>(N) * K, 0.0f);
+    qlinear_backward_input(ops::Kernels::cpu(p), Dequantizer::cpu(), dinp.data(), dout.data(), w,
+                           N, ws.data());
+    double worst = 0, worst_fp32 = 0;
+    for (int n = 0; n < N; ++n)
+      for (int64_t o = 0; o < R; ++o) {
+        double ref = 0, ref32 = 0, mag = 0;
+        for (int64_t c = 0; c < K; ++c) {
+          const double a = inp[n * K + c], b = W[o * K + c];
+          ref += double(ops::round_to(p, float(a))) * ops::round_to(p, float(b));
+          ref32 += a * b;
+          mag += std::fabs(a * b);
+        }
+        const double got = out[n * R + o] - double(bias[o]);
+        worst = std::max(worst, std::fabs(got - ref) / mag);
+        worst_fp32 = std::max(worst_fp32, std::fabs(got - ref32) / mag);
+      }
+    EXPECT_LE(worst, 1e-6) << "forward against the rounded product";
+    // ...and visibly not the fp32 product: the test would catch no rounding.
+    EXPECT_GE(worst_fp32, 1e-4) << "forward equals the unrounded product";
+    worst = 0;
+    for (int n = 0; n < N; ++n)
+      for (int64_t c = 0; c < K; ++c) {
+        double ref = 0, mag = 0;
+        for (int64_t o = 0; o < R; ++o) {
+          const double a = dout[n * R + o], b = W[o * K + c];
+          ref += double(ops::round_to(p, float(a))) * ops::round_to(p, float(b));
+          mag += std::fabs(a * b);
+        }
+        worst = std::max(worst, std::fabs(dinp[n * K + c] - ref) / mag);
+      }
+    EXPECT_LE(worst, 1e-6) << "backward against the rounded product";
+  }
+}
+
 TEST(QSlice, RejectsUnevenSplits) {
   Owned q(QuantType::nf4, 72 * 40);
   EXPECT_THROW(make_qslice(q.t, 72, 41, 0, 1, 0, 1), RankError);   // wrong element count
@@ -544,6 +640,8 @@ TEST(QLinear, MatchesMatmulOnTheDequantizedMatrix) {
                         {128, 128, -1, 1, 0, 1},
                         {150, 136, 1, 2, 0, 2}};
   const int N = 37;
+  const ops::Kernels& cpu = ops::Kernels::cpu();
+  const Dequantizer& dq = Dequantizer::cpu();
   for (QuantType type : kAllTypes) {
     for (const Case& c : cases) {
       for (bool with_bias : {false, true}) {
@@ -564,7 +662,7 @@ TEST(QLinear, MatchesMatmulOnTheDequantizedMatrix) {
         std::vector<float> ref(static_cast<size_t>(N) * OC);
         ops::matmul_forward(ref.data(), inp.data(), W.data(), b, N, IC, OC);
         std::vector<float> out(ref.size(), std::numeric_limits<float>::quiet_NaN());
-        qlinear_forward(out.data(), inp.data(), w, b, N, ws.data());
+        qlinear_forward(cpu, dq, out.data(), inp.data(), w, b, N, ws.data());
         double scale = 0, err = 0;
         for (size_t i = 0; i < ref.size(); ++i) {
           scale = std::max(scale, std::fabs(double(ref[i])));
@@ -577,7 +675,7 @@ TEST(QLinear, MatchesMatmulOnTheDequantizedMatrix) {
         std::vector<float> dref = start, dgot = start;
         ops::matmul_backward<float>(dref.data(), nullptr, nullptr, dout.data(), inp.data(),
                                     W.data(), N, IC, OC);
-        qlinear_backward_input(dgot.data(), dout.data(), w, N, ws.data());
+        qlinear_backward_input(cpu, dq, dgot.data(), dout.data(), w, N, ws.data());
         scale = err = 0;
         for (size_t i = 0; i < dref.size(); ++i) {
           scale = std::max(scale, std::fabs(double(dref[i])));
