@@ -16,6 +16,9 @@
 #     within 1e-3 of the CPU's LoRA curve over the first 60 steps, cuda bf16
 #     within the bf16 tolerance of it; the device memory line books the
 #     base as quantized;
+#   * cuda fp16 with a NaN injected into step 3's gradients on the device
+#     (debug.nan_step): the step is skipped, logged and counted, and the
+#     scale halves once;
 #   * the loss falls; the rank line names the GPU.
 # Exit 77 (skipped) when meshlm says this machine has no GPU it can use.
 set -u
@@ -58,6 +61,16 @@ for p in fp32 bf16; do
   timeout 120 $mpiexec1 "$meshlm" train "$cfg" "${common[@]}" "${lora[@]}" --output.dir=cuda_lora_$p \
     --runtime.backend=cuda --train.precision=$p >cuda_lora_$p.log 2>&1 ||
     { cat cuda_lora_$p.log; echo "FAIL: the CUDA LoRA $p run"; exit 1; }
+done
+# shellcheck disable=SC2086
+timeout 120 $mpiexec1 "$meshlm" train "$cfg" --data.path=tokens.h5 --runtime.threads=2 \
+  --train.steps=6 --output.dir=cuda_fp16_nan --runtime.backend=cuda --train.precision=fp16 \
+  --train.loss_scale=4096 --debug.nan_step=3 --train.on_nonfinite=stop >cuda_fp16_nan.log 2>&1 ||
+  { cat cuda_fp16_nan.log; echo "FAIL: the CUDA fp16 run with an injected NaN"; exit 1; }
+for want in "step 3: fp16 gradients overflowed at loss scale 4096 .*loss scale now 2048 \(1 overflowing step\(s\) in all\)" \
+            "# fp16 loss scaling: 1 overflowing step\(s\) skipped \| loss scale at the end 2048"; do
+  grep -Eq -- "$want" cuda_fp16_nan.log ||
+    { cat cuda_fp16_nan.log; echo "FAIL: cuda fp16 injected overflow: no line matching $want"; exit 1; }
 done
 grep -Eq "^# device memory, .*quantized" cuda_lora_fp32.log ||
   { grep "^# device memory" cuda_lora_fp32.log; echo "FAIL: no quantized base on the device"; exit 1; }
