@@ -1,6 +1,6 @@
 // GPT: the forward and backward of one transformer block and of one
 // pipeline stage's shard for one micro-batch.
-#include <cstring>
+#include <algorithm>
 
 #include "core/error.h"
 #include "model/gpt.h"
