@@ -60,6 +60,18 @@ public:
                           const float* att, int B, int Tn, int C, int NH) const override {
     cuda::attention_backward(dqkv, datt, dout, qkv, att, B, Tn, C, NH, s_, p_);
   }
+  bool supports_flash_attention(int head_size) const override {
+    return ops::flash_attention_on_gpu(p_, head_size);
+  }
+  void flash_attention_forward(float* out, float* lse, const float* qkv, int B, int Tn, int C,
+                               int NH) const override {
+    cuda::flash_attention_forward(out, lse, qkv, B, Tn, C, NH, s_, p_);
+  }
+  void flash_attention_backward(float* dqkv, float* delta, const float* dout, const float* out,
+                                const float* qkv, const float* lse, int B, int Tn, int C,
+                                int NH) const override {
+    cuda::flash_attention_backward(dqkv, delta, dout, out, qkv, lse, B, Tn, C, NH, s_, p_);
+  }
   void gelu_forward(float* out, const float* inp, size_t n) const override {
     cuda::gelu_forward(out, inp, n, s_);
   }

@@ -100,6 +100,18 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
                         const float* att, int B, int Tn, int C, int NH, cudaStream_t stream,
                         ops::Precision p = ops::Precision::fp32);
 
+// The fused version (cuda/flash_attention.cu), as ops::flash_attention_*:
+// lse(B,NH,T) instead of the probabilities, one kernel for the forward and
+// two for the backward (dK and dV per key block, dQ per query block, so no
+// atomics: the same bits every run), tiles multiplied on the tensor cores at
+// bf16 or fp16. delta(B,NH,T) is scratch. Only where
+// ops::flash_attention_on_gpu(p, C / NH).
+void flash_attention_forward(float* out, float* lse, const float* qkv, int B, int Tn, int C,
+                             int NH, cudaStream_t stream, ops::Precision p);
+void flash_attention_backward(float* dqkv, float* delta, const float* dout, const float* out,
+                              const float* qkv, const float* lse, int B, int Tn, int C, int NH,
+                              cudaStream_t stream, ops::Precision p);
+
 // ---- residual -------------------------------------------------------------------------
 void residual_forward(float* out, const float* a, const float* b, size_t n, cudaStream_t stream);
 // da += dout; db += dout

@@ -148,6 +148,15 @@ add_test(NAME cli_3d_parallel_same_losses
 set_tests_properties(cli_3d_parallel_same_losses PROPERTIES LABELS cli TIMEOUT 120
   ENVIRONMENT "OMP_NUM_THREADS=1")
 
+# train.attention = flash (one log-sum-exp per row kept, the probabilities
+# recomputed in backward) logs the losses of the kept probabilities, here
+# with the heads split over tp = 2 and the blocks recomputed.
+add_test(NAME cli_flash_attention_same_losses
+  COMMAND bash ${_cli}/same_losses.sh "${_mpiexec1}" "${_mpiexec2}" $<TARGET_FILE:meshlm> ${_tiny}
+          --parallel.tp=2 --parallel.activation_checkpointing=full --train.attention=flash)
+set_tests_properties(cli_flash_attention_same_losses PROPERTIES LABELS cli TIMEOUT 120
+  ENVIRONMENT "OMP_NUM_THREADS=1;EXPECT_IN_LOG=activation checkpointing full | attention flash")
+
 # Two processes writing one quantization cache at once, while a third reads
 # it: every read finds one writer's whole file, and no temporary file is
 # left behind.

@@ -21,6 +21,9 @@ void plan_activations(const GPTConfig& cfg, const ModelShard& shard, const GPTOp
   const int le = shard.layer_end < 0 ? cfg.n_layer : shard.layer_end;
   const int n_local = le - shard.layer_begin;
   const bool full = opts.checkpointing == Checkpointing::full;
+  // What attention keeps per row of a head: T probabilities, or one
+  // log-sum-exp under flash (and as much backward scratch).
+  const size_t att_row = opts.attention == Attention::flash ? 1 : static_cast<size_t>(Tn);
   L.slots.resize(opts.slots);
   // The vectors are sized before any pointer into them is recorded.
   for (auto& s : L.slots) s.blocks.assign(n_local, BlockActs{});
@@ -40,7 +43,7 @@ void plan_activations(const GPTConfig& cfg, const ModelShard& shard, const GPTOp
     cut(a.ln1_rstd, BT);
     cut(a.qkv, BT * 3 * Cl);
     cut(a.atty, BT * Cl);
-    cut(a.att, BT * NHl * Tn);
+    cut(a.att, BT * NHl * att_row);
     cut(a.attproj, BT * C);
     cut(a.res2, BT * C);
     cut(a.ln2, BT * C);
@@ -74,7 +77,7 @@ void plan_activations(const GPTConfig& cfg, const ModelShard& shard, const GPTOp
   cut(L.g.dln, BT * C, true);
   cut(L.g.dqkv, BT * 3 * Cl, true);
   cut(L.g.datty, BT * Cl, true);
-  cut(L.g.datt, BT * NHl * Tn, true);
+  cut(L.g.datt, BT * NHl * att_row, true);
   cut(L.g.dfch, BT * Fl, true);
   cut(L.g.dfch_gelu, BT * Fl, true);
   cut(L.g.dlosses, BT, true);

@@ -25,7 +25,7 @@ struct BlockActs {
   float* ln1_rstd;  // (B,T)
   float* qkv;       // (B,T,3Cl)
   float* atty;      // (B,T,Cl)
-  float* att;       // (B,NHl,T,T)
+  float* att;       // (B,NHl,T,T) probabilities, or (B,NHl,T) log-sum-exp under flash
   float* attproj;   // (B,T,C)
   float* res2;      // (B,T,C) residual after attention
   float* ln2;       // (B,T,C)
@@ -65,7 +65,7 @@ struct GradActs {
   float* dln;        // (B,T,C)
   float* dqkv;       // (B,T,3Cl)
   float* datty;      // (B,T,Cl)
-  float* datt;       // (B,NHl,T,T)
+  float* datt;       // (B,NHl,T,T) scratch, or (B,NHl,T) under flash
   float* dfch;       // (B,T,Fl)
   float* dfch_gelu;  // (B,T,Fl)
   float* dlosses;    // (B,T)

@@ -29,6 +29,13 @@ GPT::GPT(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts,
   MESHLM_CHECK(cfg_.n_head % shard_.tp_size == 0, "heads must split evenly over TP");
   MESHLM_CHECK(cfg_.padded_vocab_size() % shard_.tp_size == 0, "vocabulary must split over TP");
   MESHLM_CHECK(opts_.slots >= 1 && opts_.pad_multiple >= 1, "bad GPT options");
+  MESHLM_CHECK(opts_.attention != Attention::automatic,
+               "GPTOptions::attention must be probabilities or flash (auto is resolved earlier)");
+  MESHLM_CHECK(opts_.attention != Attention::flash ||
+                   k_->supports_flash_attention(cfg_.n_embd / cfg_.n_head),
+               "train.attention = flash: this backend has no flash attention for a head size of " +
+                   std::to_string(cfg_.n_embd / cfg_.n_head) + " at " +
+                   std::string(name_of(k_->precision())));
   MESHLM_CHECK(!opts_.lora.enabled || dq_->device() == k_->device(),
                "LoRA: the dequantizer and the kernels are of two backends");
   base_table_ = gpt_param_table(cfg_, shard_);

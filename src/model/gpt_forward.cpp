@@ -33,7 +33,10 @@ void GPT::block_forward(int l, const BlockTensors& w, BlockActs& a, const float*
   k_->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1w, w.ln1b, N, C);
   tp_.copy_to_region_forward(a.ln1, NC);
   linear_forward(l, LinearSlot::qkv, a.qkv, a.ln1, w.qkvw, w.qkvb, N, C, 3 * Cl);
-  k_->attention_forward(a.atty, a.att, a.qkv, B, Tn, Cl, NHl);
+  if (opts_.attention == Attention::flash)
+    k_->flash_attention_forward(a.atty, a.att, a.qkv, B, Tn, Cl, NHl);
+  else
+    k_->attention_forward(a.atty, a.att, a.qkv, B, Tn, Cl, NHl);
   linear_forward(l, LinearSlot::attn_out, a.attproj, a.atty, w.attprojw, split ? nullptr : w.attprojb, N, Cl, C);
   if (split) {
     tp_.reduce_from_region_forward(a.attproj, NC);
@@ -214,7 +217,11 @@ void GPT::backward(int slot, float loss_scale) {
     linear_backward(l, LinearSlot::attn_out, gacts_.datty, gw.attprojw, gw.attprojb, gacts_.dres, a.atty,
                     w.attprojw, N, Cl, C);
     zero(gacts_.dqkv, static_cast<size_t>(N) * 3 * Cl);
-    k_->attention_backward(gacts_.dqkv, gacts_.datt, gacts_.datty, a.qkv, a.att, B, Tn, Cl, NHl);
+    if (opts_.attention == Attention::flash)
+      k_->flash_attention_backward(gacts_.dqkv, gacts_.datt, gacts_.datty, a.atty, a.qkv, a.att,
+                                   B, Tn, Cl, NHl);
+    else
+      k_->attention_backward(gacts_.dqkv, gacts_.datt, gacts_.datty, a.qkv, a.att, B, Tn, Cl, NHl);
     zero(gacts_.dln, NC);
     linear_backward(l, LinearSlot::qkv, gacts_.dln, gw.qkvw, gw.qkvb, gacts_.dqkv, a.ln1, w.qkvw, N, C, 3 * Cl);
     tp_.copy_to_region_backward(gacts_.dln, NC);

@@ -31,9 +31,23 @@ constexpr std::span<const EnumName<Checkpointing>> enum_names(Checkpointing) {
   return kCheckpointingNames;
 }
 
+// train.attention: what causal attention keeps for its backward.
+enum class Attention {
+  automatic,      // resolved by the run configuration (train/run_config.h)
+  probabilities,  // the (B, NH, T, T) softmax probabilities (ops::attention_*)
+  flash,          // each row's log-sum-exp (ops::flash_attention_*); backward recomputes
+};
+inline constexpr EnumName<Attention> kAttentionNames[] = {
+    {Attention::automatic, "auto"},
+    {Attention::probabilities, "probabilities"},
+    {Attention::flash, "flash"},
+};
+constexpr std::span<const EnumName<Attention>> enum_names(Attention) { return kAttentionNames; }
+
 struct GPTOptions {
   int slots = 1;  // micro-batches whose activations are kept at once (pipeline in-flight)
   Checkpointing checkpointing = Checkpointing::none;
+  Attention attention = Attention::probabilities;  // never automatic here
   size_t pad_multiple = 1;  // flat buffers padded to a multiple of this (ZeRO shards)
   bool own_grads = true;    // false: gradients go where set_grad_target() says (ZeRO-2)
   LoraOptions lora;         // enabled: the base is frozen (attach_base) and only adapters train

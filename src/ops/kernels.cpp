@@ -56,6 +56,16 @@ public:
                           const float* att, int B, int Tn, int C, int NH) const override {
     ops::attention_backward(dqkv, datt, dout, qkv, att, B, Tn, C, NH, p_);
   }
+  bool supports_flash_attention(int) const override { return true; }
+  void flash_attention_forward(float* out, float* lse, const float* qkv, int B, int Tn, int C,
+                               int NH) const override {
+    ops::flash_attention_forward(out, lse, qkv, B, Tn, C, NH, p_);
+  }
+  void flash_attention_backward(float* dqkv, float* delta, const float* dout, const float* out,
+                                const float* qkv, const float* lse, int B, int Tn, int C,
+                                int NH) const override {
+    ops::flash_attention_backward(dqkv, delta, dout, out, qkv, lse, B, Tn, C, NH, p_);
+  }
   void gelu_forward(float* out, const float* inp, size_t n) const override {
     ops::gelu_forward(out, inp, n);
   }

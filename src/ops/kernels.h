@@ -46,6 +46,14 @@ public:
                                  int NH) const = 0;
   virtual void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
                                   const float* att, int B, int Tn, int C, int NH) const = 0;
+  // ops::flash_attention_*: lse(B,NH,T) instead of the probabilities. Only
+  // where supports_flash_attention(C / NH) says so.
+  virtual bool supports_flash_attention(int head_size) const = 0;
+  virtual void flash_attention_forward(float* out, float* lse, const float* qkv, int B, int Tn,
+                                       int C, int NH) const = 0;
+  virtual void flash_attention_backward(float* dqkv, float* delta, const float* dout,
+                                        const float* out, const float* qkv, const float* lse,
+                                        int B, int Tn, int C, int NH) const = 0;
   virtual void gelu_forward(float* out, const float* inp, size_t n) const = 0;
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const = 0;
   virtual void residual_forward(float* out, const float* a, const float* b, size_t n) const = 0;

@@ -81,6 +81,25 @@ template <typename T>
 void attention_backward(T* dqkv, T* datt, const T* dout, const T* qkv, const T* att, int B, int Tn,
                         int C, int NH, Precision p = Precision::fp32);
 
+// The same function keeping only lse(B,NH,T), each row's log-sum-exp of its
+// scaled scores, instead of the probabilities (train.attention = flash): the
+// backward recomputes P = exp(q k^T / sqrt(HS) - lse) a block of rows at a
+// time from qkv, and takes sum_s P dP as dout . out. The GEMMs round their
+// inputs as attention_* does. delta(B,NH,T) is scratch (overwritten).
+// The precisions and head sizes the GPU's fused kernel covers
+// (cuda/flash_attention.cu): it multiplies 16-bit tiles on the tensor cores.
+constexpr bool flash_attention_on_gpu(Precision p, int head_size) {
+  return p != Precision::fp32 &&
+         (head_size == 16 || head_size == 32 || head_size == 64 || head_size == 128);
+}
+template <typename T>
+void flash_attention_forward(T* out, T* lse, const T* qkv, int B, int Tn, int C, int NH,
+                             Precision p = Precision::fp32);
+template <typename T>
+void flash_attention_backward(T* dqkv, T* delta, const T* dout, const T* out, const T* qkv,
+                              const T* lse, int B, int Tn, int C, int NH,
+                              Precision p = Precision::fp32);
+
 // ---- GELU, tanh approximation (as GPT-2) ------------------------------------
 // out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 template <typename T>

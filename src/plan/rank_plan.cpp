@@ -10,7 +10,7 @@ std::vector<int> stage_layers(const GPTConfig& model, const ParallelConfig& p, i
 }
 
 RankPlan plan_rank(const GPTConfig& model, const ParallelConfig& p, const FinetuneConfig& f,
-                   int micro_batch, int seq_len, const MeshCoords& c) {
+                   int micro_batch, int seq_len, const MeshCoords& c, Attention attention) {
   const std::vector<int> bounds = stage_bounds(stage_layers(model, p, seq_len));
   RankPlan r;
   r.shard.tp_rank = c.tp;
@@ -21,6 +21,7 @@ RankPlan plan_rank(const GPTConfig& model, const ParallelConfig& p, const Finetu
   r.shard.last_stage = c.pp == p.pp - 1;
   r.model.slots = in_flight_micro_batches(p.schedule, c.pp, p.pp, p.micro_batches);
   r.model.checkpointing = p.activation_checkpointing;
+  r.model.attention = attention;
   r.model.pad_multiple = p.zero_stage > 0 ? static_cast<size_t>(p.dp) : 1;
   r.model.own_grads = p.zero_stage < 2;
   r.model.lora = lora_options(f);

@@ -33,8 +33,9 @@ struct RankPlan {
 std::vector<int> stage_layers(const GPTConfig& model, const ParallelConfig& p, int seq_len);
 
 // The plan of the rank at coordinates `c` of the layout `p` (micro_batches
-// resolved), training micro-batches of (micro_batch, seq_len).
+// resolved), training micro-batches of (micro_batch, seq_len), whose
+// attention keeps what `attention` says (probabilities or flash).
 RankPlan plan_rank(const GPTConfig& model, const ParallelConfig& p, const FinetuneConfig& f,
-                   int micro_batch, int seq_len, const MeshCoords& c);
+                   int micro_batch, int seq_len, const MeshCoords& c, Attention attention);
 
 }  // namespace meshlm

@@ -15,7 +15,7 @@ namespace meshlm {
 
 RankPlan Engine::plan_of(const RunConfig& cfg, const MeshCoords& c) {
   return plan_rank(cfg.model, cfg.parallel, cfg.finetune, cfg.train.micro_batch_size,
-                   cfg.train.seq_len, c);
+                   cfg.train.seq_len, c, cfg.train.attention);
 }
 
 Engine::Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& timers,

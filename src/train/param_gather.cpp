@@ -27,7 +27,7 @@ std::vector<float> gather_params(const RunConfig& cfg, const ProcessMesh& mesh,
     const MeshCoords c = layout.coords(r);
     if (c.dp != 0) continue;
     const RankPlan s = plan_rank(cfg.model, cfg.parallel, cfg.finetune, cfg.train.micro_batch_size,
-                                 cfg.train.seq_len, c);
+                                 cfg.train.seq_len, c, cfg.train.attention);
     const std::vector<ParamSpec> table = trainable_table(cfg.model, s.shard, s.model);
     const float* src = mine.data();
     if (r != 0) {

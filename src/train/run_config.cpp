@@ -5,6 +5,7 @@
 
 #include "core/checked.h"
 #include "core/error.h"
+#include "ops/ops.h"
 
 namespace meshlm {
 
@@ -95,6 +96,14 @@ void validate_train(const RunConfig& c) {
            "and parallel.pp must be 1 (got dp " + str(p.dp) + ", tp " + str(p.tp) + ", pp " +
            str(p.pp) + ")");
   }
+  if (t.attention == Attention::flash && c.runtime.backend == ComputeBackend::cuda &&
+      c.model.n_head > 0 && c.model.n_embd % c.model.n_head == 0 &&
+      !ops::flash_attention_on_gpu(t.precision, c.model.n_embd / c.model.n_head))
+    fail("train.attention = flash on runtime.backend = cuda multiplies 16-bit tiles on the "
+         "tensor cores: it needs train.precision = bf16 or fp16 (got " +
+         std::string(name_of(t.precision)) + ") and a head size, model.n_embd / model.n_head, of "
+         "16, 32, 64 or 128 (got " + str(c.model.n_embd) + " / " + str(c.model.n_head) +
+         "); use train.attention = probabilities");
   if (!(t.loss_scale.initial >= 1 && t.loss_scale.initial <= LossScaler::kMax))
     fail("train.loss_scale must lie in [1, 2^32]");
   if (t.loss_scale.window < 1) fail("train.loss_scale_window must be >= 1");
@@ -155,6 +164,8 @@ void resolve_run_config(RunConfig& c, int world_size) {
   resolve_dp(c.parallel, world_size);
   resolve_micro_batches(c.train, c.parallel);
   c.model.validate();
+  // auto: the probabilities on every backend; flash is asked for by name.
+  if (c.train.attention == Attention::automatic) c.train.attention = Attention::probabilities;
   validate_train(c);
   c.parallel.validate(c.model);
   c.finetune.validate();

@@ -13,6 +13,7 @@
 #include "core/enum_names.h"
 
 #include "model/gpt_config.h"
+#include "model/gpt_options.h"
 #include "model/lora.h"
 #include "plan/parallel_config.h"
 #include "quant/quant_config.h"
@@ -63,6 +64,9 @@ struct TrainConfig {
   NonFinite on_nonfinite = NonFinite::stop;
   int max_skipped = 10;        // consecutive skipped steps that end the run (skip)
   ops::Precision precision = ops::Precision::fp32;  // of the GEMMs' inputs (ops/precision.h)
+  // What attention keeps for its backward; resolve_run_config turns auto
+  // into probabilities.
+  Attention attention = Attention::automatic;
   LossScaleConfig loss_scale;  // fp16 only
 };
 

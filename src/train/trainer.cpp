@@ -296,9 +296,9 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
     layers += std::to_string(l);
   }
   log::info("# parallel: layers per stage {} | schedule {} | activation checkpointing {} | "
-            "ZeRO stage {} | pipeline bubble {:.1f}%",
-            layers, name_of(pc.schedule), name_of(pc.activation_checkpointing), pc.zero_stage,
-            100.0 * bubble_fraction(pc.pp, m));
+            "attention {} | ZeRO stage {} | pipeline bubble {:.1f}%",
+            layers, name_of(pc.schedule), name_of(pc.activation_checkpointing),
+            name_of(tc.attention), pc.zero_stage, 100.0 * bubble_fraction(pc.pp, m));
   if (lora) {
     const size_t n_lora = table_numel(trainable_table(cfg.model, {}, shape.model));
     log::info("# lora: rank {} alpha {} on {} | {} trainable parameters ({:.2f}% of the base, "

@@ -5,7 +5,8 @@
 # and compares the logged losses. They are printed with 4 decimals, so they
 # may differ by one unit of the last place where the two runs fall on either
 # side of a rounding boundary (the 8-rank test in tests/mpi compares the
-# values themselves within 1e-5 relative).
+# values themselves within 1e-5 relative). With EXPECT_IN_LOG set, the
+# N-rank run's log must hold that text (the overrides took effect).
 set -u
 one=$1
 many=$2
@@ -23,6 +24,9 @@ timeout 60 $one "$meshlm" train "$cfg" --data.path=tokens.h5 --output.dir=one >o
 timeout 90 $many "$meshlm" train "$cfg" --data.path=tokens.h5 --output.dir=many "$@" >many.log 2>&1 ||
   { cat many.log; echo "FAIL: $many $*"; exit 1; }
 cat many.log
+if [ -n "${EXPECT_IN_LOG:-}" ] && ! grep -qF -- "$EXPECT_IN_LOG" many.log; then
+  echo "FAIL: the log of the layout does not say: $EXPECT_IN_LOG"; exit 1
+fi
 losses one.log >one.txt
 losses many.log >many.txt
 echo "---- step, loss on one rank | on the layout"

@@ -144,6 +144,23 @@ TEST_F(CudaGPT, Bf16AndFp16MatchTheCpuEmulation) {
   }
 }
 
+// train.attention = flash: the GPU's fused kernels against the CPU's flash
+// attention at the same precision (HS = 16 here; T = 40 crosses no block,
+// T = 48 with checkpointing neither, so the kernel tests cover the blocks),
+// within the bf16 and fp16 tolerances of the whole model above.
+TEST_F(CudaGPT, FlashAttentionMatchesTheCpuEmulation) {
+  for (const auto& [p, tol] : {std::pair{ops::Precision::bf16, 1e-2},
+                               std::pair{ops::Precision::fp16, 3e-3}}) {
+    SCOPED_TRACE(name_of(p));
+    const cuda::DeviceContext ctx(0, 0, p);
+    GPTOptions o;
+    o.attention = Attention::flash;
+    compare_step(o, 3, 40, 15, &ctx, tol);
+    o.checkpointing = Checkpointing::full;
+    compare_step(o, 2, 48, 16, &ctx, tol);
+  }
+}
+
 TEST_F(CudaGPT, PaddedFlatBuffersMatchTheCpu) {
   GPTOptions o;
   o.pad_multiple = 1000;  // as under ZeRO: padding past the table stays untouched

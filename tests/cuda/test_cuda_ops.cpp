@@ -33,6 +33,7 @@
 #include "cuda/cuda_check.cuh"
 #include "cuda/ops_cuda.h"
 #include "cuda_test.h"
+#include "ops/kernels.h"
 #include "ops/ops.h"
 
 namespace {
@@ -628,6 +629,116 @@ TEST_F(CudaOps, AttentionBackward) {
     EXPECT_TRUE(matches_columns(dqkv, C3, 0, C, kTol)) << "dq";
     EXPECT_TRUE(matches_columns(dqkv, C3, C, 2 * size_t(C), kTol)) << "dk";
     EXPECT_TRUE(matches_columns(dqkv, C3, 2 * size_t(C), C3, kTol)) << "dv";
+  }
+}
+
+// ---- flash attention -------------------------------------------------------------------
+// cuda::flash_attention_* against ops::flash_attention_* at the same 16-bit
+// precision (both round the same GEMM inputs; the GPU rounds each block's
+// unnormalised probabilities, the CPU the normalised ones, and they sum in
+// other orders), and against the GPU's probabilities version.
+
+struct FlashCase {
+  int B, T, C, NH;
+  std::string str() const {
+    return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
+           " NH=" + std::to_string(NH);
+  }
+};
+const FlashCase kFlashCases[] = {
+    {1, 1, 16, 1},      // one position, HS = 16
+    {3, 5, 64, 2},      // HS = 32, T within one block
+    {2, 64, 128, 8},    // HS = 16, T exactly one block
+    {2, 65, 192, 3},    // HS = 64, one row into the second block
+    {1, 200, 256, 2},   // HS = 128, four blocks, the last of 8 rows
+    {2, 129, 768, 12},  // GPT-2 heads
+};
+// Relative L2 tolerances of the output and of each gradient: bf16 keeps 8
+// bits (2^-9 = 2e-3 relative rounding), fp16 11 (2^-12 = 2.4e-4). The two
+// sides round the same inputs except P (before or after normalising), so
+// the output differs by about one rounding of P; the gradients also pass
+// through dS = P (dP - D), which cancels, and the CPU's flash and
+// probabilities versions already differ by 2.4e-3 (bf16) and 2.7e-4 (fp16)
+// there (test_precision).
+constexpr double kFlashOutTol[] = {0, 5e-3, 1e-3};   // by ops::Precision: -, bf16, fp16
+constexpr double kFlashGradTol[] = {0, 2e-2, 4e-3};
+// lse comes from fp32 scores of the same rounded q and k on both sides.
+constexpr double kFlashLseTol = 1e-5;
+
+class CudaFlash : public CudaOps, public testing::WithParamInterface<ops::Precision> {};
+
+TEST_P(CudaFlash, ForwardMatchesTheCpu) {
+  const ops::Precision p = GetParam();
+  const ops::Kernels& cpu = ops::Kernels::cpu(p);
+  for (const FlashCase& k : kFlashCases) {
+    SCOPED_TRACE(k.str());
+    const int B = k.B, T = k.T, C = k.C, NH = k.NH;
+    Both<float> qkv = input(size_t(B) * T * 3 * C, -kQkvRange, kQkvRange);
+    Both<float> out = output(size_t(B) * T * C), lse = output(size_t(B) * NH * T);
+    run_both([&] { cpu.flash_attention_forward(out.c(), lse.c(), qkv.c(), B, T, C, NH); },
+             [&] { cuda::flash_attention_forward(out.g(), lse.g(), qkv.g(), B, T, C, NH, stream_, p); });
+    EXPECT_TRUE(matches(out, kFlashOutTol[int(p)]));
+    EXPECT_TRUE(matches(lse, kFlashLseTol));
+    // The GPU's probabilities version at the same precision.
+    DeviceArray<float> ref(out.cpu.size()), att(size_t(B) * NH * T * T);
+    cuda::attention_forward(ref.get(), att.get(), qkv.g(), B, T, C, NH, stream_, p);
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    EXPECT_TRUE(close(out.gpu(), ref.download(), kFlashOutTol[int(p)])) << "against cuda::attention_forward";
+  }
+}
+
+TEST_P(CudaFlash, BackwardMatchesTheCpuAndIsDeterministic) {
+  const ops::Precision p = GetParam();
+  const ops::Kernels& cpu = ops::Kernels::cpu(p);
+  for (const FlashCase& k : kFlashCases) {
+    SCOPED_TRACE(k.str());
+    const int B = k.B, T = k.T, C = k.C, NH = k.NH;
+    // Both sides from the CPU's forward.
+    std::vector<float> qkv_v = uniform_floats(size_t(B) * T * 3 * C, next_seed(), -kQkvRange, kQkvRange);
+    std::vector<float> out_v(size_t(B) * T * C), lse_v(size_t(B) * NH * T);
+    cpu.flash_attention_forward(out_v.data(), lse_v.data(), qkv_v.data(), B, T, C, NH);
+    Both<float> qkv(std::move(qkv_v)), out(std::move(out_v)), lse(std::move(lse_v));
+    Both<float> dout = input(size_t(B) * T * C);
+    Both<float> dqkv = gradient(size_t(B) * T * 3 * C), delta = output(size_t(B) * NH * T);
+    auto gpu_op = [&] {
+      cuda::flash_attention_backward(dqkv.g(), delta.g(), dout.g(), out.g(), qkv.g(), lse.g(), B,
+                                     T, C, NH, stream_, p);
+    };
+    run_both(
+        [&] {
+          cpu.flash_attention_backward(dqkv.c(), delta.c(), dout.c(), out.c(), qkv.c(), lse.c(), B,
+                                       T, C, NH);
+        },
+        gpu_op);
+    const size_t C3 = 3 * size_t(C);
+    const double tol = kFlashGradTol[int(p)];
+    EXPECT_TRUE(matches_columns(dqkv, C3, 0, C, tol)) << "dq";
+    EXPECT_TRUE(matches_columns(dqkv, C3, C, 2 * size_t(C), tol)) << "dk";
+    EXPECT_TRUE(matches_columns(dqkv, C3, 2 * size_t(C), C3, tol)) << "dv";
+    EXPECT_TRUE(matches(delta, kTol)) << "D = dout . out";
+    const std::vector<float> first = dqkv.gpu();
+    dqkv.restart_gpu();
+    run_gpu(gpu_op);
+    EXPECT_TRUE(same_bits(dqkv.gpu(), first)) << "a second run";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Precisions, CudaFlash,
+                         testing::Values(ops::Precision::bf16, ops::Precision::fp16),
+                         [](const testing::TestParamInfo<ops::Precision>& i) {
+                           return std::string(meshlm::name_of(i.param));
+                         });
+
+// fp32, and head sizes the kernel has no tiles for, are refused by name.
+TEST_F(CudaOps, FlashAttentionRefusesWhatItDoesNotCover) {
+  DeviceArray<float> qkv(3 * 64 * 4), out(64 * 4), lse(4);
+  for (const auto& [C, p] : {std::pair{64, ops::Precision::fp32}, std::pair{48, ops::Precision::bf16}}) {
+    try {
+      cuda::flash_attention_forward(out.get(), lse.get(), qkv.get(), 1, 4, C, 1, stream_, p);
+      ADD_FAILURE() << "C = " << C << " at " << meshlm::name_of(p) << " was not refused";
+    } catch (const meshlm::RankError& e) {
+      EXPECT_NE(std::string(e.what()).find("flash_attention_forward"), std::string::npos) << e.what();
+    }
   }
 }
 

@@ -11,7 +11,8 @@
 #     the CPU's own emulated bf16 in tests/cli/precision.sh); fp16 starts
 #     from a loss scale of 4096, under which this model never overflows
 #     (at 65536 a GPU run skipped one step where another did not; the
-#     skipping itself is tested on the CPU, tests/cli/precision.sh);
+#     skipping itself is tested on the CPU, tests/cli/precision.sh); and
+#     cuda bf16 with train.attention = flash (the fused kernels) likewise;
 #   * QLoRA (finetune.mode = lora on an NF4 base, 100 steps): cuda fp32
 #     within 1e-3 of the CPU's LoRA curve over the first 60 steps, cuda bf16
 #     within the bf16 tolerance of it; the device memory line books the
@@ -52,6 +53,12 @@ for p in bf16 fp16; do
     --runtime.backend=cuda --train.precision=$p --train.loss_scale=4096 >cuda_$p.log 2>&1 ||
     { cat cuda_$p.log; echo "FAIL: the CUDA $p run"; exit 1; }
 done
+# shellcheck disable=SC2086
+timeout 120 $mpiexec1 "$meshlm" train "$cfg" "${common[@]}" --output.dir=cuda_bf16_flash \
+  --runtime.backend=cuda --train.precision=bf16 --train.attention=flash >cuda_bf16_flash.log 2>&1 ||
+  { cat cuda_bf16_flash.log; echo "FAIL: the CUDA bf16 run with flash attention"; exit 1; }
+grep -q "attention flash" cuda_bf16_flash.log ||
+  { grep "^# parallel" cuda_bf16_flash.log; echo "FAIL: the flash run does not say so"; exit 1; }
 lora=(--train.steps=100 --finetune.mode=lora --quant.type=nf4 --train.lr=0.01)
 # shellcheck disable=SC2086
 timeout 120 $mpiexec1 "$meshlm" train "$cfg" "${common[@]}" "${lora[@]}" --output.dir=cpu_lora \
@@ -96,7 +103,7 @@ print(f"fp32: loss {lc[0]:.5f} -> {lc[-1]:.5f} (cpu), {lg[0]:.5f} -> {lg[-1]:.5f
       f"grad norm {rg.max():.2e} (step {rg.argmax() + 1})")
 if not (np.all(np.isfinite(lg)) and rl.max() <= 1e-3 and rg.max() <= 1e-3 and lg[-1] < lg[0] - 0.5):
     print("FAIL: cuda fp32"); bad = True
-for p in ["bf16", "fp16"]:
+for p in ["bf16", "fp16", "bf16_flash"]:
     s16, l16 = curve(f"cuda_{p}", steps=True)
     skipped = 200 - len(s16)
     if skipped > 0:

@@ -232,3 +232,25 @@ TEST(Config, TheCudaBackendTrainsOneRankWithTheWholeModel) {
 #endif
   EXPECT_NE(error_of(kGood, {"--runtime.backend=gpu"}).find("runtime.backend"), std::string::npos);
 }
+
+// train.attention: auto, probabilities or flash; flash on a GPU needs 16-bit
+// tiles and a head size its kernel covers.
+TEST(Config, AttentionAutoIsTheProbabilitiesAndFlashOnAGpuNeeds16Bits) {
+  EXPECT_EQ(parse_run_config(kGood, "test.cfg", {}).train.attention, Attention::probabilities);
+  EXPECT_EQ(parse_run_config(kGood, "test.cfg", {"--train.attention=flash"}).train.attention,
+            Attention::flash);
+  EXPECT_EQ(error_of(kGood, {"--train.attention=flash", "--train.precision=bf16"}), "");
+  EXPECT_NE(error_of(kGood, {"--train.attention=fused"}).find("train.attention"), std::string::npos);
+#ifdef MESHLM_HAVE_CUDA
+  // kGood's heads are 16 / 2 = 8 wide; one head of 16 is covered at bf16 or
+  // fp16, not at fp32.
+  std::string msg = error_of(kGood, {"--runtime.backend=cuda", "--train.attention=flash",
+                                     "--train.precision=bf16"});
+  EXPECT_NE(msg.find("got 16 / 2"), std::string::npos) << msg;
+  EXPECT_EQ(error_of(kGood, {"--runtime.backend=cuda", "--train.attention=flash",
+                             "--train.precision=fp16", "--model.n_head=1"}),
+            "");
+  msg = error_of(kGood, {"--runtime.backend=cuda", "--train.attention=flash", "--model.n_head=1"});
+  EXPECT_NE(msg.find("train.precision = bf16 or fp16 (got fp32)"), std::string::npos) << msg;
+#endif
+}

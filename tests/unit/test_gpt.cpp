@@ -294,6 +294,42 @@ TEST(GPT, ClassifierBackwardInForwardGivesTheSameBits) {
   EXPECT_THROW(a.backward(0, 0.5f), RankError);
 }
 
+// train.attention = flash: the same loss and gradients as the kept
+// probabilities (to fp32 rounding: the backward takes sum_s P dP as dY . Y),
+// with T - 1 fewer floats per row of a head in every block and in the
+// backward's scratch.
+TEST(GPT, FlashAttentionMatchesTheProbabilities) {
+  const GPTConfig c = small_config(50);
+  GPTOptions flash;
+  flash.attention = Attention::flash;
+  GPT a(c), b(c, {}, flash);
+  a.init_weights(9);
+  b.init_weights(9);
+  std::vector<int32_t> tok(3 * 16), tgt(3 * 16);
+  random_batch(tok, tgt, 50, 10);
+  a.zero_grads();
+  b.zero_grads();
+  const float la = a.forward(tok.data(), tgt.data(), 3, 16);
+  const float lb = b.forward(tok.data(), tgt.data(), 3, 16);
+  EXPECT_NEAR(lb, la, 1e-6 * la);
+  a.backward(0.7f);
+  b.backward(0.7f);
+  double max_ref = 0, max_err = 0;
+  for (size_t i = 0; i < a.num_params(); ++i) {
+    max_ref = std::max(max_ref, static_cast<double>(std::fabs(a.grads()[i])));
+    max_err = std::max(max_err, static_cast<double>(std::fabs(a.grads()[i] - b.grads()[i])));
+  }
+  EXPECT_GT(max_ref, 0.0);
+  EXPECT_LE(max_err, 1e-5 * max_ref);
+  const size_t rows = size_t(3) * c.n_head * 16;  // (B, NH, T)
+  EXPECT_EQ(GPT::activation_bytes(c, {}, {}, 3, 16) - GPT::activation_bytes(c, {}, flash, 3, 16),
+            (c.n_layer + 1) * rows * (16 - 1) * sizeof(float));
+  // auto is the run configuration's to resolve.
+  GPTOptions automatic;
+  automatic.attention = Attention::automatic;
+  EXPECT_THROW(GPT(c, {}, automatic), RankError);
+}
+
 TEST(GPT, ActivationMemoryIsTrackedAndPredicted) {
   const GPTConfig c = small_config();
   const size_t before = MemTracker::get().current(MemCategory::activations);

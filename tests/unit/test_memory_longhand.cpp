@@ -59,6 +59,8 @@ struct Case {
   // the mesh (the quantized store held here, the fp32 staging of a rank that
   // quantizes).
   size_t quantized_bytes = 0, staging_bytes = 0;
+  // train.attention: flash keeps one log-sum-exp per row of a head.
+  Attention attention = Attention::probabilities;
 };
 
 struct Expected {
@@ -141,7 +143,8 @@ Expected longhand(const Case& k) {
   const size_t ln1 = BT * C, ln1_mean = BT, ln1_rstd = BT;
   const size_t qkv = BT * 3 * Cl;
   const size_t atty = BT * Cl;
-  const size_t att = B * NHl * T * T;  // (B, NHl, T, T)
+  const bool flash = k.attention == Attention::flash;
+  const size_t att = B * NHl * T * (flash ? 1 : T);  // (B, NHl, T, T), or (B, NHl, T)
   const size_t attproj = BT * C, res2 = BT * C;
   const size_t ln2 = BT * C, ln2_mean = BT, ln2_rstd = BT;
   const size_t fch = BT * Fl, fch_gelu = BT * Fl;
@@ -163,7 +166,7 @@ Expected longhand(const Case& k) {
   const size_t recompute = ckpt ? inner : 0;
   // Gradients of the activations, one set for the whole stage.
   const size_t dres = BT * C, dln = BT * C, dqkv = BT * 3 * Cl, datty = BT * Cl;
-  const size_t datt = B * NHl * T * T, dfch = BT * Fl, dfch_gelu = BT * Fl, dlosses = BT;
+  const size_t datt = B * NHl * T * (flash ? 1 : T), dfch = BT * Fl, dfch_gelu = BT * Fl, dlosses = BT;
   // The classifier's logits, a chunk of rows at a time: as many rows as
   // 2^24 floats hold, at least one, at most BT.
   const size_t logit_rows = std::min(BT, std::max<size_t>(1, (size_t(1) << 24) / Vl));
@@ -262,6 +265,9 @@ std::vector<Case> cases() {
   add({.name = "A one rank, checkpointing full, gpipe m 3", .model = A, .B = 3, .T = 16,
        .par = layout(1, 1, 1, 0, 3, kGPipe, kFull), .windows = 77, .shuffle = false,
        .layer_begin = 0, .layers = 5, .slots = 3});
+  add({.name = "A one rank, attention flash", .model = A, .B = 3, .T = 16,
+       .par = layout(1, 1, 1, 0, 1, k1F1B), .windows = 1000, .shuffle = true,
+       .layer_begin = 0, .layers = 5, .attention = Attention::flash});
   add({.name = "A tp 2, tp rank 1", .model = A, .B = 3, .T = 16,
        .par = layout(1, 2, 1, 0, 1, k1F1B), .at = {.tp = 1}, .windows = 513, .shuffle = true,
        .layer_begin = 0, .layers = 5});
@@ -370,6 +376,11 @@ std::vector<Case> cases() {
        .model = A, .B = 3, .T = 16, .par = layout(2, 4, 2, 1, 2, kGPipe, kFull, {2, 3}),
        .ft = lora(5, {LinearSlot::attn_out, LinearSlot::mlp_up}), .at = {.dp = 0, .tp = 3, .pp = 0},
        .layer_begin = 0, .layers = 2, .first = true, .last = false, .slots = 2});
+  add({.name = "A lora r 2 qkv, tp 2 x pp 2 stages 3,2, last stage, checkpointing full, "
+               "attention flash",
+       .model = A, .B = 3, .T = 16, .par = layout(1, 2, 2, 0, 2, k1F1B, kFull, {3, 2}),
+       .ft = lora(2, {LinearSlot::qkv}), .at = {.tp = 1, .pp = 1}, .layer_begin = 3, .layers = 2,
+       .first = false, .last = true, .slots = 1, .attention = Attention::flash});
   return v;
 }
 
@@ -384,7 +395,7 @@ void check(const Case& k) {
   ASSERT_NO_THROW(k.par.validate(k.model)) << k.name;
   ASSERT_NO_THROW(k.ft.validate()) << k.name;
 
-  RankPlan r = plan_rank(k.model, k.par, k.ft, k.B, k.T, k.at);
+  RankPlan r = plan_rank(k.model, k.par, k.ft, k.B, k.T, k.at, k.attention);
   r.quantized_bytes = k.quantized_bytes;
   r.base_staging_bytes = k.staging_bytes;
   // What the rank holds, as worked by hand.

@@ -162,6 +162,61 @@ TEST(OpsGradcheck, Attention) {
     for (int c = 0; c < C; ++c) EXPECT_EQ(y[t * C + c], y0[t * C + c]) << "t=" << t;
 }
 
+// Flash attention keeps each row's log-sum-exp instead of the probabilities.
+// T = 70 spans two blocks of 64 query rows (the second of 6), so a block's
+// keys, the mask at its diagonal and the rows past its end are all crossed.
+TEST(OpsGradcheck, FlashAttention) {
+  const int B = 2, T = 70, C = 8, NH = 2, HS = C / NH;
+  auto qkv = randn(B * T * 3 * C, 35), R = randn(B * T * C, 36);
+  std::vector<double> y(B * T * C), lse(B * NH * T);
+  auto loss = [&] {
+    ops::flash_attention_forward(y.data(), lse.data(), qkv.data(), B, T, C, NH);
+    return dot(y, R);
+  };
+  loss();
+  // The output is the probabilities' (to rounding), and lse is log sum_s
+  // exp(q_t . k_s / sqrt(HS)) over s <= t, summed here directly.
+  std::vector<double> y_ref(y.size()), att(B * NH * T * T);
+  ops::attention_forward(y_ref.data(), att.data(), qkv.data(), B, T, C, NH);
+  double max_y = 0, err_y = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    max_y = std::max(max_y, std::fabs(y_ref[i]));
+    err_y = std::max(err_y, std::fabs(y[i] - y_ref[i]));
+  }
+  EXPECT_LE(err_y, 1e-12 * max_y);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int t = 0; t < T; ++t) {
+        double sum = 0;
+        for (int s = 0; s <= t; ++s) {
+          double dot_qk = 0;
+          for (int d = 0; d < HS; ++d)
+            dot_qk += qkv[(b * T + t) * 3 * C + h * HS + d] * qkv[(b * T + s) * 3 * C + C + h * HS + d];
+          sum += std::exp(dot_qk / std::sqrt(double(HS)));
+        }
+        EXPECT_NEAR(lse[(b * NH + h) * T + t], std::log(sum), 1e-12) << b << " " << h << " " << t;
+      }
+  // The backward accumulates: dqkv starts from G0.
+  const auto G0 = randn(qkv.size(), 37, 0.1);
+  std::vector<double> dqkv = G0, delta(lse.size());
+  ops::flash_attention_backward(dqkv.data(), delta.data(), R.data(), y.data(), qkv.data(),
+                                lse.data(), B, T, C, NH);
+  std::vector<double> added(dqkv.size());
+  for (size_t i = 0; i < dqkv.size(); ++i) added[i] = dqkv[i] - G0[i];
+  expect_matches_fd(qkv, added, loss, "flash attention dqkv");
+  loss();  // y and lse of the unperturbed qkv again
+
+  // float against double, forward and backward.
+  auto qkv_f = cast<float>(qkv), R_f = cast<float>(R);
+  std::vector<float> y_f(y.size()), lse_f(lse.size()), dqkv_f(qkv.size()), delta_f(lse.size());
+  ops::flash_attention_forward(y_f.data(), lse_f.data(), qkv_f.data(), B, T, C, NH);
+  expect_close(y_f, y, "flash attention float out");
+  expect_close(lse_f, lse, "flash attention float lse");
+  ops::flash_attention_backward(dqkv_f.data(), delta_f.data(), R_f.data(), y_f.data(),
+                                qkv_f.data(), lse_f.data(), B, T, C, NH);
+  expect_close(dqkv_f, added, "flash attention float dqkv");
+}
+
 TEST(OpsGradcheck, Gelu) {
   const size_t n = 50;
   auto x = randn(n, 41, 2.0), R = randn(n, 42);
