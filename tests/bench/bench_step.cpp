@@ -4,13 +4,14 @@
 //
 //   meshlm_bench --n_layer 12 --n_head 12 --n_embd 768 --vocab_size 50304
 //                --seq_len 64 --batch 4 --threads 2 [--steps 5] [--warmup 2] [--cuda 1]
-//                [--bf16 1]
+//                [--bf16 1] [--flash 1]
 //
 // --cuda 1 runs the step on GPU 0 (runtime.backend = cuda, fp32), timed to
 // the end of the device's work, and adds the device memory to the line: the
 // tracked Buffers' peak, the caching allocator's reservation, and what
 // cudaMemGetInfo reports in use. --bf16 1 computes at train.precision = bf16
-// (emulated on the CPU).
+// (emulated on the CPU). --flash 1 sets train.attention = flash (on a GPU:
+// the fused kernels, which need --bf16 1).
 //
 // Prints one JSON line (same keys as torch_step.py). Training FLOPs per step
 // (docs/PERFORMANCE.md):
@@ -43,7 +44,7 @@ int main(int argc, char** argv) {
   std::map<std::string, long> f = {{"n_layer", 12}, {"n_head", 12},   {"n_embd", 768},
                                    {"vocab_size", 50304}, {"seq_len", 64}, {"batch", 4},
                                    {"threads", 1},  {"steps", 5},     {"warmup", 2}, {"cuda", 0},
-                                   {"bf16", 0}};
+                                   {"bf16", 0}, {"flash", 0}};
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     if (k.rfind("--", 0) != 0 || !f.count(k.substr(2))) {
@@ -83,6 +84,7 @@ int main(int argc, char** argv) {
 #endif
   GPTOptions opts;
   opts.kernels = kernels;
+  opts.attention = f["flash"] != 0 ? Attention::flash : Attention::probabilities;
   GPT model(cfg, {}, opts);
   model.init_weights(0);
   AdamW opt(model.table(), {0.9f, 0.95f, 1e-8f, 0.1f}, 0, SIZE_MAX, *kernels);
@@ -118,10 +120,10 @@ int main(int argc, char** argv) {
              ", \"device_in_use_gib\": " + std::to_string(gpu->used_bytes() / 1073741824.0);
 #endif
   std::printf(
-      "{\"impl\": \"meshlm\", \"device\": \"%s\", \"precision\": \"%s\", \"threads\": %d, \"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d, "
+      "{\"impl\": \"meshlm\", \"device\": \"%s\", \"precision\": \"%s\", \"attention\": \"%s\", \"threads\": %d, \"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d, "
       "\"vocab_size\": %d, \"seq_len\": %d, \"batch\": %d, \"ms_per_step\": %.3f, "
       "\"tokens_per_s\": %.1f, \"gflops\": %.2f, \"loss\": %.4f%s}\n",
-      device.c_str(), name_of(precision), threads, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, T, B, 1e3 * med, B * T / med,
+      device.c_str(), name_of(precision), name_of(opts.attention), threads, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, T, B, 1e3 * med, B * T / med,
       flops / med / 1e9, loss, memory.c_str());
   MPI_Finalize();
   return 0;
