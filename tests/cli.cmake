@@ -157,6 +157,13 @@ add_test(NAME cli_flash_attention_same_losses
 set_tests_properties(cli_flash_attention_same_losses PROPERTIES LABELS cli TIMEOUT 120
   ENVIRONMENT "OMP_NUM_THREADS=1;EXPECT_IN_LOG=activation checkpointing full | attention flash")
 
+# runtime.op_timings prints the time of every op and changes no loss.
+add_test(NAME cli_op_timings_same_losses
+  COMMAND bash ${_cli}/same_losses.sh "${_mpiexec1}" "${_mpiexec2}" $<TARGET_FILE:meshlm> ${_tiny}
+          --parallel.pp=2 --runtime.op_timings=true)
+set_tests_properties(cli_op_timings_same_losses PROPERTIES LABELS cli TIMEOUT 120
+  ENVIRONMENT "OMP_NUM_THREADS=1;EXPECT_IN_LOG=  matmul_backward ")
+
 # Two processes writing one quantization cache at once, while a third reads
 # it: every read finds one writer's whole file, and no temporary file is
 # left behind.

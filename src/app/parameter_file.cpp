@@ -268,6 +268,7 @@ void make_options(RunConfig& c, OptionTable& t) {
   auto& runtime = t.section("[runtime] the process");
   t.add(runtime, "runtime.threads", &c.runtime.threads, "OpenMP/BLAS threads per rank; 0 = the cores of the rank's CPU affinity mask, shared with the ranks of its node whose masks overlap it",
         Range::ints(0, kMaxThreads));
+  t.add(runtime, "runtime.op_timings", &c.runtime.op_timings, "time every op of the step (GEMMs, attention, LayerNorm, the optimizer, ...) and print a table of them at the end, min / avg / max over ranks; each op waits for the backend before and after it, so a timed run is slower and its ops do not overlap");
   t.add(runtime, "runtime.backend", &c.runtime.backend, enum_choices<ComputeBackend>() + " (cuda: each rank computes on the GPU of its node-local rank modulo the node's GPUs, at train.precision; one rank with the whole model for now; full training or LoRA)");
   auto& parallel = t.section("[parallel] the process mesh: ranks = dp * tp * pp");
   t.add(parallel, "parallel.dp", &c.parallel.dp, "data-parallel replicas, each reading its own slice of every batch; 0 = ranks / (tp * pp)",

@@ -12,22 +12,30 @@ class DeviceContext {};  // never made: a build without CUDA refuses runtime.bac
 
 namespace meshlm {
 
-Backend::Backend(ComputeBackend kind, const ProcessMesh& mesh, ops::Precision precision)
+Backend::Backend(ComputeBackend kind, const ProcessMesh& mesh, ops::Precision precision,
+                 bool op_timings)
     : kind_(kind), precision_(precision) {
-  if (kind_ == ComputeBackend::cpu) return;
+  if (kind_ == ComputeBackend::cuda) {
 #ifdef MESHLM_HAVE_CUDA
-  try_all(mesh.world(), "", [&] {
-    gpu_ = std::make_unique<cuda::DeviceContext>(mesh.node_rank(), mesh.rank(), precision_);
-  }, MESHLM_HERE);
+    try_all(mesh.world(), "", [&] {
+      gpu_ = std::make_unique<cuda::DeviceContext>(mesh.node_rank(), mesh.rank(), precision_);
+    }, MESHLM_HERE);
 #else
-  throw CollectiveError("runtime.backend = cuda, but this meshlm was built without the CUDA backend",
-                        MESHLM_HERE);
+    throw CollectiveError(
+        "runtime.backend = cuda, but this meshlm was built without the CUDA backend", MESHLM_HERE);
 #endif
+  }
+  if (op_timings) timed_ = std::make_unique<ops::TimedKernels>(untimed_kernels());
 }
 
 Backend::~Backend() = default;
 
 const ops::Kernels& Backend::kernels() const {
+  if (timed_) return *timed_;
+  return untimed_kernels();
+}
+
+const ops::Kernels& Backend::untimed_kernels() const {
 #ifdef MESHLM_HAVE_CUDA
   if (gpu_) return gpu_->kernels();
 #endif

@@ -9,6 +9,7 @@
 #include "comm/comm.h"
 #include "core/alloc.h"
 #include "core/timer.h"
+#include "ops/timed_kernels.h"
 
 namespace meshlm {
 
@@ -30,6 +31,10 @@ void print_predicted_memory(const MemoryByCategory& predicted, comm::Communicato
 void print_memory_table(const std::vector<RankMemory>& ranks,
                         const std::vector<std::string>& labels);
 // `timers` should account for the whole run (SectionTimers::account_rest_as_other).
+// runtime.op_timings: seconds and calls of every op that ran, min / avg /
+// max over ranks, and the average per optimizer step. Collective.
+void print_op_timing_table(const ops::TimedKernels& ops, int steps, comm::Communicator& world);
+
 void print_timing_table(const SectionTimers& timers, double total_seconds,
                         comm::Communicator& world);
 

@@ -85,6 +85,7 @@ struct OutputConfig {
 struct RuntimeConfig {
   int threads = 0;  // OpenMP threads per rank; 0 = from the CPU affinity mask (train/threads.h)
   ComputeBackend backend = ComputeBackend::cpu;
+  bool op_timings = false;  // time every op, waiting for the backend around each (ops/timed_kernels.h)
 };
 
 // [debug] switches for tests of the failure paths.

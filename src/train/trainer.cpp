@@ -221,7 +221,7 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
   log::info("# meshlm {} | {} rank(s) = dp {} x tp {} x pp {} on {} node(s) | parameter file {}",
             MESHLM_VERSION, mesh.layout().world(), pc.dp, pc.tp, pc.pp, mesh.node_count(),
             cfg.source);
-  const Backend backend(cfg.runtime.backend, mesh, tc.precision);
+  const Backend backend(cfg.runtime.backend, mesh, tc.precision, cfg.runtime.op_timings);
   mesh.print_rank_lines(fmt::format("device {} | cores {} | threads {}", backend.describe(),
                                     threads.cores.text(), threads.threads));
 
@@ -405,6 +405,11 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
               format_bytes(static_cast<double>(backend.device_total_bytes())));
   }
   print_timing_table(timers, summary.seconds, *world);
+  if (backend.op_timer() != nullptr) {
+    const int ran = static_cast<int>(summary.steps.size()) + summary.skipped_steps +
+                    summary.overflow_steps;
+    print_op_timing_table(*backend.op_timer(), ran, *world);
+  }
   if (gather_final_params) summary.final_params = engine.gather_params();
   if (runlog) {
     std::vector<MemoryByCategory> pred, cur, peak;

@@ -7,7 +7,9 @@
 # GPT-2 in PyTorch at its best (tests/bench/torch_gpu_step.py); and LoRA on
 # an NF4 base against LoRA on an f32 base and full training (meshlm train on
 # inputs/gpt2-124m.cfg at bf16, 6 optimizer steps of 16 x 1024 tokens, on a
-# corpus of meshlm's own sources). Every JSON line goes to OUT_DIR/bench.jsonl,
+# corpus of meshlm's own sources), and the time of each op of that full
+# training step, probabilities and flash (runtime.op_timings). Every JSON
+# line goes to OUT_DIR/bench.jsonl,
 # every log to OUT_DIR; a table is printed last.
 set -u
 build=$1
@@ -46,6 +48,11 @@ for mode in full nf4 f32; do
     --output.dir="$scratch/$mode" >"$out/train_$mode.log" 2>&1 ||
     { echo "meshlm train ($mode) failed:" >&2; tail -5 "$out/train_$mode.log" >&2; }
 done
+for att in probabilities flash; do
+  "$meshlm" train "$here/../../inputs/gpt2-124m.cfg" "${run[@]}" --train.attention=$att \
+    --train.steps=3 --runtime.op_timings=true --output.dir="$scratch/ops_$att" \
+    >"$out/ops_$att.log" 2>&1 || { echo "op timings ($att) failed:" >&2; tail -5 "$out/ops_$att.log" >&2; }
+done
 rm -rf "$scratch"
 
 echo "---- training step (median of 5 after 2 warm-up steps)"
@@ -69,4 +76,8 @@ echo "---- meshlm train inputs/gpt2-124m.cfg, bf16, flash, B = 16: full, LoRA NF
 for mode in full nf4 f32; do
   echo "[$mode]"
   grep -E "^# (device memory|memory|base)|tokens/s|^ +[0-9]+ " "$out/train_$mode.log" | tail -8
+done
+for att in probabilities flash; do
+  echo "---- op timings, full training, attention $att (each op waited for)"
+  sed -n '/^# Time per op/,$p' "$out/ops_$att.log" | sort -k6 -n -r | head -14
 done

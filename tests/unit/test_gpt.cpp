@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/gpt.h"
+#include "ops/timed_kernels.h"
 #include "train/adamw.h"
 
 using namespace meshlm;
@@ -328,6 +329,37 @@ TEST(GPT, FlashAttentionMatchesTheProbabilities) {
   GPTOptions automatic;
   automatic.attention = Attention::automatic;
   EXPECT_THROW(GPT(c, {}, automatic), RankError);
+}
+
+// runtime.op_timings: the timed backend passes every call on as is (the
+// same bits) and counts each op it timed.
+TEST(GPT, TimedKernelsChangeNoBitAndCountEveryOp) {
+  const GPTConfig c = small_config(50);
+  const ops::TimedKernels timed(ops::Kernels::cpu());
+  GPTOptions plain;
+  plain.attention = Attention::flash;
+  GPTOptions o = plain;
+  o.kernels = &timed;
+  GPT a(c, {}, plain), b(c, {}, o);
+  a.init_weights(3);
+  b.init_weights(3);
+  std::vector<int32_t> tok(2 * 16), tgt(2 * 16);
+  random_batch(tok, tgt, 50, 4);
+  a.zero_grads();
+  b.zero_grads();
+  EXPECT_EQ(a.forward(tok.data(), tgt.data(), 2, 16), b.forward(tok.data(), tgt.data(), 2, 16));
+  a.backward(0.5f);
+  b.backward(0.5f);
+  EXPECT_EQ(std::memcmp(a.grads(), b.grads(), a.num_params() * sizeof(float)), 0);
+  using ops::KernelOp;
+  EXPECT_EQ(timed.calls(KernelOp::flash_attention_forward), size_t(c.n_layer));
+  EXPECT_EQ(timed.calls(KernelOp::flash_attention_backward), size_t(c.n_layer));
+  EXPECT_EQ(timed.calls(KernelOp::attention_forward), 0u);
+  // Per block ln_1 and ln_2, and ln_f.
+  EXPECT_EQ(timed.calls(KernelOp::layernorm_forward), size_t(2 * c.n_layer + 1));
+  EXPECT_EQ(timed.calls(KernelOp::gelu_backward), size_t(c.n_layer));
+  EXPECT_GT(timed.seconds(KernelOp::matmul_backward), 0.0);
+  EXPECT_STREQ(ops::kernel_op_name(KernelOp::scale), "scale");
 }
 
 TEST(GPT, ActivationMemoryIsTrackedAndPredicted) {

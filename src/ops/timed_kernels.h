@@ -1,0 +1,106 @@
+// runtime.op_timings: a Kernels that times every op of another one, for the
+// breakdown of a step by op (which kernels a GPU step spends its time in).
+//
+// Each op waits for the backend's queue before and after it
+// (Kernels::synchronize), so its time is its own, launch included, and ops
+// no longer overlap with the host or with communication: a timed step is
+// slower than a plain one, and its total is the sum of its ops. The results
+// are the same bits as the inner backend's: every call is passed on as is.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+#include "ops/kernels.h"
+
+namespace meshlm::ops {
+
+// The timed ops, in the order of the table; a fixed enum so that ranks can
+// reduce their tables without exchanging names.
+enum class KernelOp : int {
+  embedding_forward, embedding_backward, position_forward, position_backward,
+  layernorm_forward, layernorm_backward, matmul_forward, matmul_backward,
+  attention_forward, attention_backward, flash_attention_forward, flash_attention_backward,
+  gelu_forward, gelu_backward, residual_forward, residual_backward,
+  xent_local_max, xent_local_sums, xent_losses, xent_local_backward,
+  gemm, zero, add, add_bias, fill, upload, download, adamw_update, sum_of_squares, scale,
+  count
+};
+const char* kernel_op_name(KernelOp op);
+
+class TimedKernels final : public Kernels {
+public:
+  // `inner` must outlive this.
+  explicit TimedKernels(const Kernels& inner) : inner_(inner) {}
+
+  double seconds(KernelOp op) const { return seconds_[static_cast<int>(op)]; }
+  uint64_t calls(KernelOp op) const { return calls_[static_cast<int>(op)]; }
+
+  Device device() const override { return inner_.device(); }
+  Precision precision() const override { return inner_.precision(); }
+  bool supports_flash_attention(int head_size) const override {
+    return inner_.supports_flash_attention(head_size);
+  }
+  void synchronize() const override { inner_.synchronize(); }
+
+  void embedding_forward(float* out, const int32_t* tokens, const float* wte_part, int N, int C,
+                         int v0, int Vl) const override;
+  void embedding_backward(float* dwte_part, const float* dout, const int32_t* tokens, int N, int C,
+                          int v0, int Vl) const override;
+  void position_forward(float* out, const float* wpe, int B, int Tn, int C) const override;
+  void position_backward(float* dwpe, const float* dout, int B, int Tn, int C) const override;
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                         const float* b, int N, int C) const override;
+  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                          const float* w, const float* mean, const float* rstd, int N,
+                          int C) const override;
+  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N,
+                      int IC, int OC) const override;
+  void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+                       const float* w, int N, int IC, int OC) const override;
+  void attention_forward(float* out, float* att, const float* qkv, int B, int Tn, int C,
+                         int NH) const override;
+  void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+                          const float* att, int B, int Tn, int C, int NH) const override;
+  void flash_attention_forward(float* out, float* lse, const float* qkv, int B, int Tn, int C,
+                               int NH) const override;
+  void flash_attention_backward(float* dqkv, float* delta, const float* dout, const float* out,
+                                const float* qkv, const float* lse, int B, int Tn, int C,
+                                int NH) const override;
+  void gelu_forward(float* out, const float* inp, size_t n) const override;
+  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const override;
+  void residual_forward(float* out, const float* a, const float* b, size_t n) const override;
+  void residual_backward(float* da, float* db, const float* dout, size_t n) const override;
+  void xent_local_max(float* rowmax, const float* logits, int N, int Vl, int v0,
+                      int V) const override;
+  void xent_local_sums(float* sums, const float* logits, const float* rowmax,
+                       const int32_t* targets, int N, int Vl, int v0, int V) const override;
+  void xent_losses(float* losses, const float* rowmax, const float* sums, int N) const override;
+  void xent_local_backward(float* logits_dlogits, const float* rowmax, const float* sums,
+                           const float* dlosses, const int32_t* targets, int N, int Vl, int v0,
+                           int V) const override;
+  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+            const float* B, int ldb, float beta, float* C, int ldc) const override;
+  void zero(float* x, size_t n) const override;
+  void add(float* y, const float* x, size_t n) const override;
+  void add_bias(float* out, const float* bias, int N, int C) const override;
+  void fill(float* x, float value, size_t n) const override;
+  void upload(void* dst, const void* host_src, size_t bytes) const override;
+  void download(void* host_dst, const void* src, size_t bytes) const override;
+  void adamw_update(float* params, const float* grads, float* m, float* v,
+                    std::span<const AdamWSegment> segments, const AdamWHyper& h) const override;
+  double sum_of_squares(const float* x, size_t n) const override;
+  void scale(float* x, float factor, size_t n) const override;
+
+private:
+  // Runs f between two waits for the inner backend and books the time.
+  template <typename F>
+  void timed(KernelOp op, F&& f) const;
+
+  const Kernels& inner_;
+  mutable std::array<double, static_cast<int>(KernelOp::count)> seconds_{};
+  mutable std::array<uint64_t, static_cast<int>(KernelOp::count)> calls_{};
+};
+
+}  // namespace meshlm::ops
