@@ -32,6 +32,7 @@
 #include "cuda/cuda_check.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/ops_cuda.h"
+#include "ops/gpu_workspace.h"
 
 namespace meshlm::cuda {
 
@@ -72,30 +73,25 @@ __global__ void round_to_fp16_kernel(__half* out, const float* in, size_t n) {
     out[i] = __float2half_rn(in[i]);  // beyond 65504 (after rounding): infinity
 }
 
-// Elements from the first element of a row-major operand stored (rows, cols)
-// with leading dimension ld, `batch` of them `stride` apart, to its last.
-size_t span_of(int rows, int cols, int ld, long long stride = 0, int batch = 1) {
-  return size_t(batch - 1) * size_t(stride) + size_t(rows - 1) * size_t(ld) + size_t(cols);
-}
-
 // The 16-bit copies of the two inputs of the GEMMs queued on one stream
-// (workspace, grown on demand; reused by the next GEMM on the stream, which
-// runs after this one). Per host thread, kept for the life of the process.
+// (workspace, grown on demand to exactly the largest pair asked for, as
+// ops/gpu_workspace.h tells the memory prediction; reused by the next GEMM on
+// the stream, which runs after this one). Per host thread, kept for the life
+// of the process.
 class Inputs16 {
 public:
   // Room for a and b elements of 2 bytes; returns the two copies.
   std::pair<void*, void*> reserve(cudaStream_t stream, size_t a, size_t b) {
-    const size_t a_bytes = (2 * a + 255) / 256 * 256, bytes = a_bytes + 2 * b;
+    const size_t bytes = ops::gemm_16bit_copies_bytes(a, b);
     Buffer*& buf = by_stream_[stream];
     if (buf == nullptr || buf->bytes() < bytes) {
       // The stream's earlier GEMMs may still read the old copies.
       CUDA_CHECK(cudaStreamSynchronize(stream));
       delete buf;
-      buf = new Buffer(bytes + bytes / 4, MemCategory::workspace, "gemm.inputs_16bit",
-                       Device::cuda);
+      buf = new Buffer(bytes, MemCategory::workspace, "gemm.inputs_16bit", Device::cuda);
     }
     char* base = buf->as<char>();
-    return {base, base + a_bytes};
+    return {base, base + ops::gemm_16bit_copies_bytes(a, 0)};
   }
 
 private:
@@ -196,9 +192,8 @@ void gemm_rm(cudaStream_t stream, ops::Precision p, bool ta, bool tb, int M, int
                              &beta, C, ldc));
     return;
   }
-  // op(A) is (M,K): stored (K,M) when transposed; op(B) is (K,N): stored (N,K).
-  const auto [A16, B16] = round_inputs(stream, p, A, span_of(ta ? K : M, ta ? M : K, lda), B,
-                                       span_of(tb ? N : K, tb ? K : N, ldb));
+  const auto [a, b] = ops::gemm_input_spans(ta, tb, M, N, K, lda, ldb);
+  const auto [A16, B16] = round_inputs(stream, p, A, a, B, b);
   CUBLAS_CHECK(cublas().gemm_ex(blas_handle(stream), op(tb), op(ta), N, M, K, &alpha, B16,
                             data_type(p), ldb, A16, data_type(p), lda, &beta, C, CUDA_R_32F, ldc,
                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -214,9 +209,8 @@ void gemm_strided_batched_rm(cudaStream_t stream, ops::Precision p, bool ta, boo
                                            batch));
     return;
   }
-  const auto [A16, B16] =
-      round_inputs(stream, p, A, span_of(ta ? K : M, ta ? M : K, lda, strideA, batch), B,
-                   span_of(tb ? N : K, tb ? K : N, ldb, strideB, batch));
+  const auto [a, b] = ops::gemm_input_spans(ta, tb, M, N, K, lda, ldb, strideA, strideB, batch);
+  const auto [A16, B16] = round_inputs(stream, p, A, a, B, b);
   CUBLAS_CHECK(cublas().gemm_strided_batched_ex(blas_handle(stream), op(tb), op(ta), N, M, K, &alpha,
                                           B16, data_type(p), ldb, strideB, A16, data_type(p), lda,
                                           strideA, &beta, C, CUDA_R_32F, ldc, strideC, batch,

@@ -4,9 +4,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "core/alloc.h"
+#include "ops/gpu_workspace.h"
 
 #include "cuda/blas.cuh"
 #include "cuda/cuda_check.cuh"
@@ -17,7 +19,23 @@ namespace {
 
 class CudaKernels final : public ops::Kernels {
 public:
-  CudaKernels(cudaStream_t stream, ops::Precision p) : s_(stream), p_(p) {}
+  CudaKernels(cudaStream_t stream, ops::Precision p) : s_(stream), p_(p) {
+    for (int i = 0; i < 2; ++i) {
+      CUDA_CHECK(cudaMallocHost(&stage_[i], ops::kUploadStageBytes));
+      CUDA_CHECK(cudaEventCreateWithFlags(&staged_[i], cudaEventDisableTiming));
+    }
+    MemTracker::get().on_alloc(MemCategory::workspace, Device::cpu, 2 * ops::kUploadStageBytes);
+  }
+  ~CudaKernels() override {
+    cudaStreamSynchronize(s_);
+    for (int i = 0; i < 2; ++i) {
+      cudaFreeHost(stage_[i]);
+      cudaEventDestroy(staged_[i]);
+    }
+    MemTracker::get().on_free(MemCategory::workspace, Device::cpu, 2 * ops::kUploadStageBytes);
+  }
+  CudaKernels(const CudaKernels&) = delete;
+  CudaKernels& operator=(const CudaKernels&) = delete;
   Device device() const override { return Device::cuda; }
   ops::Precision precision() const override { return p_; }
 
@@ -112,9 +130,19 @@ public:
     cuda::add_bias(out, bias, N, C, s_);
   }
   void fill(float* x, float value, size_t n) const override { cuda::fill(x, value, n, s_); }
+  // Copies from pageable memory (the model's host tensors, the node-shared
+  // window of the quantized base) go through two pinned buffers in turn: the
+  // host fills one while the device reads the other.
   void upload(void* dst, const void* host_src, size_t bytes) const override {
-    if (bytes == 0) return;
-    CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, s_));
+    const auto* src = static_cast<const unsigned char*>(host_src);
+    auto* out = static_cast<unsigned char*>(dst);
+    for (size_t off = 0, i = 0; off < bytes; off += ops::kUploadStageBytes, i ^= 1) {
+      const size_t n = std::min(ops::kUploadStageBytes, bytes - off);
+      CUDA_CHECK(cudaEventSynchronize(staged_[i]));  // the last copy out of this buffer is done
+      std::memcpy(stage_[i], src + off, n);
+      CUDA_CHECK(cudaMemcpyAsync(out + off, stage_[i], n, cudaMemcpyHostToDevice, s_));
+      CUDA_CHECK(cudaEventRecord(staged_[i], s_));
+    }
     CUDA_CHECK(cudaStreamSynchronize(s_));
   }
   void download(void* host_dst, const void* src, size_t bytes) const override {
@@ -158,6 +186,8 @@ public:
 private:
   cudaStream_t s_;
   ops::Precision p_;
+  void* stage_[2] = {nullptr, nullptr};  // pinned host memory of upload()
+  cudaEvent_t staged_[2] = {nullptr, nullptr};
   // adamw_update's segments (host copy, device copy) and the sum's scratch.
   mutable std::vector<ops::AdamWSegment> segments_;
   mutable Buffer d_segments_;

@@ -257,7 +257,7 @@ void make_options(RunConfig& c, OptionTable& t) {
         Range::reals(1, kMaxLossScale));
   t.add(train, "train.loss_scale_window", &c.train.loss_scale.window, "under precision = fp16: the loss scale doubles after this many steps in a row without overflow (up to 2^32)",
         Range::ints(1, kMaxInt));
-  t.add(train, "train.attention", &c.train.attention, "what causal attention keeps for its backward: " + enum_choices<Attention>() + " (probabilities: the (B, n_head, T, T) softmax probabilities of every layer; flash: one log-sum-exp per row of a head, the backward recomputes the probabilities a block at a time, T times less memory, one fused kernel on a GPU, where it needs train.precision = bf16 or fp16 and a head size of 16, 32, 64 or 128; auto: probabilities)");
+  t.add(train, "train.attention", &c.train.attention, "what causal attention keeps for its backward: " + enum_choices<Attention>() + " (probabilities: the (B, n_head, T, T) softmax probabilities of every layer; flash: one log-sum-exp per row of a head, T times fewer floats, and the backward recomputes the probabilities a block at a time; on a GPU one fused kernel, where it needs train.precision = bf16 or fp16 and a head size of 16, 32, 64 or 128; auto: probabilities)");
   auto& data = t.section("[data] training tokens");
   t.add(data, "data.path", &c.data.path, "token file: HDF5 with dataset 'tokens' (uint16/uint32) or meshlm raw tokens (required)");
   t.add(data, "data.tokenize_from", &c.data.tokenize_from, "text file tokenized byte-level into data.path when data.path does not exist");

@@ -86,6 +86,15 @@ size_t GPT::frozen_numel(const GPTConfig& cfg, const ModelShard& shard) {
   return n;
 }
 
+size_t GPT::quantized_matrix_bytes(const GPTConfig& cfg, const ModelShard& shard,
+                                   quant::QuantType type) {
+  size_t bytes = 0;
+  for (const ParamSpec& p : gpt_param_table(cfg, shard))
+    if (p.shape.ndim != 1)
+      bytes += quant::qlayout(type, static_cast<size_t>(p.full_shape.numel())).total_bytes;
+  return bytes;
+}
+
 void GPT::attach_base(const std::function<quant::QTensor(const ParamSpec&)>& tensor_of) {
   MESHLM_CHECK(opts_.lora.enabled, "attach_base() is for LoRA fine-tuning (a frozen base)");
   qbase_.assign(base_table_.size(), quant::QSlice{});
@@ -102,14 +111,22 @@ void GPT::attach_base(const std::function<quant::QTensor(const ParamSpec&)>& ten
   // multiple of kQAlign bytes, as in the host store.
   std::vector<quant::QTensor> host_q(base_table_.size());
   size_t device_bytes = 0;
+  std::optional<quant::QuantType> type;
   for (size_t i = 0; i < base_table_.size(); ++i) {
     const ParamSpec& p = base_table_[i];
     host_q[i] = tensor_of(p);
     MESHLM_CHECK(host_q[i].n == static_cast<size_t>(p.full_shape.numel()),
                  "the frozen base's " + p.name + " has the wrong size");
-    if (p.shape.ndim != 1) device_bytes += quant::qlayout(host_q[i].type, host_q[i].n).total_bytes;
+    if (p.shape.ndim == 1) continue;
+    device_bytes += quant::qlayout(host_q[i].type, host_q[i].n).total_bytes;
+    if (!type) type = host_q[i].type;
   }
-  if (!host) qdevice_ = Buffer(device_bytes, MemCategory::quantized, "lora.base_on_device", k_->device());
+  if (!host && type) {
+    // As the memory prediction has it (the store holds one format).
+    MESHLM_CHECK(device_bytes == quantized_matrix_bytes(cfg_, shard_, *type),
+                 "the frozen base's matrices are not all of one format");
+    qdevice_ = Buffer(device_bytes, MemCategory::quantized, "lora.base_on_device", k_->device());
+  }
   std::vector<float> whole, part;
   size_t at = 0;
   for (size_t i = 0; i < base_table_.size(); ++i) {

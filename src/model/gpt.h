@@ -118,6 +118,11 @@ public:
   void attach_base(const std::function<quant::QTensor(const ParamSpec&)>& tensor_of);
   // Elements of the frozen vectors a shard keeps (planner).
   static size_t frozen_numel(const GPTConfig& cfg, const ModelShard& shard);
+  // Bytes of the shard's quantized matrices in format `type`, each laid out
+  // as in the host store: what attach_base() uploads to a GPU (category
+  // quantized); the frozen vectors are dequantized into frozen_numel() floats.
+  static size_t quantized_matrix_bytes(const GPTConfig& cfg, const ModelShard& shard,
+                                       quant::QuantType type);
 
   // ---- one pipeline stage, one micro-batch in activation slot `slot` -------
   // Forward. First stage: reads tokens(B,T); other stages: their input

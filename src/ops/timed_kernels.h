@@ -29,7 +29,7 @@ enum class KernelOp : int {
 };
 const char* kernel_op_name(KernelOp op);
 
-class TimedKernels final : public Kernels {
+class TimedKernels : public Kernels {
 public:
   // `inner` must outlive this.
   explicit TimedKernels(const Kernels& inner) : inner_(inner) {}

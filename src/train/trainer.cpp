@@ -19,7 +19,9 @@
 #include "io/run_log.h"
 #include "io/tokens.h"
 #include "model/gpt.h"
+#include "ops/gpu_workspace.h"
 #include "plan/memory.h"
+#include "quant/qlinear.h"
 #include "load/base_loader.h"
 #include "mesh/mesh.h"
 #include "train/backend.h"
@@ -32,44 +34,61 @@
 
 namespace meshlm {
 
-namespace {
-
-// The CUDA backend's 16-bit copies of the inputs of its GEMMs at bf16 and
-// fp16 (cuda/blas.cu): room for the largest pair, the first copy rounded up
-// to 256 bytes, grown by a quarter when it grows. One rank, the whole model.
-size_t gemm_16bit_copies_bytes(const GPTConfig& m, ops::Precision p, int B, int T) {
+size_t gpu_gemm_copies_bytes(const GPTConfig& m, const RankPlan& shape, ops::Precision p, int B,
+                             int T) {
   if (p == ops::Precision::fp32) return 0;
-  const size_t N = size_t(B) * T, C = size_t(m.n_embd), NH = size_t(m.n_head);
-  const size_t Vp = size_t(m.padded_vocab_size());
+  const int N = B * T, C = m.n_embd, NH = m.n_head, HS = C / NH;
+  const int Vp = m.padded_vocab_size();
+  const GPTOptions& o = shape.model;
   size_t most = 0;
-  auto pair = [&](size_t a, size_t b) { most = std::max(most, (2 * a + 255) / 256 * 256 + 2 * b); };
-  // Linear layers (IC, OC): forward x w^T; backward dout w and dout^T x.
-  for (const auto& [IC, OC] : {std::pair{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}, {C, Vp}}) {
-    pair(N * IC, OC * IC);
-    pair(N * OC, OC * IC);
-    pair(N * OC, N * IC);
+  auto gemm = [&](bool ta, bool tb, int M, int Nn, int K, int lda, int ldb, long long sa = 0,
+                  long long sb = 0, int batch = 1) {
+    const auto [a, b] = ops::gemm_input_spans(ta, tb, M, Nn, K, lda, ldb, sa, sb, batch);
+    most = std::max(most, ops::gemm_16bit_copies_bytes(a, b));
+  };
+  // A linear layer of n rows, (IC -> OC), trained (ops::matmul_*) or frozen
+  // and quantized (quant::qlinear_*: tiles of kQLinearTileRows rows), and
+  // its LoRA adapters of rank r (model/lora.cpp) when it has them.
+  auto linear = [&](int n, int IC, int OC, bool adapters) {
+    if (!o.lora.enabled) {
+      gemm(false, true, n, OC, IC, IC, IC);   // out = inp w^T
+      gemm(false, false, n, IC, OC, OC, IC);  // dinp += dout w
+      gemm(true, false, OC, IC, n, OC, IC);   // dw += dout^T inp
+      return;
+    }
+    const int tr = std::min(quant::kQLinearTileRows, OC);
+    gemm(false, true, n, tr, IC, IC, IC);   // out[:, tile] = inp tile^T
+    gemm(false, false, n, IC, tr, OC, IC);  // dinp += dout[:, tile] tile
+    if (!adapters) return;
+    const int r = o.lora.rank;
+    gemm(false, true, n, r, IC, IC, IC);    // u = inp A^T
+    gemm(false, true, n, OC, r, r, r);      // out += s u B^T
+    gemm(true, false, OC, r, n, OC, r);     // dB += s dout^T u
+    gemm(false, false, n, r, OC, OC, r);    // du = s dout B
+    gemm(true, false, r, IC, n, r, IC);     // dA += du^T inp
+    gemm(false, false, n, IC, r, r, IC);    // dinp += du A
+  };
+  const bool lora = o.lora.enabled;
+  linear(N, C, 3 * C, lora && o.lora.targets.has(LinearSlot::qkv));
+  linear(N, C, C, lora && o.lora.targets.has(LinearSlot::attn_out));
+  linear(N, C, 4 * C, lora && o.lora.targets.has(LinearSlot::mlp_up));
+  linear(N, 4 * C, C, lora && o.lora.targets.has(LinearSlot::mlp_down));
+  // The classifier, a chunk of rows at a time (tied to wte, no adapter).
+  linear(classifier_rows(m, shape.shard, o, size_t(N)), C, Vp, false);
+  // Attention keeping the probabilities (cuda/attention.cu), one sequence
+  // at a time, strided-batched over the heads; flash multiplies in its own
+  // kernels and copies nothing.
+  if (o.attention == Attention::probabilities) {
+    const long long TT = static_cast<long long>(T) * T;
+    gemm(false, true, T, T, HS, 3 * C, 3 * C, HS, HS, NH);   // S = Q K^T
+    gemm(false, false, T, HS, T, T, 3 * C, TT, HS, NH);      // Y = P V
+    gemm(false, true, T, T, HS, C, 3 * C, HS, HS, NH);       // dP = dY V^T
+    gemm(true, false, T, HS, T, T, C, TT, HS, NH);           // dV += P^T dY
+    gemm(false, false, T, HS, T, T, 3 * C, TT, HS, NH);      // dQ += dS K
+    gemm(true, false, T, HS, T, T, 3 * C, TT, HS, NH);       // dK += dS^T Q
   }
-  // Attention, one sequence at a time: Q K^T over the heads (q and k as
-  // strided views of qkv), then P V, dP = dY V^T, dV += P^T dY, dS K, dS^T Q.
-  const size_t T2 = size_t(T) * T, view = (size_t(T) - 1) * 3 * C + C;
-  pair(view, view);
-  pair(NH * T2, view);
-  pair((size_t(T) - 1) * C + C, view);
-  pair(NH * T2, (size_t(T) - 1) * C + C);
-  return most + most / 4;
+  return most;
 }
-
-// Under LoRA on a GPU: the frozen base's matrices of the shard, uploaded
-// still quantized (GPT::attach_base); vectors are dequantized into params.
-size_t device_base_bytes(const GPTConfig& m, const ModelShard& shard, quant::QuantType type) {
-  size_t bytes = 0;
-  for (const ParamSpec& p : gpt_param_table(m, shard))
-    if (p.shape.ndim != 1)
-      bytes += quant::qlayout(type, static_cast<size_t>(p.full_shape.numel())).total_bytes;
-  return bytes;
-}
-
-}  // namespace
 
 RankPlan planned_rank_plan(const RunConfig& cfg, const ProcessMesh& mesh) {
   RankPlan shape = Engine::plan_of(cfg, mesh.coords());
@@ -252,9 +271,10 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
     // (host) and the GEMMs' 16-bit copies (device) count both.
     at(predicted, MemCategory::workspace) =
         std::max(at(predicted, MemCategory::workspace), largest * sizeof(float)) +
-        gemm_16bit_copies_bytes(cfg.model, tc.precision, tc.micro_batch_size, tc.seq_len);
+        gpu_gemm_copies_bytes(cfg.model, shape, tc.precision, tc.micro_batch_size, tc.seq_len) +
+        ops::kUploadStagingBytes;
     if (lora)
-      at(predicted, MemCategory::quantized) += device_base_bytes(cfg.model, shape.shard, cfg.quant.type);
+      at(predicted, MemCategory::quantized) += GPT::quantized_matrix_bytes(cfg.model, shape.shard, cfg.quant.type);
   }
   print_predicted_memory(predicted, *world);
   check_memory_fits(predicted, mesh);

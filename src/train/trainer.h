@@ -46,4 +46,11 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
 // of a rank that quantizes (the cache may spare it).
 RankPlan planned_rank_plan(const RunConfig& cfg, const ProcessMesh& mesh);
 
+// The CUDA backend's 16-bit copies of its GEMM inputs at bf16 and fp16
+// (ops/gpu_workspace.h) for a rank holding `shape` and training
+// micro-batches of (B, T): the largest pair of spans any GEMM of the step
+// reads, each GEMM written down with the arguments of its call; 0 at fp32.
+size_t gpu_gemm_copies_bytes(const GPTConfig& m, const RankPlan& shape, ops::Precision p, int B,
+                             int T);
+
 }  // namespace meshlm

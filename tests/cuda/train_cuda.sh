@@ -20,6 +20,9 @@
 #   * cuda fp16 with a NaN injected into step 3's gradients on the device
 #     (debug.nan_step): the step is skipped, logged and counted, and the
 #     scale halves once;
+#   * in every CUDA run, each memory category's peak (host and device
+#     together, run.h5 memory/<category>) is its prediction, within 1% or
+#     1 MiB (the gradient norm's scratch, a few KiB, is not predicted);
 #   * the loss falls; the rank line names the GPU.
 # Exit 77 (skipped) when meshlm says this machine has no GPU it can use.
 set -u
@@ -130,5 +133,19 @@ for p in ["fp32", "bf16"]:
     if not (np.all(np.isfinite(lg)) and d.max() <= tol_max and d.mean() <= tol_mean
             and lg[-1] < lg[0] - 0.3):
         print(f"FAIL: cuda QLoRA {p}"); bad = True
+for d in ["cuda_fp32", "cuda_bf16", "cuda_fp16", "cuda_bf16_flash", "cuda_lora_fp32",
+          "cuda_lora_bf16"]:
+    off = []
+    with h5py.File(f"{d}/run.h5", "r") as f:
+        for c in ["params", "grads", "optimizer", "activations", "quantized", "comm",
+                  "workspace", "other"]:
+            pred = int(f[f"memory/{c}/predicted_bytes"][0])
+            peak = int(f[f"memory/{c}/peak_bytes"][0])
+            if abs(peak - pred) > max(0.01 * pred, 1 << 20):
+                off.append(f"{c} peaked at {peak} bytes, predicted {pred}")
+    if off:
+        print(f"FAIL: {d}: " + "; ".join(off)); bad = True
+    else:
+        print(f"{d}: every memory category within 1% or 1 MiB of its prediction")
 sys.exit("FAIL" if bad else 0)
 PY

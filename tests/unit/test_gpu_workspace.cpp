@@ -1,0 +1,163 @@
+// The CUDA backend's 16-bit copies of GEMM inputs (ops/gpu_workspace.h), as
+// the memory prediction writes them down (gpu_gemm_copies_bytes), against
+// the GEMMs the model really issues: a backend that runs the CPU ops and
+// records, for each call, the spans the CUDA backend would copy (as
+// cuda/blas.cu and cuda/attention.cu call cuBLAS). Every layout the CUDA
+// backend trains (one rank: full training or LoRA, probabilities or flash,
+// the classifier in chunks) gives the prediction exactly.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "core/alloc.h"
+#include "core/rng.h"
+#include "load/base_loader.h"
+#include "model/gpt.h"
+#include "ops/gpu_workspace.h"
+#include "ops/timed_kernels.h"
+#include "plan/rank_plan.h"
+#include "train/trainer.h"
+
+using namespace meshlm;
+
+namespace {
+
+class SpanRecorder final : public ops::TimedKernels {
+public:
+  explicit SpanRecorder(const ops::Kernels& inner) : TimedKernels(inner) {}
+  size_t most() const { return most_; }
+
+  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N,
+                      int IC, int OC) const override {
+    record(false, true, N, OC, IC, IC, IC);
+    TimedKernels::matmul_forward(out, inp, w, bias, N, IC, OC);
+  }
+  void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+                       const float* w, int N, int IC, int OC) const override {
+    if (dinp) record(false, false, N, IC, OC, OC, IC);
+    if (dw) record(true, false, OC, IC, N, OC, IC);
+    TimedKernels::matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC);
+  }
+  void attention_forward(float* out, float* att, const float* qkv, int B, int Tn, int C,
+                         int NH) const override {
+    const int HS = C / NH;
+    const long long TT = static_cast<long long>(Tn) * Tn;
+    record(false, true, Tn, Tn, HS, 3 * C, 3 * C, HS, HS, NH);
+    record(false, false, Tn, HS, Tn, Tn, 3 * C, TT, HS, NH);
+    TimedKernels::attention_forward(out, att, qkv, B, Tn, C, NH);
+  }
+  void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
+                          const float* att, int B, int Tn, int C, int NH) const override {
+    const int HS = C / NH;
+    const long long TT = static_cast<long long>(Tn) * Tn;
+    record(false, true, Tn, Tn, HS, C, 3 * C, HS, HS, NH);
+    record(true, false, Tn, HS, Tn, Tn, C, TT, HS, NH);
+    record(false, false, Tn, HS, Tn, Tn, 3 * C, TT, HS, NH);
+    record(true, false, Tn, HS, Tn, Tn, 3 * C, TT, HS, NH);
+    TimedKernels::attention_backward(dqkv, datt, dout, qkv, att, B, Tn, C, NH);
+  }
+  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+            const float* B, int ldb, float beta, float* C, int ldc) const override {
+    record(ta, tb, M, N, K, lda, ldb);
+    TimedKernels::gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
+
+private:
+  void record(bool ta, bool tb, int M, int N, int K, int lda, int ldb, long long sa = 0,
+              long long sb = 0, int batch = 1) const {
+    const auto [a, b] = ops::gemm_input_spans(ta, tb, M, N, K, lda, ldb, sa, sb, batch);
+    most_ = std::max(most_, ops::gemm_16bit_copies_bytes(a, b));
+  }
+  mutable size_t most_ = 0;
+};
+
+struct Case {
+  const char* name;
+  bool lora;
+  Attention attention;
+  int classifier_rows;  // 0: automatic (all rows here)
+  LinearSlots targets = LinearSlots::all();
+};
+
+LinearSlots only(LinearSlot s) {
+  LinearSlots t;
+  t.add(s);
+  return t;
+}
+
+}  // namespace
+
+TEST(GpuWorkspace, PredictedCopiesAreTheLargestTheModelAsksFor) {
+  // Three shapes, each with another largest GEMM: the MLP (and under LoRA
+  // its quantized tiles), attention's (T, T) products (many heads, long
+  // sequences), the classifier (a large vocabulary).
+  struct Shape {
+    GPTConfig cfg;
+    int B, T;
+  };
+  const Shape shapes[] = {
+      {{.n_layer = 2, .n_head = 4, .n_embd = 128, .vocab_size = 300, .max_seq_len = 40}, 3, 40},
+      {{.n_layer = 1, .n_head = 8, .n_embd = 32, .vocab_size = 60, .max_seq_len = 64}, 3, 64},
+      {{.n_layer = 1, .n_head = 2, .n_embd = 32, .vocab_size = 1000, .max_seq_len = 40}, 3, 40},
+  };
+  const Case cases[] = {
+      {"full, probabilities", false, Attention::probabilities, 0},
+      {"full, flash", false, Attention::flash, 0},
+      {"full, flash, classifier 7 rows at a time", false, Attention::flash, 7},
+      {"lora all, probabilities", true, Attention::probabilities, 0},
+      {"lora all, flash, classifier 50 rows", true, Attention::flash, 50},
+      {"lora mlp-down only, flash", true, Attention::flash, 0, only(LinearSlot::mlp_down)},
+  };
+  for (const Shape& sh : shapes) {
+    const GPTConfig& cfg = sh.cfg;
+    const int B = sh.B, T = sh.T;
+    const load::StoreManifest manifest = load::make_manifest(cfg, quant::QuantType::nf4);
+    Buffer store(manifest.bytes, MemCategory::quantized, "test.store");
+    quant::QuantConfig q;
+    q.type = quant::QuantType::nf4;
+    load::fill_store(cfg, q, 5, manifest, store.as<uint8_t>(), /*use_cache=*/false);
+    std::vector<size_t> seen;
+    for (const Case& k : cases) {
+      SCOPED_TRACE(std::string(k.name) + ", C = " + std::to_string(cfg.n_embd) + ", NH = " +
+                   std::to_string(cfg.n_head) + ", V = " + std::to_string(cfg.vocab_size));
+      ParallelConfig par;
+      par.dp = par.tp = par.pp = par.micro_batches = 1;
+      FinetuneConfig ft;
+      if (k.lora) {
+        ft.mode = FinetuneMode::lora;
+        ft.lora_rank = 3;
+        ft.lora_targets = k.targets;
+      }
+      RankPlan shape = plan_rank(cfg, par, ft, B, T, {}, k.attention);
+      shape.model.classifier_rows = k.classifier_rows;
+      const SpanRecorder rec(ops::Kernels::cpu(ops::Precision::bf16));
+      GPTOptions o = shape.model;
+      o.kernels = &rec;
+      GPT m(cfg, shape.shard, o);
+      if (k.lora)
+        m.attach_base([&](const ParamSpec& p) {
+          const load::StoreEntry& e = manifest.at(p.name);
+          return quant::qtensor_at(e.layout, store.as<uint8_t>() + e.offset);
+        });
+      m.init_weights(1);
+      Rng rng(2);
+      std::vector<int32_t> tok(size_t(B) * T), tgt(tok.size());
+      for (auto& t : tok) t = static_cast<int32_t>(rng.below(cfg.vocab_size));
+      for (auto& t : tgt) t = static_cast<int32_t>(rng.below(cfg.vocab_size));
+      m.zero_grads();
+      m.forward(tok.data(), tgt.data(), B, T);
+      m.backward();
+      ASSERT_GT(rec.most(), 0u);
+      EXPECT_EQ(gpu_gemm_copies_bytes(cfg, shape, ops::Precision::bf16, B, T), rec.most());
+      EXPECT_EQ(gpu_gemm_copies_bytes(cfg, shape, ops::Precision::fp32, B, T), 0u);
+      seen.push_back(rec.most());
+    }
+    // The cases differ where this shape's largest GEMM differs: the test
+    // sees each part of the prediction at work somewhere.
+    if (cfg.n_head == 8) EXPECT_GT(seen[0], seen[1]) << "attention's products are the largest";
+    if (cfg.vocab_size == 1000) EXPECT_GT(seen[1], seen[2]) << "the classifier is the largest";
+    if (cfg.n_embd == 128) EXPECT_GT(seen[1], seen[4]) << "LoRA's tiles are smaller";
+  }
+}
