@@ -13,6 +13,10 @@ int classifier_rows(const GPTConfig& cfg, const ModelShard& shard, const GPTOpti
   return static_cast<int>(std::min(rows, std::max<size_t>(N, 1)));
 }
 
+int qtile_rows(const GPTOptions& opts) {
+  return opts.qtile_rows > 0 ? opts.qtile_rows : quant::kQLinearTileRows;
+}
+
 void plan_activations(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts, int B,
                       int Tn, ActLayout& L) {
   const size_t BT = static_cast<size_t>(B) * Tn, C = cfg.n_embd;
@@ -87,7 +91,7 @@ void plan_activations(const GPTConfig& cfg, const ModelShard& shard, const GPTOp
     cut(L.g.lora_u, BT * r, true);
     cut(L.g.lora_du, BT * r, true);
     cut(L.g.lora_tmp, r * C, true);
-    cut(L.g.qtile, static_cast<size_t>(quant::kQLinearTileRows) * std::max(C, Fl), true);
+    cut(L.g.qtile, static_cast<size_t>(qtile_rows(opts)) * std::max(C, Fl), true);
     if (shard.first_stage) cut(L.g.wpe_rows, static_cast<size_t>(Tn) * C, true);
   }
 }

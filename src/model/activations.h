@@ -74,7 +74,7 @@ struct GradActs {
   float* lora_u;     // (B*T, r)
   float* lora_du;    // (B*T, r)
   float* lora_tmp;   // (r*C) a replicated adapter's partial gradient, summed over TP
-  float* qtile;      // (kQLinearTileRows, max(C, Fl)) dequantized rows of a frozen matrix
+  float* qtile;      // (qtile_rows, max(C, Fl)) dequantized rows of a frozen matrix
   float* wpe_rows;   // (T, C) dequantized positions (first stage)
 };
 
@@ -104,6 +104,9 @@ struct ActLayout {
 // classifier_rows says otherwise. Between 1 and N rows.
 constexpr size_t kClassifierChunkFloats = size_t(1) << 24;
 int classifier_rows(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts, size_t N);
+
+// Rows of a frozen quantized matrix dequantized per GEMM (GPTOptions::qtile_rows).
+int qtile_rows(const GPTOptions& opts);
 
 // Fills `L` (empty) with the layout for micro-batches of (B, Tn). Its cuts
 // point into `L` itself: bind it where it is, then copy out what is needed.

@@ -61,7 +61,8 @@ void GPT::head_logits(const SlotActs& s, const GPTTensors& p, int r0, int nr) {
   const int C = cfg_.n_embd, Vl = cfg_.padded_vocab_size() / shard_.tp_size;
   const float* x = s.lnf + static_cast<size_t>(r0) * C;
   if (const quant::QSlice* q = qbase(idx_wte_))
-    quant::qlinear_forward(*k_, *dq_, gacts_.logits, x, *q, nullptr, nr, gacts_.qtile);
+    quant::qlinear_forward(*k_, *dq_, gacts_.logits, x, *q, nullptr, nr, gacts_.qtile,
+                           qtile_rows(opts_));
   else
     k_->matmul_forward(gacts_.logits, x, p.wte, nullptr, nr, C, Vl);
 }
@@ -77,7 +78,8 @@ void GPT::head_backward_rows(SlotActs& s, const GPTTensors& p, int r0, int nr) {
                           gacts_.dlosses + r0, s.targets + r0, nr, Vl, v0, V);
   float* dx = s.dlnf + static_cast<size_t>(r0) * C;
   if (const quant::QSlice* q = qbase(idx_wte_))
-    quant::qlinear_backward_input(*k_, *dq_, dx, gacts_.logits, *q, nr, gacts_.qtile);
+    quant::qlinear_backward_input(*k_, *dq_, dx, gacts_.logits, *q, nr, gacts_.qtile,
+                                  qtile_rows(opts_));
   else
     k_->matmul_backward(dx, grad_at(idx_wte_), nullptr, gacts_.logits,
                         s.lnf + static_cast<size_t>(r0) * C, p.wte, nr, C, Vl);

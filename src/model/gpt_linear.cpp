@@ -8,7 +8,7 @@ void GPT::linear_forward(int l, LinearSlot slot, float* out, const float* inp, c
                          const float* bias, int N, int IC, int OC) {
   const int t = static_cast<int>(slot);
   if (const quant::QSlice* q = qbase(linear_index_[l][t]))
-    quant::qlinear_forward(*k_, *dq_, out, inp, *q, bias, N, gacts_.qtile);
+    quant::qlinear_forward(*k_, *dq_, out, inp, *q, bias, N, gacts_.qtile, qtile_rows(opts_));
   else
     k_->matmul_forward(out, inp, w, bias, N, IC, OC);
   const AdapterIndex ai = adapter_[l][t];
@@ -25,7 +25,8 @@ void GPT::linear_backward(int l, LinearSlot slot, float* dinp, float* dw, float*
                           int OC) {
   const int t = static_cast<int>(slot);
   if (const quant::QSlice* q = qbase(linear_index_[l][t]))
-    quant::qlinear_backward_input(*k_, *dq_, dinp, dout, *q, N, gacts_.qtile);  // frozen: no dW, no dbias
+    // Frozen: no dW, no dbias.
+    quant::qlinear_backward_input(*k_, *dq_, dinp, dout, *q, N, gacts_.qtile, qtile_rows(opts_));
   else
     k_->matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC);
   const AdapterIndex ai = adapter_[l][t];

@@ -52,6 +52,9 @@ struct GPTOptions {
   bool own_grads = true;    // false: gradients go where set_grad_target() says (ZeRO-2)
   LoraOptions lora;         // enabled: the base is frozen (attach_base) and only adapters train
   int classifier_rows = 0;  // rows of logits the classifier computes at once; 0 = automatic
+  // Rows of a frozen quantized matrix dequantized per GEMM under LoRA; 0 =
+  // quant::kQLinearTileRows (the CPU's); a GPU takes kGpuQTileRows.
+  int qtile_rows = 0;
   // The backend of the ops (it must outlive the model); null = ops::Kernels::cpu().
   const ops::Kernels* kernels = nullptr;
   // Dequantizes the frozen base under LoRA, on the same backend as `kernels`

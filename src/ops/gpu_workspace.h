@@ -15,6 +15,11 @@
 namespace meshlm::ops {
 
 constexpr size_t kUploadStageBytes = size_t(8) << 20;
+
+// Rows of a frozen quantized matrix a GPU dequantizes per GEMM under LoRA
+// (GPTOptions::qtile_rows): 1024 x 3072 floats = 12 MiB for GPT-2 small's
+// widest matrix.
+constexpr int kGpuQTileRows = 1024;
 constexpr size_t kUploadStagingBytes = 2 * kUploadStageBytes;
 
 // Elements from the first element of a row-major operand stored (rows, cols)

@@ -64,12 +64,13 @@ void dequantize_rows(const QSlice& w, int64_t i0, int64_t n, float* out) {
   }
 }
 
-size_t qlinear_workspace_floats(const QSlice& w) {
-  return static_cast<size_t>(kQLinearTileRows) * static_cast<size_t>(w.local_cols());
+size_t qlinear_workspace_floats(const QSlice& w, int tile_rows) {
+  return static_cast<size_t>(tile_rows) * static_cast<size_t>(w.local_cols());
 }
 
 void qlinear_forward(const ops::Kernels& k, const Dequantizer& dq, float* out, const float* inp,
-                     const QSlice& w, const float* bias, int N, float* ws) {
+                     const QSlice& w, const float* bias, int N, float* ws, int tile_rows) {
+  MESHLM_CHECK(tile_rows > 0, "qlinear_forward: tiles of no rows");
   MESHLM_CHECK(k.device() == dq.device(), "qlinear_forward: kernels and dequantizer of two backends");
   const int OC = static_cast<int>(w.local_rows()), IC = static_cast<int>(w.local_cols());
   float beta = 0.0f;
@@ -79,8 +80,8 @@ void qlinear_forward(const ops::Kernels& k, const Dequantizer& dq, float* out, c
     k.add_bias(out, bias, N, OC);
     beta = 1.0f;
   }
-  for (int r0 = 0; r0 < OC; r0 += kQLinearTileRows) {
-    const int tr = std::min(kQLinearTileRows, OC - r0);
+  for (int r0 = 0; r0 < OC; r0 += tile_rows) {
+    const int tr = std::min(tile_rows, OC - r0);
     dq.rows(w, r0, tr, ws);
     // out[:, r0:r0+tr] (N, tr) = inp (N, IC) tile(tr, IC)^T (+ out)
     k.gemm(false, true, N, tr, IC, 1.0f, inp, IC, ws, IC, beta, out + r0, OC);
@@ -88,12 +89,13 @@ void qlinear_forward(const ops::Kernels& k, const Dequantizer& dq, float* out, c
 }
 
 void qlinear_backward_input(const ops::Kernels& k, const Dequantizer& dq, float* dinp,
-                            const float* dout, const QSlice& w, int N, float* ws) {
+                            const float* dout, const QSlice& w, int N, float* ws, int tile_rows) {
+  MESHLM_CHECK(tile_rows > 0, "qlinear_backward_input: tiles of no rows");
   MESHLM_CHECK(k.device() == dq.device(),
                "qlinear_backward_input: kernels and dequantizer of two backends");
   const int OC = static_cast<int>(w.local_rows()), IC = static_cast<int>(w.local_cols());
-  for (int r0 = 0; r0 < OC; r0 += kQLinearTileRows) {
-    const int tr = std::min(kQLinearTileRows, OC - r0);
+  for (int r0 = 0; r0 < OC; r0 += tile_rows) {
+    const int tr = std::min(tile_rows, OC - r0);
     dq.rows(w, r0, tr, ws);
     // dinp (N, IC) += dout[:, r0:r0+tr] (N, tr) tile (tr, IC)
     k.gemm(false, false, N, IC, tr, 1.0f, dout + r0, OC, ws, IC, 1.0f, dinp, IC);

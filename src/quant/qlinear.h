@@ -54,11 +54,14 @@ QSlice make_qslice(const QTensor& t, int64_t R, int64_t K, int tp_dim, int tp_pa
 // OpenMP over rows.
 void dequantize_rows(const QSlice& w, int64_t i0, int64_t n, float* out);
 
-// Rows of W dequantized per GEMM: a tile is kQLinearTileRows * local_cols
-// floats (64 * 768 * 4 B = 192 KiB for GPT-2 small), small enough for L2.
+// Rows of W dequantized per GEMM on the CPU: a tile is kQLinearTileRows *
+// local_cols floats (64 * 768 * 4 B = 192 KiB for GPT-2 small), small enough
+// for L2. A GPU takes larger tiles (ops/gpu_workspace.h): each tile is one
+// GEMM launch, and a GEMM of 64 columns leaves most of a GPU idle.
 constexpr int kQLinearTileRows = 64;
-// Floats of the scratch `ws` that qlinear_forward / qlinear_backward_input need.
-size_t qlinear_workspace_floats(const QSlice& w);
+// Floats of the scratch `ws` that qlinear_forward / qlinear_backward_input
+// need with tiles of `tile_rows` rows.
+size_t qlinear_workspace_floats(const QSlice& w, int tile_rows = kQLinearTileRows);
 
 // The two layers run on one backend: `dq` dequantizes each tile into ws and
 // `k` multiplies (k.gemm, which rounds both inputs, the dequantized tile
@@ -68,11 +71,13 @@ size_t qlinear_workspace_floats(const QSlice& w);
 // out(N, OCl) = inp(N, ICl) W_local(OCl, ICl)^T + bias(OCl), with
 // OCl = local_rows(), ICl = local_cols(); bias may be null. out is overwritten.
 void qlinear_forward(const ops::Kernels& k, const Dequantizer& dq, float* out, const float* inp,
-                     const QSlice& w, const float* bias, int N, float* ws);
+                     const QSlice& w, const float* bias, int N, float* ws,
+                     int tile_rows = kQLinearTileRows);
 
 // dinp(N, ICl) += dout(N, OCl) W_local(OCl, ICl). No weight gradient: the
 // base weight is frozen (a LoRA adapter beside it takes its own).
 void qlinear_backward_input(const ops::Kernels& k, const Dequantizer& dq, float* dinp,
-                            const float* dout, const QSlice& w, int N, float* ws);
+                            const float* dout, const QSlice& w, int N, float* ws,
+                            int tile_rows = kQLinearTileRows);
 
 }  // namespace meshlm::quant

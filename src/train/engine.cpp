@@ -8,14 +8,17 @@
 #include "comm/mpi_comm.h"
 #include "core/error.h"
 #include "load/base_source.h"
+#include "ops/gpu_workspace.h"
 #include "plan/memory.h"
 #include "train/param_gather.h"
 
 namespace meshlm {
 
 RankPlan Engine::plan_of(const RunConfig& cfg, const MeshCoords& c) {
-  return plan_rank(cfg.model, cfg.parallel, cfg.finetune, cfg.train.micro_batch_size,
-                   cfg.train.seq_len, c, cfg.train.attention);
+  RankPlan r = plan_rank(cfg.model, cfg.parallel, cfg.finetune, cfg.train.micro_batch_size,
+                         cfg.train.seq_len, c, cfg.train.attention);
+  if (cfg.runtime.backend == ComputeBackend::cuda) r.model.qtile_rows = ops::kGpuQTileRows;
+  return r;
 }
 
 Engine::Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& timers,

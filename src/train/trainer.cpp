@@ -47,7 +47,7 @@ size_t gpu_gemm_copies_bytes(const GPTConfig& m, const RankPlan& shape, ops::Pre
     most = std::max(most, ops::gemm_16bit_copies_bytes(a, b));
   };
   // A linear layer of n rows, (IC -> OC), trained (ops::matmul_*) or frozen
-  // and quantized (quant::qlinear_*: tiles of kQLinearTileRows rows), and
+  // and quantized (quant::qlinear_*: tiles of qtile_rows rows), and
   // its LoRA adapters of rank r (model/lora.cpp) when it has them.
   auto linear = [&](int n, int IC, int OC, bool adapters) {
     if (!o.lora.enabled) {
@@ -56,7 +56,7 @@ size_t gpu_gemm_copies_bytes(const GPTConfig& m, const RankPlan& shape, ops::Pre
       gemm(true, false, OC, IC, n, OC, IC);   // dw += dout^T inp
       return;
     }
-    const int tr = std::min(quant::kQLinearTileRows, OC);
+    const int tr = std::min(qtile_rows(o), OC);
     gemm(false, true, n, tr, IC, IC, IC);   // out[:, tile] = inp tile^T
     gemm(false, false, n, IC, tr, OC, IC);  // dinp += dout[:, tile] tile
     if (!adapters) return;

@@ -79,6 +79,7 @@ struct Case {
   Attention attention;
   int classifier_rows;  // 0: automatic (all rows here)
   LinearSlots targets = LinearSlots::all();
+  int qtile_rows = 0;   // 0: the CPU's 64
 };
 
 LinearSlots only(LinearSlot s) {
@@ -109,6 +110,7 @@ TEST(GpuWorkspace, PredictedCopiesAreTheLargestTheModelAsksFor) {
       {"lora all, probabilities", true, Attention::probabilities, 0},
       {"lora all, flash, classifier 50 rows", true, Attention::flash, 50},
       {"lora mlp-down only, flash", true, Attention::flash, 0, only(LinearSlot::mlp_down)},
+      {"lora all, flash, tiles of 200 rows", true, Attention::flash, 0, LinearSlots::all(), 200},
   };
   for (const Shape& sh : shapes) {
     const GPTConfig& cfg = sh.cfg;
@@ -132,6 +134,7 @@ TEST(GpuWorkspace, PredictedCopiesAreTheLargestTheModelAsksFor) {
       }
       RankPlan shape = plan_rank(cfg, par, ft, B, T, {}, k.attention);
       shape.model.classifier_rows = k.classifier_rows;
+      shape.model.qtile_rows = k.qtile_rows;
       const SpanRecorder rec(ops::Kernels::cpu(ops::Precision::bf16));
       GPTOptions o = shape.model;
       o.kernels = &rec;
@@ -158,6 +161,9 @@ TEST(GpuWorkspace, PredictedCopiesAreTheLargestTheModelAsksFor) {
     // sees each part of the prediction at work somewhere.
     if (cfg.n_head == 8) EXPECT_GT(seen[0], seen[1]) << "attention's products are the largest";
     if (cfg.vocab_size == 1000) EXPECT_GT(seen[1], seen[2]) << "the classifier is the largest";
-    if (cfg.n_embd == 128) EXPECT_GT(seen[1], seen[4]) << "LoRA's tiles are smaller";
+    if (cfg.n_embd == 128) {
+      EXPECT_GT(seen[1], seen[4]) << "LoRA's tiles are smaller";
+      EXPECT_GT(seen[6], seen[4]) << "tiles of 200 rows are larger than of 64";
+    }
   }
 }

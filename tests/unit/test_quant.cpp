@@ -657,31 +657,34 @@ TEST(QLinear, MatchesMatmulOnTheDequantizedMatrix) {
         const auto inp = randn(static_cast<size_t>(N) * IC, 61);
         const auto bias = randn(OC, 62);
         const float* b = with_bias ? bias.data() : nullptr;
-        std::vector<float> ws(qlinear_workspace_floats(w));
+        // The CPU's tiles, and a GPU's size (more rows than some matrices have).
+        for (int tile : {kQLinearTileRows, 100}) {
+          std::vector<float> ws(qlinear_workspace_floats(w, tile));
 
-        std::vector<float> ref(static_cast<size_t>(N) * OC);
-        ops::matmul_forward(ref.data(), inp.data(), W.data(), b, N, IC, OC);
-        std::vector<float> out(ref.size(), std::numeric_limits<float>::quiet_NaN());
-        qlinear_forward(cpu, dq, out.data(), inp.data(), w, b, N, ws.data());
-        double scale = 0, err = 0;
-        for (size_t i = 0; i < ref.size(); ++i) {
-          scale = std::max(scale, std::fabs(double(ref[i])));
-          err = std::max(err, std::fabs(double(out[i]) - ref[i]));
-        }
-        EXPECT_LE(err, kQLinearTol * scale) << "forward";
+          std::vector<float> ref(static_cast<size_t>(N) * OC);
+          ops::matmul_forward(ref.data(), inp.data(), W.data(), b, N, IC, OC);
+          std::vector<float> out(ref.size(), std::numeric_limits<float>::quiet_NaN());
+          qlinear_forward(cpu, dq, out.data(), inp.data(), w, b, N, ws.data(), tile);
+          double scale = 0, err = 0;
+          for (size_t i = 0; i < ref.size(); ++i) {
+            scale = std::max(scale, std::fabs(double(ref[i])));
+            err = std::max(err, std::fabs(double(out[i]) - ref[i]));
+          }
+          EXPECT_LE(err, kQLinearTol * scale) << "forward, tiles of " << tile;
 
-        const auto dout = randn(static_cast<size_t>(N) * OC, 63);
-        const auto start = randn(static_cast<size_t>(N) * IC, 64);  // backward accumulates
-        std::vector<float> dref = start, dgot = start;
-        ops::matmul_backward<float>(dref.data(), nullptr, nullptr, dout.data(), inp.data(),
-                                    W.data(), N, IC, OC);
-        qlinear_backward_input(cpu, dq, dgot.data(), dout.data(), w, N, ws.data());
-        scale = err = 0;
-        for (size_t i = 0; i < dref.size(); ++i) {
-          scale = std::max(scale, std::fabs(double(dref[i])));
-          err = std::max(err, std::fabs(double(dgot[i]) - dref[i]));
+          const auto dout = randn(static_cast<size_t>(N) * OC, 63);
+          const auto start = randn(static_cast<size_t>(N) * IC, 64);  // backward accumulates
+          std::vector<float> dref = start, dgot = start;
+          ops::matmul_backward<float>(dref.data(), nullptr, nullptr, dout.data(), inp.data(),
+                                      W.data(), N, IC, OC);
+          qlinear_backward_input(cpu, dq, dgot.data(), dout.data(), w, N, ws.data(), tile);
+          scale = err = 0;
+          for (size_t i = 0; i < dref.size(); ++i) {
+            scale = std::max(scale, std::fabs(double(dref[i])));
+            err = std::max(err, std::fabs(double(dgot[i]) - dref[i]));
+          }
+          EXPECT_LE(err, kQLinearTol * scale) << "backward, tiles of " << tile;
         }
-        EXPECT_LE(err, kQLinearTol * scale) << "backward";
       }
     }
   }
