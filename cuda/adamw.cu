@@ -22,7 +22,7 @@ __global__ void adamw_kernel(float* params, const float* grads, float* m, float*
   for (size_t k = size_t(blockIdx.x) * blockDim.x + threadIdx.x; k < seg.count;
        k += size_t(gridDim.x) * blockDim.x) {
     const size_t i = seg.begin + k;
-    const float g = grads[i];
+    const float g = grads[i] * h.unscale * h.clip;  // as ops::adamw_update
     const float mi = h.beta1 * m[i] + (1.0f - h.beta1) * g;
     const float vi = h.beta2 * v[i] + (1.0f - h.beta2) * g * g;
     m[i] = mi;

@@ -139,7 +139,7 @@ void xent_local_backward(float* logits_dlogits, const float* rowmax, const float
 using AdamWSegment = ops::AdamWSegment;
 using AdamWStep = ops::AdamWHyper;
 // AdamW::step on the GPU, all segments in one launch: per element i of a
-// segment, m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+// segment, g = (grads unscale) clip; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 // p = p decay - lr / bc1 * m / (sqrt(v) / bc2_sqrt + eps). `segments` is
 // device memory (nseg entries), the same for every step.
 void adamw_step(float* params, const float* grads, float* m, float* v,

@@ -151,8 +151,13 @@ struct AdamWHyper {
   float lr, beta1, beta2, eps, weight_decay;
   float bias_correction1;       // 1 - beta1^t
   float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
+  // The gradient each element reads is (grads * unscale) * clip: the fp16
+  // loss scale undone, then the global-norm clip, fused into the update (the
+  // bits of scaling the gradients in place first; a factor of 1 is exact).
+  float unscale = 1.0f, clip = 1.0f;
 };
-// AdamW over every segment, in float: per element, m = b1 m + (1-b1) g;
+// AdamW over every segment, in float: per element, g = (grads unscale) clip;
+// m = b1 m + (1-b1) g;
 // v = b2 v + (1-b2) g^2; p = p decay - lr / bc1 * m / (sqrt(v) / bc2_sqrt + eps).
 void adamw_update(float* params, const float* grads, float* m, float* v,
                   std::span<const AdamWSegment> segments, const AdamWHyper& h);

@@ -21,7 +21,7 @@ void adamw_update(float* params, const float* grads, float* m, float* v,
     const float b1 = h.beta1, b2 = h.beta2, eps = h.eps, bc2_sqrt = h.bias_correction2_sqrt;
 #pragma omp parallel for simd schedule(static)
     for (long i = 0; i < n; ++i) {
-      float gi = g[i];
+      const float gi = g[i] * h.unscale * h.clip;
       float mi = b1 * mt[i] + (1.0f - b1) * gi;
       float vi = b2 * vt[i] + (1.0f - b2) * gi * gi;
       mt[i] = mi;

@@ -36,7 +36,7 @@ AdamW::AdamW(const std::vector<ParamSpec>& table, const AdamWConfig& cfg, size_t
   v_ = Buffer(n * sizeof(float), MemCategory::optimizer, "adamw.v", k_.device());
 }
 
-void AdamW::step(float* params, const float* grads, float lr) {
+void AdamW::step(float* params, const float* grads, float lr, float unscale, float clip) {
   ++t_;
   // The update runs in float: the hyperparameters are rounded to float once.
   ops::AdamWHyper h{};
@@ -48,16 +48,22 @@ void AdamW::step(float* params, const float* grads, float lr) {
   h.bias_correction1 = 1.0f - static_cast<float>(std::pow(static_cast<double>(h.beta1), t_));
   h.bias_correction2_sqrt =
       static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(h.beta2), t_)));
+  h.unscale = unscale;
+  h.clip = clip;
   k_.adamw_update(params + begin_, grads, m_.as<float>(), v_.as<float>(), segments_, h);
 }
 
 double sum_of_squares(const float* grads, size_t n) { return ops::sum_of_squares(grads, n); }
 
-void clip_to_norm(float* grads, size_t n, double norm, double max_norm, const ops::Kernels& k) {
-  if (max_norm <= 0.0) return;
+float clip_coefficient(double norm, double max_norm) {
+  if (max_norm <= 0.0) return 1.0f;
   const double coef = max_norm / (norm + 1e-6);
-  if (coef >= 1.0) return;
-  k.scale(grads, static_cast<float>(coef), n);
+  return coef >= 1.0 ? 1.0f : static_cast<float>(coef);
+}
+
+void clip_to_norm(float* grads, size_t n, double norm, double max_norm, const ops::Kernels& k) {
+  const float coef = clip_coefficient(norm, max_norm);
+  if (coef != 1.0f) k.scale(grads, coef, n);
 }
 
 double clip_grad_norm(float* grads, size_t n, double max_norm) {

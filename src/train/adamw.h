@@ -40,8 +40,11 @@ public:
   AdamW(const std::vector<ParamSpec>& table, const AdamWConfig& cfg, size_t begin = 0,
         size_t end = SIZE_MAX, const ops::Kernels& kernels = ops::Kernels::cpu());
   // One step of the elements [begin, end): `params` is the whole flat buffer,
-  // `grads` the gradients of those elements (grads[0] belongs to element begin).
-  void step(float* params, const float* grads, float lr);
+  // `grads` the gradients of those elements (grads[0] belongs to element begin),
+  // read as (grads unscale) clip (ops::AdamWHyper) and left as they are: the
+  // same bits as scaling them in place by each factor first.
+  void step(float* params, const float* grads, float lr, float unscale = 1.0f,
+            float clip = 1.0f);
   // The tensors' parts inside [begin, end), relative to begin, in table order.
   const std::vector<ops::AdamWSegment>& segments() const { return segments_; }
   int64_t steps_taken() const { return t_; }
@@ -69,6 +72,9 @@ inline double grad_norm(const float* grads, size_t n) { return std::sqrt(sum_of_
 // torch.nn.utils.clip_grad_norm_: coefficient min(1, max_norm / (norm + 1e-6)).
 // Returns the norm before clipping. max_norm <= 0 disables clipping.
 double clip_grad_norm(float* grads, size_t n, double max_norm);
+// The factor clip_grad_norm scales by: min(1, max_norm / (norm + 1e-6)) in
+// float, 1 when max_norm <= 0.
+float clip_coefficient(double norm, double max_norm);
 // The scaling step of clip_grad_norm, for gradients whose (global) norm is
 // already known: the shards of a distributed step (on the backend of `k`).
 void clip_to_norm(float* grads, size_t n, double norm, double max_norm,

@@ -147,11 +147,10 @@ StepResult Engine::step(const int32_t* tokens, const int32_t* targets, float lr,
       r.nonfinite_tensor = first_nonfinite_tensor();
       return r;
     }
-    float* g = zero_->owned_grads();
-    const size_t n = zero_->own_end() - zero_->own_begin();
-    if (S != 1.0) model_->kernels().scale(g, static_cast<float>(1.0 / S), n);
-    clip_to_norm(g, n, r.grad_norm, cfg_.train.grad_clip, model_->kernels());
-    opt_->step(model_->params(), g, lr);
+    // The loss scale undone and the clip applied inside the update, one pass.
+    opt_->step(model_->params(), zero_->owned_grads(), lr,
+               S != 1.0 ? static_cast<float>(1.0 / S) : 1.0f,
+               clip_coefficient(r.grad_norm, cfg_.train.grad_clip));
     scaler_.applied();
   }
   zero_->share_params();

@@ -63,6 +63,8 @@ class CudaAdamW : public CudaTest {};
 
 // Three AdamW steps (lr changing, bias corrections of t = 1, 2, 3) give the
 // CPU optimizer's parameters and moments; decayed and undecayed segments both.
+// Steps 2 and 3 fuse an fp16 unscale and a global-norm clip into the update,
+// which leaves the gradients as they were.
 TEST_F(CudaAdamW, StepsMatchTheCpuOptimizer) {
   const std::vector<ParamSpec> table = make_table();
   const size_t n = table_numel(table);
@@ -87,7 +89,8 @@ TEST_F(CudaAdamW, StepsMatchTheCpuOptimizer) {
   for (int t = 1; t <= 3; ++t) {
     const float lr = 1e-3f * t;
     const std::vector<float> grads = uniform_floats(n, 100 + t, -0.5, 0.5);
-    cpu.step(params.data(), grads.data(), lr);
+    const float unscale = t == 1 ? 1.0f : 1.0f / 4096.0f, clip = t == 3 ? 0.37f : 1.0f;
+    cpu.step(params.data(), grads.data(), lr, unscale, clip);
     d_grads.upload(grads);
     const cuda::AdamWStep h{
         .lr = lr,
@@ -96,13 +99,16 @@ TEST_F(CudaAdamW, StepsMatchTheCpuOptimizer) {
         .eps = float(cfg.eps),
         .weight_decay = float(cfg.weight_decay),
         .bias_correction1 = 1.0f - float(std::pow(double(float(cfg.beta1)), t)),
-        .bias_correction2_sqrt = float(std::sqrt(1.0 - std::pow(double(float(cfg.beta2)), t)))};
+        .bias_correction2_sqrt = float(std::sqrt(1.0 - std::pow(double(float(cfg.beta2)), t))),
+        .unscale = unscale,
+        .clip = clip};
     cuda::adamw_step(d_params.get(), d_grads.get(), d_m.get(), d_v.get(), d_segs.get(),
                      static_cast<int>(segs.size()), max_count, h, nullptr);
     CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_LE(rel_diff(d_params.download(), params.data(), n), kAdamTol) << "params, step " << t;
     EXPECT_LE(rel_diff(d_m.download(), cpu.m(), n), kAdamTol) << "m, step " << t;
     EXPECT_LE(rel_diff(d_v.download(), cpu.v(), n), kAdamTol) << "v, step " << t;
+    EXPECT_EQ(d_grads.download(), grads) << "the step changed the gradients, step " << t;
   }
 }
 

@@ -41,6 +41,39 @@ TEST(AdamW, DecayOnlyOnMatrices) {
   for (int i = 4; i < 8; ++i) EXPECT_FLOAT_EQ(p[i], 1.0f);
 }
 
+TEST(AdamW, FusedUnscaleAndClipAreTheInPlacePasses) {
+  // step(..., unscale, clip) reads (g unscale) clip inside the update: the
+  // same bits as scaling the gradients in place by each factor first, and
+  // the gradients themselves are left as they were.
+  std::vector<ParamSpec> table = {{"w", {3, 5}, 0, -1, -1}, {"b", {7}, 15, -1, -1}};
+  const size_t n = 22;
+  std::vector<float> pa(n), pb(n);
+  for (size_t i = 0; i < n; ++i) pa[i] = pb[i] = std::sin(0.37 * double(i) + 0.1);
+  const AdamWConfig hp{0.9f, 0.95f, 1e-8f, 0.1f};
+  AdamW fused(table, hp), passes(table, hp);
+  const float unscale = 1.0f / 3072.0f;
+  for (int t = 0; t < 4; ++t) {
+    std::vector<float> g(n);
+    for (size_t i = 0; i < n; ++i) g[i] = 1000.0f * float(std::cos(1.3 * double(i) * (t + 1)));
+    const double norm = grad_norm(g.data(), n) * unscale;
+    const float clip = clip_coefficient(norm, 0.05);
+    ASSERT_LT(clip, 1.0f);
+    const auto g0 = g;
+    fused.step(pa.data(), g.data(), 0.01f, unscale, clip);
+    EXPECT_EQ(g, g0) << "the fused step changed the gradients";
+    for (float& x : g) x *= unscale;
+    for (float& x : g) x *= clip;
+    passes.step(pb.data(), g.data(), 0.01f);
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(pa[i], pb[i]) << "step " << t << " element " << i;
+  }
+}
+
+TEST(GradClip, CoefficientIsTorchs) {
+  EXPECT_EQ(clip_coefficient(13.0, 1.3), float(1.3 / (13.0 + 1e-6)));
+  EXPECT_EQ(clip_coefficient(0.5, 1.0), 1.0f);   // below the limit
+  EXPECT_EQ(clip_coefficient(50.0, 0.0), 1.0f);  // clipping off
+}
+
 TEST(GradClip, ScalesToMaxNorm) {
   std::vector<float> g = {3.0f, 4.0f, 0.0f, 12.0f};  // norm 13
   const double norm = clip_grad_norm(g.data(), g.size(), 1.3);
