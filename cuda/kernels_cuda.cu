@@ -57,6 +57,11 @@ public:
                          const float* b, int N, int C) const override {
     cuda::layernorm_forward(out, mean, rstd, inp, w, b, N, C, s_);
   }
+  void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a,
+                                  const float* b, const float* w, const float* bias, int N,
+                                  int C) const override {
+    cuda::residual_layernorm_forward(res, out, mean, rstd, a, b, w, bias, N, C, s_);
+  }
   void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                           const float* w, const float* mean, const float* rstd, int N,
                           int C) const override {

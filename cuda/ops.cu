@@ -77,15 +77,29 @@ __global__ void position_backward_kernel(float* dwpe, const float* dout, int B, 
 // ---------------------------------------------------------------------------
 
 // Warp per row, two passes over the row as the CPU op (mean, then variance
-// of the differences).
+// of the differences). With kAdd, the row is first res = a + b (inp = a),
+// written out and read back by the same lanes (residual_layernorm_forward).
+template <bool kAdd>
 __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp,
-                                         const float* w, const float* b, int N, int C) {
+                                         const float* w, const float* b, int N, int C,
+                                         float* res = nullptr, const float* add = nullptr) {
   const long long n = warp_row(N);
   if (n < 0) return;
   const int lane = threadIdx.x % kWarp;
   const float* x = inp + size_t(n) * C;
   float sum = 0.0f;
-  for (int c = lane; c < C; c += kWarp) sum += x[c];
+  if constexpr (kAdd) {
+    const float* y = add + size_t(n) * C;
+    float* r = res + size_t(n) * C;
+    for (int c = lane; c < C; c += kWarp) {
+      const float v = x[c] + y[c];
+      r[c] = v;
+      sum += v;
+    }
+    x = r;  // each lane reads back only the elements it wrote
+  } else {
+    for (int c = lane; c < C; c += kWarp) sum += x[c];
+  }
   const float m = warp_sum(sum) / C;
   float var = 0.0f;
   for (int c = lane; c < C; c += kWarp) {
@@ -281,8 +295,19 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
   if (N == 0) return;
   check_launch(out && mean && rstd && inp && w && b && N > 0 && C > 0, "layernorm_forward",
                dims(N, C));
-  layernorm_forward_kernel<<<grid_for_rows(N), kThreads, 0, stream>>>(out, mean, rstd, inp, w, b,
-                                                                      N, C);
+  layernorm_forward_kernel<false><<<grid_for_rows(N), kThreads, 0, stream>>>(out, mean, rstd, inp,
+                                                                             w, b, N, C);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a,
+                                const float* b, const float* w, const float* bias, int N, int C,
+                                cudaStream_t stream) {
+  if (N == 0) return;
+  check_launch(res && out && mean && rstd && a && b && w && bias && N > 0 && C > 0,
+               "residual_layernorm_forward", dims(N, C));
+  layernorm_forward_kernel<true><<<grid_for_rows(N), kThreads, 0, stream>>>(
+      out, mean, rstd, a, w, bias, N, C, res, b);
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -72,6 +72,11 @@ void position_backward(float* dwpe, const float* dout, int B, int Tn, int C, cud
 // ---- layer norm (eps = 1e-5) ------------------------------------------------------
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
                        const float* b, int N, int C, cudaStream_t stream);
+// res = a + b, then out = layernorm(res), a warp per row: res is written once
+// and the row's later passes read it back from cache (ops::residual_layernorm_forward).
+void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a,
+                                const float* b, const float* w, const float* bias, int N, int C,
+                                cudaStream_t stream);
 // dw and db may be null together (frozen gain and bias); sums over rows run
 // in a fixed order.
 void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,

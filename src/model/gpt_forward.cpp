@@ -42,8 +42,8 @@ void GPT::block_forward(int l, const BlockTensors& w, BlockActs& a, const float*
     tp_.reduce_from_region_forward(a.attproj, NC);
     k_->add_bias(a.attproj, w.attprojb, N, C);
   }
-  k_->residual_forward(a.res2, x, a.attproj, NC);
-  k_->layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2w, w.ln2b, N, C);
+  k_->residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, x, a.attproj, w.ln2w,
+                                 w.ln2b, N, C);
   tp_.copy_to_region_forward(a.ln2, NC);
   linear_forward(l, LinearSlot::mlp_up, a.fch, a.ln2, w.fcw, w.fcb, N, C, Fl);
   k_->gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * Fl);

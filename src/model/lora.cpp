@@ -41,11 +41,11 @@ std::vector<ParamSpec> lora_param_table(const GPTConfig& cfg, const ModelShard& 
     const int64_t OC = w.full_shape.dims[0], IC = w.full_shape.dims[1];
     const bool mine = shard.layer_begin <= w.layer && w.layer < le;
     const bool column_parallel = w.tp_dim == 0;
-    t.add({.name = w.name + ".lora_A", .tp_dim = column_parallel ? -1 : 1, .layer = w.layer,
+    t.add({.name = w.name + ".lora_A", .shape = {}, .tp_dim = column_parallel ? -1 : 1, .layer = w.layer,
            .full_shape = {r, IC}, .role = ParamRole::lora_a, .slot = w.slot,
            .init = InitKind::kaiming_uniform},
           mine);
-    t.add({.name = w.name + ".lora_B", .tp_dim = column_parallel ? 0 : -1, .layer = w.layer,
+    t.add({.name = w.name + ".lora_B", .shape = {}, .tp_dim = column_parallel ? 0 : -1, .layer = w.layer,
            .full_shape = {OC, r}, .tp_parts = column_parallel ? w.tp_parts : 1,
            .role = ParamRole::lora_b, .slot = w.slot, .init = InitKind::zeros},
           mine);

@@ -35,6 +35,11 @@ public:
                          const float* b, int N, int C) const override {
     ops::layernorm_forward(out, mean, rstd, inp, w, b, N, C);
   }
+  void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a,
+                                  const float* b, const float* w, const float* bias, int N,
+                                  int C) const override {
+    ops::residual_layernorm_forward(res, out, mean, rstd, a, b, w, bias, N, C);
+  }
   void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                           const float* w, const float* mean, const float* rstd, int N,
                           int C) const override {

@@ -37,6 +37,9 @@ public:
   virtual void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
                                   const float* inp, const float* w, const float* mean,
                                   const float* rstd, int N, int C) const = 0;
+  virtual void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd,
+                                          const float* a, const float* b, const float* w,
+                                          const float* bias, int N, int C) const = 0;
   virtual void matmul_forward(float* out, const float* inp, const float* w, const float* bias,
                               int N, int IC, int OC) const = 0;
   virtual void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,

@@ -54,6 +54,11 @@ void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const
 template <typename T>
 void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w,
                         const T* mean, const T* rstd, int N, int C);
+// res(N,C) = a + b, then out = layernorm(res): the bits of residual_forward
+// followed by layernorm_forward, in one pass over the rows.
+template <typename T>
+void residual_layernorm_forward(T* res, T* out, T* mean, T* rstd, const T* a, const T* b,
+                                const T* w, const T* bias, int N, int C);
 
 // ---- linear layer -----------------------------------------------------------
 // out(N,OC) = inp(N,IC) w(OC,IC)^T + bias(OC); bias may be null. Under a

@@ -9,7 +9,8 @@ namespace meshlm::ops {
 const char* kernel_op_name(KernelOp op) {
   static const char* const kNames[] = {
       "embedding_forward", "embedding_backward", "position_forward", "position_backward",
-      "layernorm_forward", "layernorm_backward", "matmul_forward", "matmul_backward",
+      "layernorm_forward", "layernorm_backward", "residual_layernorm_forward",
+      "matmul_forward", "matmul_backward",
       "attention_forward", "attention_backward", "flash_attention_forward",
       "flash_attention_backward", "gelu_forward", "gelu_backward", "residual_forward",
       "residual_backward", "xent_local_max", "xent_local_sums", "xent_losses",
@@ -53,6 +54,13 @@ void TimedKernels::layernorm_forward(float* out, float* mean, float* rstd, const
                                      const float* w, const float* b, int N, int C) const {
   timed(KernelOp::layernorm_forward,
         [&] { inner_.layernorm_forward(out, mean, rstd, inp, w, b, N, C); });
+}
+
+void TimedKernels::residual_layernorm_forward(float* res, float* out, float* mean, float* rstd,
+                                              const float* a, const float* b, const float* w,
+                                              const float* bias, int N, int C) const {
+  timed(KernelOp::residual_layernorm_forward,
+        [&] { inner_.residual_layernorm_forward(res, out, mean, rstd, a, b, w, bias, N, C); });
 }
 
 void TimedKernels::layernorm_backward(float* dinp, float* dw, float* db, const float* dout,

@@ -20,7 +20,8 @@ namespace meshlm::ops {
 // reduce their tables without exchanging names.
 enum class KernelOp : int {
   embedding_forward, embedding_backward, position_forward, position_backward,
-  layernorm_forward, layernorm_backward, matmul_forward, matmul_backward,
+  layernorm_forward, layernorm_backward, residual_layernorm_forward, matmul_forward,
+  matmul_backward,
   attention_forward, attention_backward, flash_attention_forward, flash_attention_backward,
   gelu_forward, gelu_backward, residual_forward, residual_backward,
   xent_local_max, xent_local_sums, xent_losses, xent_local_backward,
@@ -52,6 +53,9 @@ public:
   void position_backward(float* dwpe, const float* dout, int B, int Tn, int C) const override;
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
                          const float* b, int N, int C) const override;
+  void residual_layernorm_forward(float* res, float* out, float* mean, float* rstd, const float* a,
+                                  const float* b, const float* w, const float* bias, int N,
+                                  int C) const override;
   void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                           const float* w, const float* mean, const float* rstd, int N,
                           int C) const override;

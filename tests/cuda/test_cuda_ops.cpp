@@ -420,6 +420,32 @@ TEST_F(CudaLayerNorm, Forward) {
   }
 }
 
+// The fused residual add: res is a single IEEE addition (the same bits as the
+// CPU's), out, mean and rstd as the plain layer norm; all four written.
+TEST_F(CudaLayerNorm, ResidualLayerNormForward) {
+  for (const LayerNormCase& k : kLayerNormCases) {
+    SCOPED_TRACE(k.str());
+    const int N = k.N, C = k.C;
+    Both<float> a(layernorm_input(N, C, next_seed())), b = input(size_t(N) * C);
+    Both<float> w = input(C), bias = input(C);
+    Both<float> res = output(size_t(N) * C), out = output(size_t(N) * C);
+    Both<float> mean = output(N), rstd = output(N);
+    run_both(
+        [&] {
+          ops::residual_layernorm_forward<float>(res.c(), out.c(), mean.c(), rstd.c(), a.c(),
+                                                 b.c(), w.c(), bias.c(), N, C);
+        },
+        [&] {
+          cuda::residual_layernorm_forward(res.g(), out.g(), mean.g(), rstd.g(), a.g(), b.g(),
+                                           w.g(), bias.g(), N, C, stream_);
+        });
+    EXPECT_TRUE(matches(res, kExact));
+    EXPECT_TRUE(matches(out, kTol));
+    EXPECT_TRUE(matches(mean, kTol));
+    EXPECT_TRUE(matches(rstd, kTol));
+  }
+}
+
 // dinp, dw and db accumulate.
 TEST_F(CudaLayerNorm, Backward) {
   for (const LayerNormCase& k : kLayerNormCases) {

@@ -355,8 +355,10 @@ TEST(GPT, TimedKernelsChangeNoBitAndCountEveryOp) {
   EXPECT_EQ(timed.calls(KernelOp::flash_attention_forward), size_t(c.n_layer));
   EXPECT_EQ(timed.calls(KernelOp::flash_attention_backward), size_t(c.n_layer));
   EXPECT_EQ(timed.calls(KernelOp::attention_forward), 0u);
-  // Per block ln_1 and ln_2, and ln_f.
-  EXPECT_EQ(timed.calls(KernelOp::layernorm_forward), size_t(2 * c.n_layer + 1));
+  // Per block ln_1, and ln_f; ln_2 with the residual add before it.
+  EXPECT_EQ(timed.calls(KernelOp::layernorm_forward), size_t(c.n_layer + 1));
+  EXPECT_EQ(timed.calls(KernelOp::residual_layernorm_forward), size_t(c.n_layer));
+  EXPECT_EQ(timed.calls(KernelOp::residual_forward), size_t(c.n_layer));
   EXPECT_EQ(timed.calls(KernelOp::gelu_backward), size_t(c.n_layer));
   EXPECT_GT(timed.seconds(KernelOp::matmul_backward), 0.0);
   EXPECT_STREQ(ops::kernel_op_name(KernelOp::scale), "scale");

@@ -7,10 +7,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <algorithm>
 #include <functional>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/rng.h"
@@ -247,6 +249,38 @@ TEST(OpsGradcheck, Residual) {
   ops::residual_backward(da.data(), db.data(), R.data(), n);
   expect_matches_fd(a, da, loss, "residual da");
   expect_matches_fd(b, db, loss, "residual db");
+}
+
+// The fused residual add and layer norm is the two ops one after the other,
+// bit for bit, in float (what the model's forward relies on) and in double.
+template <typename T>
+void expect_fused_residual_layernorm_is_the_two_ops(int N, int C) {
+  const size_t n = size_t(N) * C;
+  const auto a = cast<T>(randn(n, 61, 3.0)), b = cast<T>(randn(n, 62));
+  const auto w = cast<T>(randn(C, 63)), bias = cast<T>(randn(C, 64));
+  std::vector<T> res1(n), out1(n), mean1(N), rstd1(N);
+  ops::residual_forward(res1.data(), a.data(), b.data(), n);
+  ops::layernorm_forward(out1.data(), mean1.data(), rstd1.data(), res1.data(), w.data(),
+                         bias.data(), N, C);
+  const T nan = std::numeric_limits<T>::quiet_NaN();
+  std::vector<T> res2(n, nan), out2(n, nan), mean2(N, nan), rstd2(N, nan);
+  ops::residual_layernorm_forward(res2.data(), out2.data(), mean2.data(), rstd2.data(), a.data(),
+                                  b.data(), w.data(), bias.data(), N, C);
+  auto same = [](const std::vector<T>& x, const std::vector<T>& y) {
+    return std::memcmp(x.data(), y.data(), x.size() * sizeof(T)) == 0;
+  };
+  EXPECT_TRUE(same(res1, res2)) << "res";
+  EXPECT_TRUE(same(out1, out2)) << "out";
+  EXPECT_TRUE(same(mean1, mean2)) << "mean";
+  EXPECT_TRUE(same(rstd1, rstd2)) << "rstd";
+}
+
+TEST(OpsGradcheck, ResidualLayerNormIsTheTwoOps) {
+  for (const auto& [N, C] : {std::pair{1, 3}, std::pair{7, 33}, std::pair{5, 768}}) {
+    SCOPED_TRACE("N=" + std::to_string(N) + " C=" + std::to_string(C));
+    expect_fused_residual_layernorm_is_the_two_ops<float>(N, C);
+    expect_fused_residual_layernorm_is_the_two_ops<double>(N, C);
+  }
 }
 
 // Vocabulary-parallel embedding with tensor parallelism emulated by hand: the
