@@ -2,12 +2,14 @@
 // train/adamw.cpp, in float as there, every parameter tensor in one launch.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <string>
 
 #include "core/error.h"
 #include "cuda/cuda_check.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/ops_cuda.h"
+#include "ops/ops.h"
 
 namespace meshlm::cuda {
 
@@ -31,7 +33,7 @@ __global__ void adamw_kernel(float* params, const float* grads, float* m, float*
   }
 }
 
-constexpr size_t kSumBlock = size_t(1) << 16;  // as train/adamw.cpp's sum_of_squares
+constexpr size_t kSumBlock = ops::kSumOfSquaresBlock;  // as ops::sum_of_squares
 
 // Block b: the sum of squares of elements [b kSumBlock, (b+1) kSumBlock), in double.
 __global__ void partial_squares_kernel(double* partial, const float* g, size_t n) {
@@ -71,7 +73,12 @@ void adamw_step(float* params, const float* grads, float* m, float* v,
   if (nseg == 0 || max_count == 0) return;
   MESHLM_CHECK(params && grads && m && v && segments && nseg > 0 && nseg <= 65535,
                "cuda::adamw_step with " + std::to_string(nseg) + " segments (at most 65535)");
-  const dim3 grid(grid_for(max_count), static_cast<unsigned>(nseg));
+  // Each segment's row of blocks strides over it: at most kSegmentBlocks per
+  // row, so that a model of a few large tensors and many small ones (wte's
+  // 38.6 M elements beside 768-element vectors) launches a few hundred
+  // thousand blocks, not millions that find nothing to do.
+  constexpr unsigned kSegmentBlocks = 1024;
+  const dim3 grid(std::min(grid_for(max_count), kSegmentBlocks), static_cast<unsigned>(nseg));
   adamw_kernel<<<grid, kThreads, 0, stream>>>(params, grads, m, v, segments, h);
   CUDA_CHECK(cudaGetLastError());
 }

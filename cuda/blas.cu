@@ -32,6 +32,7 @@
 #include "cuda/cuda_check.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/ops_cuda.h"
+#include "cuda/scratch.cuh"
 #include "ops/gpu_workspace.h"
 
 namespace meshlm::cuda {
@@ -135,15 +136,18 @@ __global__ void broadcast_bias_kernel(float* out, const float* bias, int N, int 
     out[i] = bias[i % OC];
 }
 
-// dbias(OC) += sum_n dout(n, .) (column_block_sum: a block per 32 columns).
-__global__ void bias_backward_kernel(float* dbias, const float* dout, int N, int OC) {
+// The partial sums over a chunk of rows of dout(., c) (cuda/scratch.cuh;
+// column_block_sum within the block of 32 columns).
+__global__ void bias_partials_kernel(float* partials, const float* dout, int N, int OC) {
   __shared__ float part[kColumnRows][kWarp];
   const int c = blockIdx.x * kWarp + threadIdx.x % kWarp, r0 = threadIdx.x / kWarp;
+  int begin, end;
+  chunk_rows(N, begin, end);
   float acc = 0.0f;
   if (c < OC)
-    for (int n = r0; n < N; n += kColumnRows) acc += dout[size_t(n) * OC + c];
+    for (int n = begin + r0; n < end; n += kColumnRows) acc += dout[size_t(n) * OC + c];
   acc = column_block_sum(acc, part);
-  if (r0 == 0 && c < OC) dbias[c] += acc;
+  if (r0 == 0 && c < OC) partials[size_t(blockIdx.y) * OC + c] = acc;
 }
 
 std::string dims(int N, int IC, int OC) {
@@ -177,10 +181,12 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, co
                "cuda::matmul_backward with " + dims(N, IC, OC));
   if (dinp) gemm_rm(stream, p, false, false, N, IC, OC, 1.0f, dout, OC, w, IC, 1.0f, dinp, IC);
   if (dw) gemm_rm(stream, p, true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dw, IC);
-  if (dbias) {
-    const unsigned blocks = static_cast<unsigned>((OC + kWarp - 1) / kWarp);
-    bias_backward_kernel<<<blocks, kThreads, 0, stream>>>(dbias, dout, N, OC);
+  if (dbias) {  // dbias(OC) += sum_n dout(n, .)
+    const dim3 grid = column_partials_grid(N, OC);
+    float* partials = column_partials(stream, size_t(grid.y) * OC);
+    bias_partials_kernel<<<grid, kThreads, 0, stream>>>(partials, dout, N, OC);
     CUDA_CHECK(cudaGetLastError());
+    add_column_partials(dbias, partials, static_cast<int>(grid.y), OC, stream);
   }
 }
 

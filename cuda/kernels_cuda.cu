@@ -177,14 +177,28 @@ public:
                      static_cast<int>(segments_.size()), max_count_, h, s_);
   }
   double sum_of_squares(const float* x, size_t n) const override {
-    const size_t need = (1 + cuda::sum_of_squares_scratch(n)) * sizeof(double);
-    if (scratch_.bytes() < need)
-      scratch_ = Buffer(need, MemCategory::workspace, "sum_of_squares.scratch", Device::cuda);
-    double* d = scratch_.as<double>();
-    cuda::sum_of_squares(d, d + 1, x, n, s_);
     double out = 0;
-    download(&out, d, sizeof(double));
+    const Span span{x, n};
+    sums_of_squares({&span, 1}, &out);
     return out;
+  }
+  // Every span's sum as cuda::sum_of_squares gives it, into one scratch: the
+  // k sums first, then each span's partials; one download.
+  void sums_of_squares(std::span<const Span> spans, double* out) const override {
+    const size_t k = spans.size();
+    if (k == 0) return;
+    size_t need = k;
+    for (const Span& s : spans) need += cuda::sum_of_squares_scratch(s.second);
+    if (scratch_.bytes() < need * sizeof(double))  // the last use was waited for
+      scratch_ = Buffer(need * sizeof(double), MemCategory::workspace, "sum_of_squares.scratch",
+                        Device::cuda);
+    double* d = scratch_.as<double>();
+    double* partials = d + k;
+    for (size_t i = 0; i < k; ++i) {
+      cuda::sum_of_squares(d + i, partials, spans[i].first, spans[i].second, s_);
+      partials += cuda::sum_of_squares_scratch(spans[i].second);
+    }
+    download(out, d, k * sizeof(double));
   }
   void scale(float* x, float factor, size_t n) const override { cuda::scale(x, n, factor, s_); }
 

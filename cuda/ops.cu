@@ -10,13 +10,16 @@
 // vocabulary columns).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "cuda/cuda_check.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/ops_cuda.h"
+#include "cuda/scratch.cuh"
 
 namespace meshlm::cuda {
 
@@ -46,16 +49,18 @@ __global__ void embedding_forward_kernel(float* out, const int32_t* tokens, cons
   }
 }
 
-// Thread per channel c: walks the positions in order, adding each into its
-// token's row, so rows shared by several positions need no atomics.
-__global__ void embedding_backward_kernel(float* dwte_part, const float* dout,
-                                          const int32_t* tokens, int N, int C, int v0, int Vl) {
-  MESHLM_FOR_EACH(c, C) {
-    for (int n = 0; n < N; ++n) {
-      const int row = tokens[n] - v0;
-      if (row >= 0 && row < Vl) dwte_part[size_t(row) * C + c] += dout[size_t(n) * C + c];
-    }
-  }
+// Block (u, channel block): row rows[u] of dwte_part, which the positions
+// order[starts[u]], ..., order[starts[u + 1] - 1] (increasing) hold, adds
+// their gradients one after the other: the additions of the CPU op, in its
+// order, and every row at once.
+__global__ void embedding_backward_kernel(float* dwte_part, const float* dout, const int32_t* rows,
+                                          const int32_t* starts, const int32_t* order, int C) {
+  const int u = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float* te = dwte_part + size_t(rows[u]) * C + c;
+  float acc = *te;
+  for (int i = starts[u]; i < starts[u + 1]; ++i) acc += dout[size_t(order[i]) * C + c];
+  *te = acc;
 }
 
 __global__ void position_forward_kernel(float* out, const float* wpe, int B, int Tn, int C) {
@@ -140,15 +145,19 @@ __global__ void layernorm_backward_dinp_kernel(float* dinp, const float* dout, c
   }
 }
 
-// dw and db, sums over rows (column_block_sum: a block per 32 channels).
-__global__ void layernorm_backward_dwdb_kernel(float* dw, float* db, const float* dout,
+// The partial sums of dw and db over a chunk of rows (cuda/scratch.cuh;
+// column_block_sum within the block of 32 channels): dw's at partials[k C + c],
+// db's `chunks` C further.
+__global__ void layernorm_dwdb_partials_kernel(float* partials, const float* dout,
                                                const float* inp, const float* mean,
                                                const float* rstd, int N, int C) {
   __shared__ float part[kColumnRows][kWarp];
   const int c = blockIdx.x * kWarp + threadIdx.x % kWarp, r0 = threadIdx.x / kWarp;
+  int begin, end;
+  chunk_rows(N, begin, end);
   float aw = 0.0f, ab = 0.0f;
   if (c < C) {
-    for (int n = r0; n < N; n += kColumnRows) {
+    for (int n = begin + r0; n < end; n += kColumnRows) {
       const float g = dout[size_t(n) * C + c];
       aw += g * (inp[size_t(n) * C + c] - mean[n]) * rstd[n];
       ab += g;
@@ -157,8 +166,9 @@ __global__ void layernorm_backward_dwdb_kernel(float* dw, float* db, const float
   aw = column_block_sum(aw, part);
   ab = column_block_sum(ab, part);
   if (r0 == 0 && c < C) {
-    dw[c] += aw;
-    db[c] += ab;
+    const size_t k = blockIdx.y;
+    partials[k * C + c] = aw;
+    partials[(gridDim.y + k) * C + c] = ab;
   }
 }
 
@@ -269,8 +279,44 @@ void embedding_backward(float* dwte_part, const float* dout, const int32_t* toke
   if (N == 0 || C == 0 || Vl == 0) return;
   check_launch(dwte_part && dout && tokens && N > 0 && C > 0 && Vl > 0, "embedding_backward",
                dims(N, C));
-  embedding_backward_kernel<<<grid_for(C), kThreads, 0, stream>>>(dwte_part, dout, tokens, N, C,
-                                                                 v0, Vl);
+  // The positions of each row of this part, grouped on the host (the N
+  // token ids come back once: a wait for the stream) and uploaded as one
+  // index of rows[U], starts[U + 1] and order[N'] (N' <= N positions on this
+  // part).
+  thread_local std::vector<int32_t> ids, index;
+  ids.resize(size_t(N));
+  CUDA_CHECK(cudaMemcpyAsync(ids.data(), tokens, size_t(N) * sizeof(int32_t),
+                             cudaMemcpyDeviceToHost, stream));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<int32_t> count(size_t(Vl) + 1, 0);  // count[row + 1]: positions on row
+  for (int n = 0; n < N; ++n) {
+    const int row = ids[n] - v0;
+    if (row >= 0 && row < Vl) ++count[size_t(row) + 1];
+  }
+  std::vector<int32_t> rows, starts{0};
+  for (int r = 0; r < Vl; ++r)
+    if (count[size_t(r) + 1] > 0) {
+      rows.push_back(r);
+      starts.push_back(starts.back() + count[size_t(r) + 1]);
+    }
+  const int U = static_cast<int>(rows.size());
+  if (U == 0) return;
+  for (int r = 0; r < Vl; ++r) count[size_t(r) + 1] += count[size_t(r)];  // first slot of row r
+  index.assign(size_t(2 * U + 1) + size_t(starts.back()), 0);
+  std::copy(rows.begin(), rows.end(), index.begin());
+  std::copy(starts.begin(), starts.end(), index.begin() + U);
+  int32_t* order = index.data() + 2 * U + 1;
+  for (int n = 0; n < N; ++n) {  // increasing n within each row
+    const int row = ids[n] - v0;
+    if (row >= 0 && row < Vl) order[count[size_t(row)]++] = n;
+  }
+  // Room for the bound, whatever this batch needs: what the prediction says.
+  int32_t* d_index = embedding_index(stream, ops::embedding_index_bytes(N) / sizeof(int32_t));
+  CUDA_CHECK(cudaMemcpyAsync(d_index, index.data(), index.size() * sizeof(int32_t),
+                             cudaMemcpyHostToDevice, stream));
+  const dim3 grid(static_cast<unsigned>(U), static_cast<unsigned>((C + kThreads - 1) / kThreads));
+  embedding_backward_kernel<<<grid, kThreads, 0, stream>>>(dwte_part, dout, d_index, d_index + U,
+                                                           d_index + 2 * U + 1, C);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -322,10 +368,14 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
                                                                             mean, rstd, N, C);
   CUDA_CHECK(cudaGetLastError());
   if (dw == nullptr) return;  // frozen gain and bias
-  const unsigned blocks = static_cast<unsigned>((C + kWarp - 1) / kWarp);
-  layernorm_backward_dwdb_kernel<<<blocks, kThreads, 0, stream>>>(dw, db, dout, inp, mean, rstd, N,
-                                                                  C);
+  const dim3 grid = column_partials_grid(N, C);
+  const int chunks = static_cast<int>(grid.y);
+  float* partials = column_partials(stream, 2 * size_t(chunks) * C);
+  layernorm_dwdb_partials_kernel<<<grid, kThreads, 0, stream>>>(partials, dout, inp, mean, rstd,
+                                                                N, C);
   CUDA_CHECK(cudaGetLastError());
+  add_column_partials(dw, partials, chunks, C, stream);
+  add_column_partials(db, partials + size_t(chunks) * C, chunks, C, stream);
 }
 
 void residual_forward(float* out, const float* a, const float* b, size_t n, cudaStream_t stream) {

@@ -61,8 +61,9 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n,
 // out(N,C) = wte_part[token - v0], 0 for tokens outside [v0, v0 + Vl).
 void embedding_forward(float* out, const int32_t* tokens, const float* wte_part, int N, int C,
                        int v0, int Vl, cudaStream_t stream);
-// dwte_part[token - v0] += dout[n], summed over n in a fixed order (no atomics:
-// the same bits every run).
+// dwte_part[token - v0] += dout[n], each row adding its positions in
+// increasing n (no atomics: the CPU op's bits, every run). The token ids come
+// to the host to group the positions by row: it waits for the stream.
 void embedding_backward(float* dwte_part, const float* dout, const int32_t* tokens, int N, int C,
                         int v0, int Vl, cudaStream_t stream);
 // out(B,T,C) += wpe[t];  dwpe[t] += sum_b dout[b,t]

@@ -7,9 +7,17 @@
 //     largest pair a GEMM has asked for, booked as workspace.
 //   * Host-to-device copies go through two pinned host buffers of
 //     kUploadStageBytes (cuda/kernels_cuda.cu), booked as host workspace.
+//   * Sums over the N rows of a column (the bias gradients, LayerNorm's dw
+//     and db) run in two passes (cuda/scratch.cu): column_sum_chunks(N)
+//     chunks of rows, each giving one partial sum per column, then the
+//     partials added in chunk order. The partials live in one device buffer
+//     per stream, grown to the largest call, booked as workspace.
+//   * The embedding's backward groups the positions of each token row on the
+//     host and uploads the index (embedding_index_bytes), likewise.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <utility>
 
 namespace meshlm::ops {
@@ -20,7 +28,32 @@ constexpr size_t kUploadStageBytes = size_t(8) << 20;
 // (GPTOptions::qtile_rows): 1024 x 3072 floats = 12 MiB for GPT-2 small's
 // widest matrix.
 constexpr int kGpuQTileRows = 1024;
+
+// Logits a GPU computes per classifier chunk (GPTOptions::classifier_rows =
+// this / the vocabulary): 256 MiB, four times the CPU's chunk. Each chunk
+// rounds all of wte to 16 bits for two of its GEMMs, so fewer chunks mean
+// fewer such passes (GPT-2 small, B = 16, T = 1024: 13 chunks instead of 50).
+constexpr size_t kGpuClassifierChunkFloats = size_t(1) << 26;
 constexpr size_t kUploadStagingBytes = 2 * kUploadStageBytes;
+
+// Chunks of rows of a GPU column sum over N rows: about kColumnChunkRows rows
+// each, at most kMaxColumnChunks, so that even 768 columns give the GPU
+// 24 x 64 blocks; a function of N alone, so the sum is the same bits every run.
+constexpr long long kColumnChunkRows = 256;
+constexpr long long kMaxColumnChunks = 64;
+constexpr int column_sum_chunks(long long N) {
+  const long long c = (N + kColumnChunkRows - 1) / kColumnChunkRows;
+  return static_cast<int>(c < 1 ? 1 : (c > kMaxColumnChunks ? kMaxColumnChunks : c));
+}
+// Bytes of the partial sums of `columns` float columns (all quantities of
+// one call together) over N rows.
+constexpr size_t column_partials_bytes(long long N, size_t columns) {
+  return size_t(column_sum_chunks(N)) * columns * sizeof(float);
+}
+
+// Bytes of embedding_backward's index for N positions at most: rows[U],
+// starts[U + 1] and the positions, U <= N distinct rows.
+constexpr size_t embedding_index_bytes(long long N) { return size_t(3 * N + 1) * sizeof(int32_t); }
 
 // Elements from the first element of a row-major operand stored (rows, cols)
 // with leading dimension ld, `batch` of them `stride` apart, to its last.

@@ -10,6 +10,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
+#include <utility>
 
 #include "core/tensor.h"
 #include "ops/ops.h"
@@ -95,6 +97,13 @@ public:
                             const AdamWHyper& h) const = 0;
   // Returns when the sum is known.
   virtual double sum_of_squares(const float* x, size_t n) const = 0;
+  // out[i] = sum_of_squares(spans[i]) for every span, the same bits, waiting
+  // for the backend once for all of them (one span per parameter tensor in
+  // the gradient norm).
+  using Span = std::pair<const float*, size_t>;
+  virtual void sums_of_squares(std::span<const Span> spans, double* out) const {
+    for (size_t i = 0; i < spans.size(); ++i) out[i] = sum_of_squares(spans[i].first, spans[i].second);
+  }
   virtual void scale(float* x, float factor, size_t n) const = 0;
 };
 

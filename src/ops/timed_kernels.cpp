@@ -179,6 +179,10 @@ void TimedKernels::adamw_update(float* params, const float* grads, float* m, flo
   timed(KernelOp::adamw_update, [&] { inner_.adamw_update(params, grads, m, v, segments, h); });
 }
 
+void TimedKernels::sums_of_squares(std::span<const Span> spans, double* out) const {
+  timed(KernelOp::sum_of_squares, [&] { inner_.sums_of_squares(spans, out); });
+}
+
 double TimedKernels::sum_of_squares(const float* x, size_t n) const {
   double r = 0;
   timed(KernelOp::sum_of_squares, [&] { r = inner_.sum_of_squares(x, n); });

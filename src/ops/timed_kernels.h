@@ -95,6 +95,7 @@ public:
   void adamw_update(float* params, const float* grads, float* m, float* v,
                     std::span<const AdamWSegment> segments, const AdamWHyper& h) const override;
   double sum_of_squares(const float* x, size_t n) const override;
+  void sums_of_squares(std::span<const Span> spans, double* out) const override;
   void scale(float* x, float factor, size_t n) const override;
 
 private:

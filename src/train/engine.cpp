@@ -1,5 +1,6 @@
 #include "train/engine.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -17,7 +18,11 @@ namespace meshlm {
 RankPlan Engine::plan_of(const RunConfig& cfg, const MeshCoords& c) {
   RankPlan r = plan_rank(cfg.model, cfg.parallel, cfg.finetune, cfg.train.micro_batch_size,
                          cfg.train.seq_len, c, cfg.train.attention);
-  if (cfg.runtime.backend == ComputeBackend::cuda) r.model.qtile_rows = ops::kGpuQTileRows;
+  if (cfg.runtime.backend == ComputeBackend::cuda) {
+    r.model.qtile_rows = ops::kGpuQTileRows;
+    const size_t Vl = size_t(cfg.model.padded_vocab_size()) / size_t(cfg.parallel.tp);
+    r.model.classifier_rows = static_cast<int>(std::max<size_t>(1, ops::kGpuClassifierChunkFloats / Vl));
+  }
   return r;
 }
 

@@ -90,6 +90,26 @@ size_t gpu_gemm_copies_bytes(const GPTConfig& m, const RankPlan& shape, ops::Pre
   return most;
 }
 
+size_t gpu_reduction_scratch_bytes(const GPTConfig& m, const RankPlan& shape, int B, int T) {
+  if (shape.model.lora.enabled) return 0;  // no bias, LayerNorm or embedding gradient
+  const long long N = static_cast<long long>(B) * T;
+  const size_t C = static_cast<size_t>(m.n_embd);
+  // Columns per call: LayerNorm's dw and db (2C together), the biases of
+  // c_attn (3C), c_proj (C), c_fc (4C) and the MLP's c_proj (C).
+  size_t bytes = ops::column_partials_bytes(N, 4 * C);
+  if (shape.shard.first_stage) bytes += ops::embedding_index_bytes(N);
+  return bytes;
+}
+
+size_t gpu_norm_scratch_bytes(const std::vector<ParamSpec>& trained) {
+  // Kernels::sums_of_squares on a GPU: one double per tensor and one per
+  // block of kSumOfSquaresBlock elements of it.
+  size_t doubles = 0;
+  for (const ParamSpec& p : trained)
+    doubles += 1 + (p.numel() + ops::kSumOfSquaresBlock - 1) / ops::kSumOfSquaresBlock;
+  return doubles * sizeof(double);
+}
+
 RankPlan planned_rank_plan(const RunConfig& cfg, const ProcessMesh& mesh) {
   RankPlan shape = Engine::plan_of(cfg, mesh.coords());
   if (shape.model.lora.enabled) {
@@ -265,14 +285,16 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
     // On a GPU each trained tensor is made whole on the host and uploaded
     // (GPT::set_weights), one at a time: host workspace of the largest.
     size_t largest = 0;
-    for (const ParamSpec& p : trainable_table(cfg.model, shape.shard, shape.model))
+    const std::vector<ParamSpec> trained = trainable_table(cfg.model, shape.shard, shape.model);
+    for (const ParamSpec& p : trained)
       largest = std::max(largest, static_cast<size_t>(p.full_shape.numel()));
     // The table adds each category's host and device peaks: the staging
     // (host) and the GEMMs' 16-bit copies (device) count both.
     at(predicted, MemCategory::workspace) =
         std::max(at(predicted, MemCategory::workspace), largest * sizeof(float)) +
         gpu_gemm_copies_bytes(cfg.model, shape, tc.precision, tc.micro_batch_size, tc.seq_len) +
-        ops::kUploadStagingBytes;
+        gpu_reduction_scratch_bytes(cfg.model, shape, tc.micro_batch_size, tc.seq_len) +
+        gpu_norm_scratch_bytes(trained) + ops::kUploadStagingBytes;
     if (lora)
       at(predicted, MemCategory::quantized) += GPT::quantized_matrix_bytes(cfg.model, shape.shard, cfg.quant.type);
   }

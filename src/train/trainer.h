@@ -52,5 +52,12 @@ RankPlan planned_rank_plan(const RunConfig& cfg, const ProcessMesh& mesh);
 // reads, each GEMM written down with the arguments of its call; 0 at fp32.
 size_t gpu_gemm_copies_bytes(const GPTConfig& m, const RankPlan& shape, ops::Precision p, int B,
                              int T);
+// The CUDA backend's scratch of reductions over rows (ops/gpu_workspace.h)
+// for the same rank: the column sums' partials of the widest bias or
+// LayerNorm gradient, and the embedding's index; none where those tensors
+// are frozen (LoRA).
+size_t gpu_reduction_scratch_bytes(const GPTConfig& m, const RankPlan& shape, int B, int T);
+// The CUDA backend's scratch of the gradient norm over the tensors `trained`.
+size_t gpu_norm_scratch_bytes(const std::vector<ParamSpec>& trained);
 
 }  // namespace meshlm

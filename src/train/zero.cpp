@@ -124,13 +124,18 @@ double Zero::sum_of_squares(const std::function<bool(const ParamSpec&)>& counted
   // counts them.
   if (stage_ == 0 && dp_.rank() != 0) return 0.0;
   const float* g = owned_grads();
-  double local = 0;
+  std::vector<ops::Kernels::Span> spans;
   for (const ParamSpec& p : model_.table()) {
     const size_t lo = std::max(p.offset, own_begin_);
     const size_t hi = std::min(p.offset + p.numel(), own_end_);
     if (lo >= hi || !counted(p)) continue;
-    local += k_.sum_of_squares(g + (lo - own_begin_), hi - lo);
+    spans.emplace_back(g + (lo - own_begin_), hi - lo);
   }
+  // Tensor by tensor (the sums' order fixed by the table), one wait for all.
+  std::vector<double> sums(spans.size());
+  k_.sums_of_squares(spans, sums.data());
+  double local = 0;
+  for (const double s : sums) local += s;
   return local;
 }
 

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -111,6 +112,28 @@ TEST_F(CudaKernels, GemmAtBf16AndFp16RoundsAsTheCpu) {
       EXPECT_TRUE(close(got, C, 1e-5)) << name_of(p) << " tb " << tb;
       EXPECT_FALSE(close(got, C32, 1e-4)) << name_of(p) << " tb " << tb << ": no rounding seen";
     }
+  }
+}
+
+// sums_of_squares gives each span what sum_of_squares gives it alone, bit for
+// bit, with one wait for all: empty spans, spans shorter than, equal to and
+// longer than a block of kSumOfSquaresBlock, and spans that overlap.
+TEST_F(CudaKernels, SumsOfSquaresAreTheSingleSums) {
+  const size_t n = 3 * ops::kSumOfSquaresBlock + 1234;
+  const std::vector<float> x = uniform_floats(n, 31);
+  DeviceArray<float> dx(n);
+  dx.upload(x);
+  const float* d = dx.get();
+  const std::vector<ops::Kernels::Span> spans = {
+      {d, 0}, {d + 5, 1}, {d, ops::kSumOfSquaresBlock}, {d + 7, 2 * ops::kSumOfSquaresBlock + 3},
+      {d, n}, {d + 100, 999}};
+  std::vector<double> got(spans.size(), -1.0);
+  gpu_->sums_of_squares(spans, got.data());
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const double alone = gpu_->sum_of_squares(spans[i].first, spans[i].second);
+    EXPECT_EQ(std::memcmp(&got[i], &alone, sizeof(double)), 0) << "span " << i;
+    const double cpu = cpu_.sum_of_squares(x.data() + (spans[i].first - d), spans[i].second);
+    EXPECT_NEAR(got[i], cpu, 1e-12 * cpu) << "span " << i;
   }
 }
 

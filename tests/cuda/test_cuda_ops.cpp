@@ -237,6 +237,7 @@ const EmbeddingCase kEmbeddingCases[] = {
     {64, 33, 16, 16, 0, 48},       // tokens below, on and above the rank's rows
     {300, 768, 100, 50, 90, 160},  // GPT-2 width, each row hit several times
     {5, 20, 64, 32, 0, 64},        // no token on this rank: zeros, no gradient
+    {3000, 40, 0, 50257, 0, 50257},  // thousands of distinct rows, a few hit twice
 };
 
 // Lookup: the rank's rows copied exactly, zeros for tokens of other ranks.
@@ -254,7 +255,8 @@ TEST_F(CudaOps, EmbeddingForward) {
 }
 
 // dwte: the rows of the rank's tokens gather their dout rows (several each),
-// the other rows keep their start.
+// the other rows keep their start. Each row adds its positions' rows in
+// increasing position order, as the CPU op does: the same bits.
 TEST_F(CudaOps, EmbeddingBackward) {
   for (const EmbeddingCase& k : kEmbeddingCases) {
     SCOPED_TRACE(k.str());
@@ -266,7 +268,7 @@ TEST_F(CudaOps, EmbeddingBackward) {
         [&] {
           cuda::embedding_backward(dwte.g(), dout.g(), tok.g(), k.N, k.C, k.v0, k.Vl, stream_);
         });
-    EXPECT_TRUE(matches(dwte, kTol));
+    EXPECT_TRUE(matches(dwte, kExact));
   }
 }
 
@@ -282,7 +284,7 @@ TEST_F(CudaOps, EmbeddingBackwardIsDeterministic) {
   };
   run_both([&] { ops::embedding_backward<float>(dwte.c(), dout.c(), tok.c(), N, C, v0, Vl); },
            gpu_op);
-  EXPECT_TRUE(matches(dwte, kTol));
+  EXPECT_TRUE(matches(dwte, kExact));
   const std::vector<float> first = dwte.gpu();
   dwte.restart_gpu();
   run_gpu(gpu_op);
@@ -338,7 +340,7 @@ struct LayerNormCase {
   std::string str() const { return "N=" + std::to_string(N) + " C=" + std::to_string(C); }
 };
 const LayerNormCase kLayerNormCases[] = {
-    {1, 3}, {7, 33}, {17, 100}, {64, 768}, {3, 1601}, {256, 64},
+    {1, 3}, {7, 33}, {17, 100}, {64, 768}, {3, 1601}, {256, 64}, {1000, 96},
 };
 
 // Rows of uniform values around an offset of their own in [-2, 2], so that the
@@ -463,9 +465,10 @@ TEST_F(CudaLayerNorm, BackwardWithFrozenGainAndBias) {
 }
 
 // dw and db are sums over rows in a fixed order: the same bits every run,
-// with rows enough for every partial sum of the reduction.
+// with rows enough for every partial sum of the reduction (9 chunks of rows,
+// the last one shorter; cuda/scratch.cuh).
 TEST_F(CudaLayerNorm, BackwardGainAndBiasAreDeterministic) {
-  const int N = 2048, C = 771;
+  const int N = 2125, C = 771;
   LayerNormBackwardInputs in = backward_inputs(N, C);
   Both<float> dinp = gradient(size_t(N) * C), dw = gradient(C), db = gradient(C);
   auto gpu_op = [&] {
@@ -499,6 +502,7 @@ struct MatmulCase {
 };
 const MatmulCase kMatmulCases[] = {
     {1, 3, 5}, {7, 33, 65}, {37, 1, 17}, {5, 1024, 1}, {64, 768, 2304}, {256, 96, 333},
+    {1300, 40, 97},  // the bias gradient over 6 chunks of rows (cuda/scratch.cuh)
 };
 
 class CudaMatmul : public CudaOps {

@@ -4,7 +4,8 @@
 // records, for each call, the spans the CUDA backend would copy (as
 // cuda/blas.cu and cuda/attention.cu call cuBLAS). Every layout the CUDA
 // backend trains (one rank: full training or LoRA, probabilities or flash,
-// the classifier in chunks) gives the prediction exactly.
+// the classifier in chunks) gives the prediction exactly. The scratch of the
+// reductions over rows (gpu_reduction_scratch_bytes) likewise.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -38,6 +39,7 @@ public:
                        const float* w, int N, int IC, int OC) const override {
     if (dinp) record(false, false, N, IC, OC, OC, IC);
     if (dw) record(true, false, OC, IC, N, OC, IC);
+    if (dbias) partials_ = std::max(partials_, ops::column_partials_bytes(N, size_t(OC)));
     TimedKernels::matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC);
   }
   void attention_forward(float* out, float* att, const float* qkv, int B, int Tn, int C,
@@ -63,6 +65,20 @@ public:
     record(ta, tb, M, N, K, lda, ldb);
     TimedKernels::gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
+  // The reductions over rows (cuda/scratch.cuh): LayerNorm's dw and db, the
+  // bias gradients (above) and the embedding's index.
+  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                          const float* w, const float* mean, const float* rstd, int N,
+                          int C) const override {
+    if (dw) partials_ = std::max(partials_, ops::column_partials_bytes(N, 2 * size_t(C)));
+    TimedKernels::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+  }
+  void embedding_backward(float* dwte_part, const float* dout, const int32_t* tokens, int N, int C,
+                          int v0, int Vl) const override {
+    index_ = std::max(index_, ops::embedding_index_bytes(N));
+    TimedKernels::embedding_backward(dwte_part, dout, tokens, N, C, v0, Vl);
+  }
+  size_t reduction_scratch() const { return partials_ + index_; }
 
 private:
   void record(bool ta, bool tb, int M, int N, int K, int lda, int ldb, long long sa = 0,
@@ -70,7 +86,7 @@ private:
     const auto [a, b] = ops::gemm_input_spans(ta, tb, M, N, K, lda, ldb, sa, sb, batch);
     most_ = std::max(most_, ops::gemm_16bit_copies_bytes(a, b));
   }
-  mutable size_t most_ = 0;
+  mutable size_t most_ = 0, partials_ = 0, index_ = 0;
 };
 
 struct Case {
@@ -90,7 +106,7 @@ LinearSlots only(LinearSlot s) {
 
 }  // namespace
 
-TEST(GpuWorkspace, PredictedCopiesAreTheLargestTheModelAsksFor) {
+TEST(GpuWorkspace, PredictedCopiesAndScratchAreTheLargestTheModelAsksFor) {
   // Three shapes, each with another largest GEMM: the MLP (and under LoRA
   // its quantized tiles), attention's (T, T) products (many heads, long
   // sequences), the classifier (a large vocabulary).
@@ -155,6 +171,8 @@ TEST(GpuWorkspace, PredictedCopiesAreTheLargestTheModelAsksFor) {
       ASSERT_GT(rec.most(), 0u);
       EXPECT_EQ(gpu_gemm_copies_bytes(cfg, shape, ops::Precision::bf16, B, T), rec.most());
       EXPECT_EQ(gpu_gemm_copies_bytes(cfg, shape, ops::Precision::fp32, B, T), 0u);
+      EXPECT_EQ(gpu_reduction_scratch_bytes(cfg, shape, B, T), rec.reduction_scratch());
+      if (!k.lora) EXPECT_GT(rec.reduction_scratch(), 0u);
       seen.push_back(rec.most());
     }
     // The cases differ where this shape's largest GEMM differs: the test
