@@ -21,6 +21,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <array>
 #include <map>
 #include <string>
 
@@ -81,9 +82,10 @@ __global__ void round_to_fp16_kernel(__half* out, const float* in, size_t n) {
 // of the process.
 class Inputs16 {
 public:
-  // Room for a and b elements of 2 bytes; returns the two copies.
-  std::pair<void*, void*> reserve(cudaStream_t stream, size_t a, size_t b) {
-    const size_t bytes = ops::gemm_16bit_copies_bytes(a, b);
+  // Room for a, b and c elements of 2 bytes; returns the three copies
+  // (the third null when c = 0).
+  std::array<void*, 3> reserve(cudaStream_t stream, size_t a, size_t b, size_t c = 0) {
+    const size_t bytes = ops::gemm_16bit_copies_bytes(a, b, c);
     Buffer*& buf = by_stream_[stream];
     if (buf == nullptr || buf->bytes() < bytes) {
       // The stream's earlier GEMMs may still read the old copies.
@@ -91,8 +93,10 @@ public:
       delete buf;
       buf = new Buffer(bytes, MemCategory::workspace, "gemm.inputs_16bit", Device::cuda);
     }
+    // Each copy after the first starts at a multiple of 256 bytes.
+    auto aligned = [](size_t n) { return (2 * n + 255) / 256 * 256; };
     char* base = buf->as<char>();
-    return {base, base + ops::gemm_16bit_copies_bytes(a, 0)};
+    return {base, base + aligned(a), c == 0 ? nullptr : base + aligned(a) + aligned(b)};
   }
 
 private:
@@ -119,9 +123,9 @@ void round_span(ops::Precision p, void* dst, const float* x, size_t n, cudaStrea
 std::pair<void*, void*> round_inputs(cudaStream_t stream, ops::Precision p, const float* A, size_t a,
                                      const float* B, size_t b) {
   const auto copies = inputs16().reserve(stream, a, b);
-  round_span(p, copies.first, A, a, stream);
-  round_span(p, copies.second, B, b, stream);
-  return copies;
+  round_span(p, copies[0], A, a, stream);
+  round_span(p, copies[1], B, b, stream);
+  return {copies[0], copies[1]};
 }
 
 cudaDataType_t data_type(ops::Precision p) {
@@ -148,6 +152,15 @@ __global__ void bias_partials_kernel(float* partials, const float* dout, int N, 
     for (int n = begin + r0; n < end; n += kColumnRows) acc += dout[size_t(n) * OC + c];
   acc = column_block_sum(acc, part);
   if (r0 == 0 && c < OC) partials[size_t(blockIdx.y) * OC + c] = acc;
+}
+
+// gemm_rm on 16-bit copies already made (precision p).
+void gemm_rm_16(cudaStream_t stream, ops::Precision p, bool ta, bool tb, int M, int N, int K,
+                float alpha, const void* A16, int lda, const void* B16, int ldb, float beta,
+                float* C, int ldc) {
+  CUBLAS_CHECK(cublas().gemm_ex(blas_handle(stream), op(tb), op(ta), N, M, K, &alpha, B16,
+                                data_type(p), ldb, A16, data_type(p), lda, &beta, C, CUDA_R_32F,
+                                ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 std::string dims(int N, int IC, int OC) {
@@ -179,8 +192,20 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, co
   MESHLM_CHECK(dout && N > 0 && IC > 0 && OC > 0 && (dinp == nullptr || w) &&
                    (dw == nullptr || inp),
                "cuda::matmul_backward with " + dims(N, IC, OC));
-  if (dinp) gemm_rm(stream, p, false, false, N, IC, OC, 1.0f, dout, OC, w, IC, 1.0f, dinp, IC);
-  if (dw) gemm_rm(stream, p, true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dw, IC);
+  if (dinp && dw && p != ops::Precision::fp32) {
+    // dout rounded once for both GEMMs: copies of dout, w and inp.
+    const size_t n_dout = size_t(N) * OC, n_w = size_t(OC) * IC, n_inp = size_t(N) * IC;
+    const auto copies = inputs16().reserve(stream, n_dout, n_w, n_inp);
+    round_span(p, copies[0], dout, n_dout, stream);
+    round_span(p, copies[1], w, n_w, stream);
+    round_span(p, copies[2], inp, n_inp, stream);
+    gemm_rm_16(stream, p, false, false, N, IC, OC, 1.0f, copies[0], OC, copies[1], IC, 1.0f, dinp,
+               IC);
+    gemm_rm_16(stream, p, true, false, OC, IC, N, 1.0f, copies[0], OC, copies[2], IC, 1.0f, dw, IC);
+  } else {
+    if (dinp) gemm_rm(stream, p, false, false, N, IC, OC, 1.0f, dout, OC, w, IC, 1.0f, dinp, IC);
+    if (dw) gemm_rm(stream, p, true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dw, IC);
+  }
   if (dbias) {  // dbias(OC) += sum_n dout(n, .)
     const dim3 grid = column_partials_grid(N, OC);
     float* partials = column_partials(stream, size_t(grid.y) * OC);
@@ -189,6 +214,7 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, co
     add_column_partials(dbias, partials, static_cast<int>(grid.y), OC, stream);
   }
 }
+
 
 void gemm_rm(cudaStream_t stream, ops::Precision p, bool ta, bool tb, int M, int N, int K,
              float alpha, const float* A, int lda, const float* B, int ldb, float beta, float* C,
@@ -200,9 +226,7 @@ void gemm_rm(cudaStream_t stream, ops::Precision p, bool ta, bool tb, int M, int
   }
   const auto [a, b] = ops::gemm_input_spans(ta, tb, M, N, K, lda, ldb);
   const auto [A16, B16] = round_inputs(stream, p, A, a, B, b);
-  CUBLAS_CHECK(cublas().gemm_ex(blas_handle(stream), op(tb), op(ta), N, M, K, &alpha, B16,
-                            data_type(p), ldb, A16, data_type(p), lda, &beta, C, CUDA_R_32F, ldc,
-                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  gemm_rm_16(stream, p, ta, tb, M, N, K, alpha, A16, lda, B16, ldb, beta, C, ldc);
 }
 
 void gemm_strided_batched_rm(cudaStream_t stream, ops::Precision p, bool ta, bool tb, int M, int N,

@@ -4,7 +4,8 @@
 //
 //   * At bf16 and fp16 every GEMM reads 16-bit copies of the spans of A and
 //     B it uses (cuda/blas.cu): one device buffer per stream, grown to the
-//     largest pair a GEMM has asked for, booked as workspace.
+//     largest pair a GEMM has asked for, booked as workspace. A linear
+//     layer's backward rounds dout once for its two GEMMs: a triple.
 //   * Host-to-device copies go through two pinned host buffers of
 //     kUploadStageBytes (cuda/kernels_cuda.cu), booked as host workspace.
 //   * Sums over the N rows of a column (the bias gradients, LayerNorm's dw
@@ -72,9 +73,11 @@ constexpr std::pair<size_t, size_t> gemm_input_spans(bool ta, bool tb, int M, in
 }
 
 // Bytes of the 16-bit copies of spans of a and b elements: the first copy
-// rounded up to 256 bytes (the second starts aligned), then the second.
-constexpr size_t gemm_16bit_copies_bytes(size_t a, size_t b) {
-  return (2 * a + 255) / 256 * 256 + 2 * b;
+// rounded up to 256 bytes (the second starts aligned), then the second. With
+// c, a third copy after the second, rounded up likewise: a linear layer's
+// backward rounds dout once for its two GEMMs (dout, w, inp).
+constexpr size_t gemm_16bit_copies_bytes(size_t a, size_t b, size_t c = 0) {
+  return (2 * a + 255) / 256 * 256 + (c == 0 ? 2 * b : (2 * b + 255) / 256 * 256 + 2 * c);
 }
 
 }  // namespace meshlm::ops

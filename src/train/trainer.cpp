@@ -51,9 +51,10 @@ size_t gpu_gemm_copies_bytes(const GPTConfig& m, const RankPlan& shape, ops::Pre
   // its LoRA adapters of rank r (model/lora.cpp) when it has them.
   auto linear = [&](int n, int IC, int OC, bool adapters) {
     if (!o.lora.enabled) {
-      gemm(false, true, n, OC, IC, IC, IC);   // out = inp w^T
-      gemm(false, false, n, IC, OC, OC, IC);  // dinp += dout w
-      gemm(true, false, OC, IC, n, OC, IC);   // dw += dout^T inp
+      gemm(false, true, n, OC, IC, IC, IC);  // out = inp w^T
+      // dinp += dout w and dw += dout^T inp on one copy of dout
+      most = std::max(most, ops::gemm_16bit_copies_bytes(size_t(n) * OC, size_t(OC) * IC,
+                                                         size_t(n) * IC));
       return;
     }
     const int tr = std::min(qtile_rows(o), OC);

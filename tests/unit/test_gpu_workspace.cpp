@@ -37,8 +37,13 @@ public:
   }
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                        const float* w, int N, int IC, int OC) const override {
-    if (dinp) record(false, false, N, IC, OC, OC, IC);
-    if (dw) record(true, false, OC, IC, N, OC, IC);
+    if (dinp && dw) {  // one copy of dout for both GEMMs (cuda/blas.cu)
+      most_ = std::max(most_, ops::gemm_16bit_copies_bytes(size_t(N) * OC, size_t(OC) * IC,
+                                                           size_t(N) * IC));
+    } else {
+      if (dinp) record(false, false, N, IC, OC, OC, IC);
+      if (dw) record(true, false, OC, IC, N, OC, IC);
+    }
     if (dbias) partials_ = std::max(partials_, ops::column_partials_bytes(N, size_t(OC)));
     TimedKernels::matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC);
   }
