@@ -96,8 +96,9 @@ size_t gpu_reduction_scratch_bytes(const GPTConfig& m, const RankPlan& shape, in
   const long long N = static_cast<long long>(B) * T;
   const size_t C = static_cast<size_t>(m.n_embd);
   // Columns per call: LayerNorm's dw and db (2C together), the biases of
-  // c_attn (3C), c_proj (C), c_fc (4C) and the MLP's c_proj (C).
-  size_t bytes = ops::column_partials_bytes(N, 4 * C);
+  // c_attn (3C / tp), c_proj (C), c_fc (4C / tp) and the MLP's c_proj (C).
+  const size_t tp = static_cast<size_t>(shape.shard.tp_size);
+  size_t bytes = ops::column_partials_bytes(N, std::max(2 * C, 4 * C / tp));
   if (shape.shard.first_stage) bytes += ops::embedding_index_bytes(N);
   return bytes;
 }

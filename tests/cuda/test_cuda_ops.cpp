@@ -31,6 +31,7 @@
 
 #include "core/rng.h"
 #include "cuda/cuda_check.cuh"
+#include "cuda/device_memory.h"
 #include "cuda/ops_cuda.h"
 #include "cuda_test.h"
 #include "ops/kernels.h"
@@ -177,6 +178,9 @@ protected:
     CudaTest::SetUp();
     if (IsSkipped()) return;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    // The ops' own scratch (cuda/scratch.cuh, the GEMMs' 16-bit copies) is
+    // device Buffers, which need the allocator installed.
+    cuda::install_device_memory();
   }
   void TearDown() override {
     if (stream_ != nullptr) cudaStreamDestroy(stream_);

@@ -22,7 +22,7 @@
 #     scale halves once;
 #   * in every CUDA run, each memory category's peak (host and device
 #     together, run.h5 memory/<category>) is its prediction, within 1% or
-#     1 MiB (the gradient norm's scratch, a few KiB, is not predicted);
+#     1 MiB;
 #   * the loss falls; the rank line names the GPU.
 # Exit 77 (skipped) when meshlm says this machine has no GPU it can use.
 set -u
