@@ -397,9 +397,19 @@ constexpr size_t dq_smem() {
   return 4 * L::tile_bytes + kFlashWarps * (2 * L::warp_f32_bytes + L::warp_p_bytes);
 }
 
-// A kernel's dynamic shared memory may pass 48 KiB only once raised.
+// A kernel's dynamic shared memory may pass 48 KiB only once raised, and
+// never past the device's opt-in limit (sm_80: 163 KiB, sm_90: 227 KiB; GPUs
+// such as sm_86 and sm_89 give 99 KiB, less than head size 128's backward).
 template <typename Kernel>
 void launch(Kernel kernel, dim3 grid, size_t smem, cudaStream_t stream, const auto&... args) {
+  int device = 0, limit = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  MESHLM_CHECK(smem <= static_cast<size_t>(limit),
+               "train.attention = flash needs " + std::to_string(smem) +
+                   " bytes of shared memory per block at this head size, and GPU " +
+                   std::to_string(device) + " gives at most " + std::to_string(limit) +
+                   "; use train.attention = probabilities or a smaller head size");
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(smem)));
   kernel<<<grid, kFlashThreads, smem, stream>>>(args...);
