@@ -40,7 +40,10 @@ void* CachingDeviceMemory::allocate(size_t bytes, const std::string& label) {
       (void)cudaGetLastError();
       size_t free_bytes = 0, total_bytes = 0;
       cudaMemGetInfo(&free_bytes, &total_bytes);
-      throw RankError("out of device memory allocating " + std::to_string(bytes) + " bytes for '" +
+      // Any other error (a sticky one left by a faulting kernel) is named as such.
+      const std::string what =
+          err == cudaErrorMemoryAllocation ? "out of device memory" : "cudaMalloc failed";
+      throw RankError(what + " allocating " + std::to_string(bytes) + " bytes for '" +
                           label + "' (" + cudaGetErrorName(err) + ": " + cudaGetErrorString(err) +
                           "); the device has " + std::to_string(free_bytes) + " of " +
                           std::to_string(total_bytes) + " bytes free, this rank holds " +

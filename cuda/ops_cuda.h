@@ -49,8 +49,8 @@ int device_count(std::string* reason = nullptr);
 // be 0 (nothing is launched). Any n and any float alignment: 16-byte aligned
 // arrays take the float4 path. Agrees with ops::gelu_forward<float> to a few
 // 1e-7 of |out| + |x| (tests/cuda/test_cuda_gelu.cpp explains the scale):
-// tanh is computed to full float precision although the CUDA library is
-// built with --use_fast_math (see cuda/gelu.cu).
+// tanh is computed to full float precision (no --use_fast_math; see
+// cuda/gelu.cu).
 void gelu_forward(float* out, const float* inp, size_t n, cudaStream_t stream);
 // dinp(n) += gelu'(inp) * dout(n); inp is the forward INPUT (x), not out.
 // dinp must not overlap inp or dout.

@@ -21,7 +21,7 @@ public:
   }
 
   uint64_t next_u64() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    uint64_t z = (state_ += kGamma);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
@@ -45,7 +45,13 @@ public:
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
   }
 
+  // Where this generator will be after k more next_u64() calls: uniform()
+  // takes one call and normal() two, so element j of a stream of normals is
+  // a copy skipped by 2j (and the stream can be filled in parallel).
+  void skip(uint64_t k) { state_ += k * kGamma; }
+
 private:
+  static constexpr uint64_t kGamma = 0x9E3779B97F4A7C15ull;
   uint64_t state_;
 };
 

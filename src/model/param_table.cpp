@@ -1,5 +1,6 @@
 #include "model/param_table.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -7,11 +8,6 @@
 #include "core/rng.h"
 
 namespace meshlm {
-
-namespace {
-// Adapter streams are kept apart from the base model's (both seeded by table index).
-constexpr uint64_t kLoraSeedSalt = 0x4c6f5241'00000000ull;
-}  // namespace
 
 std::vector<ParamSpec> gpt_param_table(const GPTConfig& cfg, const ModelShard& shard) {
   const int64_t C = cfg.n_embd, Vp = cfg.padded_vocab_size(), maxT = cfg.max_seq_len;
@@ -134,10 +130,20 @@ void shard_to_full(const ParamSpec& spec, const float* part, float* full, int tp
 void init_tensor(const GPTConfig& cfg, const ParamSpec& p, uint64_t seed, float* x) {
   const double kStd = 0.02;
   const size_t n = static_cast<size_t>(p.full_shape.numel());
+  // One stream per tensor, element j from its (2j)-th draw on (normal) or
+  // j-th (uniform): filled by all threads in blocks, the same values as one
+  // thread walking the stream.
+  constexpr long kBlock = 1 << 16;
+  const long nblocks = static_cast<long>((n + kBlock - 1) / kBlock);
   auto fill_normal = [&](double sd, size_t real) {
-    Rng rng(Rng::mix_seed(seed, static_cast<uint64_t>(p.index)));
-    for (size_t j = 0; j < real; ++j) x[j] = static_cast<float>(sd * rng.normal());
-    for (size_t j = real; j < n; ++j) x[j] = 0.0f;
+    const Rng start(Rng::mix_seed(seed, static_cast<uint64_t>(p.index)));
+#pragma omp parallel for schedule(static)
+    for (long b = 0; b < nblocks; ++b) {
+      const size_t j0 = static_cast<size_t>(b) * kBlock, j1 = std::min(n, j0 + kBlock);
+      Rng rng = start;
+      rng.skip(2 * j0);
+      for (size_t j = j0; j < j1; ++j) x[j] = j < real ? static_cast<float>(sd * rng.normal()) : 0.0f;
+    }
   };
   switch (p.init) {
     case InitKind::normal:
@@ -156,9 +162,15 @@ void init_tensor(const GPTConfig& cfg, const ParamSpec& p, uint64_t seed, float*
     case InitKind::kaiming_uniform: {
       // With a = sqrt(5), as torch.nn.Linear and PEFT: bound 1/sqrt(IC).
       const double bound = 1.0 / std::sqrt(static_cast<double>(p.full_shape.dims[1]));
-      Rng rng(Rng::mix_seed(seed ^ kLoraSeedSalt, static_cast<uint64_t>(p.index)));
-      for (size_t j = 0; j < n; ++j)
-        x[j] = static_cast<float>(bound * (2.0 * rng.uniform() - 1.0));
+      const Rng start(Rng::mix_seed(seed ^ kLoraSeedSalt, static_cast<uint64_t>(p.index)));
+#pragma omp parallel for schedule(static)
+      for (long b = 0; b < nblocks; ++b) {
+        const size_t j0 = static_cast<size_t>(b) * kBlock, j1 = std::min(n, j0 + kBlock);
+        Rng rng = start;
+        rng.skip(j0);
+        for (size_t j = j0; j < j1; ++j)
+          x[j] = static_cast<float>(bound * (2.0 * rng.uniform() - 1.0));
+      }
       return;
     }
   }

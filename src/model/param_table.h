@@ -129,8 +129,11 @@ void shard_to_full(const ParamSpec& spec, const float* part, float* full, int tp
 
 // The initial value of the logical tensor `spec` (full_shape, written whole
 // to `out`) by its spec.init. Each tensor has its own stream seeded from
-// (seed, spec.index), LoRA adapters from a stream apart, so values do not
-// depend on the layout.
+// (seed, spec.index), LoRA adapters from a stream apart (seed ^
+// kLoraSeedSalt), so values do not depend on the layout; element j takes the
+// stream's draws from 2j (normal) or j (uniform), so that threads fill
+// blocks of a tensor at once.
+constexpr uint64_t kLoraSeedSalt = 0x4c6f5241'00000000ull;
 void init_tensor(const GPTConfig& cfg, const ParamSpec& spec, uint64_t seed, float* out);
 
 }  // namespace meshlm

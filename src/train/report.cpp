@@ -134,16 +134,16 @@ void print_op_timing_table(const ops::TimedKernels& ops, int steps, comm::Commun
   for (int i = 0; i < n; ++i) total += s[i].avg;
   log::info("# Time per op (runtime.op_timings: each op waited for; seconds over the run, min / "
             "avg / max over ranks; ms per step and share of the ops' total from the average)");
-  log::info("# {:<25} {:>9} {:>10} {:>10} {:>10} {:>10} {:>7}", "op", "calls", "min", "avg", "max",
+  log::info("# {:<26} {:>9} {:>10} {:>10} {:>10} {:>10} {:>7}", "op", "calls", "min", "avg", "max",
             "ms/step", "share");
   for (int i = 0; i < n; ++i) {
     if (s[n + i].max == 0) continue;  // never called on any rank
-    log::info("  {:<25} {:>9.0f} {:>10.4f} {:>10.4f} {:>10.4f} {:>10.3f} {:>6.1f}%",
+    log::info("  {:<26} {:>9.0f} {:>10.4f} {:>10.4f} {:>10.4f} {:>10.3f} {:>6.1f}%",
               ops::kernel_op_name(static_cast<ops::KernelOp>(i)), s[n + i].avg, s[i].min, s[i].avg,
               s[i].max, 1e3 * s[i].avg / std::max(steps, 1),
               total > 0 ? 100.0 * s[i].avg / total : 0.0);
   }
-  log::info("  {:<25} {:>9} {:>10} {:>10.4f} {:>10} {:>10.3f}", "all ops", "", "", total, "",
+  log::info("  {:<26} {:>9} {:>10} {:>10.4f} {:>10} {:>10.3f}", "all ops", "", "", total, "",
             1e3 * total / std::max(steps, 1));
 }
 

@@ -49,6 +49,7 @@ protected:
     gpu_ = cuda::make_kernels(stream_);
   }
   void TearDown() override {
+    gpu_.reset();  // it waits for its stream when destroyed: before the stream goes
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
   void sync() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }

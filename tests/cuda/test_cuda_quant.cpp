@@ -101,8 +101,12 @@ public:
   DeviceFloats& operator=(const DeviceFloats&) = delete;
 
   float* get() { return p_; }
-  // Fills with a NaN pattern, so an element the kernel does not write shows.
-  void poison() { CUDA_CHECK(cudaMemset(p_, 0xFF, n_ * sizeof(float))); }
+  // Fills with a NaN pattern, so an element the kernel does not write shows;
+  // waits for the fill, which a kernel on a non-blocking stream would not.
+  void poison() {
+    CUDA_CHECK(cudaMemset(p_, 0xFF, n_ * sizeof(float)));
+    CUDA_CHECK(cudaDeviceSynchronize());
+  }
   std::vector<float> download() {
     std::vector<float> h(n_);
     CUDA_CHECK(cudaMemcpy(h.data(), p_, n_ * sizeof(float), cudaMemcpyDeviceToHost));

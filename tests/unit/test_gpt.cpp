@@ -154,6 +154,52 @@ TEST(GPTTable, InitialValuesFollowTheirKind) {
   }
 }
 
+// Skipping k draws lands where k draws land.
+TEST(Rng, SkipIsThatManyDraws) {
+  for (uint64_t k : {0ull, 1ull, 2ull, 12345ull}) {
+    Rng walked(99), skipped(99);
+    for (uint64_t i = 0; i < k; ++i) walked.next_u64();
+    skipped.skip(k);
+    EXPECT_EQ(walked.next_u64(), skipped.next_u64()) << k;
+  }
+}
+
+// init_tensor fills a tensor in parallel blocks: each value is the one a
+// single walk along the tensor's stream gives (normal: two draws per element,
+// padded vocabulary rows zero and drawing nothing; kaiming: one draw each),
+// for tensors of several blocks with a partial last one.
+TEST(GPTTable, InitialValuesAreOneStreamPerTensor) {
+  GPTConfig cfg = small_config(1000);  // Vp = 1024: 24 padded rows
+  cfg.n_embd = 192;
+  const uint64_t seed = 11;
+  int checked = 0;
+  for (const ParamSpec& p : gpt_param_table(cfg)) {
+    const size_t n = static_cast<size_t>(p.full_shape.numel());
+    if (n <= (size_t(1) << 16)) continue;
+    std::vector<float> x(n);
+    init_tensor(cfg, p, seed, x.data());
+    const bool vocab = p.role == ParamRole::token_embedding;
+    const size_t real = vocab ? size_t(cfg.vocab_size) * cfg.n_embd : n;
+    const double sd = p.init == InitKind::normal_residual ? 0.02 / std::sqrt(2.0 * cfg.n_layer) : 0.02;
+    Rng rng(Rng::mix_seed(seed, static_cast<uint64_t>(p.index)));
+    for (size_t j = 0; j < n; ++j)
+      ASSERT_EQ(x[j], j < real ? static_cast<float>(sd * rng.normal()) : 0.0f) << p.name << " " << j;
+    ++checked;
+  }
+  EXPECT_GE(checked, 3);  // wte and the MLP's two matrices
+  ParamSpec a;
+  a.name = "lora_A";
+  a.full_shape = a.shape = Shape{3, 70001};
+  a.index = 5;
+  a.init = InitKind::kaiming_uniform;
+  std::vector<float> x(a.numel());
+  init_tensor(cfg, a, seed, x.data());
+  Rng rng(Rng::mix_seed(seed ^ kLoraSeedSalt, 5));
+  const double bound = 1.0 / std::sqrt(70001.0);
+  for (size_t j = 0; j < x.size(); ++j)
+    ASSERT_EQ(x[j], static_cast<float>(bound * (2.0 * rng.uniform() - 1.0))) << j;
+}
+
 TEST(GPT, VocabularyPaddedTo64) {
   GPTConfig c = small_config(250);
   EXPECT_EQ(c.padded_vocab_size(), 256);
