@@ -9,6 +9,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/alloc.h"
@@ -262,6 +263,41 @@ TEST(GPT, PaddedVocabularyRowsGetNoGradient) {
   }
 }
 
+namespace {
+// The largest |gradient| of a, and the largest gap between a's and b's.
+std::pair<double, double> grad_gap(const GPT& a, const GPT& b) {
+  double max_ref = 0, max_err = 0;
+  for (size_t i = 0; i < a.num_params(); ++i) {
+    max_ref = std::max(max_ref, static_cast<double>(std::fabs(a.grads()[i])));
+    max_err = std::max(max_err, static_cast<double>(std::fabs(a.grads()[i] - b.grads()[i])));
+  }
+  return {max_ref, max_err};
+}
+
+// One forward and backward (loss scale 0.7) of two models of config c with
+// options oa and ob, the same weights (seed) and a random batch of (B, T)
+// from seed + 1: the losses within loss_rel of each other, and every
+// gradient within grad_rel of the largest (which must not be 0).
+void expect_same_step(const GPTConfig& c, const GPTOptions& oa, const GPTOptions& ob,
+                      uint64_t seed, int B, int T, double loss_rel, double grad_rel) {
+  GPT a(c, {}, oa), b(c, {}, ob);
+  a.init_weights(seed);
+  b.init_weights(seed);
+  std::vector<int32_t> tok(size_t(B) * T), tgt(size_t(B) * T);
+  random_batch(tok, tgt, c.vocab_size, seed + 1);
+  a.zero_grads();
+  b.zero_grads();
+  const float la = a.forward(tok.data(), tgt.data(), B, T);
+  const float lb = b.forward(tok.data(), tgt.data(), B, T);
+  EXPECT_NEAR(lb, la, loss_rel * la);
+  a.backward(0.7f);
+  b.backward(0.7f);
+  const auto [max_ref, max_err] = grad_gap(a, b);
+  EXPECT_GT(max_ref, 0.0);
+  EXPECT_LE(max_err, grad_rel * max_ref);
+}
+}  // namespace
+
 TEST(GPT, GradientAccumulationEqualsBigBatch) {
   // Two micro-batches of 2 with loss scale 1/2 == one batch of 4.
   GPT a(small_config()), b(small_config());
@@ -277,11 +313,7 @@ TEST(GPT, GradientAccumulationEqualsBigBatch) {
     b.forward(tok.data() + k * 32, tgt.data() + k * 32, 2, 16);
     b.backward(0.5f);
   }
-  double max_ref = 0, max_err = 0;
-  for (size_t i = 0; i < a.num_params(); ++i) {
-    max_ref = std::max(max_ref, static_cast<double>(std::fabs(a.grads()[i])));
-    max_err = std::max(max_err, static_cast<double>(std::fabs(a.grads()[i] - b.grads()[i])));
-  }
+  const auto [max_ref, max_err] = grad_gap(a, b);
   EXPECT_LE(max_err, 1e-5 * max_ref);
 }
 
@@ -293,25 +325,7 @@ TEST(GPT, ClassifierInChunksMatchesOneChunk) {
   const GPTConfig c = small_config(50);  // Vp 64
   GPTOptions chunked;
   chunked.classifier_rows = 7;
-  GPT a(c), b(c, {}, chunked);
-  a.init_weights(5);
-  b.init_weights(5);
-  std::vector<int32_t> tok(2 * 16), tgt(2 * 16);
-  random_batch(tok, tgt, 50, 6);
-  a.zero_grads();
-  b.zero_grads();
-  const float la = a.forward(tok.data(), tgt.data(), 2, 16);
-  const float lb = b.forward(tok.data(), tgt.data(), 2, 16);
-  EXPECT_NEAR(lb, la, 1e-6 * la);
-  a.backward(0.7f);
-  b.backward(0.7f);
-  double max_ref = 0, max_err = 0;
-  for (size_t i = 0; i < a.num_params(); ++i) {
-    max_ref = std::max(max_ref, static_cast<double>(std::fabs(a.grads()[i])));
-    max_err = std::max(max_err, static_cast<double>(std::fabs(a.grads()[i] - b.grads()[i])));
-  }
-  EXPECT_GT(max_ref, 0.0);
-  EXPECT_LE(max_err, 1e-6 * max_ref);
+  expect_same_step(c, {}, chunked, 5, 2, 16, 1e-6, 1e-6);
   EXPECT_EQ(GPT::activation_bytes(c, {}, {}, 2, 16) - GPT::activation_bytes(c, {}, chunked, 2, 16),
             (32u - 7u) * 64u * sizeof(float));
 }
@@ -349,25 +363,7 @@ TEST(GPT, FlashAttentionMatchesTheProbabilities) {
   const GPTConfig c = small_config(50);
   GPTOptions flash;
   flash.attention = Attention::flash;
-  GPT a(c), b(c, {}, flash);
-  a.init_weights(9);
-  b.init_weights(9);
-  std::vector<int32_t> tok(3 * 16), tgt(3 * 16);
-  random_batch(tok, tgt, 50, 10);
-  a.zero_grads();
-  b.zero_grads();
-  const float la = a.forward(tok.data(), tgt.data(), 3, 16);
-  const float lb = b.forward(tok.data(), tgt.data(), 3, 16);
-  EXPECT_NEAR(lb, la, 1e-6 * la);
-  a.backward(0.7f);
-  b.backward(0.7f);
-  double max_ref = 0, max_err = 0;
-  for (size_t i = 0; i < a.num_params(); ++i) {
-    max_ref = std::max(max_ref, static_cast<double>(std::fabs(a.grads()[i])));
-    max_err = std::max(max_err, static_cast<double>(std::fabs(a.grads()[i] - b.grads()[i])));
-  }
-  EXPECT_GT(max_ref, 0.0);
-  EXPECT_LE(max_err, 1e-5 * max_ref);
+  expect_same_step(c, {}, flash, 9, 3, 16, 1e-6, 1e-5);
   const size_t rows = size_t(3) * c.n_head * 16;  // (B, NH, T)
   EXPECT_EQ(GPT::activation_bytes(c, {}, {}, 3, 16) - GPT::activation_bytes(c, {}, flash, 3, 16),
             (c.n_layer + 1) * rows * (16 - 1) * sizeof(float));

@@ -106,6 +106,18 @@ TEST(Precision, GemmRoundsBothInputs) {
   }
 }
 
+namespace {
+// max |a - b| / max |b|: how far a is from the reference b.
+double rel(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, std::fabs(double(a[i]) - b[i]));
+    den = std::max(den, std::fabs(double(b[i])));
+  }
+  return num / den;
+}
+}  // namespace
+
 // The linear layer and attention at bf16 stay within bf16's error of fp32
 // but are not fp32.
 TEST(Precision, OpsAtBf16AreCloseToFp32) {
@@ -116,14 +128,6 @@ TEST(Precision, OpsAtBf16AreCloseToFp32) {
   for (float& v : w) v = static_cast<float>(0.2 * rng.normal());
   for (float& v : bias) v = static_cast<float>(rng.normal());
   for (float& v : qkv) v = static_cast<float>(rng.normal());
-  auto rel = [](const std::vector<float>& a, const std::vector<float>& b) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      num = std::max(num, std::fabs(double(a[i]) - b[i]));
-      den = std::max(den, std::fabs(double(b[i])));
-    }
-    return num / den;
-  };
   const ops::Kernels &f32 = ops::Kernels::cpu(), &b16 = ops::Kernels::cpu(Precision::bf16);
   std::vector<float> y32(size_t(N) * OC), y16(y32.size());
   f32.matmul_forward(y32.data(), x.data(), w.data(), bias.data(), N, C, OC);
@@ -147,14 +151,6 @@ TEST(Precision, FlashAttentionRoundsAsTheProbabilitiesDo) {
   std::vector<float> qkv(size_t(N) * 3 * C), dy(size_t(N) * C);
   for (float& v : qkv) v = static_cast<float>(rng.normal());
   for (float& v : dy) v = static_cast<float>(rng.normal());
-  auto rel = [](const std::vector<float>& a, const std::vector<float>& b) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      num = std::max(num, std::fabs(double(a[i]) - b[i]));
-      den = std::max(den, std::fabs(double(b[i])));
-    }
-    return num / den;
-  };
   struct Result {
     std::vector<float> y, dqkv;
   };
