@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""meshlm's predicted peak memory per rank against what the operating system
+measured: VmHWM, read by tests/tools/memprobe.cpp from /proc as each rank
+exits (not by meshlm).
+
+  tests/bench/memory_accuracy.py BUILD SCRATCH [--only NAME,...] [--list]
+
+BUILD is a build directory holding meshlm and tests/meshlm_memprobe; SCRATCH
+receives one folder per configuration (parameter overrides, run.h5, probe
+files, log). Prints one row per rank and a summary per configuration:
+predicted peak, VmHWM, error = (predicted - VmHWM) / VmHWM. Exits 1 when a
+rank is off by more than the tolerance (3% of VmHWM or 4 MiB, the larger),
+when asked to (--check).
+
+The prediction is what meshlm writes to run.h5: memory/process/
+predicted_peak_bytes when it is there, else the sum of the categories'
+predicted_bytes (the tracked buffers only).
+"""
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MIB = 1 << 20
+
+# mid = L6 C768 T256 B8, g124 = L12 C768 T128 B4 (both V = 50304).
+MID = ["--model.n_layer=6", "--model.n_head=12", "--model.n_embd=768", "--model.vocab_size=50304",
+       "--model.seq_len=256", "--model.max_seq_len=256", "--train.micro_batch_size=8"]
+G124 = ["--model.n_layer=12", "--model.n_head=12", "--model.n_embd=768",
+        "--model.vocab_size=50304", "--model.seq_len=128", "--model.max_seq_len=128",
+        "--train.micro_batch_size=4"]
+SMALL = ["--model.n_layer=4", "--model.n_head=4", "--model.n_embd=256", "--model.vocab_size=8192",
+         "--model.seq_len=128", "--model.max_seq_len=128", "--train.micro_batch_size=4"]
+LORA = ["--finetune.mode=lora", "--quant.type=nf4"]
+
+# name: (ranks, overrides). batch_size = dp x micro_batches x micro_batch_size.
+CONFIGS = {
+    "mid": (1, MID + ["--train.batch_size=8"]),
+    "mid_dp2_z0": (2, MID + ["--parallel.dp=2", "--train.batch_size=16"]),
+    "mid_dp2_z1": (2, MID + ["--parallel.dp=2", "--parallel.zero_stage=1", "--train.batch_size=16"]),
+    "mid_pp2": (2, MID + ["--parallel.pp=2", "--parallel.micro_batches=2", "--train.batch_size=16"]),
+    "g124_lora": (1, G124 + LORA + ["--train.batch_size=4"]),
+    "g124_lora_d2t2p2": (8, G124 + LORA + ["--parallel.dp=2", "--parallel.tp=2", "--parallel.pp=2",
+                                           "--parallel.micro_batches=2", "--train.batch_size=16"]),
+}
+
+
+def mpiexec(n):
+    cmd = ["mpiexec", "-n", str(n)]
+    v = subprocess.run(["mpiexec", "--version"], capture_output=True, text=True).stdout
+    if "Open MPI" in v or "OpenRTE" in v:
+        cmd += ["--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
+    return cmd
+
+
+def read_probe(prefix, rank):
+    out = {"samples": []}
+    with open(f"{prefix}.{rank}.txt") as f:
+        for line in f:
+            w = line.split()
+            if w[0] == "sample":
+                out["samples"].append((float(w[1]), int(w[2]) * 1024, int(w[3]) * 1024))
+            elif w[0] in ("hwm_kb", "maxrss_kb"):
+                out[w[0][:-3]] = int(w[1]) * 1024
+            elif w[0] in ("exit", "signal"):
+                out[w[0]] = int(w[1])
+    return out
+
+
+def predicted_peaks(run_h5):
+    with h5py.File(run_h5, "r") as f:
+        mem = f["memory"]
+        if "predicted_peak_bytes" in mem.get("process", {}):
+            return np.asarray(mem["process/predicted_peak_bytes"][...], dtype=np.int64)
+        total = None
+        for name in mem:
+            if name != "process" and "predicted_bytes" in mem[name]:
+                v = np.asarray(mem[name]["predicted_bytes"][...], dtype=np.int64)
+                total = v if total is None else total + v
+        return total
+
+
+def run_config(build, scratch, name, ranks, overrides, steps, threads):
+    d = os.path.join(scratch, name)
+    os.makedirs(d, exist_ok=True)
+    probe = os.path.join(d, "probe")
+    for f in os.listdir(d):
+        if f.startswith("probe."):
+            os.remove(os.path.join(d, f))
+    data = os.path.join(scratch, "gpl3.h5")
+    cmd = mpiexec(ranks) + [os.path.join(build, "tests", "meshlm_memprobe"), probe, "--",
+                            os.path.join(build, "meshlm"), "train", os.path.join(ROOT, "inputs", "tiny.cfg"),
+                            "--data.path=" + data,
+                            "--data.tokenize_from=/usr/share/common-licenses/GPL-3",
+                            f"--train.steps={steps}", "--train.log_every=1",
+                            f"--runtime.threads={threads}",
+                            "--output.dir=" + os.path.join(d, "out"), "--output.overwrite=true"]
+    cmd += overrides
+    t0 = time.time()
+    with open(os.path.join(d, "log.txt"), "w") as log:
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        raise SystemExit(f"{name}: meshlm failed (exit {rc}); see {d}/log.txt")
+    pred = predicted_peaks(os.path.join(d, "out", "run.h5"))
+    rows = []
+    for r in range(ranks):
+        p = read_probe(probe, r)
+        rows.append((r, int(pred[r]), p["hwm"], p["maxrss"]))
+    return rows, time.time() - t0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("build")
+    ap.add_argument("scratch")
+    ap.add_argument("--only", default="", help="comma-separated configuration names")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="runtime.threads of each rank")
+    ap.add_argument("--check", action="store_true", help="exit 1 when a rank is off by more than 3%% / 4 MiB")
+    ap.add_argument("--list", action="store_true")
+    a = ap.parse_args()
+    if a.list:
+        for k, (n, o) in CONFIGS.items():
+            print(k, n, " ".join(o))
+        return 0
+    names = a.only.split(",") if a.only else list(CONFIGS)
+    for n in names:
+        if n not in CONFIGS:
+            raise SystemExit(f"unknown configuration '{n}'; --list shows them")
+    os.makedirs(a.scratch, exist_ok=True)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    bad = 0
+    print(f"# {'config':<20} {'rank':>4} {'predicted':>10} {'VmHWM':>10} {'maxrss':>10} {'error':>8}   (MiB)")
+    for n in names:
+        ranks, over = CONFIGS[n]
+        rows, secs = run_config(a.build, a.scratch, n, ranks, over, a.steps, a.threads)
+        worst = 0.0
+        for r, pred, hwm, maxrss in rows:
+            err = (pred - hwm) / hwm
+            tol = max(0.03 * hwm, 4 * MIB)
+            flag = "" if abs(pred - hwm) <= tol else "  OUT"
+            bad += flag != ""
+            worst = max(worst, abs(err))
+            print(f"  {n:<20} {r:>4} {pred / MIB:>10.1f} {hwm / MIB:>10.1f} {maxrss / MIB:>10.1f} "
+                  f"{100 * err:>+7.1f}%{flag}")
+        pmax = max(r[1] for r in rows) / MIB
+        hmax = max(r[2] for r in rows) / MIB
+        print(f"# {n}: {ranks} rank(s), predicted max {pmax:.0f} MiB, VmHWM max {hmax:.0f} MiB, "
+              f"error of the maxima {100 * (pmax - hmax) / hmax:+.1f}%, worst rank {100 * worst:.1f}% "
+              f"({secs:.0f} s)", flush=True)
+    if a.check and bad:
+        print(f"# {bad} rank(s) outside 3% / 4 MiB")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
