@@ -270,6 +270,9 @@ void make_options(RunConfig& c, OptionTable& t) {
         Range::ints(0, kMaxThreads));
   t.add(runtime, "runtime.op_timings", &c.runtime.op_timings, "time every op of the step (GEMMs, attention, LayerNorm, the optimizer, ...) and print a table of them at the end, min / avg / max over ranks; each op waits for the backend before and after it, so a timed run is slower and its ops do not overlap");
   t.add(runtime, "runtime.backend", &c.runtime.backend, enum_choices<ComputeBackend>() + " (cuda: each rank computes on the GPU of its node-local rank modulo the node's GPUs, at train.precision; one rank with the whole model for now; full training or LoRA)");
+  auto& comm = t.section("[comm] how ranks exchange data");
+  t.add(comm, "comm.bucket_mb", &c.comm.bucket_mb, "reductions over ranks (gradients over dp, activations over tp, the tied embedding over pp) of more than 1 MiB run in meshlm's own ring of point-to-point messages, in pieces through one scratch buffer of at most this many MiB per rank (the comm row of the memory table); 0 = MPI's own collectives, whose temporaries (up to the message size, and more on a root) no prediction sees",
+        Range::ints(0, 65536));
   auto& parallel = t.section("[parallel] the process mesh: ranks = dp * tp * pp");
   t.add(parallel, "parallel.dp", &c.parallel.dp, "data-parallel replicas, each reading its own slice of every batch; 0 = ranks / (tp * pp)",
         Range::ints(0, kMaxRanks));

@@ -6,9 +6,11 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <utility>
 
+#include "core/alloc.h"
 #include "core/error.h"
 
 namespace meshlm::comm {
@@ -71,6 +73,10 @@ public:
     }
   }
 
+  void wait_all() {
+    if (!pending_.empty()) wait_through(pending_.back().seq);
+  }
+
   bool test_through(uint64_t seq) {
     while (!pending_.empty() && pending_.front().seq <= seq) {
       Pending& p = pending_.front();
@@ -94,6 +100,32 @@ private:
   std::deque<Pending> pending_;
   uint64_t next_ = 0;
 };
+
+
+// The scratch of the ring reductions: one per process (its communicators
+// are driven by one thread at a time; the mutex makes that sure), in the
+// comm category, grown to the largest need and kept.
+struct RingScratch {
+  std::mutex mutex;
+  Buffer buffer;
+  char* at_least(size_t bytes) {
+    if (buffer.bytes() < bytes) {
+      buffer = Buffer();  // the old one goes first: never both at once
+      buffer = Buffer(bytes, MemCategory::comm, "comm.ring_scratch");
+    }
+    return buffer.as<char>();
+  }
+};
+RingScratch& ring_scratch() {
+  static RingScratch s;
+  return s;
+}
+
+size_t g_bucket_bytes = kDefaultBucketBytes;
+size_t g_ring_min_bytes = kRingMinBytes;
+
+// Block j of n elements cut into p nearly equal blocks: [begin, end).
+size_t block_begin(size_t n, int p, int j) { return n / p * j + std::min<size_t>(j, n % p); }
 
 // Shares the queue, so a Handle may outlive its Communicator.
 class MpiHandle : public HandleImpl {
@@ -126,6 +158,10 @@ public:
                     Stream stream) override {
     const char* name = "all_reduce";
     check_host(stream, name);
+    if (use_ring(count, type)) {
+      ring_all_reduce(static_cast<const char*>(send), static_cast<char*>(recv), count, type, op);
+      return Handle();
+    }
     const void* sbuf = (send == recv) ? MPI_IN_PLACE : send;
     MPI_Request req;
     check(MPI_Iallreduce(sbuf, recv, to_int(count, name), mpi_type(type), mpi_op(op), comm_, &req),
@@ -138,6 +174,10 @@ public:
     const char* name = "reduce";
     check_host(stream, name);
     check_rank(root, name, "root");
+    if (use_ring(count, type)) {
+      ring_reduce(static_cast<const char*>(send), static_cast<char*>(recv), count, type, op, root);
+      return Handle();
+    }
     const bool at_root = rank_ == root;
     const void* sbuf = (at_root && send == recv) ? MPI_IN_PLACE : send;
     // recv is insignificant elsewhere; passing null keeps a non-root send ==
@@ -154,6 +194,13 @@ public:
                         Stream stream) override {
     const char* name = "reduce_scatter";
     check_host(stream, name);
+    if (use_ring(count * static_cast<size_t>(size_), type)) {
+      const size_t bytes = count * dtype_size(type);
+      ring_reduce_scatter(static_cast<const char*>(send), static_cast<char*>(recv),
+                          [count](int j) { return count * j; }, [count](int) { return count; },
+                          bytes, type, op);
+      return Handle();
+    }
     const int n = to_int(count, name);
     const size_t chunk = count * dtype_size(type);
     char* mine = const_cast<char*>(static_cast<const char*>(send)) + rank_ * chunk;
@@ -238,6 +285,110 @@ private:
   // One tag for all point-to-point traffic: MPI keeps messages with the same
   // (source, tag, communicator) in order, which is the order comm.h promises.
   static constexpr int kTag = 0;
+  // The ring reductions' own messages, apart from the callers'.
+  static constexpr int kRingTag = 1;
+
+  // Reductions of more than kRingMinBytes over two ranks or more run in the
+  // ring (ring_scratch_bytes in mpi_comm.h says why); the smaller ones, and
+  // every reduction when the bucket is 0, in MPI's own collectives.
+  bool use_ring(size_t count, DType type) const {
+    return size_ > 1 && g_bucket_bytes > 0 && count * dtype_size(type) > g_ring_min_bytes;
+  }
+
+  // One exchange of a ring: `n_send` elements to the next rank while `n_recv`
+  // come from the previous one.
+  void ring_exchange(const char* out, size_t n_send, char* in, size_t n_recv, MPI_Datatype t,
+                     const char* name) {
+    const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
+    check(MPI_Sendrecv(out, to_int(n_send, name), t, next, kRingTag, in, to_int(n_recv, name), t,
+                       prev, kRingTag, comm_, MPI_STATUS_IGNORE),
+          name, "MPI_Sendrecv");
+  }
+
+  // Reduce-scatter in a ring: block j of `src` is [begin(j), begin(j) +
+  // len(j)) elements; this rank's reduced block goes to `dst` (which may be
+  // its block of src: the in-place forms). Each block is reduced along one
+  // path, starting at the rank after its owner and ending at the owner, in
+  // pieces of at most half the bucket; the partial sums travel through two
+  // scratch pieces, so src is only read. `max_len_bytes` is the longest
+  // block, in bytes.
+  template <typename Begin, typename Len>
+  void ring_reduce_scatter(const char* src, char* dst, Begin begin, Len len, size_t max_len_bytes,
+                           DType type, ReduceOp op) {
+    const char* name = "reduce_scatter";
+    queue_->wait_all();  // issue order: what came before completes first
+    const size_t es = dtype_size(type);
+    const size_t piece = std::max<size_t>(1, g_bucket_bytes / (2 * es));
+    const MPI_Datatype t = mpi_type(type);
+    const MPI_Op mop = mpi_op(op);
+    RingScratch& scratch = ring_scratch();
+    std::lock_guard<std::mutex> lock(scratch.mutex);
+    char* a = scratch.at_least(ring_scratch_bytes(max_len_bytes / es, es, g_bucket_bytes));
+    char* b = a + std::min(piece, max_len_bytes / es) * es;
+    auto mod = [this](int j) { return ((j % size_) + size_) % size_; };
+    for (size_t k = 0; k * es < max_len_bytes; k += piece) {
+      auto piece_len = [&](int j) { return len(j) > k ? std::min(piece, len(j) - k) : size_t{0}; };
+      auto own = [&](int j) { return src + (begin(j) + k) * es; };
+      char* cur = a;
+      char* nxt = b;
+      for (int s = 0; s < size_ - 1; ++s) {
+        const int out = mod(rank_ - 1 - s), in = mod(rank_ - 2 - s);
+        ring_exchange(s == 0 ? own(out) : cur, piece_len(out), nxt, piece_len(in), t, name);
+        if (piece_len(in) > 0)  // nxt = own op nxt
+          check(MPI_Reduce_local(own(in), nxt, to_int(piece_len(in), name), t, mop), name,
+                "MPI_Reduce_local");
+        std::swap(cur, nxt);
+      }
+      if (piece_len(rank_) > 0) std::memmove(dst + k * es, cur, piece_len(rank_) * es);
+    }
+  }
+
+  // All-reduce: the ring reduce-scatter into this rank's block of recv, then
+  // the blocks passed round the ring into every rank's recv. Every rank
+  // ends with the same bits.
+  void ring_all_reduce(const char* send, char* recv, size_t count, DType type, ReduceOp op) {
+    const char* name = "all_reduce";
+    const size_t es = dtype_size(type);
+    const int p = size_;
+    auto begin = [count, p](int j) { return block_begin(count, p, j); };
+    auto len = [count, p](int j) { return block_begin(count, p, j + 1) - block_begin(count, p, j); };
+    ring_reduce_scatter(send, recv + begin(rank_) * es, begin, len, len(0) * es, type, op);
+    const MPI_Datatype t = mpi_type(type);
+    for (int s = 0; s < p - 1; ++s) {
+      const int out = (rank_ - s + p) % p, in = (rank_ - s - 1 + 2 * p) % p;
+      ring_exchange(recv + begin(out) * es, len(out), recv + begin(in) * es, len(in), t, name);
+    }
+  }
+
+  // Reduce to `root` along a chain that starts at the rank after it and ends
+  // at it, in pieces of at most half the bucket.
+  void ring_reduce(const char* send, char* recv, size_t count, DType type, ReduceOp op, int root) {
+    const char* name = "reduce";
+    queue_->wait_all();
+    const size_t es = dtype_size(type);
+    const size_t piece = std::max<size_t>(1, g_bucket_bytes / (2 * es));
+    const MPI_Datatype t = mpi_type(type);
+    const MPI_Op mop = mpi_op(op);
+    const int pos = (rank_ - root - 1 + 2 * size_) % size_;  // root is last: size_ - 1
+    const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
+    RingScratch& scratch = ring_scratch();
+    std::lock_guard<std::mutex> lock(scratch.mutex);
+    char* a = pos == 0 ? nullptr : scratch.at_least(ring_scratch_bytes(count, es, g_bucket_bytes));
+    for (size_t k = 0; k < count; k += piece) {
+      const size_t n = std::min(piece, count - k);
+      const int ni = to_int(n, name);
+      if (pos == 0) {
+        check(MPI_Send(send + k * es, ni, t, next, kRingTag, comm_), name, "MPI_Send");
+        continue;
+      }
+      check(MPI_Recv(a, ni, t, prev, kRingTag, comm_, MPI_STATUS_IGNORE), name, "MPI_Recv");
+      check(MPI_Reduce_local(send + k * es, a, ni, t, mop), name, "MPI_Reduce_local");
+      if (rank_ == root)
+        std::memmove(recv + k * es, a, n * es);
+      else
+        check(MPI_Send(a, ni, t, next, kRingTag, comm_), name, "MPI_Send");
+    }
+  }
 
   void check_rank(int r, const char* op, const char* what) const {
     if (r < 0 || r >= size_)
@@ -259,6 +410,31 @@ private:
 };
 
 }  // namespace
+
+void set_bucket_bytes(size_t bytes, size_t ring_min_bytes) {
+  g_bucket_bytes = bytes;
+  g_ring_min_bytes = ring_min_bytes;
+}
+size_t bucket_bytes() { return g_bucket_bytes; }
+
+size_t ring_scratch_bytes_of(Reduction kind, size_t count, DType type, int ranks) {
+  const size_t es = dtype_size(type);
+  const size_t total = kind == Reduction::reduce_scatter ? count * ranks : count;
+  if (ranks < 2 || g_bucket_bytes == 0 || total * es <= g_ring_min_bytes) return 0;
+  const size_t block = kind == Reduction::all_reduce ? (count + ranks - 1) / ranks : count;
+  return ring_scratch_bytes(block, es, g_bucket_bytes);
+}
+
+void release_ring_scratch() {
+  RingScratch& scratch = ring_scratch();
+  std::lock_guard<std::mutex> lock(scratch.mutex);
+  scratch.buffer = Buffer();
+}
+
+size_t ring_scratch_bytes(size_t block_elements, size_t element_bytes, size_t bucket_bytes) {
+  const size_t piece = std::max<size_t>(1, bucket_bytes / (2 * element_bytes));
+  return 2 * std::min(piece, block_elements) * element_bytes;
+}
 
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, size_t broadcast_piece_bytes) {
   MESHLM_CHECK(broadcast_piece_bytes > 0, "broadcast pieces must not be empty");

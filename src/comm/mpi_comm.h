@@ -1,7 +1,8 @@
 // The MPI implementation of comm::Communicator, for host buffers. Each
 // operation is one nonblocking MPI call (MPI_Iallreduce, MPI_Ireduce,
 // MPI_Ireduce_scatter_block, MPI_Iallgather, MPI_Ibcast, MPI_Isend,
-// MPI_Irecv) and its Handle wraps the MPI_Request. Waiting for a Handle also
+// MPI_Irecv) and its Handle wraps the MPI_Request, except the large
+// reductions (below), which complete before the call returns. Waiting for a Handle also
 // completes the older requests of the same Communicator first, so that
 // operations complete in issue order as comm.h promises (and as a CUDA stream
 // would order them): code that runs here does not race on the NCCL backend.
@@ -26,6 +27,38 @@ namespace meshlm::comm {
 inline constexpr size_t kBroadcastPieceBytes = size_t{1} << 30;
 std::unique_ptr<Communicator> make_mpi_communicator(
     MPI_Comm comm, size_t broadcast_piece_bytes = kBroadcastPieceBytes);
+
+// Large reductions. MPI's collectives allocate temporaries of their own,
+// which no allocator of meshlm sees: with Open MPI, MPI_Iallreduce in place
+// takes as much again as the message, MPI_Allreduce half of it, MPI_Reduce
+// and MPI_Reduce_scatter_block up to (ranks - 1) times it on the root.
+// Reductions (all_reduce, reduce, reduce_scatter) of more than kRingMinBytes
+// over two or more ranks therefore run in meshlm's own ring of point-to-point
+// messages (MPI_Sendrecv, which allocates nothing of the message's size), in
+// pieces of at most half the bucket, through one scratch Buffer per process
+// in the comm category (grown to the largest need, then kept):
+//   ring_scratch_bytes = 2 * min(bucket / 2, block) rounded to elements,
+// block = the elements one rank ends with (all_reduce: count / ranks,
+// rounded up; reduce_scatter: count; reduce: count). Each block is reduced
+// along one path of the ring, so every rank of an all_reduce holds the same
+// bits; the order of the additions is the ring's, not MPI's.
+// all_gather and broadcast allocate nothing of the message's size and stay
+// MPI's. A bucket of 0 sends every reduction to MPI's collectives.
+inline constexpr size_t kRingMinBytes = size_t{1} << 20;
+inline constexpr size_t kDefaultBucketBytes = size_t{32} << 20;
+// The bucket of every MPI Communicator of the process (comm.bucket_mb), and
+// the size above which a reduction takes the ring (tests make it 0); set
+// before the first large reduction.
+void set_bucket_bytes(size_t bytes, size_t ring_min_bytes = kRingMinBytes);
+size_t bucket_bytes();
+size_t ring_scratch_bytes(size_t block_elements, size_t element_bytes, size_t bucket_bytes);
+// The scratch one reduction needs under the process's settings: 0 when it
+// goes to MPI's collective (one rank, bucket 0, or kRingMinBytes and less).
+// `count` as the Communicator call takes it.
+enum class Reduction { all_reduce, reduce, reduce_scatter };
+size_t ring_scratch_bytes_of(Reduction kind, size_t count, DType type, int ranks);
+// Frees the scratch (the next large reduction makes it again).
+void release_ring_scratch();
 
 // f32 -> MPI_FLOAT, f64 -> MPI_DOUBLE, i32 -> MPI_INT32_T, u8 -> MPI_UINT8_T,
 // u16 -> MPI_UINT16_T, u32 -> MPI_UINT32_T; bf16 -> RankError.

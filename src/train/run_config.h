@@ -88,6 +88,14 @@ struct RuntimeConfig {
   bool op_timings = false;  // time every op, waiting for the backend around each (ops/timed_kernels.h)
 };
 
+// [comm] how ranks exchange data.
+struct CommConfig {
+  // Reductions above 1 MiB run in meshlm's ring, in pieces through a scratch
+  // of at most this many MiB (comm/mpi_comm.h); 0 = MPI's own collectives,
+  // whose temporaries no prediction sees.
+  int bucket_mb = 32;
+};
+
 // [debug] switches for tests of the failure paths.
 struct DebugConfig {
   int fail_rank = -1;  // this rank (-1 = none, else < the job's ranks) throws a RankError ...
@@ -102,6 +110,7 @@ struct RunConfig {
   DataConfig data;
   OutputConfig output;
   RuntimeConfig runtime;
+  CommConfig comm;
   ParallelConfig parallel;
   FinetuneConfig finetune;
   quant::QuantConfig quant;

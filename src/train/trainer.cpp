@@ -28,6 +28,7 @@
 #include "train/engine.h"
 #include "train/report.h"
 #include "train/threads.h"
+#include "train/zero.h"
 #include "train/lr_schedule.h"
 
 #include <utility>
@@ -110,6 +111,28 @@ size_t gpu_norm_scratch_bytes(const std::vector<ParamSpec>& trained) {
   for (const ParamSpec& p : trained)
     doubles += 1 + (p.numel() + ops::kSumOfSquaresBlock - 1) / ops::kSumOfSquaresBlock;
   return doubles * sizeof(double);
+}
+
+size_t ring_scratch_prediction(const RunConfig& cfg, const RankPlan& shape) {
+  using comm::Reduction;
+  const std::vector<ParamSpec> table = trainable_table(cfg.model, shape.shard, shape.model);
+  // Gradients over dp, as ZeRO reduces them.
+  size_t most = Zero::ring_scratch_bytes(shape.zero_stage, table, zero_layout(cfg.model, shape),
+                                         cfg.parallel.dp);
+  // Over tp: the activations in and out of each tensor-parallel region, the
+  // LoRA adapters' partial gradients, the classifier's row statistics.
+  const int tp = shape.shard.tp_size;
+  const size_t N = static_cast<size_t>(cfg.train.micro_batch_size) * cfg.train.seq_len;
+  size_t tp_count = std::max(N * cfg.model.n_embd, 2 * N);
+  for (const ParamSpec& p : table) tp_count = std::max(tp_count, p.numel());
+  most = std::max(most, comm::ring_scratch_bytes_of(Reduction::all_reduce, tp_count, DType::f32, tp));
+  // Over pp: the tied embedding's gradient, between the first and last stage.
+  if (cfg.parallel.pp > 1)
+    for (const ParamSpec& p : table)
+      if (p.tied != TiedGroup::none)
+        most = std::max(most,
+                        comm::ring_scratch_bytes_of(Reduction::all_reduce, p.numel(), DType::f32, 2));
+  return most;
 }
 
 RankPlan planned_rank_plan(const RunConfig& cfg, const ProcessMesh& mesh) {
@@ -254,6 +277,7 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
   const TrainConfig& tc = cfg.train;
   const ParallelConfig& pc = cfg.parallel;
 
+  comm::set_bucket_bytes(static_cast<size_t>(cfg.comm.bucket_mb) << 20);
   const ProcessMesh mesh(job, MeshLayout(pc.dp, pc.tp, pc.pp), pc.ranks_per_node);
   const MeshCoords me = mesh.coords();
   const int rank = mesh.rank();
@@ -283,6 +307,7 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
     log::warn("quant.cache = {} is not used: finetune.mode = full quantizes nothing", cfg.quant.cache);
   MemoryByCategory predicted =
       predict_memory(cfg.model, shape, loader->windows_per_epoch(), cfg.data.shuffle);
+  at(predicted, MemCategory::comm) += ring_scratch_prediction(cfg, shape);
   if (cfg.runtime.backend == ComputeBackend::cuda) {
     // On a GPU each trained tensor is made whole on the host and uploaded
     // (GPT::set_weights), one at a time: host workspace of the largest.
@@ -425,6 +450,7 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
   }
   timers.account_rest_as_other(summary.seconds);
   const std::vector<RankMemory> mem = gather_memory(predicted, *world);
+  comm::release_ring_scratch();  // a run leaves nothing behind for the next
   std::vector<std::string> labels;
   for (int r = 0; r < static_cast<int>(mem.size()); ++r) {
     const MeshCoords c = mesh.layout().coords(r);

@@ -46,6 +46,11 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
 // of a rank that quantizes (the cache may spare it).
 RankPlan planned_rank_plan(const RunConfig& cfg, const ProcessMesh& mesh);
 
+// The scratch of the ring reductions (comm/mpi_comm.h) this rank will make:
+// the largest of its gradient reductions over dp, its activations' over tp
+// and the tied embedding's over pp, under comm.bucket_mb.
+size_t ring_scratch_prediction(const RunConfig& cfg, const RankPlan& shape);
+
 // The CUDA backend's 16-bit copies of its GEMM inputs at bf16 and fp16
 // (ops/gpu_workspace.h) for a rank holding `shape` and training
 // micro-batches of (B, T): the largest pair of spans any GEMM of the step

@@ -1,11 +1,58 @@
 #include "train/zero.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 
+#include "comm/mpi_comm.h"
 #include "core/error.h"
 
 namespace meshlm {
+
+namespace {
+
+// The flat range [a, b) of each block of `table`, from its first layer on.
+std::vector<std::pair<size_t, size_t>> block_ranges(const std::vector<ParamSpec>& table) {
+  std::vector<std::pair<size_t, size_t>> ranges;
+  int layer0 = INT_MAX;
+  for (const ParamSpec& p : table)
+    if (p.layer >= 0) layer0 = std::min(layer0, p.layer);
+  for (const ParamSpec& p : table) {
+    if (p.layer < 0) continue;
+    const size_t l = p.layer - layer0;
+    if (ranges.size() <= l) ranges.resize(l + 1, {p.offset, p.offset});
+    ranges[l].second = p.offset + p.numel();
+  }
+  return ranges;
+}
+
+// Calls part(k, lo, hi) for each DP rank k whose shard [k S, (k+1) S) meets
+// the flat range [a, b), with the common part [lo, hi).
+template <typename F>
+void for_each_owner_part(size_t a, size_t b, size_t S, int dp, F part) {
+  for (int k = 0; k < dp; ++k) {
+    const size_t lo = std::max(a, k * S), hi = std::min(b, (k + 1) * S);
+    if (lo < hi) part(k, lo, hi);
+  }
+}
+
+}  // namespace
+
+size_t Zero::ring_scratch_bytes(int stage, const std::vector<ParamSpec>& table,
+                                const ZeroLayout& z, int dp) {
+  using comm::Reduction;
+  if (stage == 0) return comm::ring_scratch_bytes_of(Reduction::all_reduce, z.n, DType::f32, dp);
+  if (stage == 1)
+    return comm::ring_scratch_bytes_of(Reduction::reduce_scatter, z.shard, DType::f32, dp);
+  size_t most = 0;
+  auto reduce = [&](int, size_t lo, size_t hi) {
+    most = std::max(most, comm::ring_scratch_bytes_of(Reduction::reduce, hi - lo, DType::f32, dp));
+  };
+  for (const auto& [a, b] : block_ranges(table)) for_each_owner_part(a, b, z.shard, dp, reduce);
+  for (const ParamSpec& p : table)
+    if (p.layer < 0) for_each_owner_part(p.offset, p.offset + p.numel(), z.shard, dp, reduce);
+  return most;
+}
 
 Zero::Zero(int stage, comm::Communicator& dp, GPT& model, const ZeroLayout& layout,
            SectionTimers& timers)
@@ -36,16 +83,11 @@ Zero::Zero(int stage, comm::Communicator& dp, GPT& model, const ZeroLayout& layo
   edge_offset_.assign(table.size(), 0);
   size_t e = 0;
   for (size_t i = 0; i < table.size(); ++i) {
-    const ParamSpec& p = table[i];
-    if (p.layer < 0) {
-      edge_offset_[i] = e;
-      e += p.numel();
-      continue;
-    }
-    const size_t l = p.layer - layer0;
-    if (block_range_.size() <= l) block_range_.resize(l + 1, {p.offset, p.offset});
-    block_range_[l].second = p.offset + p.numel();
+    if (table[i].layer >= 0) continue;
+    edge_offset_[i] = e;
+    e += table[i].numel();
   }
+  block_range_ = block_ranges(table);
   model_.set_grad_target(
       [this, layer0](size_t i) {
         const ParamSpec& p = model_.table()[i];
@@ -80,9 +122,7 @@ void Zero::reduce_to_owners(float* src, size_t a, size_t b) {
   ScopedTimer t(timers_, Section::dp_comm);
   const size_t S = z_.shard;
   const int me = dp_.rank();
-  for (int k = 0; k < dp_.size(); ++k) {
-    const size_t lo = std::max(a, k * S), hi = std::min(b, (k + 1) * S);
-    if (lo >= hi) continue;
+  for_each_owner_part(a, b, S, dp_.size(), [&](int k, size_t lo, size_t hi) {
     float* part = src + (lo - a);
     float* owned = shard_grads_.as<float>() + (lo - k * S);
     // The owner adds what it accumulated so far to its own contribution, so
@@ -90,11 +130,11 @@ void Zero::reduce_to_owners(float* src, size_t a, size_t b) {
     // sum is the whole reduction.
     if (dp_.size() == 1) {
       k_.add(owned, part, hi - lo);
-      continue;
+      return;
     }
     if (me == k) k_.add(part, owned, hi - lo);
     dp_.reduce(part, owned, hi - lo, DType::f32, comm::ReduceOp::sum, k).wait();
-  }
+  });
 }
 
 void Zero::reduce() {

@@ -64,6 +64,13 @@ public:
   // Collective over DP after the update: every rank's parameters again whole.
   void share_params();
 
+  // The scratch of the ring reductions (comm/mpi_comm.h) that reduce() of
+  // `stage` needs on a rank with this table and layout in a DP group of
+  // `dp` ranks, under the process's bucket: what the planner adds to the
+  // comm category.
+  static size_t ring_scratch_bytes(int stage, const std::vector<ParamSpec>& table,
+                                   const ZeroLayout& layout, int dp);
+
 private:
   // Stage 2: sums the gradients of the flat elements [a, b), held in src,
   // into the shards of their owners.

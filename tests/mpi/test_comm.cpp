@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <memory>
 #include <type_traits>
@@ -14,7 +16,9 @@
 
 #include "comm/comm.h"
 #include "comm/mpi_comm.h"
+#include "core/alloc.h"
 #include "core/error.h"
+#include "core/rng.h"
 
 using namespace meshlm;
 using namespace meshlm::comm;
@@ -89,6 +93,24 @@ protected:
 using Types = ::testing::Types<float, double, int32_t>;
 TYPED_TEST_SUITE(CommTyped, Types);
 
+// Runs `body` once per way a reduction can go (mpi_comm.h): MPI's own
+// collective; the ring in pieces of 24 bytes (many pieces, the last one
+// short, blocks of unequal length); the ring in one piece per block.
+template <typename F>
+void for_each_reduction_path(F body) {
+  const struct {
+    const char* name;
+    size_t bucket, ring_min;
+  } paths[] = {{"MPI collective", 0, kRingMinBytes}, {"ring, 24-byte pieces", 48, 0},
+               {"ring, whole blocks", size_t{1} << 20, 0}};
+  for (const auto& p : paths) {
+    SCOPED_TRACE(p.name);
+    set_bucket_bytes(p.bucket, p.ring_min);
+    body();
+  }
+  set_bucket_bytes(kDefaultBucketBytes);
+}
+
 }  // namespace
 
 TEST_F(CommTest, Basics) {
@@ -110,48 +132,54 @@ TEST_F(CommTest, Basics) {
 
 TYPED_TEST(CommTyped, AllReduce) {
   using T = TypeParam;
-  for (ReduceOp op : {ReduceOp::sum, ReduceOp::min, ReduceOp::max})
-    for (bool in_place : {false, true}) {
-      SCOPED_TRACE(std::string(op_name(op)) + (in_place ? " in place" : " out of place"));
-      std::vector<T> send = this->mine(kCount), out(kCount, T(kUnset));
-      T* recv = in_place ? send.data() : out.data();
-      this->comm_->all_reduce(send.data(), recv, kCount, kType<T>, op).wait();
-      EXPECT_TRUE(matches(recv, kCount, [&](size_t i) { return reduced(op, this->size_, i); }));
-      if (!in_place)
-        EXPECT_TRUE(matches(send.data(), kCount, [&](size_t i) { return value(this->rank_, i); }))
-            << "send was modified";
-    }
+  for_each_reduction_path([&] {
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::min, ReduceOp::max})
+      for (bool in_place : {false, true}) {
+        SCOPED_TRACE(std::string(op_name(op)) + (in_place ? " in place" : " out of place"));
+        std::vector<T> send = this->mine(kCount), out(kCount, T(kUnset));
+        T* recv = in_place ? send.data() : out.data();
+        this->comm_->all_reduce(send.data(), recv, kCount, kType<T>, op).wait();
+        EXPECT_TRUE(matches(recv, kCount, [&](size_t i) { return reduced(op, this->size_, i); }));
+        if (!in_place)
+          EXPECT_TRUE(matches(send.data(), kCount, [&](size_t i) { return value(this->rank_, i); }))
+              << "send was modified";
+      }
+  });
 }
 
 TYPED_TEST(CommTyped, Reduce) {
   using T = TypeParam;
-  for (int root : {0, this->size_ - 1})
-    for (ReduceOp op : {ReduceOp::sum, ReduceOp::min, ReduceOp::max})
-      for (bool in_place : {false, true}) {
-        SCOPED_TRACE("root " + std::to_string(root) + " " + op_name(op) +
-                     (in_place ? " in place" : " out of place"));
-        std::vector<T> send = this->mine(kCount), out(kCount, T(kUnset));
-        T* recv = in_place ? send.data() : out.data();
-        this->comm_->reduce(send.data(), recv, kCount, kType<T>, op, root).wait();
-        if (this->rank_ == root)
-          EXPECT_TRUE(matches(recv, kCount, [&](size_t i) { return reduced(op, this->size_, i); }));
-        else if (!in_place)
-          EXPECT_TRUE(matches(recv, kCount, [](size_t) { return kUnset; })) << "non-root recv";
-      }
+  for_each_reduction_path([&] {
+    for (int root : {0, this->size_ - 1})
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::min, ReduceOp::max})
+        for (bool in_place : {false, true}) {
+          SCOPED_TRACE("root " + std::to_string(root) + " " + op_name(op) +
+                       (in_place ? " in place" : " out of place"));
+          std::vector<T> send = this->mine(kCount), out(kCount, T(kUnset));
+          T* recv = in_place ? send.data() : out.data();
+          this->comm_->reduce(send.data(), recv, kCount, kType<T>, op, root).wait();
+          if (this->rank_ == root)
+            EXPECT_TRUE(matches(recv, kCount, [&](size_t i) { return reduced(op, this->size_, i); }));
+          else if (!in_place)
+            EXPECT_TRUE(matches(recv, kCount, [](size_t) { return kUnset; })) << "non-root recv";
+        }
+  });
 }
 
 TYPED_TEST(CommTyped, ReduceScatter) {
   using T = TypeParam;
   const size_t n = kCount, first = this->rank_ * n;
-  for (ReduceOp op : {ReduceOp::sum, ReduceOp::min, ReduceOp::max})
-    for (bool in_place : {false, true}) {
-      SCOPED_TRACE(std::string(op_name(op)) + (in_place ? " in place" : " out of place"));
-      std::vector<T> send = this->mine(this->size_ * n), out(n, T(kUnset));
-      // In place: NCCL's convention, the result lands in this rank's chunk of send.
-      T* recv = in_place ? send.data() + first : out.data();
-      this->comm_->reduce_scatter(send.data(), recv, n, kType<T>, op).wait();
-      EXPECT_TRUE(matches(recv, n, [&](size_t i) { return reduced(op, this->size_, first + i); }));
-    }
+  for_each_reduction_path([&] {
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::min, ReduceOp::max})
+      for (bool in_place : {false, true}) {
+        SCOPED_TRACE(std::string(op_name(op)) + (in_place ? " in place" : " out of place"));
+        std::vector<T> send = this->mine(this->size_ * n), out(n, T(kUnset));
+        // In place: NCCL's convention, the result lands in this rank's chunk of send.
+        T* recv = in_place ? send.data() + first : out.data();
+        this->comm_->reduce_scatter(send.data(), recv, n, kType<T>, op).wait();
+        EXPECT_TRUE(matches(recv, n, [&](size_t i) { return reduced(op, this->size_, first + i); }));
+      }
+  });
 }
 
 TYPED_TEST(CommTyped, AllGather) {
@@ -183,6 +211,73 @@ TYPED_TEST(CommTyped, BroadcastFromLastRank) {
 // A broadcast larger than one piece of the backend goes out in pieces (MPI
 // counts are int: the real pieces are 1 GiB); here pieces of 40 bytes cut
 // 1001 floats into 26 pieces, the last one short.
+// The ring's additions go along one path per block, so every rank ends with
+// the same bits, and the sum is the sum (checked in double) whatever the
+// pieces.
+TEST_F(CommTest, RingAllReduceGivesEveryRankTheSameBits) {
+  const size_t n = 100003;  // blocks of unequal length on 3 or 4 ranks
+  std::vector<std::vector<float>> all(size_, std::vector<float>(n));
+  for (int r = 0; r < size_; ++r) {
+    Rng rng(1234 + r);
+    for (float& x : all[r]) x = rng.normal();
+  }
+  for (size_t bucket : {size_t{4096}, size_t{1} << 20}) {
+    SCOPED_TRACE("bucket " + std::to_string(bucket));
+    set_bucket_bytes(bucket, 0);
+    std::vector<float> sum = all[rank_];
+    comm_->all_reduce(sum.data(), sum.data(), n, DType::f32, ReduceOp::sum).wait();
+    std::vector<float> every(size_ * n);
+    comm_->all_gather(sum.data(), every.data(), n, DType::f32).wait();
+    for (int r = 1; r < size_; ++r)
+      ASSERT_EQ(std::memcmp(every.data(), every.data() + r * n, n * sizeof(float)), 0)
+          << "rank " << r << " holds other bits than rank 0";
+    for (size_t i = 0; i < n; ++i) {
+      double want = 0, scale = 0;
+      for (int r = 0; r < size_; ++r) {
+        want += all[r][i];
+        scale += std::abs(all[r][i]);
+      }
+      ASSERT_NEAR(sum[i], want, 1e-6 * scale + 1e-30) << "element " << i;
+    }
+  }
+  set_bucket_bytes(kDefaultBucketBytes);
+}
+
+// The scratch is a Buffer of the comm category, of ring_scratch_bytes: two
+// pieces of half the bucket, or two blocks where a block is shorter; freed
+// on request.
+TEST_F(CommTest, RingScratchIsBookedInTheCommCategory) {
+  const MemTracker& t = MemTracker::get();
+  release_ring_scratch();
+  const size_t before = t.current(MemCategory::comm);
+  const size_t n = 1001, block = (n + size_ - 1) / size_;
+  std::vector<double> x(n, 1.0);
+  set_bucket_bytes(64, 0);  // pieces of 4 doubles
+  comm_->all_reduce(x.data(), x.data(), n, DType::f64, ReduceOp::sum).wait();
+  EXPECT_EQ(t.current(MemCategory::comm) - before, 64u);
+  EXPECT_EQ(ring_scratch_bytes(block, sizeof(double), 64), 64u);
+  release_ring_scratch();
+  set_bucket_bytes(size_t{1} << 20, 0);  // one piece per block
+  release_ring_scratch();
+  comm_->all_reduce(x.data(), x.data(), n, DType::f64, ReduceOp::sum).wait();
+  EXPECT_EQ(t.current(MemCategory::comm) - before, 2 * block * sizeof(double));
+  EXPECT_EQ(ring_scratch_bytes(block, sizeof(double), size_t{1} << 20), 2 * block * sizeof(double));
+  EXPECT_EQ(ring_scratch_bytes_of(Reduction::all_reduce, n, DType::f64, size_), 2 * block * 8);
+  EXPECT_EQ(ring_scratch_bytes_of(Reduction::reduce, n, DType::f64, size_), 2 * n * 8);
+  EXPECT_EQ(ring_scratch_bytes_of(Reduction::reduce_scatter, n, DType::f64, size_), 2 * n * 8);
+  EXPECT_EQ(ring_scratch_bytes_of(Reduction::all_reduce, n, DType::f64, 1), 0u) << "one rank";
+  set_bucket_bytes(size_t{1} << 20);  // the default floor: 1001 doubles go to MPI
+  EXPECT_EQ(ring_scratch_bytes_of(Reduction::all_reduce, n, DType::f64, size_), 0u);
+  ASSERT_LE(size_, 4);
+  EXPECT_EQ(ring_scratch_bytes_of(Reduction::all_reduce, 1 << 18, DType::f64, size_),
+            size_t{1} << 20)
+      << "2 MiB, above the floor, blocks longer than a piece: two pieces of half the bucket";
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(x[i], std::pow(size_, 2)) << "element " << i;
+  release_ring_scratch();
+  EXPECT_EQ(t.current(MemCategory::comm), before);
+  set_bucket_bytes(kDefaultBucketBytes);
+}
+
 TEST_F(CommTest, BroadcastInPieces) {
   std::unique_ptr<Communicator> small = make_mpi_communicator(mpi_, 40);
   const int root = size_ - 1;
