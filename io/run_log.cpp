@@ -1,5 +1,7 @@
 #include "io/run_log.h"
 
+#include <algorithm>
+
 #include <filesystem>
 
 #include "core/alloc.h"
@@ -116,6 +118,29 @@ void RunLog::write_memory(const std::vector<MemoryByCategory>& predicted,
                     column(process, [](const ProcessMemory& p) { return p.rss_peak; }));
   h5::write_dataset(file_, "memory/process/pss_bytes",
                     column(process, [](const ProcessMemory& p) { return p.pss; }));
+  h5::check(H5Fflush(file_, H5F_SCOPE_GLOBAL), file_, "/", "cannot flush");
+}
+
+void RunLog::write_process_prediction(
+    const std::vector<size_t>& runtime, const std::vector<size_t>& predicted_peak,
+    const std::vector<double>& error,
+    const std::vector<std::array<size_t, kNumMemPhases>>& phase_predicted,
+    const std::vector<std::array<size_t, kNumMemPhases>>& phase_peak) {
+  require_open();
+  auto ints = [](const std::vector<size_t>& v) { return std::vector<int64_t>(v.begin(), v.end()); };
+  h5::write_dataset(file_, "memory/process/runtime_bytes", ints(runtime));
+  h5::write_dataset(file_, "memory/process/predicted_peak_bytes", ints(predicted_peak));
+  h5::write_dataset(file_, "memory/process/error", error);
+  for (int p = 0; p < kNumMemPhases; ++p) {
+    std::string name = mem_phase_name(static_cast<MemPhase>(p));
+    std::replace(name.begin(), name.end(), ' ', '_');
+    std::replace(name.begin(), name.end(), '-', '_');
+    std::vector<int64_t> pred, peak;
+    for (const auto& r : phase_predicted) pred.push_back(static_cast<int64_t>(r[p]));
+    for (const auto& r : phase_peak) peak.push_back(static_cast<int64_t>(r[p]));
+    h5::write_dataset(file_, "memory/phases/" + name + "/predicted_bytes", pred);
+    h5::write_dataset(file_, "memory/phases/" + name + "/peak_bytes", peak);
+  }
   h5::check(H5Fflush(file_, H5F_SCOPE_GLOBAL), file_, "/", "cannot flush");
 }
 

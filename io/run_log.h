@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <array>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,16 @@ public:
                     const std::vector<MemoryByCategory>& current,
                     const std::vector<MemoryByCategory>& peak,
                     const std::vector<ProcessMemory>& process);
+  // Every rank's process prediction against /proc (entry r is rank r):
+  // memory/process/runtime_bytes (resident at start-up outside the tracked
+  // buffers), predicted_peak_bytes (that plus the largest phase), error
+  // ((predicted - VmHWM) / VmHWM), and per phase
+  // memory/phases/<phase>/predicted_bytes and peak_bytes (host tracked total).
+  void write_process_prediction(const std::vector<size_t>& runtime,
+                                const std::vector<size_t>& predicted_peak,
+                                const std::vector<double>& error,
+                                const std::vector<std::array<size_t, kNumMemPhases>>& phase_predicted,
+                                const std::vector<std::array<size_t, kNumMemPhases>>& phase_peak);
   // Seconds per section.
   void write_timing(const SectionTimers& timers);
   void close();

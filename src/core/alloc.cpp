@@ -26,6 +26,22 @@ const char* mem_category_name(MemCategory c) {
   return "?";
 }
 
+const char* mem_phase_name(MemPhase p) {
+  switch (p) {
+    case MemPhase::startup: return "start-up";
+    case MemPhase::base_loading: return "base loading";
+    case MemPhase::initialisation: return "initialisation";
+    case MemPhase::training: return "training";
+    case MemPhase::count: break;
+  }
+  return "?";
+}
+
+void MemTracker::enter(MemPhase p) {
+  phase_ = p;
+  phase_peak_[idx(p)] = std::max(phase_peak_[idx(p)], total_cur_[idx(Device::cpu)]);
+}
+
 MemTracker& MemTracker::get() {
   static MemTracker tracker;
   return tracker;
@@ -37,6 +53,8 @@ void MemTracker::on_alloc(MemCategory c, Device d, size_t bytes) {
   peak_[idx(d)][idx(c)] = std::max(peak_[idx(d)][idx(c)], cur);
   total_cur_[idx(d)] += bytes;
   total_peak_[idx(d)] = std::max(total_peak_[idx(d)], total_cur_[idx(d)]);
+  if (d == Device::cpu)
+    phase_peak_[idx(phase_)] = std::max(phase_peak_[idx(phase_)], total_cur_[idx(d)]);
 }
 
 void MemTracker::on_free(MemCategory c, Device d, size_t bytes) {
@@ -47,6 +65,8 @@ void MemTracker::on_free(MemCategory c, Device d, size_t bytes) {
 void MemTracker::reset_peaks() {
   peak_ = cur_;
   total_peak_ = total_cur_;
+  phase_peak_ = {};
+  phase_peak_[idx(phase_)] = total_cur_[idx(Device::cpu)];
 }
 
 namespace {

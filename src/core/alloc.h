@@ -33,11 +33,24 @@ inline size_t total(const MemoryByCategory& m) {
   return t;
 }
 
+// The phases of a run, in order: what is live in memory changes between
+// them (docs/DESIGN.md, "Memory"). The tracker keeps each phase's peak of
+// the host's tracked total, which the planner predicts phase by phase.
+enum class MemPhase : int { startup, base_loading, initialisation, training, count };
+constexpr int kNumMemPhases = static_cast<int>(MemPhase::count);
+const char* mem_phase_name(MemPhase p);
+
 // Process-wide byte counters (one process = one rank). Not thread-safe by
 // design: buffers are made and freed by the rank's main thread only.
 class MemTracker {
 public:
   static MemTracker& get();
+  // From now on the host's tracked total counts toward phase `p`'s peak
+  // (which starts at the total of now).
+  void enter(MemPhase p);
+  MemPhase phase() const { return phase_; }
+  // The largest host total tracked while `p` was the phase (0: never entered).
+  size_t phase_peak(MemPhase p) const { return phase_peak_[idx(p)]; }
   void on_alloc(MemCategory c, Device d, size_t bytes);
   void on_free(MemCategory c, Device d, size_t bytes);
   size_t current(MemCategory c, Device d = Device::cpu) const { return cur_[idx(d)][idx(c)]; }
@@ -51,6 +64,8 @@ private:
   static int idx(E e) { return static_cast<int>(e); }
   std::array<std::array<size_t, kNumMemCategories>, kNumDevices> cur_{}, peak_{};
   std::array<size_t, kNumDevices> total_cur_{}, total_peak_{};
+  MemPhase phase_ = MemPhase::startup;
+  std::array<size_t, kNumMemPhases> phase_peak_{};
 };
 
 // Where Buffers on Device::cuda come from. core knows no CUDA: the CUDA

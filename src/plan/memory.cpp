@@ -34,33 +34,80 @@ size_t edge_numel(const std::vector<ParamSpec>& table) {
   return n;
 }
 
-MemoryByCategory predict_memory(const GPTConfig& model, const RankPlan& r,
-                                uint64_t windows_per_epoch, bool shuffle) {
-  MemoryByCategory m{};
+PhasedMemory predict_phases(const GPTConfig& model, const RankPlan& r, uint64_t windows_per_epoch,
+                            bool shuffle) {
   const std::vector<ParamSpec> table = trainable_table(model, r.shard, r.model);
   const ZeroLayout z = zero_layout(model, r);
   constexpr size_t f = sizeof(float);
-  at(m, MemCategory::params) = z.padded * f;
-  if (r.model.lora.enabled) at(m, MemCategory::params) += GPT::frozen_numel(model, r.shard) * f;
-  at(m, MemCategory::quantized) = r.quantized_bytes;
-  at(m, MemCategory::grads) = r.zero_stage < 2
-                                  ? z.padded * f
-                                  : (z.shard + largest_block_numel(table) + edge_numel(table)) * f;
-  at(m, MemCategory::optimizer) = 2 * (r.zero_stage == 0 ? z.n : z.shard) * f;
-  at(m, MemCategory::activations) =
-      GPT::activation_bytes(model, r.shard, r.model, r.micro_batch, r.seq_len);
-  if (r.pipeline_stage > 0)
-    at(m, MemCategory::comm) = static_cast<size_t>(r.model.slots) * r.micro_batch * r.seq_len *
-                               model.n_embd * f;
+  // What lives from its phase to the end of the run.
+  MemoryByCategory kept{};
+  at(kept, MemCategory::other) = shuffle ? windows_per_epoch * sizeof(uint32_t) : 0;
+  PhasedMemory out;
+  out.moments.push_back({MemPhase::startup, kept});
+  if (r.model.lora.enabled) {
+    // The quantized store (on the rank that holds it), beside the one
+    // full-precision source tensor of a rank that quantizes.
+    at(kept, MemCategory::quantized) = r.quantized_bytes;
+    MemoryByCategory loading = kept;
+    at(loading, MemCategory::workspace) = r.base_staging_bytes;
+    out.moments.push_back({MemPhase::base_loading, loading});
+  }
+  // The model's parameters and gradients, and at first the whole of each
+  // split tensor while it is initialised (tp > 1).
+  at(kept, MemCategory::params) = z.padded * f;
+  if (r.model.lora.enabled) at(kept, MemCategory::params) += GPT::frozen_numel(model, r.shard) * f;
+  if (r.zero_stage < 2) at(kept, MemCategory::grads) = z.padded * f;
+  MemoryByCategory init = kept;
   if (r.shard.tp_size > 1) {
     size_t largest = 0;
     for (const ParamSpec& p : table)
       if (p.tp_dim >= 0) largest = std::max(largest, static_cast<size_t>(p.full_shape.numel()));
-    at(m, MemCategory::workspace) = largest * f;
+    at(init, MemCategory::workspace) = largest * f;
   }
-  at(m, MemCategory::workspace) = std::max(at(m, MemCategory::workspace), r.base_staging_bytes);
-  at(m, MemCategory::other) = shuffle ? windows_per_epoch * sizeof(uint32_t) : 0;
+  // Then activations, ZeRO 2's gradient shard, bucket and edge tensors,
+  // AdamW's moments and the pipeline's buffers, kept through training.
+  at(kept, MemCategory::activations) =
+      GPT::activation_bytes(model, r.shard, r.model, r.micro_batch, r.seq_len);
+  if (r.zero_stage == 2)
+    at(kept, MemCategory::grads) = (z.shard + largest_block_numel(table) + edge_numel(table)) * f;
+  at(kept, MemCategory::optimizer) = 2 * (r.zero_stage == 0 ? z.n : z.shard) * f;
+  if (r.pipeline_stage > 0)
+    at(kept, MemCategory::comm) = static_cast<size_t>(r.model.slots) * r.micro_batch * r.seq_len *
+                                  model.n_embd * f;
+  out.moments.push_back({MemPhase::initialisation, init});
+  out.moments.push_back({MemPhase::initialisation, kept});
+  out.moments.push_back({MemPhase::training, kept});
+  return out;
+}
+
+MemoryByCategory PhasedMemory::category_peaks() const {
+  MemoryByCategory m{};
+  for (const Moment& t : moments)
+    for (int c = 0; c < kNumMemCategories; ++c) m[c] = std::max(m[c], t.live[c]);
   return m;
+}
+
+size_t PhasedMemory::phase_total(MemPhase p) const {
+  size_t most = 0;
+  for (const Moment& t : moments)
+    if (t.phase == p) most = std::max(most, total(t.live));
+  return most;
+}
+
+size_t PhasedMemory::peak() const {
+  size_t most = 0;
+  for (const Moment& t : moments) most = std::max(most, total(t.live));
+  return most;
+}
+
+void PhasedMemory::add(MemPhase p, MemCategory c, size_t bytes) {
+  for (Moment& t : moments)
+    if (t.phase == p) at(t.live, c) += bytes;
+}
+
+MemoryByCategory predict_memory(const GPTConfig& model, const RankPlan& r,
+                                uint64_t windows_per_epoch, bool shuffle) {
+  return predict_phases(model, r, windows_per_epoch, shuffle).category_peaks();
 }
 
 MemoryByCategory predict_memory(const GPTConfig& model, int micro_batch_size, int seq_len,

@@ -31,6 +31,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "core/alloc.h"
 #include "model/gpt_config.h"
@@ -50,6 +51,35 @@ ZeroLayout zero_layout(const GPTConfig& cfg, const RankPlan& r);
 size_t largest_block_numel(const std::vector<ParamSpec>& table);
 size_t edge_numel(const std::vector<ParamSpec>& table);
 
+// What is live at the peak of each phase of the run (core/alloc.h,
+// MemPhase), per category:
+//   start-up        other
+//   base loading    + quantized, + workspace = the source tensor being
+//                   quantized (LoRA only)
+//   initialisation  + params, grads (ZeRO 0, 1), + workspace = the whole of
+//                   the largest split tensor (tp > 1), or the training
+//                   phase's set where that is larger (its buffers are made
+//                   before training starts)
+//   training        other, quantized, params, grads, optimizer,
+//                   activations, comm (no workspace on the CPU)
+// The process's peak is the largest phase total, not the sum of the
+// categories' peaks (which fall in different phases).
+struct PhasedMemory {
+  // The moments that can be a phase's peak, in order: what is live then.
+  struct Moment {
+    MemPhase phase;
+    MemoryByCategory live;
+  };
+  std::vector<Moment> moments;
+  MemoryByCategory category_peaks() const;  // each category's largest over the moments
+  size_t phase_total(MemPhase p) const;     // the largest total of p's moments (0: none)
+  size_t peak() const;                      // the largest total
+  // Adds `bytes` of category `c` to every moment of phase `p`.
+  void add(MemPhase p, MemCategory c, size_t bytes);
+};
+PhasedMemory predict_phases(const GPTConfig& model, const RankPlan& rank, uint64_t windows_per_epoch,
+                            bool shuffle);
+// Each category's peak over the run: predict_phases' category_peaks().
 MemoryByCategory predict_memory(const GPTConfig& model, const RankPlan& rank,
                                 uint64_t windows_per_epoch, bool shuffle);
 // The whole model on one rank, no parallelism.

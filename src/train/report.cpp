@@ -50,10 +50,23 @@ void print_predicted_memory(const MemoryByCategory& predicted, comm::Communicato
             format_bytes(at(predicted, MemCategory::activations)));
 }
 
-std::vector<RankMemory> gather_memory(const MemoryByCategory& predicted, comm::Communicator& world) {
+size_t ProcessPrediction::peak() const {
+  return runtime + *std::max_element(phases.begin(), phases.end());
+}
+
+double RankMemory::error() const {
+  if (process.rss_peak == 0 || expected.peak() == 0) return 0.0;
+  return (static_cast<double>(expected.peak()) - static_cast<double>(process.rss_peak)) /
+         static_cast<double>(process.rss_peak);
+}
+
+std::vector<RankMemory> gather_memory(const MemoryByCategory& predicted,
+                                      const ProcessPrediction& expected, comm::Communicator& world) {
   const MemTracker& t = MemTracker::get();
   RankMemory mine;
   mine.predicted = predicted;
+  mine.expected = expected;
+  for (int p = 0; p < kNumMemPhases; ++p) mine.phase_peak[p] = t.phase_peak(static_cast<MemPhase>(p));
   // The host's and the GPU's tracked buffers together, per category (on the
   // CUDA backend the model's buffers are on the device, the data loader's on
   // the host; the prediction counts both).
@@ -106,6 +119,25 @@ void print_memory_table(const std::vector<RankMemory>& ranks,
   const Stat none{0, 0, 0};
   row("process rss", none, stat([](const RankMemory& r) { return double(r.process.rss_peak); }));
   row("process pss", none, stat([](const RankMemory& r) { return double(r.process.pss); }));
+
+  // The process: what the operating system saw (VmHWM) against the
+  // prediction, the runtime's part plus the largest phase.
+  log::info("# Process memory per rank: predicted peak = runtime (resident at start-up outside the "
+            "tracked buffers) + the largest phase's tracked total; VmHWM from /proc; MiB, "
+            "phases predicted / tracked");
+  std::string phead = fmt::format("# {:>5} {:>9}", "rank", "runtime");
+  for (int p = 0; p < kNumMemPhases; ++p)
+    phead += fmt::format(" {:>17}", mem_phase_name(static_cast<MemPhase>(p)));
+  log::info("{} {:>10} {:>10} {:>8}", phead, "predicted", "VmHWM", "error");
+  constexpr double MiB = 1024.0 * 1024.0;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const RankMemory& m = ranks[r];
+    std::string line = fmt::format("  {:>5} {:>9.1f}", r, m.expected.runtime / MiB);
+    for (int p = 0; p < kNumMemPhases; ++p)
+      line += fmt::format(" {:>8.1f}/{:<8.1f}", m.expected.phases[p] / MiB, m.phase_peak[p] / MiB);
+    log::info("{} {:>10.1f} {:>10.1f} {:>+7.1f}%", line, m.expected.peak() / MiB,
+              m.process.rss_peak / MiB, 100.0 * m.error());
+  }
 
   // One line per rank: measured peak per category, and whether the
   // tracked total matched the prediction.

@@ -3,6 +3,7 @@
 // rank 0. Collective over `world`.
 #pragma once
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -13,15 +14,28 @@
 
 namespace meshlm {
 
+// One rank's process-level prediction: the runtime's part (resident memory
+// outside the tracked buffers, measured at start-up) and each phase's
+// predicted tracked host total (plan/memory.h, PhasedMemory).
+struct ProcessPrediction {
+  size_t runtime = 0;
+  std::array<size_t, kNumMemPhases> phases{};
+  size_t peak() const;  // runtime + the largest phase
+};
+
 // One rank's memory at the end of a run.
 struct RankMemory {
   MemoryByCategory predicted{}, current{}, peak{};
   ProcessMemory process;
+  ProcessPrediction expected;
+  std::array<size_t, kNumMemPhases> phase_peak{};  // measured by the tracker, host
+  double error() const;  // (expected.peak() - VmHWM) / VmHWM; 0 without /proc
 };
 // Collective over `world`: every rank's figures (its prediction, the tracked
 // allocator, host and GPU buffers together per category, /proc) on rank 0,
 // in rank order; empty on the other ranks.
-std::vector<RankMemory> gather_memory(const MemoryByCategory& predicted, comm::Communicator& world);
+std::vector<RankMemory> gather_memory(const MemoryByCategory& predicted,
+                                      const ProcessPrediction& expected, comm::Communicator& world);
 // Collective over `world`: one line before the run, the predicted total per
 // rank as min / avg / max, and rank 0's largest categories.
 void print_predicted_memory(const MemoryByCategory& predicted, comm::Communicator& world);

@@ -277,6 +277,9 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
   const TrainConfig& tc = cfg.train;
   const ParallelConfig& pc = cfg.parallel;
 
+  MemTracker& tracker = MemTracker::get();
+  tracker.reset_peaks();
+  tracker.enter(MemPhase::startup);
   comm::set_bucket_bytes(static_cast<size_t>(cfg.comm.bucket_mb) << 20);
   const ProcessMesh mesh(job, MeshLayout(pc.dp, pc.tp, pc.pp), pc.ranks_per_node);
   const MeshCoords me = mesh.coords();
@@ -305,9 +308,10 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
   const bool lora = shape.model.lora.enabled;
   if (!lora && !cfg.quant.cache.empty())
     log::warn("quant.cache = {} is not used: finetune.mode = full quantizes nothing", cfg.quant.cache);
-  MemoryByCategory predicted =
-      predict_memory(cfg.model, shape, loader->windows_per_epoch(), cfg.data.shuffle);
-  at(predicted, MemCategory::comm) += ring_scratch_prediction(cfg, shape);
+  PhasedMemory phased =
+      predict_phases(cfg.model, shape, loader->windows_per_epoch(), cfg.data.shuffle);
+  phased.add(MemPhase::training, MemCategory::comm, ring_scratch_prediction(cfg, shape));
+  MemoryByCategory predicted = phased.category_peaks();
   if (cfg.runtime.backend == ComputeBackend::cuda) {
     // On a GPU each trained tensor is made whole on the host and uploaded
     // (GPT::set_weights), one at a time: host workspace of the largest.
@@ -327,10 +331,20 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
   }
   print_predicted_memory(predicted, *world);
   check_memory_fits(predicted, mesh);
+  // The runtime's part: what is resident now outside the tracked buffers
+  // (code, libraries, MPI, the heap).
+  ProcessPrediction expected;
+  if (cfg.runtime.backend == ComputeBackend::cpu) {
+    const size_t rss = read_process_memory().rss, tracked = tracker.current_total(Device::cpu);
+    expected.runtime = rss > tracked ? rss - tracked : 0;
+    for (int p = 0; p < kNumMemPhases; ++p)
+      expected.phases[p] = phased.phase_total(static_cast<MemPhase>(p));
+  }
 
   std::unique_ptr<load::FrozenBase> base;
   if (lora) {
     ScopedTimer st(timers, Section::checkpoint);
+    tracker.enter(MemPhase::base_loading);
     base = load::FrozenBase::load(cfg.model, cfg.quant, cfg.train.seed, mesh);
     log::info("# base: {} | {} {} in {} ({} per {}) | cache {} | {:.2f} s",
               cfg.quant.base.empty() ? "GPT-2 initialisation, train.seed" : cfg.quant.base,
@@ -340,6 +354,7 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
               cfg.quant.share == quant::ShareMode::per_rank ? "rank" : "node", base->report().cache, base->seconds());
   }
 
+  tracker.enter(MemPhase::initialisation);
   Engine engine(cfg, mesh, timers, base.get(), backend.kernels(), backend.dequantizer());
   const LRSchedule sched{tc.lr, tc.lr_min_ratio, tc.warmup_steps, tc.steps};
   const size_t n_full = table_numel(gpt_param_table(cfg.model));
@@ -390,6 +405,7 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
   int skipped_in_a_row = 0;
   log::info("# {:>6} {:>9} {:>10} {:>10} {:>10} {:>11}", "step", "loss", "lr", "grad_norm",
             "ms/step", "tokens/s");
+  tracker.enter(MemPhase::training);
   for (int step = 0; step < tc.steps; ++step) {
     const double t0 = now_seconds();
     {
@@ -449,7 +465,7 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
               summary.overflow_steps, summary.loss_scale);
   }
   timers.account_rest_as_other(summary.seconds);
-  const std::vector<RankMemory> mem = gather_memory(predicted, *world);
+  const std::vector<RankMemory> mem = gather_memory(predicted, expected, *world);
   comm::release_ring_scratch();  // a run leaves nothing behind for the next
   std::vector<std::string> labels;
   for (int r = 0; r < static_cast<int>(mem.size()); ++r) {
@@ -491,6 +507,17 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
       proc.push_back(r.process);
     }
     runlog->write_memory(pred, cur, peak, proc);
+    std::vector<size_t> runtime, peak_pred;
+    std::vector<double> error;
+    std::vector<std::array<size_t, kNumMemPhases>> phase_pred, phase_peak;
+    for (const RankMemory& r : mem) {
+      runtime.push_back(r.expected.runtime);
+      peak_pred.push_back(r.expected.peak());
+      error.push_back(r.error());
+      phase_pred.push_back(r.expected.phases);
+      phase_peak.push_back(r.phase_peak);
+    }
+    runlog->write_process_prediction(runtime, peak_pred, error, phase_pred, phase_peak);
     runlog->write_timing(timers);
     runlog->close();
     log::info("# run log: {}/run.h5", cfg.output.dir);

@@ -106,8 +106,31 @@ def main():
             for c in CATEGORIES:
                 check(np.array_equal(pred[c], peak[c]),
                       f"/memory/{c}: predicted {list(pred[c])} == measured peak {list(peak[c])}")
-            for name in ["rss_bytes", "rss_peak_bytes", "pss_bytes"]:
+            for name in ["rss_bytes", "rss_peak_bytes", "pss_bytes", "runtime_bytes",
+                         "predicted_peak_bytes", "error"]:
                 check(f[f"memory/process/{name}"].shape == (2,), f"/memory/process/{name} per rank")
+            # Each phase's tracked host total is predicted exactly; the process
+            # prediction is the runtime's part plus the largest phase, and its
+            # error is against VmHWM as meshlm read it.
+            phases = ["start_up", "base_loading", "initialisation", "training"]
+            ppred = {p: f[f"memory/phases/{p}/predicted_bytes"][...].astype(np.int64) for p in phases}
+            ppeak = {p: f[f"memory/phases/{p}/peak_bytes"][...].astype(np.int64) for p in phases}
+            for p in phases:
+                check(np.array_equal(ppred[p], ppeak[p]),
+                      f"/memory/phases/{p}: predicted {list(ppred[p])} == tracked {list(ppeak[p])}")
+            check(np.all(ppeak["base_loading"] == 0), "no base loading without LoRA")
+            tracked_total = sum(peak[c] for c in CATEGORIES)
+            check(np.array_equal(np.maximum(ppeak["initialisation"], ppeak["training"]), tracked_total),
+                  "the largest phase is the tracked total's peak (one moment, all categories)")
+            runtime = f["memory/process/runtime_bytes"][...].astype(np.int64)
+            predicted = f["memory/process/predicted_peak_bytes"][...].astype(np.int64)
+            hwm = f["memory/process/rss_peak_bytes"][...].astype(np.int64)
+            check(np.all(runtime > (1 << 20)), f"runtime part {list(runtime)} > 1 MiB (libraries, MPI)")
+            check(np.array_equal(predicted, runtime + np.max([ppred[p] for p in phases], axis=0)),
+                  "predicted peak = runtime + the largest phase")
+            err = f["memory/process/error"][...]
+            check(np.allclose(err, (predicted - hwm) / hwm, rtol=1e-12),
+                  f"error {list(err)} == (predicted - VmHWM) / VmHWM")
             first_losses = loss
 
         # Same parameter file, same seed: the same losses, bit for bit.
