@@ -124,6 +124,11 @@ RingScratch& ring_scratch() {
 size_t g_bucket_bytes = kDefaultBucketBytes;
 size_t g_ring_min_bytes = kRingMinBytes;
 
+// Elements of one piece of a ring reduction: half the bucket.
+size_t piece_elements(size_t bucket_bytes, size_t element_bytes) {
+  return std::max<size_t>(1, bucket_bytes / (2 * element_bytes));
+}
+
 // Block j of n elements cut into p nearly equal blocks: [begin, end).
 size_t block_begin(size_t n, int p, int j) { return n / p * j + std::min<size_t>(j, n % p); }
 
@@ -158,7 +163,7 @@ public:
                     Stream stream) override {
     const char* name = "all_reduce";
     check_host(stream, name);
-    if (use_ring(count, type)) {
+    if (use_ring(Reduction::all_reduce, count, type)) {
       ring_all_reduce(static_cast<const char*>(send), static_cast<char*>(recv), count, type, op);
       return Handle();
     }
@@ -174,7 +179,7 @@ public:
     const char* name = "reduce";
     check_host(stream, name);
     check_rank(root, name, "root");
-    if (use_ring(count, type)) {
+    if (use_ring(Reduction::reduce, count, type)) {
       ring_reduce(static_cast<const char*>(send), static_cast<char*>(recv), count, type, op, root);
       return Handle();
     }
@@ -194,7 +199,7 @@ public:
                         Stream stream) override {
     const char* name = "reduce_scatter";
     check_host(stream, name);
-    if (use_ring(count * static_cast<size_t>(size_), type)) {
+    if (use_ring(Reduction::reduce_scatter, count, type)) {
       const size_t bytes = count * dtype_size(type);
       ring_reduce_scatter(static_cast<const char*>(send), static_cast<char*>(recv),
                           [count](int j) { return count * j; }, [count](int) { return count; },
@@ -291,8 +296,8 @@ private:
   // Reductions of more than kRingMinBytes over two ranks or more run in the
   // ring (ring_scratch_bytes in mpi_comm.h says why); the smaller ones, and
   // every reduction when the bucket is 0, in MPI's own collectives.
-  bool use_ring(size_t count, DType type) const {
-    return size_ > 1 && g_bucket_bytes > 0 && count * dtype_size(type) > g_ring_min_bytes;
+  bool use_ring(Reduction kind, size_t count, DType type) const {
+    return ring_scratch_bytes_of(kind, count, type, size_) > 0;
   }
 
   // One exchange of a ring: `n_send` elements to the next rank while `n_recv`
@@ -318,7 +323,7 @@ private:
     const char* name = "reduce_scatter";
     queue_->wait_all();  // issue order: what came before completes first
     const size_t es = dtype_size(type);
-    const size_t piece = std::max<size_t>(1, g_bucket_bytes / (2 * es));
+    const size_t piece = piece_elements(g_bucket_bytes, es);
     const MPI_Datatype t = mpi_type(type);
     const MPI_Op mop = mpi_op(op);
     RingScratch& scratch = ring_scratch();
@@ -366,7 +371,7 @@ private:
     const char* name = "reduce";
     queue_->wait_all();
     const size_t es = dtype_size(type);
-    const size_t piece = std::max<size_t>(1, g_bucket_bytes / (2 * es));
+    const size_t piece = piece_elements(g_bucket_bytes, es);
     const MPI_Datatype t = mpi_type(type);
     const MPI_Op mop = mpi_op(op);
     const int pos = (rank_ - root - 1 + 2 * size_) % size_;  // root is last: size_ - 1
@@ -432,8 +437,7 @@ void release_ring_scratch() {
 }
 
 size_t ring_scratch_bytes(size_t block_elements, size_t element_bytes, size_t bucket_bytes) {
-  const size_t piece = std::max<size_t>(1, bucket_bytes / (2 * element_bytes));
-  return 2 * std::min(piece, block_elements) * element_bytes;
+  return 2 * std::min(piece_elements(bucket_bytes, element_bytes), block_elements) * element_bytes;
 }
 
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, size_t broadcast_piece_bytes) {
