@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -301,16 +302,22 @@ void read_all(hid_t dset, hid_t mem_type, void* out) {
         "cannot read dataset");
 }
 
-void read_1d_slice(hid_t dset, hsize_t start, hsize_t count, hid_t mem_type, void* out) {
+void read_rows(hid_t dset, hsize_t start, hsize_t count, hid_t mem_type, void* out) {
   if (count == 0) return;
   std::string name = object_name(dset);
   std::string range = fmt::format("[{}, {})", start, start + count);
   Dataspace fspace(H5Dget_space(dset));
-  check(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, &start, nullptr, &count, nullptr), dset,
-        name, "cannot select elements " + range);
-  Dataspace mspace(H5Screate_simple(1, &count, nullptr));
+  const int rank = H5Sget_simple_extent_ndims(fspace);
+  check(rank, dset, name, "cannot read its shape");
+  std::vector<hsize_t> dims(static_cast<size_t>(std::max(rank, 1)), 1), offset(dims.size(), 0);
+  if (rank > 0) H5Sget_simple_extent_dims(fspace, dims.data(), nullptr);
+  offset[0] = start;
+  dims[0] = count;
+  check(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, offset.data(), nullptr, dims.data(), nullptr),
+        dset, name, "cannot select rows " + range);
+  Dataspace mspace(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
   check(H5Dread(dset, mem_type, mspace, fspace, H5P_DEFAULT, out), dset, name,
-        "cannot read elements " + range);
+        "cannot read rows " + range);
 }
 
 // ---------------------------------------------------------------------------

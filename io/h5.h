@@ -214,9 +214,10 @@ template <typename T>
 std::vector<T> read_dataset(hid_t loc, const std::string& name,
                             std::vector<hsize_t>* dims = nullptr);
 
-// Reads elements [start, start + count) of an open 1-D dataset into `out`
-// (memory type `mem_type`), without loading the rest.
-void read_1d_slice(hid_t dset, hsize_t start, hsize_t count, hid_t mem_type, void* out);
+// Reads rows [start, start + count) (along the first dimension; of a 1-D
+// dataset, elements) of an open dataset into `out` (memory type
+// `mem_type`), without loading the rest.
+void read_rows(hid_t dset, hsize_t start, hsize_t count, hid_t mem_type, void* out);
 
 // ---------------------------------------------------------------------------
 // Attributes (on a file, group or dataset; replaced when they exist)

@@ -252,12 +252,12 @@ void TokenReader::read(uint64_t start, uint64_t count, int32_t* out) const {
     // are read as uint32 into the same bytes (int32_t and uint32_t may alias)
     // and must fit in int32.
     if (f.is_signed) {
-      h5::read_1d_slice(f.dset, start, count, H5T_NATIVE_INT32, out);
+      h5::read_rows(f.dset, start, count, H5T_NATIVE_INT32, out);
       for (uint64_t i = 0; i < count; ++i)
         if (out[i] < 0) bad_id(f.path, start + i, out[i], "negative");
     } else {
       auto* u = reinterpret_cast<uint32_t*>(out);
-      h5::read_1d_slice(f.dset, start, count, H5T_NATIVE_UINT32, u);
+      h5::read_rows(f.dset, start, count, H5T_NATIVE_UINT32, u);
       for (uint64_t i = 0; i < count; ++i)
         if (u[i] > uint32_t(std::numeric_limits<int32_t>::max()))
           bad_id(f.path, start + i, u[i], "larger than int32");

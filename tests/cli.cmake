@@ -32,7 +32,13 @@ meshlm_cli_error(data_file_not_tokens "/usr/share/common-licenses/GPL-3.*not" tr
 meshlm_cli_error(data_path_is_the_text "data.path and data.tokenize_from are the same file" train ${_tiny} --data.path=/usr/share/common-licenses/GPL-3)
 meshlm_cli_error(missing_text_to_tokenize "data.tokenize_from.*/nonexistent/corpus.txt" train ${_tiny} --data.path=@SCRATCH@/tokens.h5 --data.tokenize_from=/nonexistent/corpus.txt)
 meshlm_cli_error(token_vocabulary_larger_than_model "declares vocab_size 256.*model.vocab_size = 100" train ${_tiny} --model.vocab_size=100)
-meshlm_cli_error(model_beyond_physical_memory "need .* as predicted, more than its physical memory" train ${_tiny} --model.vocab_size=16777216 --model.n_embd=131072 --model.n_head=2)
+meshlm_cli_error(model_beyond_physical_memory "predicted to need .* together, more than its physical memory" train ${_tiny} --model.vocab_size=16777216 --model.n_embd=131072 --model.n_head=2)
+# memory.limit_per_rank / limit_per_node: refused before anything large is
+# allocated, naming the rank (or node), its bytes per category and the key.
+meshlm_cli_error(memory_over_rank_limit "rank 0 \\(dp 0 tp 0 pp 0, node 0\\) is predicted to need .* \\(runtime .*, params .*, grads .*, optimizer .*\\), more than memory.limit_per_rank = 1MiB \\(1.0 MiB\\) \\(2 ranks in all are over\\).*memory.force = true" train ${_tiny} --parallel.pp=2 --memory.limit_per_rank=1MiB)
+meshlm_cli_error(memory_over_node_limit "the 2 rank\\(s\\) of node 0 are predicted to need .* together, more than memory.limit_per_node = 3MB \\(2.9 MiB\\)" train ${_tiny} --memory.limit_per_node=3MB)
+meshlm_cli_error(memory_limit_unknown_unit "memory.limit_per_rank = '12QB': unknown unit 'QB'" train ${_tiny} --memory.limit_per_rank=12QB)
+meshlm_cli_error(memory_limit_negative "memory.limit_per_node = '-5G': not a size" train ${_tiny} --memory.limit_per_node=-5G)
 meshlm_cli_error(threads_beyond_cores "runtime.threads = 4096 is more than 4 per core" train ${_tiny} --runtime.threads=4096)
 meshlm_cli_error(non_finite_eps "train.eps = inf: must be a finite number" train ${_tiny} --train.eps=inf)
 meshlm_cli_error(negative_seed "train.seed = -1: must lie in" train ${_tiny} --train.seed=-1)
@@ -65,6 +71,11 @@ add_test(NAME cli_nonfinite_numbers
   COMMAND bash ${_cli}/nonfinite.sh "${_mpiexec2}" $<TARGET_FILE:meshlm> ${_tiny}
           ${CMAKE_CURRENT_SOURCE_DIR}/bench/make_gpt2_safetensors.py)
 set_tests_properties(cli_nonfinite_numbers PROPERTIES LABELS cli TIMEOUT 180 ENVIRONMENT "OMP_NUM_THREADS=1")
+
+# memory.force = true: over the limits, the run starts with a warning.
+add_test(NAME cli_memory_force
+  COMMAND bash ${_cli}/memory_force.sh "${_mpiexec2}" $<TARGET_FILE:meshlm> ${_tiny})
+set_tests_properties(cli_memory_force PROPERTIES LABELS cli TIMEOUT 60 ENVIRONMENT "OMP_NUM_THREADS=1")
 
 # Temporary files: removed on SIGTERM, and after SIGKILL by the next writer.
 add_test(NAME cli_tokenize_signals COMMAND bash ${_cli}/tokenize_signals.sh $<TARGET_FILE:meshlm>)

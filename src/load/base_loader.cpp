@@ -69,6 +69,12 @@ const StoreEntry& StoreManifest::at(const std::string& name) const {
   throw RankError("no tensor named '" + name + "' in the quantized base model", MESHLM_HERE);
 }
 
+int64_t source_block_rows(const StoreEntry& e) {
+  const QuantFormat& f = quant_format(e.type);
+  return rows_per_block(e.spec, kSourceBlockBytes / sizeof(float),
+                        static_cast<size_t>(std::max(f.block, 1)));
+}
+
 StoreManifest make_manifest(const GPTConfig& cfg, QuantType matrices) {
   StoreManifest m;
   size_t offset = 0;
@@ -80,7 +86,8 @@ StoreManifest make_manifest(const GPTConfig& cfg, QuantType matrices) {
     e.layout = qlayout(e.type, n);
     e.offset = offset;
     offset += (e.layout.total_bytes + kStoreAlign - 1) / kStoreAlign * kStoreAlign;
-    m.largest_numel = std::max(m.largest_numel, n);
+    m.staging_floats = std::max(m.staging_floats, source_block_rows(e) * row_floats(p));
+    m.absmax_bytes = std::max(m.absmax_bytes, BlockQuantizer::absmax_bytes(e.type, n));
     m.entries.push_back(std::move(e));
   }
   m.bytes = offset;
@@ -138,13 +145,21 @@ FillReport fill_store(const GPTConfig& cfg, const QuantConfig& q, uint64_t seed,
   }
   if (hooks.on_start) hooks.on_start(false);
   {
-    // The one full-precision tensor held at a time.
-    Buffer staging(m.largest_numel * sizeof(float), MemCategory::workspace, "quant.source_tensor");
+    // The only full-precision values held: one block of rows at a time.
+    Buffer staging(m.staging_floats * sizeof(float), MemCategory::workspace, "quant.source_rows");
+    float* rows = staging.as<float>();
     ProgressBar bar(std::string("quantize ") + name_of(q.type), m.entries.size());
     for (size_t i = 0; i < m.entries.size(); ++i) {
       const StoreEntry& e = m.entries[i];
-      src->read(e.spec, staging.as<float>());
-      quantize_ref(staging.as<float>(), qtensor_at(e.layout, store + e.offset));
+      BlockQuantizer quantizer(qtensor_at(e.layout, store + e.offset));
+      const int64_t total = e.spec.full_shape[0], step = source_block_rows(e);
+      const size_t rf = row_floats(e.spec);
+      for (int64_t r0 = 0; r0 < total; r0 += step) {
+        const int64_t nr = std::min(step, total - r0);
+        src->read_rows(e.spec, r0, nr, rows);
+        quantizer.add(rows, static_cast<size_t>(r0) * rf, static_cast<size_t>(nr) * rf);
+      }
+      quantizer.finish();
       if (hooks.on_tensor) hooks.on_tensor(e);
       bar.update(i + 1, e.spec.name);
     }

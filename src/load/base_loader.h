@@ -2,9 +2,10 @@
 //
 // Rank 0 opens the source (safetensors, meshlm HDF5, or GPT-2 initialisation)
 // and, unless the HDF5 cache already holds the result for the same source
-// bytes and settings, streams it tensor by tensor: read one logical tensor
-// (the only full-precision tensor ever held), quantize it into its place in
-// the store, broadcast its bytes, next. The store is the node's MPI shared
+// bytes and settings, streams it tensor by tensor: read a block of rows of
+// one logical tensor (the only full-precision values ever held: at most
+// kSourceBlockBytes), quantize it into its place in the store, next block;
+// when the tensor is whole, broadcast its bytes, next tensor. The store is the node's MPI shared
 // window (quant.share = node), so rank 0 writes straight into shared memory;
 // each tensor's quantized bytes go to one leader per node (MPI_Bcast over
 // the node leaders) as soon as they are there, and each leader receives them
@@ -13,7 +14,7 @@
 // in place.
 //
 // Peak host memory of a node: one quantized copy, plus (on rank 0's node)
-// one source tensor in fp32.
+// one block of source rows in fp32 and one tensor's nf4 absmax.
 //
 // quant.share = per_rank: every rank opens the source and quantizes its own
 // full copy (the naive behaviour; the baseline of the measurements; the
@@ -57,10 +58,20 @@ struct StoreEntry {
 };
 struct StoreManifest {
   std::vector<StoreEntry> entries;
-  size_t bytes = 0;          // of the whole store
-  size_t largest_numel = 0;  // largest tensor (rank 0's fp32 staging while quantizing)
+  size_t bytes = 0;  // of the whole store
+  // What a rank that quantizes holds beside the store (workspace): one block
+  // of source rows in fp32 (at most kSourceBlockBytes) and the fp32 absmax
+  // of one tensor's blocks (nf4's second level), the largest of each.
+  size_t staging_floats = 0;
+  size_t absmax_bytes = 0;
+  size_t staging_bytes() const { return staging_floats * sizeof(float) + absmax_bytes; }
   const StoreEntry& at(const std::string& name) const;
 };
+// The source is read and quantized this many bytes of fp32 rows at a time.
+inline constexpr size_t kSourceBlockBytes = size_t{4} << 20;
+// Rows of entry e read at a time: whole quantization blocks, at most
+// kSourceBlockBytes (a row longer than that is one block).
+int64_t source_block_rows(const StoreEntry& e);
 StoreManifest make_manifest(const GPTConfig& cfg, QuantType matrices);
 
 // The arrays of every tensor as the cache stores them (/q/<name>/<array>).

@@ -22,9 +22,6 @@ namespace h5 = io::h5;
 
 namespace {
 
-// Floats of a Conv1D weight transposed per step (1 MiB).
-constexpr size_t kTransposeChunkFloats = size_t{1} << 18;
-
 std::string dims_str(const std::vector<int64_t>& d) {
   return fmt::format("[{}]", fmt::join(d, ", "));
 }
@@ -74,8 +71,8 @@ public:
     return "GPT-2 initialisation, seed " + std::to_string(seed_);
   }
   std::vector<std::string> files() const override { return {}; }
-  void fetch(const ParamSpec& spec, float* out) override {
-    init_tensor(cfg_, table_[find(spec)], seed_, out);
+  void fetch_rows(const ParamSpec& spec, int64_t row0, int64_t nrows, float* out) override {
+    init_tensor_rows(cfg_, table_[find(spec)], seed_, row0, nrows, out);
   }
 
 private:
@@ -111,38 +108,33 @@ public:
   std::string describe() const override { return "safetensors file '" + file_.path() + "'"; }
   std::vector<std::string> files() const override { return {file_.path()}; }
 
-  void fetch(const ParamSpec& spec, float* out) override {
+  void fetch_rows(const ParamSpec& spec, int64_t row0, int64_t nrows, float* out) override {
     const size_t i = find(spec);
     const ParamSpec& p = table_[i];
     const std::string& name = file_names_[i];
-    const size_t C = static_cast<size_t>(cfg_.n_embd);
+    const size_t rf = row_floats(p), r0 = static_cast<size_t>(row0), nr = static_cast<size_t>(nrows);
     switch (hf_layout(p)) {
       case HFLayout::same:
-        file_.read_f32(name, out);
+      case HFLayout::first_rows:
+        file_.read_f32(name, out, r0 * rf, nr * rf);
         break;
       case HFLayout::vocab_rows: {
-        const size_t real = static_cast<size_t>(cfg_.vocab_size) * C;
-        file_.read_f32(name, out, 0, real);
-        std::fill(out + real, out + p.full_shape.numel(), 0.0f);
+        // Rows past vocab_size are the padding: zeros.
+        const size_t vocab = static_cast<size_t>(cfg_.vocab_size);
+        const size_t real = r0 < vocab ? std::min(nr, vocab - r0) : 0;
+        if (real > 0) file_.read_f32(name, out, r0 * rf, real * rf);
+        std::fill(out + real * rf, out + nr * rf, 0.0f);
         break;
       }
-      case HFLayout::first_rows:
-        file_.read_f32(name, out, 0, static_cast<uint64_t>(cfg_.max_seq_len) * C);
-        break;
       case HFLayout::transposed: {
-        // File (in, out) -> meshlm (out, in): out[o][k] = file[k][o].
+        // File (in, out) -> meshlm (out, in): out[o][k] = file[k][o]. Row o
+        // of meshlm's is column o of the file's: for each file row k, the
+        // columns [row0, row0 + nrows) in one read.
         const size_t rows = static_cast<size_t>(p.full_shape[0]);
-        const size_t cols = static_cast<size_t>(p.full_shape[1]);
-        // A few file rows at a time (at most kTransposeChunkFloats): no
-        // second whole-tensor buffer, which would raise rank 0's peak and
-        // stay in its heap after the load.
-        const size_t per_chunk = std::max<size_t>(1, kTransposeChunkFloats / rows);
-        std::vector<float> tmp(std::min(per_chunk, cols) * rows);
-        for (size_t k0 = 0; k0 < cols; k0 += per_chunk) {
-          const size_t nk = std::min(per_chunk, cols - k0);
-          file_.read_f32(name, tmp.data(), k0 * rows, nk * rows);
-          for (size_t o = 0; o < rows; ++o)
-            for (size_t k = 0; k < nk; ++k) out[o * cols + k0 + k] = tmp[k * rows + o];
+        std::vector<float> column(nr);
+        for (size_t k = 0; k < rf; ++k) {
+          file_.read_f32(name, column.data(), k * rows + r0, nr);
+          for (size_t o = 0; o < nr; ++o) out[o * rf + k] = column[o];
         }
         break;
       }
@@ -239,10 +231,10 @@ public:
   }
   std::string describe() const override { return "meshlm HDF5 file '" + path_ + "'"; }
   std::vector<std::string> files() const override { return {path_}; }
-  void fetch(const ParamSpec& spec, float* out) override {
+  void fetch_rows(const ParamSpec& spec, int64_t row0, int64_t nrows, float* out) override {
     const ParamSpec& p = table_[find(spec)];
     h5::Dataset d = h5::open_dataset(file_, dataset_path(p.name));
-    h5::read_all(d, H5T_NATIVE_FLOAT, out);
+    h5::read_rows(d, static_cast<hsize_t>(row0), static_cast<hsize_t>(nrows), H5T_NATIVE_FLOAT, out);
   }
 
 private:
@@ -264,17 +256,26 @@ std::string lower_extension(const std::string& path) {
 }  // namespace
 
 void BaseSource::read(const ParamSpec& spec, float* out) {
-  fetch(spec, out);
-  const size_t n = static_cast<size_t>(spec.full_shape.numel());
-  for (size_t j = 0; j < n; ++j) {
-    if (std::isfinite(out[j])) continue;
+  read_rows(spec, 0, spec.full_shape[0], out);
+}
+
+void BaseSource::read_rows(const ParamSpec& spec, int64_t row0, int64_t nrows, float* out) {
+  if (row0 < 0 || nrows < 0 || row0 + nrows > spec.full_shape[0])
+    throw RankError(describe() + ": tensor '" + spec.name + "': rows [" + std::to_string(row0) +
+                        ", " + std::to_string(row0 + nrows) + ") asked for; it has " +
+                        std::to_string(spec.full_shape[0]),
+                    MESHLM_HERE);
+  fetch_rows(spec, row0, nrows, out);
+  const size_t rf = row_floats(spec), first = static_cast<size_t>(row0) * rf,
+               n = static_cast<size_t>(nrows) * rf;
+  for (size_t i = 0; i < n; ++i) {
+    if (std::isfinite(out[i])) continue;
+    const size_t j = first + i;
     std::string where = "index " + std::to_string(j);
-    if (spec.full_shape.ndim == 2) {
-      const size_t cols = static_cast<size_t>(spec.full_shape.dims[1]);
-      where += " (row " + std::to_string(j / cols) + ", column " + std::to_string(j % cols) + ")";
-    }
+    if (spec.full_shape.ndim == 2)
+      where += " (row " + std::to_string(j / rf) + ", column " + std::to_string(j % rf) + ")";
     throw RankError(describe() + ": tensor '" + spec.name + "' holds " +
-                        (std::isnan(out[j]) ? "NaN" : "an infinite value") + " at " + where +
+                        (std::isnan(out[i]) ? "NaN" : "an infinite value") + " at " + where +
                         ", in meshlm's layout (linear weights (out, in))",
                     MESHLM_HERE);
   }

@@ -52,10 +52,14 @@ public:
   // or a value is NaN or infinite (with the value's index and position):
   // nothing trains on a number that was not checked.
   void read(const ParamSpec& spec, float* out);
+  // Rows [row0, row0 + nrows) of the same tensor (row_floats(spec) elements
+  // each) into out[0, nrows * row_floats(spec)), checked the same way: what
+  // lets a caller hold one block of a tensor instead of all of it.
+  void read_rows(const ParamSpec& spec, int64_t row0, int64_t nrows, float* out);
 
 protected:
-  // The source's own reading, without the check of the values.
-  virtual void fetch(const ParamSpec& spec, float* out) = 0;
+  // The source's own reading of those rows, without the check of the values.
+  virtual void fetch_rows(const ParamSpec& spec, int64_t row0, int64_t nrows, float* out) = 0;
 };
 
 // Opens the source named by `spec_string` for the model `cfg` (seed: for

@@ -228,24 +228,50 @@ void GPT::set_grad_target(std::function<float*(size_t)> where, std::function<voi
   block_done_ = std::move(block_done);
 }
 
-void GPT::set_weights(const std::function<void(const ParamSpec&, float*)>& value_of) {
+namespace {
+// Whether set_weights writes `p` straight into place, whole.
+bool set_in_place(const ParamSpec& p, int tp_size, bool host) {
+  return host && (p.tp_dim < 0 || tp_size == 1);
+}
+int64_t weight_block_rows(const ParamSpec& p) {
+  return rows_per_block(p, GPT::kWeightBlockBytes / sizeof(float));
+}
+}  // namespace
+
+size_t GPT::weight_block_bytes(const std::vector<ParamSpec>& table, int tp_size, bool host) {
+  size_t most = 0;
+  for (const ParamSpec& p : table)
+    if (!set_in_place(p, tp_size, host))
+      most = std::max(most, static_cast<size_t>(weight_block_rows(p)) * row_floats(p));
+  return most * sizeof(float);
+}
+
+void GPT::set_weights(const RowsOf& value_of) {
   float* base = params();
   const bool host = k_->device() == Device::cpu;
+  // One block of rows of the logical tensor at a time; this rank keeps (or,
+  // on a GPU, uploads) the runs of it that are its part.
+  Buffer block(weight_block_bytes(table_, shard_.tp_size, host), MemCategory::workspace,
+               "gpt.weight_rows");
   for (const ParamSpec& p : table_) {
-    // A split tensor is made whole (workspace) and this rank keeps its part;
-    // on a GPU each tensor is made on the host and its part uploaded.
-    const bool split = p.tp_dim >= 0 && shard_.tp_size > 1;
-    Buffer whole, part;
-    if (split || !host)
-      whole = Buffer(static_cast<size_t>(p.full_shape.numel()) * sizeof(float),
-                     MemCategory::workspace, "gpt.whole_tensor");
-    if (split && !host)
-      part = Buffer(p.numel() * sizeof(float), MemCategory::workspace, "gpt.tensor_part");
-    float* x = whole.bytes() > 0 ? whole.as<float>() : base + p.offset;
-    value_of(p, x);
-    float* mine = host ? base + p.offset : split ? part.as<float>() : x;
-    if (split) shard_from_full(p, x, mine, shard_.tp_rank, shard_.tp_size);
-    if (!host) k_->upload(base + p.offset, mine, p.numel() * sizeof(float));
+    const int64_t rows = p.full_shape[0];
+    if (set_in_place(p, shard_.tp_size, host)) {
+      value_of(p, 0, rows, base + p.offset);
+      continue;
+    }
+    const int64_t step = weight_block_rows(p);
+    float* x = block.as<float>();
+    for (int64_t r0 = 0; r0 < rows; r0 += step) {
+      const int64_t nr = std::min(step, rows - r0);
+      value_of(p, r0, nr, x);
+      for_each_part_run(p, r0, nr, shard_.tp_rank, shard_.tp_size,
+                        [&](size_t from, size_t to, size_t n) {
+                          if (host)
+                            std::memcpy(base + p.offset + to, x + from, n * sizeof(float));
+                          else
+                            k_->upload(base + p.offset + to, x + from, n * sizeof(float));
+                        });
+    }
   }
 }
 
@@ -256,7 +282,9 @@ std::vector<float> GPT::host_params() const {
 }
 
 void GPT::init_weights(uint64_t seed) {
-  set_weights([&](const ParamSpec& p, float* x) { init_tensor(cfg_, p, seed, x); });
+  set_weights([&](const ParamSpec& p, int64_t row0, int64_t nrows, float* x) {
+    init_tensor_rows(cfg_, p, seed, row0, nrows, x);
+  });
 }
 
 void GPT::ensure_activations(int B, int Tn) {

@@ -99,10 +99,19 @@ public:
   // model's table), and a shard takes its part of it: values do not depend
   // on the layout.
   void init_weights(uint64_t seed);
-  // Sets every trained tensor from value_of(spec, out), which writes the
-  // logical tensor (spec.full_shape) whole; this rank keeps its part. One
-  // logical tensor at a time is held whole (booked as workspace).
-  void set_weights(const std::function<void(const ParamSpec&, float*)>& value_of);
+  // Sets every trained tensor from value_of(spec, row0, nrows, out), which
+  // writes rows [row0, row0 + nrows) of the logical tensor (spec.full_shape;
+  // row_floats(spec) elements a row) to out; this rank keeps its part. A
+  // tensor written straight into place (unsplit, on the CPU) is asked for
+  // whole; any other a block of rows at a time, in one buffer of at most
+  // kWeightBlockBytes (or one row; booked as workspace).
+  using RowsOf = std::function<void(const ParamSpec&, int64_t row0, int64_t nrows, float* out)>;
+  void set_weights(const RowsOf& value_of);
+  static constexpr size_t kWeightBlockBytes = size_t{4} << 20;
+  // The workspace set_weights takes for `table` (a rank's trained tensors):
+  // the largest block of a tensor that is split (tp_size > 1) or, off the
+  // CPU (host = false), of any tensor.
+  static size_t weight_block_bytes(const std::vector<ParamSpec>& table, int tp_size, bool host);
 
   // ---- LoRA: the frozen base -------------------------------------------------
   bool lora() const { return opts_.lora.enabled; }

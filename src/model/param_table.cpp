@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -87,90 +88,88 @@ const ParamSpec* find_role(const std::vector<ParamSpec>& table, ParamRole role) 
   return nullptr;
 }
 
-namespace {
-// The logical tensor seen as (outer, D, inner) with D = full_shape[tp_dim]
-// made of tp_parts parts; rank r holds piece r of every part of every outer
-// row. Copies full -> part (to_part) or back.
-void shard_copy(const ParamSpec& s, float* full, float* part, int r, int tp, bool to_part) {
-  if (s.tp_dim < 0 || tp == 1) {
-    if (to_part)
-      std::memcpy(part, full, s.numel() * sizeof(float));
-    else
-      std::memcpy(full, part, s.numel() * sizeof(float));
-    return;
-  }
-  const Shape& f = s.full_shape;
-  size_t outer = 1, inner = 1;
-  for (int d = 0; d < s.tp_dim; ++d) outer *= f.dims[d];
-  for (int d = s.tp_dim + 1; d < f.ndim; ++d) inner *= f.dims[d];
-  const size_t D = f.dims[s.tp_dim], per_part = D / s.tp_parts, piece = per_part / tp;
-  for (size_t o = 0; o < outer; ++o) {
-    for (int p = 0; p < s.tp_parts; ++p) {
-      float* a = full + (o * D + p * per_part + r * piece) * inner;
-      float* b = part + (o * (D / tp) + p * piece) * inner;
-      if (to_part)
-        std::memcpy(b, a, piece * inner * sizeof(float));
-      else
-        std::memcpy(a, b, piece * inner * sizeof(float));
-    }
-  }
+size_t row_floats(const ParamSpec& s) {
+  return s.full_shape.ndim <= 1 ? 1 : static_cast<size_t>(s.full_shape.numel() / s.full_shape[0]);
 }
-}  // namespace
+
+int64_t rows_per_block(const ParamSpec& s, size_t max_floats, size_t align) {
+  const int64_t rows = s.full_shape[0];
+  const size_t rf = row_floats(s);
+  const int64_t fit = static_cast<int64_t>(std::max<size_t>(1, max_floats / rf));
+  if (fit >= rows) return rows;
+  // Rows per step so that a block's element count is a multiple of align.
+  const int64_t step = static_cast<int64_t>(align / std::gcd(align, rf));
+  return std::min(rows, std::max(step, fit / step * step));
+}
 
 void shard_from_full(const ParamSpec& spec, const float* full, float* part, int tp_rank,
                      int tp_size) {
-  shard_copy(spec, const_cast<float*>(full), part, tp_rank, tp_size, true);
+  for_each_part_run(spec, 0, spec.full_shape[0], tp_rank, tp_size,
+                    [&](size_t from, size_t to, size_t n) {
+                      std::memcpy(part + to, full + from, n * sizeof(float));
+                    });
 }
 
 void shard_to_full(const ParamSpec& spec, const float* part, float* full, int tp_rank,
                    int tp_size) {
-  shard_copy(spec, full, const_cast<float*>(part), tp_rank, tp_size, false);
+  for_each_part_run(spec, 0, spec.full_shape[0], tp_rank, tp_size,
+                    [&](size_t from, size_t to, size_t n) {
+                      std::memcpy(full + from, part + to, n * sizeof(float));
+                    });
 }
 
 void init_tensor(const GPTConfig& cfg, const ParamSpec& p, uint64_t seed, float* x) {
+  init_tensor_rows(cfg, p, seed, 0, p.full_shape[0], x);
+}
+
+void init_tensor_rows(const GPTConfig& cfg, const ParamSpec& p, uint64_t seed, int64_t row0,
+                      int64_t nrows, float* x) {
   const double kStd = 0.02;
-  const size_t n = static_cast<size_t>(p.full_shape.numel());
-  // One stream per tensor, element j from its (2j)-th draw on (normal) or
-  // j-th (uniform): filled by all threads in blocks, the same values as one
-  // thread walking the stream.
-  constexpr long kBlock = 1 << 16;
-  const long nblocks = static_cast<long>((n + kBlock - 1) / kBlock);
-  auto fill_normal = [&](double sd, size_t real) {
-    const Rng start(Rng::mix_seed(seed, static_cast<uint64_t>(p.index)));
+  const size_t rf = row_floats(p), first = static_cast<size_t>(row0) * rf,
+               n = static_cast<size_t>(nrows) * rf;
+  MESHLM_CHECK(row0 >= 0 && nrows >= 0 && row0 + nrows <= p.full_shape[0],
+               p.name + ": rows out of the tensor");
+  // One stream per tensor, element j from its (2j)-th draw (normal) or j-th
+  // (uniform): threads fill blocks of kBlock elements (counted from the
+  // tensor's start) at once, the same values as one thread walking the
+  // stream, whatever rows are asked for.
+  constexpr size_t kBlock = size_t{1} << 16;
+  const long b0 = static_cast<long>(first / kBlock),
+             b1 = static_cast<long>((first + n + kBlock - 1) / kBlock);
+  auto fill = [&](const Rng& start, int draws, auto&& value) {
 #pragma omp parallel for schedule(static)
-    for (long b = 0; b < nblocks; ++b) {
-      const size_t j0 = static_cast<size_t>(b) * kBlock, j1 = std::min(n, j0 + kBlock);
+    for (long b = b0; b < b1; ++b) {
+      const size_t j0 = std::max(first, static_cast<size_t>(b) * kBlock),
+                   j1 = std::min(first + n, static_cast<size_t>(b + 1) * kBlock);
       Rng rng = start;
-      rng.skip(2 * j0);
-      for (size_t j = j0; j < j1; ++j) x[j] = j < real ? static_cast<float>(sd * rng.normal()) : 0.0f;
+      rng.skip(static_cast<uint64_t>(draws) * j0);
+      for (size_t j = j0; j < j1; ++j) x[j - first] = value(rng, j);
     }
+  };
+  auto fill_normal = [&](double sd, size_t real) {
+    fill(Rng(Rng::mix_seed(seed, static_cast<uint64_t>(p.index))), 2, [&](Rng& rng, size_t j) {
+      return j < real ? static_cast<float>(sd * rng.normal()) : 0.0f;
+    });
   };
   switch (p.init) {
     case InitKind::normal:
-      fill_normal(kStd, n);
+      fill_normal(kStd, first + n);
       return;
     case InitKind::normal_residual:
-      fill_normal(kStd / std::sqrt(2.0 * cfg.n_layer), n);
+      fill_normal(kStd / std::sqrt(2.0 * cfg.n_layer), first + n);
       return;
     case InitKind::normal_vocab:
       fill_normal(kStd, static_cast<size_t>(cfg.vocab_size) * p.full_shape.dims[1]);
       return;
     case InitKind::zeros:
     case InitKind::ones:
-      for (size_t j = 0; j < n; ++j) x[j] = p.init == InitKind::ones ? 1.0f : 0.0f;
+      std::fill(x, x + n, p.init == InitKind::ones ? 1.0f : 0.0f);
       return;
     case InitKind::kaiming_uniform: {
       // With a = sqrt(5), as torch.nn.Linear and PEFT: bound 1/sqrt(IC).
       const double bound = 1.0 / std::sqrt(static_cast<double>(p.full_shape.dims[1]));
-      const Rng start(Rng::mix_seed(seed ^ kLoraSeedSalt, static_cast<uint64_t>(p.index)));
-#pragma omp parallel for schedule(static)
-      for (long b = 0; b < nblocks; ++b) {
-        const size_t j0 = static_cast<size_t>(b) * kBlock, j1 = std::min(n, j0 + kBlock);
-        Rng rng = start;
-        rng.skip(j0);
-        for (size_t j = j0; j < j1; ++j)
-          x[j] = static_cast<float>(bound * (2.0 * rng.uniform() - 1.0));
-      }
+      fill(Rng(Rng::mix_seed(seed ^ kLoraSeedSalt, static_cast<uint64_t>(p.index))), 1,
+           [&](Rng& rng, size_t) { return static_cast<float>(bound * (2.0 * rng.uniform() - 1.0)); });
       return;
     }
   }

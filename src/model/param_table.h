@@ -19,6 +19,7 @@
 // tensor, so checkpoints and tests can always speak of the whole model.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -127,6 +128,24 @@ void shard_from_full(const ParamSpec& spec, const float* full, float* part, int 
 void shard_to_full(const ParamSpec& spec, const float* part, float* full, int tp_rank,
                    int tp_size);
 
+// A logical tensor is worked on in blocks of whole rows (its first
+// dimension; a 1-D tensor's rows are its elements) wherever holding all of
+// it would cost memory: reading and quantizing the frozen base, and setting
+// a tensor-parallel rank's part. row_floats is the length of one row.
+size_t row_floats(const ParamSpec& spec);
+// The rows of one block: as many as fit in `max_floats` (at least one, and
+// never more than the tensor has), rounded down to a multiple of the rows
+// that make a multiple of `align` elements (a quantization block) unless the
+// block is the whole tensor.
+int64_t rows_per_block(const ParamSpec& spec, size_t max_floats, size_t align = 1);
+// For rows [row0, row0 + nrows) of the logical tensor: each run of elements
+// that belongs to tensor-parallel rank tp_rank's part, as fn(from, to,
+// count): `from` counts from the block's first element, `to` from the
+// part's. Runs come in the order of the logical tensor.
+template <typename Fn>
+void for_each_part_run(const ParamSpec& spec, int64_t row0, int64_t nrows, int tp_rank,
+                       int tp_size, Fn&& fn);
+
 // The initial value of the logical tensor `spec` (full_shape, written whole
 // to `out`) by its spec.init. Each tensor has its own stream seeded from
 // (seed, spec.index), LoRA adapters from a stream apart (seed ^
@@ -135,5 +154,39 @@ void shard_to_full(const ParamSpec& spec, const float* part, float* full, int tp
 // blocks of a tensor at once.
 constexpr uint64_t kLoraSeedSalt = 0x4c6f5241'00000000ull;
 void init_tensor(const GPTConfig& cfg, const ParamSpec& spec, uint64_t seed, float* out);
+// Rows [row0, row0 + nrows) of the same tensor into out[0, nrows *
+// row_floats(spec)): the values init_tensor puts there.
+void init_tensor_rows(const GPTConfig& cfg, const ParamSpec& spec, uint64_t seed, int64_t row0,
+                      int64_t nrows, float* out);
+
+// ---- for_each_part_run ------------------------------------------------------------
+
+template <typename Fn>
+void for_each_part_run(const ParamSpec& s, int64_t row0, int64_t nrows, int r, int tp, Fn&& fn) {
+  const size_t rf = row_floats(s), first = static_cast<size_t>(row0) * rf,
+               last = first + static_cast<size_t>(nrows) * rf;
+  if (s.tp_dim < 0 || tp == 1) {
+    if (last > first) fn(size_t{0}, first, last - first);
+    return;
+  }
+  // The logical tensor as (outer, D, inner), D = full_shape[tp_dim] made of
+  // tp_parts parts: rank r holds piece r of every part of every outer row,
+  // one run of piece * inner elements each.
+  const Shape& f = s.full_shape;
+  size_t outer = 1, inner = 1;
+  for (int d = 0; d < s.tp_dim; ++d) outer *= static_cast<size_t>(f.dims[d]);
+  for (int d = s.tp_dim + 1; d < f.ndim; ++d) inner *= static_cast<size_t>(f.dims[d]);
+  const size_t D = static_cast<size_t>(f.dims[s.tp_dim]), per_part = D / s.tp_parts,
+               piece = per_part / tp, run = piece * inner;
+  const size_t o0 = first / (D * inner), o1 = std::min(outer, (last + D * inner - 1) / (D * inner));
+  for (size_t o = o0; o < o1; ++o) {
+    for (int p = 0; p < s.tp_parts; ++p) {
+      const size_t a = (o * D + p * per_part + r * piece) * inner;  // in the logical tensor
+      const size_t b = (o * (D / tp) + p * piece) * inner;          // in the part
+      const size_t lo = std::max(a, first), hi = std::min(a + run, last);
+      if (lo < hi) fn(lo - first, b + (lo - a), hi - lo);
+    }
+  }
+}
 
 }  // namespace meshlm

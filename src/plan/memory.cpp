@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/error.h"
 #include "model/gpt.h"
 
 namespace meshlm {
@@ -13,6 +14,25 @@ ZeroLayout zero_layout(const GPTConfig& cfg, const RankPlan& r) {
   z.padded = (z.n + pad - 1) / pad * pad;
   z.shard = z.padded / static_cast<size_t>(r.dp);
   return z;
+}
+
+std::pair<size_t, size_t> optimizer_range(const std::vector<ParamSpec>& table, const RankPlan& r,
+                                          const ZeroLayout& z) {
+  size_t begin = 0, end = z.n;
+  if (r.zero_stage > 0) {
+    begin = static_cast<size_t>(r.dp_rank) * z.shard;
+    end = begin + z.shard;
+  }
+  if (r.shard.last_stage && !r.shard.first_stage) {
+    for (const ParamSpec& p : table) {
+      if (p.tied != TiedGroup::embedding) continue;
+      // The last stage's table starts with the tied lm_head.
+      MESHLM_CHECK(p.offset == 0, "the tied embedding leads the last stage's table");
+      begin = std::max(begin, p.numel());
+      end = std::max(end, begin);
+    }
+  }
+  return {begin, end};
 }
 
 size_t largest_block_numel(const std::vector<ParamSpec>& table) {
@@ -45,8 +65,8 @@ PhasedMemory predict_phases(const GPTConfig& model, const RankPlan& r, uint64_t 
   PhasedMemory out;
   out.moments.push_back({MemPhase::startup, kept});
   if (r.model.lora.enabled) {
-    // The quantized store (on the rank that holds it), beside the one
-    // full-precision source tensor of a rank that quantizes.
+    // The quantized store (on the rank that holds it), beside the block of
+    // full-precision source rows of a rank that quantizes.
     at(kept, MemCategory::quantized) = r.quantized_bytes;
     MemoryByCategory loading = kept;
     at(loading, MemCategory::workspace) = r.base_staging_bytes;
@@ -58,19 +78,15 @@ PhasedMemory predict_phases(const GPTConfig& model, const RankPlan& r, uint64_t 
   if (r.model.lora.enabled) at(kept, MemCategory::params) += GPT::frozen_numel(model, r.shard) * f;
   if (r.zero_stage < 2) at(kept, MemCategory::grads) = z.padded * f;
   MemoryByCategory init = kept;
-  if (r.shard.tp_size > 1) {
-    size_t largest = 0;
-    for (const ParamSpec& p : table)
-      if (p.tp_dim >= 0) largest = std::max(largest, static_cast<size_t>(p.full_shape.numel()));
-    at(init, MemCategory::workspace) = largest * f;
-  }
+  at(init, MemCategory::workspace) = GPT::weight_block_bytes(table, r.shard.tp_size, /*host=*/true);
   // Then activations, ZeRO 2's gradient shard, bucket and edge tensors,
   // AdamW's moments and the pipeline's buffers, kept through training.
   at(kept, MemCategory::activations) =
       GPT::activation_bytes(model, r.shard, r.model, r.micro_batch, r.seq_len);
   if (r.zero_stage == 2)
     at(kept, MemCategory::grads) = (z.shard + largest_block_numel(table) + edge_numel(table)) * f;
-  at(kept, MemCategory::optimizer) = 2 * (r.zero_stage == 0 ? z.n : z.shard) * f;
+  const auto [opt_begin, opt_end] = optimizer_range(table, r, z);
+  at(kept, MemCategory::optimizer) = 2 * (opt_end - opt_begin) * f;
   if (r.pipeline_stage > 0)
     at(kept, MemCategory::comm) = static_cast<size_t>(r.model.slots) * r.micro_batch * r.seq_len *
                                   model.n_embd * f;

@@ -12,9 +12,12 @@
 //                                          and final norm (E), reduced at step end
 //   optimizer   = 2 n * 4                  ZeRO 0: AdamW m and v of everything
 //               = 2 S * 4                  ZeRO 1, 2: of the owned shard only
+//                 less the tied wte's elements on a last stage (pp > 1): the
+//                 first stage alone keeps its moments (optimizer_range)
 //   activations = GPT::activation_bytes(cfg, shard, options, micro_batch, seq_len)
 //   comm        = slots * B * T * C * 4    pipeline stages > 0: gradients being sent back
-//   workspace   = largest split tensor, whole, * 4   (tp > 1: initialisation)
+//   workspace   = a block of rows of the largest split tensor (tp > 1:
+//                 initialisation; at most GPT::kWeightBlockBytes, or one row)
 //   other       = windows * 4              the shuffled order of one epoch
 //
 // Under LoRA (finetune.mode = lora) the table is the adapters' (n counts
@@ -23,14 +26,16 @@
 //   params     += frozen vectors of the shard (biases, LayerNorm) * 4
 //   quantized   = the whole quantized store on the rank that holds it (node
 //                 rank 0 under quant.share = node; every rank under per_rank)
-//   workspace   = max(the above, the largest source tensor * 4 on a rank
-//                 that quantizes: rank 0, or every rank under per_rank)
+//   workspace   = max(the above, on a rank that quantizes (rank 0, or every
+//                 rank under per_rank): a block of fp32 source rows and one
+//                 tensor's nf4 absmax, StoreManifest::staging_bytes)
 //   activations include the adapters' and dequantization scratch.
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/alloc.h"
@@ -46,6 +51,13 @@ struct ZeroLayout {
   size_t n = 0, padded = 0, shard = 0;
 };
 ZeroLayout zero_layout(const GPTConfig& cfg, const RankPlan& r);
+// The flat elements [first, second) whose AdamW moments the rank keeps: its
+// ZeRO range ([0, n) under ZeRO 0; DP rank k's shard [k S, (k+1) S)), less
+// the tied token embedding on a last stage that is not also the first. The
+// first stage owns the tied embedding's optimizer state; the last one sends
+// it its gradient and receives the updated weights (train/engine.cpp).
+std::pair<size_t, size_t> optimizer_range(const std::vector<ParamSpec>& table, const RankPlan& r,
+                                          const ZeroLayout& z);
 // Elements of the largest transformer block of the shard, and of the tensors
 // outside the blocks (wte, wpe, ln_f) it holds.
 size_t largest_block_numel(const std::vector<ParamSpec>& table);
@@ -54,10 +66,10 @@ size_t edge_numel(const std::vector<ParamSpec>& table);
 // What is live at the peak of each phase of the run (core/alloc.h,
 // MemPhase), per category:
 //   start-up        other
-//   base loading    + quantized, + workspace = the source tensor being
-//                   quantized (LoRA only)
-//   initialisation  + params, grads (ZeRO 0, 1), + workspace = the whole of
-//                   the largest split tensor (tp > 1), or the training
+//   base loading    + quantized, + workspace = the block of source rows
+//                   being quantized and its tensor's nf4 absmax (LoRA only)
+//   initialisation  + params, grads (ZeRO 0, 1), + workspace = a block of
+//                   rows of the largest split tensor (tp > 1), or the training
 //                   phase's set where that is larger (its buffers are made
 //                   before training starts)
 //   training        other, quantized, params, grads, optimizer,

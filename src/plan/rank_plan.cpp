@@ -28,6 +28,7 @@ RankPlan plan_rank(const GPTConfig& model, const ParallelConfig& p, const Finetu
   r.micro_batch = micro_batch;
   r.seq_len = seq_len;
   r.dp = p.dp;
+  r.dp_rank = c.dp;
   r.zero_stage = p.zero_stage;
   r.pipeline_stage = c.pp;
   return r;

@@ -21,11 +21,12 @@ struct RankPlan {
   int micro_batch = 1;   // B
   int seq_len = 1;       // T
   int dp = 1;
+  int dp_rank = 0;
   int zero_stage = 0;
   int pipeline_stage = 0;
   // LoRA on a frozen base (set where the mesh is known):
   size_t quantized_bytes = 0;     // the store held in this rank's memory (node holder or per_rank)
-  size_t base_staging_bytes = 0;  // the fp32 source tensor of a rank that quantizes
+  size_t base_staging_bytes = 0;  // a rank that quantizes: a block of fp32 source rows + nf4 absmax
 };
 
 // The layers of every pipeline stage: parallel.stage_layers, or balanced by

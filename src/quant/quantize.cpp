@@ -26,15 +26,15 @@ float block_absmax(const float* x, size_t i0, size_t i1) {
 
 // ---- int8 ---------------------------------------------------------------------
 
-void quantize_q8(const float* x, const QTensor& t) {
-  const size_t n = t.n, nb = ceil_div(n, kQ8Block);
+void quantize_q8(const float* x, const QTensor& t, size_t first, size_t count) {
+  const size_t end = first + count, b0 = first / kQ8Block, b1 = ceil_div(end, kQ8Block);
   int8_t* q = static_cast<int8_t*>(t.data);
 #pragma omp parallel for schedule(static)
-  for (size_t b = 0; b < nb; ++b) {
-    const size_t i0 = b * kQ8Block, i1 = block_end(b, kQ8Block, n);
-    const float a = block_absmax(x, i0, i1);
+  for (size_t b = b0; b < b1; ++b) {
+    const size_t i0 = b * kQ8Block, i1 = block_end(b, kQ8Block, end);
+    const float a = block_absmax(x - first, i0, i1);
     t.absmax[b] = a;
-    for (size_t i = i0; i < i1; ++i) q[i] = q8_quantize(x[i], a);
+    for (size_t i = i0; i < i1; ++i) q[i] = q8_quantize(x[i - first], a);
   }
 }
 
@@ -60,24 +60,27 @@ void dequantize_q8(const QTensor& t, size_t first, size_t count, float* out) {
 
 // ---- nf4 ----------------------------------------------------------------------
 
-void quantize_nf4(const float* x, const QTensor& t) {
-  const size_t n = t.n, nb = ceil_div(n, kNF4Block), ng = ceil_div(nb, kNF4AbsmaxBlock);
+void quantize_nf4(const float* x, const QTensor& t, size_t first, size_t count, float* absmax) {
+  const size_t end = first + count, b0 = first / kNF4Block, b1 = ceil_div(end, kNF4Block);
   uint8_t* packed = static_cast<uint8_t*>(t.data);
-  std::vector<float> absmax(nb);
 #pragma omp parallel for schedule(static)
-  for (size_t b = 0; b < nb; ++b) {
-    const size_t i0 = b * kNF4Block, i1 = block_end(b, kNF4Block, n);
-    const float a = block_absmax(x, i0, i1);
+  for (size_t b = b0; b < b1; ++b) {
+    const size_t i0 = b * kNF4Block, i1 = block_end(b, kNF4Block, end);
+    const float a = block_absmax(x - first, i0, i1);
     absmax[b] = a;
     // i0 is even: pairs (i, i + 1) never straddle two blocks.
     for (size_t i = i0; i < i1; i += 2) {
-      const uint8_t hi = nf4_quantize(x[i], a);
-      const uint8_t lo = i + 1 < i1 ? nf4_quantize(x[i + 1], a) : 0;
+      const uint8_t hi = nf4_quantize(x[i - first], a);
+      const uint8_t lo = i + 1 < i1 ? nf4_quantize(x[i + 1 - first], a) : 0;
       packed[i / 2] = static_cast<uint8_t>(hi << 4 | lo);
     }
   }
-  // Double quantization. The mean is summed in double in block order, one
-  // fixed order whatever the thread count.
+}
+
+// Double quantization of every block's absmax. The mean is summed in double
+// in block order, one fixed order whatever the thread count.
+void finish_nf4(const QTensor& t, const float* absmax) {
+  const size_t nb = ceil_div(t.n, kNF4Block), ng = ceil_div(nb, kNF4AbsmaxBlock);
   double sum = 0.0;
   for (size_t b = 0; b < nb; ++b) sum += absmax[b];
   const float offset = static_cast<float>(sum / static_cast<double>(nb));
@@ -131,19 +134,55 @@ const QuantFormat& quant_format(QuantType t) {
                   MESHLM_HERE);
 }
 
-void quantize_f32_ref(const float* x, const QTensor& out) {
-  std::memcpy(out.data, x, out.n * sizeof(float));
+void quantize_f32_blocks_ref(const float* x, const QTensor& out, size_t first, size_t count,
+                             float*) {
+  std::memcpy(static_cast<float*>(out.data) + first, x, count * sizeof(float));
 }
 void dequantize_f32_ref(const QTensor& t, size_t first, size_t count, float* out) {
   std::memcpy(out, static_cast<const float*>(t.data) + first, count * sizeof(float));
 }
-void quantize_int8_ref(const float* x, const QTensor& out) { quantize_q8(x, out); }
+void quantize_int8_blocks_ref(const float* x, const QTensor& out, size_t first, size_t count,
+                              float*) {
+  quantize_q8(x, out, first, count);
+}
 void dequantize_int8_ref(const QTensor& t, size_t first, size_t count, float* out) {
   dequantize_q8(t, first, count, out);
 }
-void quantize_nf4_ref(const float* x, const QTensor& out) { quantize_nf4(x, out); }
+void quantize_nf4_blocks_ref(const float* x, const QTensor& out, size_t first, size_t count,
+                             float* absmax) {
+  quantize_nf4(x, out, first, count, absmax);
+}
+void finish_nf4_ref(const QTensor& out, const float* absmax) { finish_nf4(out, absmax); }
 void dequantize_nf4_ref(const QTensor& t, size_t first, size_t count, float* out) {
   dequantize_nf4(t, first, count, out);
+}
+
+size_t BlockQuantizer::absmax_bytes(QuantType type, size_t n) {
+  const QuantFormat& f = quant_format(type);
+  return f.finish_ref ? ceil_div(n, static_cast<size_t>(f.block)) * sizeof(float) : 0;
+}
+
+BlockQuantizer::BlockQuantizer(const QTensor& out)
+    : out_(out),
+      absmax_(absmax_bytes(out.type, out.n), MemCategory::workspace, "quant.block_absmax") {
+  MESHLM_CHECK(out.n > 0 && out.data, "empty quantized tensor");
+}
+
+void BlockQuantizer::add(const float* x, size_t first, size_t count) {
+  const QuantFormat& f = quant_format(out_.type);
+  MESHLM_CHECK(first == next_ && count <= out_.n - first,
+               "quantized in order: elements from " + std::to_string(next_) + " come next");
+  MESHLM_CHECK(f.block == 0 || first % static_cast<size_t>(f.block) == 0,
+               "a quantized range starts on a block");
+  if (count == 0) return;
+  f.quantize_blocks_ref(x, out_, first, count, absmax_.bytes() ? absmax_.as<float>() : nullptr);
+  next_ = first + count;
+}
+
+void BlockQuantizer::finish() {
+  MESHLM_CHECK(next_ == out_.n, "quantized tensor finished with elements missing");
+  const QuantFormat& f = quant_format(out_.type);
+  if (f.finish_ref) f.finish_ref(out_, absmax_.as<float>());
 }
 
 const QArray* QLayout::find(std::string_view name) const {
@@ -219,8 +258,9 @@ const void* qarray_data(const QTensor& t, std::string_view name) {
 }
 
 void quantize_ref(const float* x, const QTensor& out) {
-  MESHLM_CHECK(out.n > 0 && out.data, "empty quantized tensor");
-  quant_format(out.type).quantize_ref(x, out);
+  BlockQuantizer q(out);
+  q.add(x, 0, out.n);
+  q.finish();
 }
 
 void dequantize_ref(const QTensor& t, size_t first, size_t count, float* out) {

@@ -21,6 +21,7 @@
 #include <string>
 #include <string_view>
 
+#include "core/alloc.h"
 #include "core/enum_names.h"
 #include "core/tensor.h"
 #include "quant/formats.h"
@@ -85,6 +86,26 @@ const void* qarray_data(const QTensor& t, std::string_view name);
 // on the number of OpenMP threads.
 void quantize_ref(const float* x, const QTensor& out);
 
+// The same bytes, from a tensor given a range of elements at a time, so
+// that the whole tensor in fp32 never has to exist: add() ranges in order,
+// each starting at a multiple of the format's block, until all out.n
+// elements are in, then finish(). nf4 keeps every block's fp32 absmax
+// (absmax_bytes(): out.n / 16 bytes, in the workspace category) until
+// finish() quantizes them a second time against their mean.
+class BlockQuantizer {
+public:
+  explicit BlockQuantizer(const QTensor& out);
+  void add(const float* x, size_t first, size_t count);
+  void finish();
+  // What an nf4 tensor of n elements keeps until finish(); 0 for the others.
+  static size_t absmax_bytes(QuantType type, size_t n);
+
+private:
+  QTensor out_;
+  size_t next_ = 0;  // the first element not yet added
+  Buffer absmax_;
+};
+
 // out[0, count) = elements [first, first + count) of t, for any range (it
 // need not start or end on a block boundary). Serial: callers parallelise
 // over ranges (qlinear's dequantize_rows does so over rows).
@@ -92,13 +113,21 @@ void dequantize_ref(const QTensor& t, size_t first, size_t count, float* out);
 
 // ---- the formats: one table ----------------------------------------------------
 
-// Per format, the scalar reference (the functions quantize_ref and
-// dequantize_ref dispatch to).
-void quantize_f32_ref(const float* x, const QTensor& out);
+// Per format, the scalar reference (what BlockQuantizer and dequantize_ref
+// dispatch to). quantize_*_blocks_ref quantizes elements [first, first +
+// count) from x (x[0] is element `first`, a multiple of the block); a format
+// with a second level (nf4) leaves each block's fp32 absmax in absmax[b]
+// (b counted from the tensor's first block) for its finish_*_ref, which
+// runs once all blocks are in.
+void quantize_f32_blocks_ref(const float* x, const QTensor& out, size_t first, size_t count,
+                             float* absmax);
 void dequantize_f32_ref(const QTensor& t, size_t first, size_t count, float* out);
-void quantize_int8_ref(const float* x, const QTensor& out);
+void quantize_int8_blocks_ref(const float* x, const QTensor& out, size_t first, size_t count,
+                              float* absmax);
 void dequantize_int8_ref(const QTensor& t, size_t first, size_t count, float* out);
-void quantize_nf4_ref(const float* x, const QTensor& out);
+void quantize_nf4_blocks_ref(const float* x, const QTensor& out, size_t first, size_t count,
+                             float* absmax);
+void finish_nf4_ref(const QTensor& out, const float* absmax);
 void dequantize_nf4_ref(const QTensor& t, size_t first, size_t count, float* out);
 
 // Everything meshlm says about a format comes from this table: the values
@@ -110,15 +139,17 @@ struct QuantFormat {
   int block;               // elements per absmax block; 0 = not blocked
   int absmax_group;        // blocks per group of the double quantization; 0 = none
   double bits_per_weight;  // stored bits per element of a large tensor
-  void (*quantize_ref)(const float* x, const QTensor& out);
+  void (*quantize_blocks_ref)(const float* x, const QTensor& out, size_t first, size_t count,
+                              float* absmax);
+  void (*finish_ref)(const QTensor& out, const float* absmax);  // null: nothing to finish
   void (*dequantize_ref)(const QTensor& t, size_t first, size_t count, float* out);
 };
 inline constexpr QuantFormat kQuantFormats[] = {
-    {QuantType::nf4, "nf4", kNF4Block, kNF4AbsmaxBlock, kNF4BitsPerWeight, quantize_nf4_ref,
-     dequantize_nf4_ref},
-    {QuantType::int8, "int8", kQ8Block, 0, kQ8BitsPerWeight, quantize_int8_ref,
+    {QuantType::nf4, "nf4", kNF4Block, kNF4AbsmaxBlock, kNF4BitsPerWeight,
+     quantize_nf4_blocks_ref, finish_nf4_ref, dequantize_nf4_ref},
+    {QuantType::int8, "int8", kQ8Block, 0, kQ8BitsPerWeight, quantize_int8_blocks_ref, nullptr,
      dequantize_int8_ref},
-    {QuantType::f32, "f32", 0, 0, 32.0, quantize_f32_ref, dequantize_f32_ref},
+    {QuantType::f32, "f32", 0, 0, 32.0, quantize_f32_blocks_ref, nullptr, dequantize_f32_ref},
 };
 const QuantFormat& quant_format(QuantType t);
 

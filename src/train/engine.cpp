@@ -58,8 +58,12 @@ Engine::Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& tim
 
   zero_ = std::make_unique<Zero>(shape_.zero_stage, *dp_, *model_,
                                  zero_layout(cfg.model, shape_), timers_);
-  opt_ = std::make_unique<AdamW>(model_->table(), cfg.train.adamw, zero_->own_begin(),
-                                 zero_->own_end(), model_->kernels());
+  const auto [opt_begin, opt_end] =
+      optimizer_range(model_->table(), shape_, zero_layout(cfg.model, shape_));
+  MESHLM_CHECK(opt_begin >= zero_->own_begin() && opt_end <= zero_->own_end(),
+               "the optimizer's elements are among those ZeRO gives this rank");
+  opt_ = std::make_unique<AdamW>(model_->table(), cfg.train.adamw, opt_begin, opt_end,
+                                 model_->kernels());
   pipeline_ = std::make_unique<PipelineRunner>(
       *model_, build_schedule(cfg.parallel.schedule, c.pp, cfg.parallel.pp, m), *pp_send_,
       *pp_recv_, B, T, 1.0f / static_cast<float>(m * cfg.parallel.dp), timers_);
@@ -69,23 +73,37 @@ Engine::~Engine() = default;
 
 void Engine::load_base_params() {
   // Full training from given weights: every rank reads the logical tensors
-  // of its shard, one at a time, and keeps its part.
+  // of its shard, a block of rows at a time, and keeps its part.
   try_all(mesh_.world(), "quant.base: ", [&] {
     std::unique_ptr<load::BaseSource> src =
         load::open_base_source(cfg_.quant.base, cfg_.model, cfg_.train.seed);
-    model_->set_weights([&](const ParamSpec& p, float* x) { src->read(p, x); });
+    model_->set_weights([&](const ParamSpec& p, int64_t row0, int64_t nrows, float* x) {
+      src->read_rows(p, row0, nrows, x);
+    });
   }, MESHLM_HERE);
 }
 
 void Engine::sum_tied_gradients() {
-  // The first and last stage hold the same wte: sum their gradients.
+  // The first and last stage hold the same wte: the first stage (rank 0 of
+  // the embedding group, which is ordered by stage) gets the sum of their
+  // gradients and alone updates it (plan/memory.h, optimizer_range).
   if (!emb_ || emb_->size() == 1) return;
   const std::vector<ParamSpec>& table = model_->table();
   for (size_t i = 0; i < table.size(); ++i) {
     if (table[i].tied != TiedGroup::embedding) continue;
     ScopedTimer t(timers_, Section::pp_comm);
     float* g = zero_->gradient(i);
-    emb_->all_reduce(g, g, table[i].numel(), DType::f32, comm::ReduceOp::sum).wait();
+    emb_->reduce(g, g, table[i].numel(), DType::f32, comm::ReduceOp::sum, 0).wait();
+  }
+}
+
+void Engine::share_tied_params() {
+  // After the update: the last stage takes the first stage's wte.
+  if (!emb_ || emb_->size() == 1) return;
+  for (const ParamSpec& p : model_->table()) {
+    if (p.tied != TiedGroup::embedding) continue;
+    ScopedTimer t(timers_, Section::pp_comm);
+    emb_->broadcast(model_->params() + p.offset, p.numel(), DType::f32, 0).wait();
   }
 }
 
@@ -153,12 +171,13 @@ StepResult Engine::step(const int32_t* tokens, const int32_t* targets, float lr,
       return r;
     }
     // The loss scale undone and the clip applied inside the update, one pass.
-    opt_->step(model_->params(), zero_->owned_grads(), lr,
+    opt_->step(model_->params(), zero_->owned_grads() + (opt_->begin() - zero_->own_begin()), lr,
                S != 1.0 ? static_cast<float>(1.0 / S) : 1.0f,
                clip_coefficient(r.grad_norm, cfg_.train.grad_clip));
     scaler_.applied();
   }
   zero_->share_params();
+  share_tied_params();
   return r;
 }
 

@@ -85,8 +85,11 @@ private:
   // Full training with quant.base set: the parameters start from those
   // weights (collective over the world).
   void load_base_params();
-  // Step 2: the tied tensors' gradients summed between the stages that hold them.
+  // The tied tensors' gradients summed onto the first stage that
+  // holds them, which alone updates them (plan/memory.h, optimizer_range).
   void sum_tied_gradients();
+  // After the update: the other stages take the first stage's tied tensors.
+  void share_tied_params();
   // The global norm of the gradients as they are (collective over the world).
   double global_grad_norm();
   // Collective over the world: StepResult::nonfinite_tensor.

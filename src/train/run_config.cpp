@@ -1,6 +1,8 @@
 #include "train/run_config.h"
 
+#include <cctype>
 #include <cmath>
+#include <utility>
 #include <string>
 
 #include "core/checked.h"
@@ -160,6 +162,40 @@ void check_sizes(const RunConfig& c) {
 
 }  // namespace
 
+uint64_t parse_memory_size(const std::string& key, const std::string& text) {
+  auto bad = [&](const std::string& why) -> uint64_t {
+    fail(key + " = '" + text + "': " + why +
+         " (a size such as 80GiB, 512M or 4e9; units KiB MiB GiB TiB or K M G T are powers of "
+         "1024, kB MB GB TB powers of 1000; empty or 0 = no limit)");
+  };
+  size_t a = 0, b = text.size();
+  while (a < b && std::isspace(static_cast<unsigned char>(text[a]))) ++a;
+  while (b > a && std::isspace(static_cast<unsigned char>(text[b - 1]))) --b;
+  if (a == b) return 0;
+  const std::string t = text.substr(a, b - a);
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(t, &used);
+  } catch (const std::exception&) {
+    return bad("not a number");
+  }
+  std::string unit = t.substr(used);
+  while (!unit.empty() && std::isspace(static_cast<unsigned char>(unit.front()))) unit.erase(0, 1);
+  static const std::pair<const char*, double> kUnits[] = {
+      {"", 1},          {"B", 1},         {"K", 0x1p10},   {"KiB", 0x1p10}, {"M", 0x1p20},
+      {"MiB", 0x1p20},  {"G", 0x1p30},    {"GiB", 0x1p30}, {"T", 0x1p40},   {"TiB", 0x1p40},
+      {"kB", 1e3},      {"KB", 1e3},      {"MB", 1e6},     {"GB", 1e9},     {"TB", 1e12}};
+  double scale = 0;
+  for (const auto& [name, factor] : kUnits)
+    if (unit == name) scale = factor;
+  if (scale == 0) return bad("unknown unit '" + unit + "'");
+  const double bytes = value * scale;
+  if (!std::isfinite(bytes) || bytes < 0) return bad("not a size");
+  if (bytes >= 0x1p63) return bad("too large");
+  return static_cast<uint64_t>(std::ceil(bytes));
+}
+
 void resolve_run_config(RunConfig& c, int world_size) {
   resolve_dp(c.parallel, world_size);
   resolve_micro_batches(c.train, c.parallel);
@@ -173,6 +209,8 @@ void resolve_run_config(RunConfig& c, int world_size) {
     fail("debug.fail_rank (" + str(c.debug.fail_rank) + ") is not a rank of this job of " +
          str(world_size) + " ranks (-1 = none)");
   check_sizes(c);
+  c.memory.rank_limit_bytes = parse_memory_size("memory.limit_per_rank", c.memory.limit_per_rank);
+  c.memory.node_limit_bytes = parse_memory_size("memory.limit_per_node", c.memory.limit_per_node);
 }
 
 }  // namespace meshlm

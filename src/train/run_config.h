@@ -96,6 +96,21 @@ struct CommConfig {
   int bucket_mb = 32;
 };
 
+// [memory] what a rank and a node may use: before anything large is
+// allocated, the run is refused when a prediction exceeds a limit.
+struct MemoryConfig {
+  // Sizes as text: a number of bytes with an optional unit (KiB, MiB, GiB,
+  // TiB, or K, M, G, T as SLURM's --mem: powers of 1024; kB, MB, GB, TB:
+  // powers of 1000); "" or 0 = no limit. resolve_run_config parses them into
+  // the byte counts below.
+  std::string limit_per_rank, limit_per_node;
+  bool force = false;  // start anyway, with a warning, when a prediction exceeds a limit
+  uint64_t rank_limit_bytes = 0, node_limit_bytes = 0;  // 0 = no limit
+};
+// The bytes of a size as MemoryConfig takes it; CollectiveError naming `key`
+// and the text when it is not one.
+uint64_t parse_memory_size(const std::string& key, const std::string& text);
+
 // [debug] switches for tests of the failure paths.
 struct DebugConfig {
   int fail_rank = -1;  // this rank (-1 = none, else < the job's ranks) throws a RankError ...
@@ -111,6 +126,7 @@ struct RunConfig {
   OutputConfig output;
   RuntimeConfig runtime;
   CommConfig comm;
+  MemoryConfig memory;
   ParallelConfig parallel;
   FinetuneConfig finetune;
   quant::QuantConfig quant;

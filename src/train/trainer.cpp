@@ -126,12 +126,12 @@ size_t ring_scratch_prediction(const RunConfig& cfg, const RankPlan& shape) {
   size_t tp_count = std::max(N * cfg.model.n_embd, 2 * N);
   for (const ParamSpec& p : table) tp_count = std::max(tp_count, p.numel());
   most = std::max(most, comm::ring_scratch_bytes_of(Reduction::all_reduce, tp_count, DType::f32, tp));
-  // Over pp: the tied embedding's gradient, between the first and last stage.
+  // Over pp: the tied embedding's gradient, from the last stage to the first.
   if (cfg.parallel.pp > 1)
     for (const ParamSpec& p : table)
       if (p.tied != TiedGroup::none)
         most = std::max(most,
-                        comm::ring_scratch_bytes_of(Reduction::all_reduce, p.numel(), DType::f32, 2));
+                        comm::ring_scratch_bytes_of(Reduction::reduce, p.numel(), DType::f32, 2));
   return most;
 }
 
@@ -143,7 +143,7 @@ RankPlan planned_rank_plan(const RunConfig& cfg, const ProcessMesh& mesh) {
     const bool holder = per_rank || mesh.node_rank() == 0;
     const bool quantizes = per_rank || mesh.rank() == 0;
     shape.quantized_bytes = holder ? manifest.bytes : 0;
-    shape.base_staging_bytes = quantizes ? manifest.largest_numel * sizeof(float) : 0;
+    shape.base_staging_bytes = quantizes ? manifest.staging_bytes() : 0;
   }
   return shape;
 }
@@ -254,19 +254,111 @@ io::TokenReader open_training_data(const DataConfig& d, int vocab_size, MPI_Comm
 // Collective over the world: refuses, before anything large is allocated, a
 // run whose predicted memory on some machine (the sum of the predictions of
 // the ranks that share it) exceeds that machine's physical memory.
-void check_memory_fits(const MemoryByCategory& predicted, const ProcessMesh& mesh) {
-  std::unique_ptr<comm::Communicator> host = comm::make_mpi_communicator(mesh.host());
-  double mine = static_cast<double>(total(predicted)), on_host = 0;
-  host->all_reduce(&mine, &on_host, 1, DType::f64, comm::ReduceOp::sum).wait();
+// What a rank is predicted to need at its peak, and in words: the runtime's
+// part and, per category, what is live in the phase of the peak.
+struct RankDemand {
+  size_t bytes = 0;
+  std::string detail;
+};
+RankDemand rank_demand(const PhasedMemory& phased, const MemoryByCategory& predicted,
+                       const ProcessPrediction& expected) {
+  RankDemand d;
+  // On the CPU the process prediction (runtime + largest phase); elsewhere
+  // the categories' peaks, host and device together.
+  MemoryByCategory live = predicted;
+  std::string when;
+  if (expected.peak() > 0) {
+    d.bytes = expected.peak();
+    const PhasedMemory::Moment* top = nullptr;
+    for (const PhasedMemory::Moment& t : phased.moments)
+      if (!top || total(t.live) >= total(top->live)) top = &t;  // the last of equals
+    if (top) {
+      live = top->live;
+      when = std::string(" in ") + mem_phase_name(top->phase);
+    }
+    d.detail = "runtime " + format_bytes(static_cast<double>(expected.runtime));
+  } else {
+    d.bytes = total(predicted);
+  }
+  for (int c = 0; c < kNumMemCategories; ++c) {
+    if (live[c] == 0) continue;
+    if (!d.detail.empty()) d.detail += ", ";
+    d.detail += std::string(mem_category_name(static_cast<MemCategory>(c))) + " " +
+                format_bytes(static_cast<double>(live[c]));
+  }
+  d.detail = format_bytes(static_cast<double>(d.bytes)) + when + " (" + d.detail + ")";
+  return d;
+}
+
+// Collective: before anything large is allocated, the run is refused when a
+// rank's predicted peak exceeds memory.limit_per_rank, or the sum over the
+// ranks of a node exceeds memory.limit_per_node or the machine's physical
+// memory; under memory.force it starts with a warning instead.
+void check_memory_limits(const RankDemand& mine, const ProcessMesh& mesh, const MemoryConfig& lim) {
+  const MeshCoords c = mesh.coords();
+  std::unique_ptr<comm::Communicator> world = comm::make_mpi_communicator(mesh.world());
+  auto refuse = [&](bool over, const std::string& what) {
+    const int32_t n_over = over ? 1 : 0;
+    int32_t ranks_over = 0;
+    world->all_reduce(&n_over, &ranks_over, 1, DType::i32, comm::ReduceOp::sum).wait();
+    if (ranks_over == 0) return;
+    const std::string count =
+        ranks_over > 1 ? fmt::format(" ({} ranks in all are over)", ranks_over) : std::string();
+    if (lim.force) {
+      // Rank 0 prints the lowest such rank's message.
+      const int32_t mine_rank = over ? world->rank() : INT32_MAX;
+      int32_t lowest = 0;
+      world->all_reduce(&mine_rank, &lowest, 1, DType::i32, comm::ReduceOp::min).wait();
+      std::string text = over ? what : std::string();
+      int32_t len = static_cast<int32_t>(text.size());
+      world->broadcast(&len, 1, DType::i32, lowest).wait();
+      text.resize(static_cast<size_t>(len));
+      world->broadcast(text.data(), text.size(), DType::u8, lowest).wait();
+      log::warn("{}{}; starting anyway (memory.force = true)", text, count);
+      return;
+    }
+    check_all(mesh.world(), !over,
+              what + count +
+                  ". Spread the model over more ranks (parallel.tp, parallel.pp, parallel.dp with "
+                  "parallel.zero_stage), lower train.micro_batch_size, set "
+                  "parallel.activation_checkpointing = full, or set memory.force = true to start "
+                  "anyway",
+              MESHLM_HERE);
+  };
+  const std::string me = fmt::format("rank {} (dp {} tp {} pp {}, node {})", mesh.rank(), c.dp,
+                                     c.tp, c.pp, mesh.node_index());
+  if (lim.rank_limit_bytes > 0)
+    refuse(mine.bytes > lim.rank_limit_bytes,
+           fmt::format("{} is predicted to need {}, more than memory.limit_per_rank = {} ({})", me,
+                       mine.detail, lim.limit_per_rank,
+                       format_bytes(static_cast<double>(lim.rank_limit_bytes))));
+  // A group's sum, its size, and whether this rank is its first.
+  struct GroupSum {
+    double bytes;
+    int size;
+    bool first;
+  };
+  auto group_sum = [&](MPI_Comm group) {
+    std::unique_ptr<comm::Communicator> g = comm::make_mpi_communicator(group);
+    const double d = static_cast<double>(mine.bytes);
+    double sum = 0;
+    g->all_reduce(&d, &sum, 1, DType::f64, comm::ReduceOp::sum).wait();
+    return GroupSum{sum, g->size(), g->rank() == 0};
+  };
+  if (lim.node_limit_bytes > 0) {
+    const GroupSum node = group_sum(mesh.node());
+    refuse(node.first && node.bytes > static_cast<double>(lim.node_limit_bytes),
+           fmt::format("the {} rank(s) of node {} are predicted to need {} together, more than "
+                       "memory.limit_per_node = {} ({})",
+                       node.size, mesh.node_index(), format_bytes(node.bytes), lim.limit_per_node,
+                       format_bytes(static_cast<double>(lim.node_limit_bytes))));
+  }
   const double physical = static_cast<double>(physical_memory_bytes());
-  const bool fits = physical <= 0 || on_host <= physical;
-  check_all(mesh.world(), fits,
-            fmt::format("the {} rank(s) of this machine need {} as predicted, more than its "
-                        "physical memory of {}; spread the model over more ranks (parallel.tp, "
-                        "parallel.pp, parallel.dp with parallel.zero_stage), lower "
-                        "train.micro_batch_size, or set parallel.activation_checkpointing = full",
-                        host->size(), format_bytes(on_host), format_bytes(physical)),
-            MESHLM_HERE);
+  const GroupSum host = group_sum(mesh.host());
+  refuse(host.first && physical > 0 && host.bytes > physical,
+         fmt::format("the {} rank(s) of this machine are predicted to need {} together, more than "
+                     "its physical memory of {}",
+                     host.size, format_bytes(host.bytes), format_bytes(physical)));
 }
 
 }  // namespace
@@ -313,16 +405,14 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
   phased.add(MemPhase::training, MemCategory::comm, ring_scratch_prediction(cfg, shape));
   MemoryByCategory predicted = phased.category_peaks();
   if (cfg.runtime.backend == ComputeBackend::cuda) {
-    // On a GPU each trained tensor is made whole on the host and uploaded
-    // (GPT::set_weights), one at a time: host workspace of the largest.
-    size_t largest = 0;
+    // On a GPU each trained tensor is made on the host a block of rows at a
+    // time and uploaded (GPT::set_weights): host workspace of one block.
     const std::vector<ParamSpec> trained = trainable_table(cfg.model, shape.shard, shape.model);
-    for (const ParamSpec& p : trained)
-      largest = std::max(largest, static_cast<size_t>(p.full_shape.numel()));
+    const size_t block = GPT::weight_block_bytes(trained, shape.shard.tp_size, /*host=*/false);
     // The table adds each category's host and device peaks: the staging
     // (host) and the GEMMs' 16-bit copies (device) count both.
     at(predicted, MemCategory::workspace) =
-        std::max(at(predicted, MemCategory::workspace), largest * sizeof(float)) +
+        std::max(at(predicted, MemCategory::workspace), block) +
         gpu_gemm_copies_bytes(cfg.model, shape, tc.precision, tc.micro_batch_size, tc.seq_len) +
         gpu_reduction_scratch_bytes(cfg.model, shape, tc.micro_batch_size, tc.seq_len) +
         gpu_norm_scratch_bytes(trained) + ops::kUploadStagingBytes;
@@ -330,7 +420,6 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
       at(predicted, MemCategory::quantized) += GPT::quantized_matrix_bytes(cfg.model, shape.shard, cfg.quant.type);
   }
   print_predicted_memory(predicted, *world);
-  check_memory_fits(predicted, mesh);
   // The runtime's part: what is resident now outside the tracked buffers
   // (code, libraries, MPI, the heap).
   ProcessPrediction expected;
@@ -340,6 +429,7 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
     for (int p = 0; p < kNumMemPhases; ++p)
       expected.phases[p] = phased.phase_total(static_cast<MemPhase>(p));
   }
+  check_memory_limits(rank_demand(phased, predicted, expected), mesh, cfg.memory);
 
   std::unique_ptr<load::FrozenBase> base;
   if (lora) {

@@ -47,6 +47,17 @@ CONFIGS = {
     "g124_lora": (1, G124 + LORA + ["--train.batch_size=4"]),
     "g124_lora_d2t2p2": (8, G124 + LORA + ["--parallel.dp=2", "--parallel.tp=2", "--parallel.pp=2",
                                            "--parallel.micro_batches=2", "--train.batch_size=16"]),
+    "mid_tp2": (2, MID + ["--parallel.tp=2", "--train.batch_size=8"]),
+    "mid_dp2_z2": (2, MID + ["--parallel.dp=2", "--parallel.zero_stage=2", "--train.batch_size=16"]),
+    "mid_ckpt": (1, MID + ["--parallel.activation_checkpointing=full", "--train.batch_size=8"]),
+    "mid_pp2_dp2_z1": (4, MID + ["--parallel.pp=2", "--parallel.dp=2", "--parallel.zero_stage=1",
+                                 "--parallel.micro_batches=2", "--train.batch_size=32"]),
+    "g124_lora_int8_tp2": (2, G124 + ["--finetune.mode=lora", "--quant.type=int8", "--parallel.tp=2",
+                                      "--train.batch_size=4"]),
+    "small": (1, SMALL + ["--train.batch_size=4"]),
+    "small_d2t2p2_z2": (8, SMALL + ["--parallel.dp=2", "--parallel.tp=2", "--parallel.pp=2",
+                                    "--parallel.zero_stage=2", "--parallel.micro_batches=2",
+                                    "--train.batch_size=16"]),
 }
 
 

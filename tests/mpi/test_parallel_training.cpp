@@ -19,10 +19,14 @@
 #include <vector>
 
 #include "app/parameter_file.h"
+#include "comm/mpi_comm.h"
 #include "core/alloc.h"
 #include "model/gpt.h"
 #include "mpi/training_runs.h"
 #include "plan/memory.h"
+#include "plan/rank_plan.h"
+#include "mesh/mesh.h"
+#include "plan/partition.h"
 
 using namespace meshlm;
 using namespace meshlm::testing;
@@ -193,6 +197,44 @@ TEST_F(ParallelTraining, ZeroShardsOptimizerAndGradients) {
   }
 }
 
+TEST_F(ParallelTraining, TiedEmbeddingMomentsLiveOnTheFirstStageOnly) {
+  // Under pp the last stage computes the lm_head with its copy of wte, but
+  // AdamW's moments of wte are the first stage's alone: the last stage holds
+  // moments for its other elements (of its ZeRO shard) only.
+  const GPTConfig model = parse_run_config(kConfig, "t", {"--data.path=x"}).model;
+  for (const Layout& l : {Layout{1, 1, 2, 0, "1f1b", "none"}, Layout{2, 1, 2, 1, "1f1b", "none"},
+                          Layout{2, 2, 2, 2, "gpipe", "none"}, Layout{1, 1, 4, 0, "1f1b", "none"}}) {
+    const RunResult r = train(l);
+    if (world_rank() != 0) continue;
+    SCOPED_TRACE(l.name());
+    const MeshLayout mesh(l.dp, l.tp, l.pp);
+    ParallelConfig par;
+    par.dp = l.dp;
+    par.tp = l.tp;
+    par.pp = l.pp;
+    const std::vector<int> bounds = stage_bounds(stage_layers(model, par, 16));
+    for (int q = 0; q < mesh.world(); ++q) {
+      const MeshCoords c = mesh.coords(q);
+      const ModelShard shard{.tp_rank = c.tp, .tp_size = l.tp, .layer_begin = bounds[c.pp],
+                             .layer_end = bounds[c.pp + 1], .first_stage = c.pp == 0,
+                             .last_stage = c.pp == l.pp - 1};
+      const std::vector<ParamSpec> table = gpt_param_table(model, shard);
+      const size_t n = table_numel(table), dp = static_cast<size_t>(l.dp);
+      const size_t padded = l.zero > 0 ? (n + dp - 1) / dp * dp : n;
+      size_t begin = l.zero > 0 ? c.dp * (padded / dp) : 0,
+             end = l.zero > 0 ? begin + padded / dp : n;
+      if (shard.last_stage && !shard.first_stage) {
+        ASSERT_EQ(table[0].name, "wte.weight");
+        begin = std::max(begin, table[0].numel());  // no moments of wte here
+        end = std::max(end, begin);
+      }
+      EXPECT_EQ(r.peaks[q][static_cast<int>(MemCategory::optimizer)],
+                2 * (end - begin) * sizeof(float))
+          << "rank " << q;
+    }
+  }
+}
+
 TEST_F(ParallelTraining, TensorParallelismHalvesSplitMatrices) {
   const RunResult one = train({1, 1, 1, 0, "1f1b", "none"});
   const RunResult tp2 = train({1, 2, 1, 0, "1f1b", "none"});
@@ -214,4 +256,38 @@ TEST_F(ParallelTraining, TensorParallelismHalvesSplitMatrices) {
   for (int q = 0; q < 2; ++q)
     EXPECT_EQ(tp2.peaks[q][static_cast<int>(MemCategory::params)],
               (split / 2 + replicated) * sizeof(float));
+}
+
+TEST(TensorParallelInit, HoldsOneBlockOfASplitTensorAndTheSameValues) {
+  // wte (2048 x 1024 floats, 8 MiB) is twice GPT::kWeightBlockBytes: each
+  // rank of a tensor-parallel pair initialises it through one block-sized
+  // buffer and holds what its part of the whole tensor holds.
+  int world = 0, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  ASSERT_GE(world, 2);
+  MPI_Comm pair = MPI_COMM_NULL;
+  MPI_Comm_split(MPI_COMM_WORLD, rank < world / 2 * 2 ? rank / 2 : MPI_UNDEFINED, rank, &pair);
+  if (pair == MPI_COMM_NULL) return;
+  {
+    std::unique_ptr<comm::Communicator> tp = comm::make_mpi_communicator(pair);
+    const GPTConfig c{.n_layer = 1, .n_head = 4, .n_embd = 1024, .vocab_size = 2048,
+                      .max_seq_len = 8};
+    const int t = tp->rank();
+    MemTracker::get().reset_peaks();
+    const size_t before = MemTracker::get().peak(MemCategory::workspace);
+    GPT m(c, {.tp_rank = t, .tp_size = 2}, {}, tp.get());
+    m.init_weights(7);
+    const size_t used = MemTracker::get().peak(MemCategory::workspace) - before;
+    EXPECT_EQ(used, GPT::weight_block_bytes(m.table(), 2, /*host=*/true));
+    EXPECT_LE(used, GPT::kWeightBlockBytes);
+    for (const ParamSpec& p : m.table()) {
+      std::vector<float> whole(static_cast<size_t>(p.full_shape.numel())), part(p.numel());
+      init_tensor(c, p, 7, whole.data());
+      shard_from_full(p, whole.data(), part.data(), t, 2);
+      const std::span<float> got = m.param(p.name);
+      ASSERT_TRUE(std::equal(got.begin(), got.end(), part.begin())) << p.name << " rank " << t;
+    }
+  }
+  MPI_Comm_free(&pair);
 }

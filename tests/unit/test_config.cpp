@@ -75,6 +75,35 @@ TEST(Config, ErrorsNameTheKey) {
   EXPECT_NE(error_of("this is not ini\n").find("test.cfg"), std::string::npos);
 }
 
+TEST(Config, MemoryLimitsAreSizesWithUnits) {
+  auto bytes = [](const std::string& rank_limit) {
+    return parse_run_config(kGood, "test.cfg", {"--memory.limit_per_rank=" + rank_limit})
+        .memory.rank_limit_bytes;
+  };
+  EXPECT_EQ(bytes(""), 0u);  // no limit
+  EXPECT_EQ(bytes("0"), 0u);
+  EXPECT_EQ(bytes("1234"), 1234u);
+  EXPECT_EQ(bytes("4e9"), 4000000000u);
+  EXPECT_EQ(bytes("512M"), 512ull << 20);
+  EXPECT_EQ(bytes("512MiB"), 512ull << 20);
+  EXPECT_EQ(bytes(" 80 GiB "), 80ull << 30);
+  EXPECT_EQ(bytes("80G"), 80ull << 30);  // as SLURM's --mem
+  EXPECT_EQ(bytes("80GB"), 80000000000ull);
+  EXPECT_EQ(bytes("1.5K"), 1536u);
+  EXPECT_EQ(bytes("2T"), 2ull << 40);
+  EXPECT_EQ(bytes("100B"), 100u);
+  EXPECT_EQ(parse_run_config(kGood, "test.cfg", {"--memory.limit_per_node=1TiB"})
+                .memory.node_limit_bytes,
+            1ull << 40);
+  for (const char* bad : {"12QB", "lots", "-5G", "inf", "1e30", "GiB", "5 G B"}) {
+    const std::string e = error_of(kGood, {std::string("--memory.limit_per_rank=") + bad});
+    EXPECT_NE(e.find(std::string("memory.limit_per_rank = '") + bad + "'"), std::string::npos)
+        << bad << ": " << e;
+  }
+  EXPECT_NE(error_of(kGood, {"--memory.limit_per_node=8 parsecs"}).find("unknown unit 'parsecs'"),
+            std::string::npos);
+}
+
 TEST(Config, HelpListsEveryKeyWithDefault) {
   const std::string help = run_config_help();
   for (const char* key : {"model.n_layer", "model.n_head", "model.n_embd", "model.vocab_size",

@@ -484,6 +484,87 @@ TEST(GPTShard, TensorParallelPartsTileTheLogicalTensor) {
   }
 }
 
+// Where element (row, col) of a logical tensor sits in tensor-parallel rank
+// `t`'s part, or -1 when it is not there: the split dimension's index
+// d = p * per_part + t * piece + k goes to p * piece + k of the part.
+static int64_t part_index(const ParamSpec& s, int64_t row, int64_t col, int t, int tp) {
+  const int64_t cols = s.full_shape.ndim > 1 ? s.full_shape[1] : 1;
+  if (s.tp_dim < 0) return row * cols + col;
+  const int64_t D = s.full_shape[s.tp_dim], per_part = D / s.tp_parts, piece = per_part / tp;
+  const int64_t d = s.tp_dim == 0 ? row : col, p = d / per_part, in = d % per_part;
+  if (in / piece != t) return -1;
+  const int64_t local = p * piece + in % piece;
+  return s.tp_dim == 0 ? local * cols + col : row * (cols / tp) + local;
+}
+
+TEST(GPTShard, BlocksOfRowsGiveEachRankItsPart) {
+  // for_each_part_run over blocks of any number of rows puts every element
+  // of a rank's part where the element-by-element reference says, and
+  // nothing else.
+  GPTConfig c = small_config();
+  c.n_head = 4;
+  for (int tp : {1, 2, 4}) {
+    for (int t = 0; t < tp; ++t) {
+      for (const ParamSpec& p : gpt_param_table(c, {.tp_rank = t, .tp_size = tp})) {
+        const int64_t rows = p.full_shape[0], cols = p.full_shape.ndim > 1 ? p.full_shape[1] : 1;
+        std::vector<float> want(p.numel(), -1.0f);
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t k = 0; k < cols; ++k)
+            if (const int64_t i = part_index(p, r, k, t, tp); i >= 0)
+              want[static_cast<size_t>(i)] = static_cast<float>(r * cols + k);
+        for (int64_t step : {int64_t{1}, int64_t{3}, int64_t{7}, rows}) {
+          std::vector<float> got(p.numel(), -1.0f), block;
+          for (int64_t r0 = 0; r0 < rows; r0 += step) {
+            const int64_t nr = std::min(step, rows - r0);
+            block.resize(static_cast<size_t>(nr * cols));
+            for (size_t i = 0; i < block.size(); ++i)
+              block[i] = static_cast<float>(r0 * cols + static_cast<int64_t>(i));
+            for_each_part_run(p, r0, nr, t, tp, [&](size_t from, size_t to, size_t n) {
+              ASSERT_LE(from + n, block.size());
+              ASSERT_LE(to + n, got.size());
+              std::copy_n(block.begin() + from, n, got.begin() + to);
+            });
+          }
+          ASSERT_EQ(got, want) << p.name << " tp " << tp << " rank " << t << " rows/step " << step;
+        }
+      }
+    }
+  }
+}
+
+TEST(GPTShard, RowsPerBlockFitTheLimitInWholeQuantizationBlocks) {
+  ParamSpec m;
+  m.full_shape = {1000, 96};
+  EXPECT_EQ(rows_per_block(m, 1 << 20), 1000);    // the whole tensor fits
+  EXPECT_EQ(rows_per_block(m, 96 * 10 + 5), 10);  // 10 rows fit
+  EXPECT_EQ(rows_per_block(m, 50), 1);            // a row longer than the limit: one row
+  EXPECT_EQ(rows_per_block(m, 96 * 9, 64), 8);    // whole blocks of 64 come in pairs of rows: 9 -> 8
+  EXPECT_EQ(rows_per_block(m, 96, 64), 2);        // never below the rows of one whole block
+  ParamSpec v;
+  v.full_shape = {200};
+  EXPECT_EQ(row_floats(v), 1u);
+  EXPECT_EQ(rows_per_block(v, 100, 64), 64);
+  EXPECT_EQ(rows_per_block(v, 1000, 64), 200);
+}
+
+TEST(GPTShard, InitialValuesOfAnyRowsAreThoseOfTheWholeTensor) {
+  const GPTConfig c = small_config(64);
+  for (const ParamSpec& p : gpt_param_table(c)) {
+    std::vector<float> whole(static_cast<size_t>(p.full_shape.numel()));
+    init_tensor(c, p, 99, whole.data());
+    const int64_t rows = p.full_shape[0];
+    const size_t rf = row_floats(p);
+    for (auto [r0, nr] : std::vector<std::pair<int64_t, int64_t>>{
+             {0, rows}, {0, 1}, {rows - 1, 1}, {rows / 3, rows / 2}, {5, 0}}) {
+      std::vector<float> got(static_cast<size_t>(nr) * rf + 1, -3.0f);
+      init_tensor_rows(c, p, 99, r0, nr, got.data());
+      ASSERT_TRUE(std::equal(got.begin(), got.end() - 1, whole.begin() + r0 * rf))
+          << p.name << " rows [" << r0 << ", " << r0 + nr << ")";
+      ASSERT_EQ(got.back(), -3.0f) << "wrote past the rows";
+    }
+  }
+}
+
 TEST(GPTShard, StageTablesHoldTheirLayersAndTheTiedEmbedding) {
   GPTConfig c = small_config();
   c.n_layer = 3;

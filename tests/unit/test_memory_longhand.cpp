@@ -136,8 +136,16 @@ Expected longhand(const Case& k) {
   // ZeRO 2 keeps the owned shard, a bucket for one block (all blocks are the
   // same size) and the tensors outside the blocks.
   at(m, MemCategory::grads) = p.zero_stage < 2 ? np * kF : (S + trained_block + trained_edges) * kF;
-  // AdamW m and v: of everything (ZeRO 0) or of the owned shard.
-  at(m, MemCategory::optimizer) = 2 * (p.zero_stage == 0 ? n : S) * kF;
+  // AdamW m and v: of everything (ZeRO 0) or of the owned shard; a last
+  // stage that is not also the first keeps none of the tied wte's (the first
+  // stage does), and wte leads its flat buffer.
+  size_t opt_lo = p.zero_stage == 0 ? 0 : static_cast<size_t>(k.at.dp) * S;
+  size_t opt_hi = p.zero_stage == 0 ? n : opt_lo + S;
+  if (k.last && !k.first && !lora) {
+    opt_lo = std::max(opt_lo, wte);
+    opt_hi = std::max(opt_hi, opt_lo);
+  }
+  at(m, MemCategory::optimizer) = 2 * (opt_hi - opt_lo) * kF;
 
   // ---- activations: the arrays of one block, one by one --------------------
   const size_t ln1 = BT * C, ln1_mean = BT, ln1_rstd = BT;

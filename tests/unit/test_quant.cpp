@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "core/alloc.h"
+#include "core/error.h"
 #include "core/rng.h"
 #include "model/gpt.h"
 #include "ops/kernels.h"
@@ -468,6 +470,62 @@ TEST(QuantRoundTrip, AnyRangeEqualsTheSameSliceOfTheWhole) {
     }
     std::vector<float> out(2);
     EXPECT_THROW(dequantize_ref(q.t, n - 1, 2, out.data()), RankError);
+  }
+}
+
+TEST(BlockQuantizer, RangesOfAnyBlockCountGiveTheBytesOfTheWholeTensor) {
+  // n is not a multiple of 64, and nf4's absmax spans more than one group of
+  // 256 blocks: the offset and absmax2 come from every range's blocks.
+  const size_t n = 64 * 256 * 2 + 64 * 5 + 13;
+  // Two tensors of very different scale in one: a range's absmax alone would
+  // give another offset than the whole tensor's.
+  auto x = randn(n, 41);
+  for (size_t i = n / 2; i < n; ++i) x[i] *= 50.0f;
+  for (QuantType type : kAllTypes) {
+    SCOPED_TRACE(name_of(type));
+    Owned whole(type, n);
+    quantize_ref(x.data(), whole.t);
+    for (size_t step : {size_t{64}, size_t{64 * 3}, size_t{64 * 256}, size_t{64 * 300}, n}) {
+      Owned parts(type, n);
+      BlockQuantizer q(parts.t);
+      for (size_t first = 0; first < n; first += step)
+        q.add(x.data() + first, first, std::min(step, n - first));
+      q.finish();
+      ASSERT_EQ(parts.mem, whole.mem) << step << " elements a range";
+    }
+  }
+}
+
+TEST(BlockQuantizer, KeepsNf4AbsmaxInTheWorkspaceAndRefusesRangesOutOfOrder) {
+  const size_t n = 64 * 10;
+  const auto x = randn(n, 43);
+  EXPECT_EQ(BlockQuantizer::absmax_bytes(QuantType::nf4, n), 10 * sizeof(float));
+  EXPECT_EQ(BlockQuantizer::absmax_bytes(QuantType::nf4, n + 1), 11 * sizeof(float));
+  EXPECT_EQ(BlockQuantizer::absmax_bytes(QuantType::int8, n), 0u);
+  EXPECT_EQ(BlockQuantizer::absmax_bytes(QuantType::f32, n), 0u);
+  for (QuantType type : kAllTypes) {
+    SCOPED_TRACE(name_of(type));
+    Owned o(type, n);
+    const size_t before = MemTracker::get().current(MemCategory::workspace);
+    BlockQuantizer q(o.t);
+    EXPECT_EQ(MemTracker::get().current(MemCategory::workspace) - before,
+              BlockQuantizer::absmax_bytes(type, n));
+    EXPECT_THROW(q.add(x.data() + 64, 64, 64), RankError);  // elements 0.. come first
+    q.add(x.data(), 0, 128);
+    EXPECT_THROW(q.add(x.data() + 130, 130, 64), RankError);  // elements 128, 129 skipped
+    EXPECT_THROW(q.add(x.data() + 128, 128, n), RankError);   // past the end
+    EXPECT_THROW(q.finish(), RankError);                     // elements missing
+    q.add(x.data() + 128, 128, n - 128);
+    q.finish();
+    // A range that ends inside a block: the next cannot start there (its
+    // block's absmax would miss the first part).
+    Owned o2(type, n);
+    BlockQuantizer q2(o2.t);
+    q2.add(x.data(), 0, 100);
+    if (type == QuantType::f32)
+      EXPECT_NO_THROW(q2.add(x.data() + 100, 100, n - 100));
+    else
+      EXPECT_THROW(q2.add(x.data() + 100, 100, n - 100), RankError);
   }
 }
 

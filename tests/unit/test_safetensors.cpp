@@ -777,9 +777,77 @@ TEST_F(SafetensorsTest, InitSourceEqualsInitWeights) {
   }
 }
 
-// Conv1D weights larger than the transposition step (1 MiB of floats) are
-// transposed a few file rows at a time: C = 512 makes c_fc (2048, 512) and
-// c_proj (512, 2048) span several steps, with a last step shorter than the rest.
+// What a caller that holds one block of rows at a time gets (quantizing the
+// base, a tensor-parallel rank's part): the same rows as the whole tensor,
+// from every kind of source, the padded vocabulary rows included.
+TEST_F(SafetensorsTest, RowsOfEveryKindOfSourceAreThoseOfTheWholeTensor) {
+  const GPTConfig cfg = tiny_config();
+  const std::vector<ParamSpec> table = gpt_param_table(cfg);
+  HFModel m = make_hf_gpt2(cfg, /*wpe_rows=*/12);
+  write_safetensors(file("gpt2.safetensors"), m.tensors);
+  std::vector<float> flat;
+  for (const ParamSpec& p : table) {
+    const std::vector<float>& v = m.expected.at(p.name);
+    flat.insert(flat.end(), v.begin(), v.end());
+  }
+  write_params_h5(file("base.h5"), cfg, flat);
+  for (const std::string spec_string : {file("gpt2.safetensors"), file("base.h5"), std::string("init")}) {
+    SCOPED_TRACE(spec_string);
+    std::unique_ptr<BaseSource> src = open_base_source(spec_string, cfg, 5);
+    for (const ParamSpec& p : table) {
+      const int64_t rows = p.full_shape[0];
+      const size_t rf = row_floats(p);
+      std::vector<float> whole(static_cast<size_t>(p.full_shape.numel()));
+      src->read(p, whole.data());
+      for (auto [r0, nr] : std::vector<std::pair<int64_t, int64_t>>{
+               {0, rows}, {0, 1}, {rows - 1, 1}, {rows / 3, rows / 2}, {rows / 2, rows - rows / 2},
+               {cfg.vocab_size - 2, 6}, {3, 0}}) {
+        if (r0 + nr > rows) continue;
+        std::vector<float> got(static_cast<size_t>(nr) * rf + 1, -5.0f);
+        src->read_rows(p, r0, nr, got.data());
+        ASSERT_EQ(bits(std::vector<float>(got.begin(), got.end() - 1)),
+                  bits(std::vector<float>(whole.begin() + r0 * static_cast<int64_t>(rf),
+                                          whole.begin() + (r0 + nr) * static_cast<int64_t>(rf))))
+            << p.name << " rows [" << r0 << ", " << r0 + nr << ")";
+        ASSERT_EQ(got.back(), -5.0f) << p.name << ": wrote past the rows";
+      }
+      std::vector<float> buf(2 * rf);
+      expect_error([&] { src->read_rows(p, rows - 1, 2, buf.data()); },
+                   {"tensor '" + p.name + "': rows [" + std::to_string(rows - 1) + ", " +
+                    std::to_string(rows + 1) + ") asked for; it has " + std::to_string(rows)});
+    }
+  }
+}
+
+// A value that is not finite is found in whichever block holds it, and named
+// by its place in the whole tensor.
+TEST_F(SafetensorsTest, NonFiniteValueInABlockOfRowsIsNamedByItsRow) {
+  const GPTConfig cfg = tiny_config();
+  HFModel m = make_hf_gpt2(cfg, /*wpe_rows=*/8);
+  // c_fc is stored (in, out) = (16, 64): file element [3][41] is meshlm's row 41, column 3.
+  std::mt19937 rng(9);
+  FileTensor& t = m.find("h.1.mlp.c_fc.weight");
+  t = random_tensor(t.name, "F32", {cfg.n_embd, 4 * cfg.n_embd}, rng);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const size_t at = 3 * 64 + 41;
+  std::memcpy(t.bytes.data() + 4 * at, &nan, 4);
+  write_safetensors(file("nan.safetensors"), m.tensors);
+  std::unique_ptr<BaseSource> src = open_base_source(file("nan.safetensors"), cfg, 0);
+  const ParamSpec* p = nullptr;
+  const std::vector<ParamSpec> table = gpt_param_table(cfg);
+  for (const ParamSpec& q : table)
+    if (q.name == "h.1.mlp.c_fc.weight") p = &q;
+  ASSERT_NE(p, nullptr);
+  std::vector<float> buf(64 * 16);
+  EXPECT_NO_THROW(src->read_rows(*p, 0, 40, buf.data()));
+  EXPECT_NO_THROW(src->read_rows(*p, 42, 22, buf.data()));
+  expect_error([&] { src->read_rows(*p, 40, 8, buf.data()); },
+               {"tensor 'h.1.mlp.c_fc.weight' holds NaN at index " + std::to_string(41 * 16 + 3) +
+                " (row 41, column 3)"});
+}
+
+// Large Conv1D weights, read whole, are transposed column by column of the
+// file: C = 520 makes c_fc (2080, 520) and c_proj (520, 2080).
 TEST_F(SafetensorsTest, LargeConv1DWeightsTransposeInSteps) {
   GPTConfig cfg;
   cfg.n_layer = 1;
