@@ -28,8 +28,7 @@ std::pair<size_t, size_t> optimizer_range(const std::vector<ParamSpec>& table, c
       if (p.tied != TiedGroup::embedding) continue;
       // The last stage's table starts with the tied lm_head.
       MESHLM_CHECK(p.offset == 0, "the tied embedding leads the last stage's table");
-      begin = std::max(begin, p.numel());
-      end = std::max(end, begin);
+      begin = std::min(std::max(begin, p.numel()), end);  // empty when wte covers the range
     }
   }
   return {begin, end};

@@ -126,13 +126,20 @@ size_t ring_scratch_prediction(const RunConfig& cfg, const RankPlan& shape) {
   size_t tp_count = std::max(N * cfg.model.n_embd, 2 * N);
   for (const ParamSpec& p : table) tp_count = std::max(tp_count, p.numel());
   most = std::max(most, comm::ring_scratch_bytes_of(Reduction::all_reduce, tp_count, DType::f32, tp));
-  // Over pp: the tied embedding's gradient, from the last stage to the first.
-  if (cfg.parallel.pp > 1)
+  // Over pp: the tied embedding's gradient, from the last stage to the first
+  // (the root; the last stage starts the chain and needs no scratch).
+  if (cfg.parallel.pp > 1 && shape.shard.first_stage)
     for (const ParamSpec& p : table)
       if (p.tied != TiedGroup::none)
         most = std::max(most,
                         comm::ring_scratch_bytes_of(Reduction::reduce, p.numel(), DType::f32, 2));
   return most;
+}
+
+PhasedMemory predict_run_phases(const RunConfig& cfg, const RankPlan& shape, uint64_t windows) {
+  PhasedMemory phased = predict_phases(cfg.model, shape, windows, cfg.data.shuffle);
+  phased.add(MemPhase::training, MemCategory::comm, ring_scratch_prediction(cfg, shape));
+  return phased;
 }
 
 RankPlan planned_rank_plan(const RunConfig& cfg, const ProcessMesh& mesh) {
@@ -400,9 +407,7 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
   const bool lora = shape.model.lora.enabled;
   if (!lora && !cfg.quant.cache.empty())
     log::warn("quant.cache = {} is not used: finetune.mode = full quantizes nothing", cfg.quant.cache);
-  PhasedMemory phased =
-      predict_phases(cfg.model, shape, loader->windows_per_epoch(), cfg.data.shuffle);
-  phased.add(MemPhase::training, MemCategory::comm, ring_scratch_prediction(cfg, shape));
+  const PhasedMemory phased = predict_run_phases(cfg, shape, loader->windows_per_epoch());
   MemoryByCategory predicted = phased.category_peaks();
   if (cfg.runtime.backend == ComputeBackend::cuda) {
     // On a GPU each trained tensor is made on the host a block of rows at a

@@ -51,6 +51,12 @@ RankPlan planned_rank_plan(const RunConfig& cfg, const ProcessMesh& mesh);
 // and the tied embedding's over pp, under comm.bucket_mb.
 size_t ring_scratch_prediction(const RunConfig& cfg, const RankPlan& shape);
 
+// What the trainer predicts is live at each phase of the run on the host
+// (plan/memory.h, predict_phases, with the ring's scratch in training), for
+// `windows` training windows per epoch: the prediction its memory table and
+// the tests set beside the tracked allocator.
+PhasedMemory predict_run_phases(const RunConfig& cfg, const RankPlan& shape, uint64_t windows);
+
 // The CUDA backend's 16-bit copies of its GEMM inputs at bf16 and fp16
 // (ops/gpu_workspace.h) for a rank holding `shape` and training
 // micro-batches of (B, T): the largest pair of spans any GEMM of the step

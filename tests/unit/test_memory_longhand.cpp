@@ -142,8 +142,7 @@ Expected longhand(const Case& k) {
   size_t opt_lo = p.zero_stage == 0 ? 0 : static_cast<size_t>(k.at.dp) * S;
   size_t opt_hi = p.zero_stage == 0 ? n : opt_lo + S;
   if (k.last && !k.first && !lora) {
-    opt_lo = std::max(opt_lo, wte);
-    opt_hi = std::max(opt_hi, opt_lo);
+    opt_lo = std::min(std::max(opt_lo, wte), opt_hi);  // none when wte covers the shard
   }
   at(m, MemCategory::optimizer) = 2 * (opt_hi - opt_lo) * kF;
 
