@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 namespace meshlm {
 
@@ -15,21 +16,27 @@ int world_rank() {
 }
 }  // namespace
 
-void check_all(MPI_Comm comm, bool ok, const std::string& msg, const char* file, int line) {
+std::optional<RankMessage> first_failure(MPI_Comm comm, bool ok, const std::string& msg) {
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
   // Lowest failing rank, or `size` when all are fine.
   int mine = ok ? size : rank, first = size;
   MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
-  if (first == size) return;
+  if (first == size) return std::nullopt;
   std::string text = (rank == first) ? msg : std::string();
   int len = static_cast<int>(text.size());
   MPI_Bcast(&len, 1, MPI_INT, first, comm);
   text.resize(len);
   MPI_Bcast(text.data(), len, MPI_CHAR, first, comm);
-  if (first != 0) text.insert(0, "rank " + std::to_string(first) + ": ");
-  throw CollectiveError(text, file, line);
+  return RankMessage{first, std::move(text)};
+}
+
+void check_all(MPI_Comm comm, bool ok, const std::string& msg, const char* file, int line) {
+  std::optional<RankMessage> f = first_failure(comm, ok, msg);
+  if (!f) return;
+  if (f->rank != 0) f->text.insert(0, "rank " + std::to_string(f->rank) + ": ");
+  throw CollectiveError(f->text, file, line);
 }
 
 void fatal_all(MPI_Comm comm, const std::string& msg, const char* file, int line) {

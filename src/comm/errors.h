@@ -13,11 +13,20 @@
 #include <mpi.h>
 
 #include <exception>
+#include <optional>
 #include <string>
 
 #include "core/error.h"
 
 namespace meshlm {
+
+// Collective: every rank of `comm` calls it. The lowest rank of `comm` where
+// `ok` is false, with its `msg`, on every rank; nullopt when `ok` everywhere.
+struct RankMessage {
+  int rank = 0;
+  std::string text;
+};
+std::optional<RankMessage> first_failure(MPI_Comm comm, bool ok, const std::string& msg);
 
 // Collective: every rank of `comm` calls it. If `ok` is false on any rank, the
 // message of the lowest failing rank (prefixed with that rank's number when it

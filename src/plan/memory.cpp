@@ -109,10 +109,16 @@ size_t PhasedMemory::phase_total(MemPhase p) const {
   return most;
 }
 
+const PhasedMemory::Moment* PhasedMemory::peak_moment() const {
+  const Moment* top = nullptr;
+  for (const Moment& t : moments)
+    if (!top || total(t.live) >= total(top->live)) top = &t;
+  return top;
+}
+
 size_t PhasedMemory::peak() const {
-  size_t most = 0;
-  for (const Moment& t : moments) most = std::max(most, total(t.live));
-  return most;
+  const Moment* top = peak_moment();
+  return top ? total(top->live) : 0;
 }
 
 void PhasedMemory::add(MemPhase p, MemCategory c, size_t bytes) {

@@ -86,6 +86,7 @@ struct PhasedMemory {
   MemoryByCategory category_peaks() const;  // each category's largest over the moments
   size_t phase_total(MemPhase p) const;     // the largest total of p's moments (0: none)
   size_t peak() const;                      // the largest total
+  const Moment* peak_moment() const;        // the last moment of that total (null: none)
   // Adds `bytes` of category `c` to every moment of phase `p`.
   void add(MemPhase p, MemCategory c, size_t bytes);
 };

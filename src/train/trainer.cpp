@@ -258,9 +258,6 @@ io::TokenReader open_training_data(const DataConfig& d, int vocab_size, MPI_Comm
   return std::move(*reader);
 }
 
-// Collective over the world: refuses, before anything large is allocated, a
-// run whose predicted memory on some machine (the sum of the predictions of
-// the ranks that share it) exceeds that machine's physical memory.
 // What a rank is predicted to need at its peak, and in words: the runtime's
 // part and, per category, what is live in the phase of the peak.
 struct RankDemand {
@@ -276,10 +273,7 @@ RankDemand rank_demand(const PhasedMemory& phased, const MemoryByCategory& predi
   std::string when;
   if (expected.peak() > 0) {
     d.bytes = expected.peak();
-    const PhasedMemory::Moment* top = nullptr;
-    for (const PhasedMemory::Moment& t : phased.moments)
-      if (!top || total(t.live) >= total(top->live)) top = &t;  // the last of equals
-    if (top) {
+    if (const PhasedMemory::Moment* top = phased.peak_moment()) {
       live = top->live;
       when = std::string(" in ") + mem_phase_name(top->phase);
     }
@@ -313,15 +307,8 @@ void check_memory_limits(const RankDemand& mine, const ProcessMesh& mesh, const 
         ranks_over > 1 ? fmt::format(" ({} ranks in all are over)", ranks_over) : std::string();
     if (lim.force) {
       // Rank 0 prints the lowest such rank's message.
-      const int32_t mine_rank = over ? world->rank() : INT32_MAX;
-      int32_t lowest = 0;
-      world->all_reduce(&mine_rank, &lowest, 1, DType::i32, comm::ReduceOp::min).wait();
-      std::string text = over ? what : std::string();
-      int32_t len = static_cast<int32_t>(text.size());
-      world->broadcast(&len, 1, DType::i32, lowest).wait();
-      text.resize(static_cast<size_t>(len));
-      world->broadcast(text.data(), text.size(), DType::u8, lowest).wait();
-      log::warn("{}{}; starting anyway (memory.force = true)", text, count);
+      if (const auto first = first_failure(mesh.world(), !over, what))
+        log::warn("{}{}; starting anyway (memory.force = true)", first->text, count);
       return;
     }
     check_all(mesh.world(), !over,
