@@ -13,6 +13,12 @@ int classifier_rows(const GPTConfig& cfg, const ModelShard& shard, const GPTOpti
   return static_cast<int>(std::min(rows, std::max<size_t>(N, 1)));
 }
 
+int wte_grad_rows(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts, size_t N) {
+  const size_t Vl = cfg.padded_vocab_size() / shard.tp_size;
+  const size_t logits = size_t(classifier_rows(cfg, shard, opts, N)) * Vl;
+  return static_cast<int>(std::clamp<size_t>(logits / std::max<size_t>(N, 1), 1, Vl));
+}
+
 int qtile_rows(const GPTOptions& opts) {
   return opts.qtile_rows > 0 ? opts.qtile_rows : quant::kQLinearTileRows;
 }

@@ -104,6 +104,10 @@ struct ActLayout {
 // classifier_rows says otherwise. Between 1 and N rows.
 constexpr size_t kClassifierChunkFloats = size_t(1) << 24;
 int classifier_rows(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts, size_t N);
+// Rows of this rank's vocabulary part (of Vl) whose token-embedding gradient
+// is made at once when it is made in blocks (GPT::set_wte_grad_blocks): as
+// many as the classifier's logits buffer holds for N tokens, at most Vl.
+int wte_grad_rows(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts, size_t N);
 
 // Rows of a frozen quantized matrix dequantized per GEMM (GPTOptions::qtile_rows).
 int qtile_rows(const GPTOptions& opts);

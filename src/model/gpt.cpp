@@ -228,6 +228,14 @@ void GPT::set_grad_target(std::function<float*(size_t)> where, std::function<voi
   block_done_ = std::move(block_done);
 }
 
+void GPT::set_wte_grad_blocks(float* buffer, int rows, std::function<void(int, int)> done) {
+  MESHLM_CHECK(grad_where_ != nullptr, "set_wte_grad_blocks() needs set_grad_target() first");
+  MESHLM_CHECK(buffer != nullptr && rows > 0, "set_wte_grad_blocks() needs a buffer of rows");
+  wte_block_ = buffer;
+  wte_block_rows_ = rows;
+  wte_block_done_ = std::move(done);
+}
+
 namespace {
 // Whether set_weights writes `p` straight into place, whole.
 bool set_in_place(const ParamSpec& p, int tp_size, bool host) {

@@ -170,6 +170,15 @@ public:
   // block at a time is enough).
   void set_grad_target(std::function<float*(size_t index)> where,
                        std::function<void(int layer)> block_done);
+  // The token embedding's gradient in blocks of rows of this rank's
+  // vocabulary part, never whole (ZeRO 2): `rows` rows at a time (at most
+  // wte_grad_rows() for the micro-batch's tokens) land in `buffer` (rows * C
+  // floats, zeroed first by the model), then done(r0, n) is called for rows
+  // [r0, r0 + n). The classifier's contribution comes after its row chunks
+  // (each block's logits made again from the softmax's kept reductions: one
+  // more GEMM the size of the classifier's), the lookup's at the end of
+  // backward. Needs set_grad_target() first.
+  void set_wte_grad_blocks(float* buffer, int rows, std::function<void(int r0, int n)> done);
   // Tensor-parallel communication time is booked under Section::tp_comm here.
   void set_timers(SectionTimers* t) { tp_.set_timers(t); }
 
@@ -197,6 +206,8 @@ private:
   const quant::QSlice* qbase(size_t base_index) const;
   void head_logits(const SlotActs& s, const GPTTensors& p, int r0, int nr);
   void head_backward_rows(SlotActs& s, const GPTTensors& p, int r0, int nr);
+  void head_wte_grad_blocks(const SlotActs& s, const GPTTensors& p, int N);
+  void embedding_grad_blocks(const SlotActs& s, int N);
   float* grad_at(size_t index);
 
   GPTConfig cfg_;
@@ -229,6 +240,9 @@ private:
   std::vector<std::array<AdapterIndex, kLinearSlots>> adapter_;
   std::function<float*(size_t)> grad_where_;
   std::function<void(int)> block_done_;
+  float* wte_block_ = nullptr;  // set_wte_grad_blocks: null = wte's gradient whole at grad_at
+  int wte_block_rows_ = 0;
+  std::function<void(int, int)> wte_block_done_;
 
   int B_ = 0, T_ = 0;
   Buffer act_buf_, grad_act_buf_;

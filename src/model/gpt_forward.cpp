@@ -81,8 +81,44 @@ void GPT::head_backward_rows(SlotActs& s, const GPTTensors& p, int r0, int nr) {
     quant::qlinear_backward_input(*k_, *dq_, dx, gacts_.logits, *q, nr, gacts_.qtile,
                                   qtile_rows(opts_));
   else
-    k_->matmul_backward(dx, grad_at(idx_wte_), nullptr, gacts_.logits,
+    k_->matmul_backward(dx, wte_block_ ? nullptr : grad_at(idx_wte_), nullptr, gacts_.logits,
                         s.lnf + static_cast<size_t>(r0) * C, p.wte, nr, C, Vl);
+}
+
+// wte's gradient from the classifier in blocks of vocabulary rows (after the
+// row chunks, whose softmax reductions s keeps): logits(N, n) = lnf wte[r0:r0+n]^T
+// again, dlogits in place, dwte[r0:r0+n] = dlogits^T lnf, handed on.
+void GPT::head_wte_grad_blocks(const SlotActs& s, const GPTTensors& p, int N) {
+  const int C = cfg_.n_embd, V = cfg_.vocab_size, Vl = cfg_.padded_vocab_size() / shard_.tp_size;
+  const int v0 = shard_.tp_rank * Vl;
+  const int rows = std::min(wte_block_rows_, wte_grad_rows(cfg_, shard_, opts_, N));
+  MESHLM_CHECK(static_cast<size_t>(N) * rows <=
+                   static_cast<size_t>(classifier_rows(cfg_, shard_, opts_, N)) * Vl,
+               "the classifier's logits buffer is too small for a block of wte's gradient");
+  for (int r0 = 0; r0 < Vl; r0 += rows) {
+    const int n = std::min(rows, Vl - r0);
+    const float* w = p.wte + static_cast<size_t>(r0) * C;
+    k_->matmul_forward(gacts_.logits, s.lnf, w, nullptr, N, C, n);
+    k_->xent_local_backward(gacts_.logits, s.xent_max, s.xent_sums, gacts_.dlosses, s.targets, N,
+                            n, v0 + r0, V);
+    k_->zero(wte_block_, static_cast<size_t>(n) * C);
+    k_->matmul_backward(nullptr, wte_block_, nullptr, gacts_.logits, s.lnf, w, N, C, n);
+    wte_block_done_(r0, n);
+  }
+}
+
+// wte's gradient from the lookup in the same blocks: the rows of the tokens
+// that fall in each block.
+void GPT::embedding_grad_blocks(const SlotActs& s, int N) {
+  const int C = cfg_.n_embd, Vl = cfg_.padded_vocab_size() / shard_.tp_size;
+  const int v0 = shard_.tp_rank * Vl;
+  const int rows = std::min(wte_block_rows_, wte_grad_rows(cfg_, shard_, opts_, N));
+  for (int r0 = 0; r0 < Vl; r0 += rows) {
+    const int n = std::min(rows, Vl - r0);
+    k_->zero(wte_block_, static_cast<size_t>(n) * C);
+    k_->embedding_backward(wte_block_, gacts_.dres, s.tokens, N, C, v0 + r0, n);
+    wte_block_done_(r0, n);
+  }
 }
 
 float GPT::forward(int slot, const int32_t* tokens, const int32_t* targets, int B, int Tn,
@@ -143,6 +179,7 @@ float GPT::forward(int slot, const int32_t* tokens, const int32_t* targets, int 
     tp_.sum_over_region(sums, 2 * static_cast<size_t>(nr));
     if (head_grad_scale) head_backward_rows(s, p, r0, nr);
   }
+  if (head_grad_scale && wte_block_) head_wte_grad_blocks(s, p, N);
   k_->xent_losses(s.losses, s.xent_max, s.xent_sums, N);
   host_losses_.resize(N);
   k_->download(host_losses_.data(), s.losses, static_cast<size_t>(N) * sizeof(float));
@@ -184,6 +221,7 @@ void GPT::backward(int slot, float loss_scale) {
         head_logits(s, p, r0, nr);
         head_backward_rows(s, p, r0, nr);
       }
+      if (wte_block_) head_wte_grad_blocks(s, p, N);
     }
     // dlnf summed over TP (each rank has its vocabulary part's)
     tp_.copy_to_region_backward(s.dlnf, NC);
@@ -233,7 +271,10 @@ void GPT::backward(int slot, float loss_scale) {
   }
   if (shard_.first_stage && !frozen) {
     tp_.reduce_from_region_backward(gacts_.dres, NC);
-    k_->embedding_backward(grad_at(idx_wte_), gacts_.dres, s.tokens, N, C, v0, Vl);
+    if (wte_block_)
+      embedding_grad_blocks(s, N);
+    else
+      k_->embedding_backward(grad_at(idx_wte_), gacts_.dres, s.tokens, N, C, v0, Vl);
     k_->position_backward(grad_at(idx_wpe_), gacts_.dres, B, Tn, C);
   }
   // dlnf was summed over TP in place: a second backward() needs a new forward().

@@ -7,9 +7,11 @@
 // of dp under ZeRO, so shards are equal: S = np / dp):
 //   params      = np * 4
 //   grads       = np * 4                   ZeRO 0, 1
-//               = (S + Lb + E) * 4         ZeRO 2: the owned shard, a bucket of the
-//                                          largest block (Lb) and the embeddings
-//                                          and final norm (E), reduced at step end
+//               = (S + Bk + E) * 4         ZeRO 2: the owned shard, a bucket (Bk)
+//                                          of the largest block or of a block of
+//                                          wte's rows (reduced as soon as made,
+//                                          never whole), and wpe and ln_f (E),
+//                                          reduced at step end
 //   optimizer   = 2 n * 4                  ZeRO 0: AdamW m and v of everything
 //               = 2 S * 4                  ZeRO 1, 2: of the owned shard only
 //                 less the tied wte's elements on a last stage (pp > 1): the
@@ -59,9 +61,15 @@ ZeroLayout zero_layout(const GPTConfig& cfg, const RankPlan& r);
 std::pair<size_t, size_t> optimizer_range(const std::vector<ParamSpec>& table, const RankPlan& r,
                                           const ZeroLayout& z);
 // Elements of the largest transformer block of the shard, and of the tensors
-// outside the blocks (wte, wpe, ln_f) it holds.
+// outside the blocks other than the tied token embedding (wpe, ln_f) it holds.
 size_t largest_block_numel(const std::vector<ParamSpec>& table);
 size_t edge_numel(const std::vector<ParamSpec>& table);
+// ZeRO 2: rows of the rank's part of the token embedding whose gradient is
+// made and reduced at once (GPT::set_wte_grad_blocks; 0 where the table
+// trains no wte), and the bucket that holds a block's gradients or those rows.
+int zero2_wte_rows(const GPTConfig& model, const RankPlan& r, const std::vector<ParamSpec>& table);
+size_t zero2_bucket_numel(const GPTConfig& model, const RankPlan& r,
+                          const std::vector<ParamSpec>& table);
 
 // What is live at the peak of each phase of the run (core/alloc.h,
 // MemPhase), per category:

@@ -56,8 +56,8 @@ Engine::Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& tim
   // forward, and the memory is all there from the start.
   model_->ensure_activations(B, T);
 
-  zero_ = std::make_unique<Zero>(shape_.zero_stage, *dp_, *model_,
-                                 zero_layout(cfg.model, shape_), timers_);
+  zero_ = std::make_unique<Zero>(shape_.zero_stage, *dp_, *model_, zero_layout(cfg.model, shape_),
+                                 zero2_wte_rows(cfg.model, shape_, model_->table()), timers_);
   const auto [opt_begin, opt_end] =
       optimizer_range(model_->table(), shape_, zero_layout(cfg.model, shape_));
   MESHLM_CHECK(opt_begin >= zero_->own_begin() && opt_end <= zero_->own_end(),
@@ -89,6 +89,36 @@ void Engine::sum_tied_gradients() {
   // gradients and alone updates it (plan/memory.h, optimizer_range).
   if (!emb_ || emb_->size() == 1) return;
   const std::vector<ParamSpec>& table = model_->table();
+  const bool trains_wte = std::any_of(table.begin(), table.end(), [](const ParamSpec& p) {
+    return p.tied == TiedGroup::embedding;
+  });
+  if (!trains_wte) return;  // LoRA: the base's wte is frozen
+  if (zero_->stage() == 2) {
+    // Each stage has reduced its part over DP already (the lookup's on the
+    // first, the classifier's on the last), into shards that differ between
+    // the stages' flat buffers.
+    const MeshCoords c = mesh_.coords();
+    const int last = cfg_.parallel.pp - 1;
+    size_t n = 0, piece = 0;
+    auto stage = [&](int pp) {
+      const RankPlan r = plan_of(cfg_, {0, c.tp, pp});
+      const std::vector<ParamSpec> t = trainable_table(cfg_.model, r.shard, r.model);
+      if (pp == 0) piece = zero2_bucket_numel(cfg_.model, r, t);
+      for (const ParamSpec& p : t)
+        if (p.tied == TiedGroup::embedding) {
+          n = p.numel();
+          return std::pair{p.offset, zero_layout(cfg_.model, r).shard};
+        }
+      MESHLM_CHECK(false, "a stage of the embedding group holds no tied embedding");
+      return std::pair<size_t, size_t>{};
+    };
+    const auto first = stage(0), second = stage(last);
+    zero_->sum_tied_between_stages(*world_, shape_.shard.first_stage, first, second, n, piece,
+                                   [&](bool on_first, int dp) {
+                                     return mesh_.layout().rank({dp, c.tp, on_first ? 0 : last});
+                                   });
+    return;
+  }
   for (size_t i = 0; i < table.size(); ++i) {
     if (table[i].tied != TiedGroup::embedding) continue;
     ScopedTimer t(timers_, Section::pp_comm);

@@ -118,7 +118,7 @@ size_t ring_scratch_prediction(const RunConfig& cfg, const RankPlan& shape) {
   const std::vector<ParamSpec> table = trainable_table(cfg.model, shape.shard, shape.model);
   // Gradients over dp, as ZeRO reduces them.
   size_t most = Zero::ring_scratch_bytes(shape.zero_stage, table, zero_layout(cfg.model, shape),
-                                         cfg.parallel.dp);
+                                         cfg.parallel.dp, zero2_wte_rows(cfg.model, shape, table));
   // Over tp: the activations in and out of each tensor-parallel region, the
   // LoRA adapters' partial gradients, the classifier's row statistics.
   const int tp = shape.shard.tp_size;
@@ -128,7 +128,8 @@ size_t ring_scratch_prediction(const RunConfig& cfg, const RankPlan& shape) {
   most = std::max(most, comm::ring_scratch_bytes_of(Reduction::all_reduce, tp_count, DType::f32, tp));
   // Over pp: the tied embedding's gradient, from the last stage to the first
   // (the root; the last stage starts the chain and needs no scratch).
-  if (cfg.parallel.pp > 1 && shape.shard.first_stage)
+  // (ZeRO 2 sends it in pieces through its bucket instead).
+  if (cfg.parallel.pp > 1 && shape.shard.first_stage && shape.zero_stage < 2)
     for (const ParamSpec& p : table)
       if (p.tied != TiedGroup::none)
         most = std::max(most,

@@ -36,10 +36,28 @@ void for_each_owner_part(size_t a, size_t b, size_t S, int dp, F part) {
   }
 }
 
+// Calls block(r0, n, a, b) for each block of `rows` rows of the tied token
+// embedding `p` (rows [r0, r0 + n), flat range [a, b)).
+template <typename F>
+void for_each_wte_block(const ParamSpec& p, int rows, F block) {
+  const int64_t V = p.shape[0];
+  const size_t C = static_cast<size_t>(p.shape[1]);
+  for (int64_t r0 = 0; r0 < V; r0 += rows) {
+    const int64_t n = std::min<int64_t>(rows, V - r0);
+    block(static_cast<int>(r0), static_cast<int>(n), p.offset + r0 * C, p.offset + (r0 + n) * C);
+  }
+}
+
+const ParamSpec* tied_embedding(const std::vector<ParamSpec>& table) {
+  for (const ParamSpec& p : table)
+    if (p.tied == TiedGroup::embedding) return &p;
+  return nullptr;
+}
+
 }  // namespace
 
 size_t Zero::ring_scratch_bytes(int stage, const std::vector<ParamSpec>& table,
-                                const ZeroLayout& z, int dp) {
+                                const ZeroLayout& z, int dp, int wte_rows) {
   using comm::Reduction;
   if (stage == 0) return comm::ring_scratch_bytes_of(Reduction::all_reduce, z.n, DType::f32, dp);
   if (stage == 1)
@@ -49,12 +67,19 @@ size_t Zero::ring_scratch_bytes(int stage, const std::vector<ParamSpec>& table,
     most = std::max(most, comm::ring_scratch_bytes_of(Reduction::reduce, hi - lo, DType::f32, dp));
   };
   for (const auto& [a, b] : block_ranges(table)) for_each_owner_part(a, b, z.shard, dp, reduce);
-  for (const ParamSpec& p : table)
-    if (p.layer < 0) for_each_owner_part(p.offset, p.offset + p.numel(), z.shard, dp, reduce);
+  for (const ParamSpec& p : table) {
+    if (p.layer >= 0) continue;
+    if (p.tied == TiedGroup::embedding)
+      for_each_wte_block(p, wte_rows, [&](int, int, size_t a, size_t b) {
+        for_each_owner_part(a, b, z.shard, dp, reduce);
+      });
+    else
+      for_each_owner_part(p.offset, p.offset + p.numel(), z.shard, dp, reduce);
+  }
   return most;
 }
 
-Zero::Zero(int stage, comm::Communicator& dp, GPT& model, const ZeroLayout& layout,
+Zero::Zero(int stage, comm::Communicator& dp, GPT& model, const ZeroLayout& layout, int wte_rows,
            SectionTimers& timers)
     : stage_(stage), dp_(dp), model_(model), k_(model.kernels()), z_(layout), timers_(timers) {
   MESHLM_CHECK(stage >= 0 && stage <= 2, "ZeRO stage must be 0, 1 or 2");
@@ -76,14 +101,17 @@ Zero::Zero(int stage, comm::Communicator& dp, GPT& model, const ZeroLayout& layo
   const int layer0 = model_.shard().layer_begin;
   const Device dev = k_.device();
   shard_grads_ = Buffer(z_.shard * sizeof(float), MemCategory::grads, "zero2.shard_grads", dev);
-  bucket_ = Buffer(largest_block_numel(table) * sizeof(float), MemCategory::grads, "zero2.bucket",
-                   dev);
+  const ParamSpec* wte = tied_embedding(table);
+  MESHLM_CHECK(wte == nullptr || wte_rows > 0, "ZeRO 2 needs the rows of wte's gradient blocks");
+  const size_t wte_block = wte ? static_cast<size_t>(wte_rows) * wte->shape[1] : 0;
+  bucket_ = Buffer(std::max(largest_block_numel(table), wte_block) * sizeof(float),
+                   MemCategory::grads, "zero2.bucket", dev);
   edge_grads_ =
       Buffer(edge_numel(table) * sizeof(float), MemCategory::grads, "zero2.edge_grads", dev);
   edge_offset_.assign(table.size(), 0);
   size_t e = 0;
   for (size_t i = 0; i < table.size(); ++i) {
-    if (table[i].layer >= 0) continue;
+    if (table[i].layer >= 0 || table[i].tied == TiedGroup::embedding) continue;
     edge_offset_[i] = e;
     e += table[i].numel();
   }
@@ -100,6 +128,13 @@ Zero::Zero(int stage, comm::Communicator& dp, GPT& model, const ZeroLayout& layo
         reduce_to_owners(bucket_.as<float>(), r.first, r.second);
         k_.zero(bucket_.as<float>(), r.second - r.first);
       });
+  if (wte) {
+    const size_t C = static_cast<size_t>(wte->shape[1]), offset = wte->offset;
+    model_.set_wte_grad_blocks(bucket_.as<float>(), wte_rows, [this, C, offset](int r0, int n) {
+      reduce_to_owners(bucket_.as<float>(), offset + r0 * C, offset + (r0 + n) * C);
+      k_.zero(bucket_.as<float>(), n * C);  // the blocks accumulate into a zero bucket
+    });
+  }
 }
 
 float* Zero::owned_grads() {
@@ -110,11 +145,13 @@ void Zero::zero_grads() {
   if (stage_ < 2) return;
   k_.zero(shard_grads_.as<float>(), shard_grads_.bytes() / sizeof(float));
   k_.zero(edge_grads_.as<float>(), edge_grads_.bytes() / sizeof(float));
+  k_.zero(bucket_.as<float>(), bucket_.bytes() / sizeof(float));  // lent as scratch() since
 }
 
 float* Zero::gradient(size_t index) {
   const ParamSpec& p = model_.table().at(index);
-  MESHLM_CHECK(stage_ < 2 || p.layer < 0, "under ZeRO 2 a block's gradients are not kept");
+  MESHLM_CHECK(stage_ < 2 || (p.layer < 0 && p.tied != TiedGroup::embedding),
+               "under ZeRO 2 the blocks' and wte's gradients are not kept");
   return stage_ == 2 ? edge_grads_.as<float>() + edge_offset_[index] : model_.grads() + p.offset;
 }
 
@@ -151,7 +188,7 @@ void Zero::reduce() {
     case 2: {
       const std::vector<ParamSpec>& table = model_.table();
       for (size_t i = 0; i < table.size(); ++i)
-        if (table[i].layer < 0)
+        if (table[i].layer < 0 && table[i].tied != TiedGroup::embedding)
           reduce_to_owners(edge_grads_.as<float>() + edge_offset_[i], table[i].offset,
                            table[i].offset + table[i].numel());
       break;
@@ -197,6 +234,49 @@ void Zero::share_params() {
   ScopedTimer t(timers_, Section::dp_comm);
   float* p = model_.params();
   dp_.all_gather(p + own_begin_, p, z_.shard, DType::f32).wait();
+}
+
+std::span<float> Zero::scratch() {
+  MESHLM_CHECK(stage_ == 2, "only ZeRO 2 has a bucket to lend");
+  return {bucket_.as<float>(), bucket_.bytes() / sizeof(float)};
+}
+
+void Zero::sum_tied_between_stages(comm::Communicator& world, bool first_stage,
+                                   std::pair<size_t, size_t> first, std::pair<size_t, size_t> last,
+                                   size_t n, size_t piece,
+                                   const std::function<int(bool, int)>& peer) {
+  ScopedTimer t(timers_, Section::pp_comm);
+  const int dp = dp_.size(), me = dp_.rank();
+  const std::span<float> buf = scratch();
+  MESHLM_CHECK(piece > 0 && piece <= buf.size(), "the tied embedding's pieces exceed ZeRO's bucket");
+  // The elements [lo, hi) of wte that DP rank k owns on a stage whose flat
+  // buffer holds wte at `offset`, sharded by S.
+  auto owned = [n](std::pair<size_t, size_t> stage, int k) {
+    const auto [offset, S] = stage;
+    const size_t a = k * S, b = a + S;
+    const size_t lo = std::clamp(a, offset, offset + n) - offset;
+    const size_t hi = std::clamp(b, offset, offset + n) - offset;
+    return std::pair{lo, hi};
+  };
+  // Every rank walks the same pieces in the same order, each a matched send
+  // and receive, so none waits on a piece its partner has not reached.
+  for (int k1 = 0; k1 < dp; ++k1) {
+    const auto [a1, b1] = owned(first, k1);
+    for (int k2 = 0; k2 < dp; ++k2) {
+      const auto [a2, b2] = owned(last, k2);
+      const size_t lo = std::max(a1, a2), hi = std::min(b1, b2);
+      for (size_t p = lo; p < hi; p += piece) {
+        const size_t count = std::min(piece, hi - p);
+        if (!first_stage && me == k2) {
+          const float* src = owned_grads() + (last.first + p - k2 * last.second);
+          world.send(src, count, DType::f32, peer(true, k1)).wait();
+        } else if (first_stage && me == k1) {
+          world.recv(buf.data(), count, DType::f32, peer(false, k2)).wait();
+          k_.add(owned_grads() + (first.first + p - k1 * first.second), buf.data(), count);
+        }
+      }
+    }
+  }
 }
 
 }  // namespace meshlm

@@ -13,13 +13,17 @@
 //            each rank updates its shard; the shards are all-gathered.
 //   stage 2: as 1, but gradients are never held whole: each block's go to a
 //            bucket that is reduced into the owners' shards as soon as
-//            backward finishes the block; the tensors outside the blocks
-//            (wte, wpe, ln_f) are kept until the end of the step, after the
-//            tied embedding's sum between stages, then reduced.
+//            backward finishes the block, and so do the token embedding's,
+//            a block of vocabulary rows at a time (GPT::set_wte_grad_blocks:
+//            the classifier's after the head, the lookup's at the end of
+//            backward); wpe and ln_f are kept until the end of the step, then
+//            reduced. Under pp the first stage's owners of wte then add what
+//            the last stage's owners reduced (Engine::sum_tied_gradients).
 #pragma once
 
 #include <cstddef>
 #include <functional>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -36,7 +40,9 @@ public:
   // `dp` (the rank's DP group), `model` and `timers` must outlive it. The
   // model must have been built with the padding and own_grads of the stage
   // (plan_rank does); under stage 2 its gradients are redirected here.
-  Zero(int stage, comm::Communicator& dp, GPT& model, const ZeroLayout& layout,
+  // `wte_rows`: stage 2's block of the token embedding's rows
+  // (zero2_wte_rows; 0 where the model trains no wte).
+  Zero(int stage, comm::Communicator& dp, GPT& model, const ZeroLayout& layout, int wte_rows,
        SectionTimers& timers);
 
   int stage() const { return stage_; }
@@ -63,13 +69,29 @@ public:
   int first_nonfinite() const;
   // Collective over DP after the update: every rank's parameters again whole.
   void share_params();
+  // Stage 2: the bucket, free between reduce() and the next zero_grads(),
+  // which clears it (a receive buffer for the tied embedding's exchange).
+  std::span<float> scratch();
+
+  // Stage 2 under pp: the first stage's owners of the tied embedding add the
+  // elements the last stage's owners reduced, piece by piece over `world`
+  // (whose ranks are the mesh's). Every rank of the first and the last stage
+  // calls it with the same arguments: `first` and `last` are (offset of wte
+  // in the stage's flat buffer, ZeRO shard) of each, `n` wte's elements,
+  // `piece` the most elements sent at once (at most the first stage's bucket,
+  // the same on both stages), `peer(first, dp)` the world rank at this
+  // tensor-parallel coordinate.
+  void sum_tied_between_stages(comm::Communicator& world, bool first_stage,
+                               std::pair<size_t, size_t> first, std::pair<size_t, size_t> last,
+                               size_t n, size_t piece,
+                               const std::function<int(bool first, int dp)>& peer);
 
   // The scratch of the ring reductions (comm/mpi_comm.h) that reduce() of
   // `stage` needs on a rank with this table and layout in a DP group of
   // `dp` ranks, under the process's bucket: what the planner adds to the
   // comm category.
   static size_t ring_scratch_bytes(int stage, const std::vector<ParamSpec>& table,
-                                   const ZeroLayout& layout, int dp);
+                                   const ZeroLayout& layout, int dp, int wte_rows);
 
 private:
   // Stage 2: sums the gradients of the flat elements [a, b), held in src,
@@ -83,8 +105,8 @@ private:
   ZeroLayout z_;
   SectionTimers& timers_;
   size_t own_begin_ = 0, own_end_ = 0;
-  // Stage 2 gradient storage (grads category): the owned shard, one block's
-  // bucket, the tensors outside the blocks.
+  // Stage 2 gradient storage (grads category): the owned shard, the bucket
+  // of one block or of wte's rows, wpe and ln_f.
   Buffer shard_grads_, bucket_, edge_grads_;
   std::vector<size_t> edge_offset_;                     // per table entry, into edge_grads_
   std::vector<std::pair<size_t, size_t>> block_range_;  // per local block, flat [a, b)

@@ -149,6 +149,36 @@ TEST_F(ParallelTraining, EveryLayoutMatchesOneRank) {
   }
 }
 
+// ZeRO 2 under pp: each stage reduces its part of the tied embedding's
+// gradient into its own DP shards, which cut wte at other places on the two
+// stages once wte is larger than a shard (V = 1000: wte has 32768 elements,
+// a shard of dp 4 about 14600 on either stage), so the last stage's owners
+// send pieces to first-stage owners of other DP ranks. The run still equals
+// one rank.
+TEST_F(ParallelTraining, ZeroTwoMovesTheTiedEmbeddingBetweenStageShards) {
+  const std::vector<std::string> vocab = {"--model.vocab_size=1000"};
+  auto run = [&](const Layout& l) {
+    std::vector<std::string> o = vocab;
+    for (const std::string& s :
+         {"--parallel.dp=" + std::to_string(l.dp), "--parallel.tp=" + std::to_string(l.tp),
+          "--parallel.pp=" + std::to_string(l.pp), "--parallel.zero_stage=" + std::to_string(l.zero),
+          "--parallel.schedule=" + std::string(l.schedule),
+          "--parallel.activation_checkpointing=" + std::string(l.ckpt)})
+      o.push_back(s);
+    return train_on_first_ranks(kConfig, o, l.dp * l.tp * l.pp, dir_);
+  };
+  const RunResult ref = run({1, 1, 1, 0, "1f1b", "none"});
+  for (const Layout& l : {Layout{4, 1, 2, 2, "1f1b", "none"}, Layout{2, 1, 4, 2, "gpipe", "full"},
+                          Layout{2, 2, 2, 2, "1f1b", "none"}}) {
+    const RunResult r = run(l);
+    if (world_rank() != 0) continue;
+    SCOPED_TRACE(l.name());
+    EXPECT_LE(worst_loss_rel(r.losses, ref.losses), kLossTol);
+    EXPECT_LE(norm_rel(r.params, ref.params), kParamTol);
+    EXPECT_LT(ref.losses.back(), ref.losses.front() - 0.1);
+  }
+}
+
 TEST_F(ParallelTraining, SameLayoutSameBits) {
   const Layout l{2, 2, 2, 2, "1f1b", "full"};
   const RunResult a = train(l), b = train(l);
@@ -186,14 +216,17 @@ TEST_F(ParallelTraining, ZeroShardsOptimizerAndGradients) {
     EXPECT_EQ(at(z0, q, MemCategory::optimizer), at(one, 0, MemCategory::optimizer));
     EXPECT_EQ(at(z1, q, MemCategory::optimizer), 2 * shard * sizeof(float));
     EXPECT_EQ(at(z2, q, MemCategory::optimizer), 2 * shard * sizeof(float));
-    // Gradients: whole under ZeRO 0/1; under ZeRO 2 the shard, one block's
-    // bucket and the embeddings + final norm.
+    // Gradients: whole under ZeRO 0/1; under ZeRO 2 the shard, a bucket of
+    // one block or of all of wte's rows (the classifier's logits of these
+    // 8 tokens hold them all), wpe and the final norm.
     EXPECT_EQ(at(z1, q, MemCategory::grads), 4 * shard * sizeof(float));
     EXPECT_LT(at(z2, q, MemCategory::grads), at(z1, q, MemCategory::grads));
-    const std::vector<ParamSpec> table = gpt_param_table(
-        parse_run_config(kConfig, "t", {"--data.path=x"}).model);
+    const GPTConfig model = parse_run_config(kConfig, "t", {"--data.path=x"}).model;
+    const std::vector<ParamSpec> table = gpt_param_table(model);
+    const size_t wte = static_cast<size_t>(model.padded_vocab_size()) * model.n_embd;
     EXPECT_EQ(at(z2, q, MemCategory::grads),
-              (shard + largest_block_numel(table) + edge_numel(table)) * sizeof(float));
+              (shard + std::max(largest_block_numel(table), wte) + edge_numel(table)) *
+                  sizeof(float));
   }
 }
 

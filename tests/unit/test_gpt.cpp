@@ -355,6 +355,61 @@ TEST(GPT, ClassifierBackwardInForwardGivesTheSameBits) {
   EXPECT_THROW(a.backward(0, 0.5f), RankError);
 }
 
+// ZeRO 2's token-embedding gradient in blocks of vocabulary rows, never
+// whole: the classifier's part made again a block of rows of wte at a time,
+// the lookup's after the blocks. Summed back, the blocks give the gradient
+// of the whole tensor (to the rounding of another summation order), with
+// the classifier's backward in forward() or in backward(), the logits in
+// chunks of 7 rows (so the blocks hold 7 * 64 / 32 = 14 of wte's rows, the
+// last one 8) or whole.
+TEST(GPT, TokenEmbeddingGradientInBlocksOfRows) {
+  const GPTConfig c = small_config(50);  // Vp 64
+  for (const int chunk : {7, 0}) {
+    for (const bool head_in_forward : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << "classifier_rows " << chunk << " head in forward "
+                                        << head_in_forward);
+      GPTOptions o;
+      o.classifier_rows = chunk;
+      GPTOptions blocks = o;
+      blocks.own_grads = false;
+      GPT a(c, {}, o), b(c, {}, blocks);
+      a.init_weights(3);
+      b.init_weights(3);
+      std::vector<float> g(b.num_params(), 0.0f);
+      b.set_grad_target([&](size_t i) { return g.data() + b.table()[i].offset; }, [](int) {});
+      const ParamSpec& wte = b.table()[0];
+      ASSERT_EQ(wte.tied, TiedGroup::embedding);
+      const int rows = wte_grad_rows(c, {}, blocks, 32);
+      EXPECT_EQ(rows, chunk == 7 ? 14 : 64);
+      std::vector<float> bucket(size_t(rows) * c.n_embd, 0.0f);
+      std::vector<int> seen;
+      b.set_wte_grad_blocks(bucket.data(), rows, [&](int r0, int n) {
+        seen.push_back(r0);
+        for (size_t e = 0; e < size_t(n) * c.n_embd; ++e)
+          g[wte.offset + size_t(r0) * c.n_embd + e] += bucket[e];
+      });
+      std::vector<int32_t> tok(2 * 16), tgt(2 * 16);
+      random_batch(tok, tgt, 50, 4);
+      a.zero_grads();
+      const float la = a.forward(0, tok.data(), tgt.data(), 2, 16);
+      const float lb = head_in_forward ? b.forward(0, tok.data(), tgt.data(), 2, 16, 0.7f)
+                                       : b.forward(0, tok.data(), tgt.data(), 2, 16);
+      EXPECT_EQ(la, lb);
+      a.backward(0, 0.7f);
+      b.backward(0, 0.7f);
+      // Each block twice: the classifier's, then the lookup's.
+      EXPECT_EQ(seen.size(), 2 * size_t((64 + rows - 1) / rows));
+      double max_ref = 0, max_err = 0;
+      for (size_t i = 0; i < a.num_params(); ++i) {
+        max_ref = std::max(max_ref, double(std::fabs(a.grads()[i])));
+        max_err = std::max(max_err, double(std::fabs(a.grads()[i] - g[i])));
+      }
+      EXPECT_GT(max_ref, 0.0);
+      EXPECT_LE(max_err, 1e-6 * max_ref);
+    }
+  }
+}
+
 // train.attention = flash: the same loss and gradients as the kept
 // probabilities (to fp32 rounding: the backward takes sum_s P dP as dY . Y),
 // with T - 1 fewer floats per row of a head in every block and in the

@@ -134,8 +134,16 @@ Expected longhand(const Case& k) {
   MemoryByCategory& m = e.bytes;
   at(m, MemCategory::params) = (np + frozen) * kF;
   // ZeRO 2 keeps the owned shard, a bucket for one block (all blocks are the
-  // same size) and the tensors outside the blocks.
-  at(m, MemCategory::grads) = p.zero_stage < 2 ? np * kF : (S + trained_block + trained_edges) * kF;
+  // same size) or for a block of wte's rows, and wpe and ln_f. wte's rows go
+  // as many at a time as the classifier's logits buffer (2^24 floats, or all
+  // BT rows' logits when fewer) holds for BT tokens.
+  const bool has_wte = !lora && (k.first || k.last);
+  const size_t logits_rows = std::min<size_t>(std::max<size_t>(1, (size_t(1) << 24) / Vl), BT);
+  const size_t wte_rows = std::clamp<size_t>(logits_rows * Vl / BT, 1, Vl);
+  const size_t bucket = std::max(L > 0 ? trained_block : 0, has_wte ? wte_rows * C : 0);
+  at(m, MemCategory::grads) = p.zero_stage < 2
+                                  ? np * kF
+                                  : (S + bucket + trained_edges - (has_wte ? wte : 0)) * kF;
   // AdamW m and v: of everything (ZeRO 0) or of the owned shard; a last
   // stage that is not also the first keeps none of the tied wte's (the first
   // stage does), and wte leads its flat buffer.
