@@ -7,6 +7,7 @@
 #include <new>
 #include <sstream>
 
+#include <malloc.h>
 #include <unistd.h>
 
 namespace meshlm {
@@ -43,7 +44,16 @@ void MemTracker::enter(MemPhase p) {
 }
 
 MemTracker& MemTracker::get() {
-  static MemTracker tracker;
+  static MemTracker tracker = [] {
+    // Every host allocation of 1 MiB or more is mapped and unmapped on its
+    // own, so a freed buffer leaves the resident set at once. Left alone,
+    // glibc raises this threshold to the size of each mapped block freed (up
+    // to 32 MiB), after which such buffers come from the heap and may stay
+    // resident when freed: what /proc shows would then depend on the order
+    // of frees, not on what is live.
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
+    return MemTracker();
+  }();
   return tracker;
 }
 
@@ -154,6 +164,11 @@ size_t proc_kb(const char* path, const char* key) {
 size_t physical_memory_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   return pages > 0 && page > 0 ? static_cast<size_t>(pages) * static_cast<size_t>(page) : 0;
+}
+
+size_t page_bytes() {
+  const long page = sysconf(_SC_PAGE_SIZE);
+  return page > 0 ? static_cast<size_t>(page) : 4096;
 }
 
 ProcessMemory read_process_memory() {

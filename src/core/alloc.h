@@ -124,5 +124,7 @@ struct ProcessMemory {
 ProcessMemory read_process_memory();
 // The machine's physical memory (sysconf), in bytes.
 size_t physical_memory_bytes();
+// The size of a memory page (sysconf), in bytes.
+size_t page_bytes();
 
 }  // namespace meshlm

@@ -18,6 +18,7 @@
 #include "io/hash.h"
 #include "io/quant_cache.h"
 #include "quant/formats.h"
+#include "quant/qlinear.h"
 
 namespace meshlm::load {
 
@@ -73,6 +74,63 @@ int64_t source_block_rows(const StoreEntry& e) {
   const QuantFormat& f = quant_format(e.type);
   return rows_per_block(e.spec, kSourceBlockBytes / sizeof(float),
                         static_cast<size_t>(std::max(f.block, 1)));
+}
+
+size_t store_pages_read(const StoreManifest& m, const GPTConfig& cfg, const ModelShard& shard,
+                        int seq_len, size_t page) {
+  std::vector<bool> read((m.bytes + page - 1) / page, false);
+  auto mark = [&](size_t first_byte, size_t last_byte) {  // inclusive
+    for (size_t p = first_byte / page; p <= last_byte / page; ++p) read[p] = true;
+  };
+  for (const ParamSpec& p : gpt_param_table(cfg, shard)) {
+    const StoreEntry& e = m.at(p.name);
+    const bool matrix = p.full_shape.ndim == 2;
+    const int64_t R = matrix ? p.full_shape[0] : p.full_shape.numel(), K = matrix ? p.full_shape[1] : 1;
+    const quant::QSlice part{.t = {}, .R = R, .K = K, .tp_dim = p.tp_dim, .tp_parts = p.tp_parts,
+                             .tp_rank = shard.tp_rank, .tp_size = shard.tp_size};
+    // wpe is not split; its first seq_len rows are read.
+    const int64_t rows = p.role == ParamRole::position_embedding ? std::min<int64_t>(R, seq_len)
+                                                                 : part.local_rows();
+    // Runs of elements [a, b) of the logical tensor, row by row, then the
+    // bytes they take in each array of the tensor.
+    auto run = [&](int64_t a, int64_t b) {
+      for (int k = 0; k < e.layout.narrays; ++k) {
+        const quant::QArray& arr = e.layout.arrays[k];
+        if (arr.count == 0) continue;
+        // Elements of the tensor per element of the array: one (f32, int8
+        // data), two (nf4 data: 4 bits each), a block (absmax), a group of
+        // blocks (nf4's absmax2); any other array is read whole.
+        const std::string_view name = arr.name;
+        const size_t per = name == "data"      ? (e.layout.type == QuantType::nf4 ? 2 : 1)
+                           : name == "absmax"  ? size_t(e.layout.type == QuantType::nf4
+                                                            ? quant::kNF4Block
+                                                            : quant::kQ8Block)
+                           : name == "absmax2" ? size_t(quant::kNF4Block) * quant::kNF4AbsmaxBlock
+                                               : e.layout.n;
+        const size_t elem = dtype_size(arr.elem);
+        const size_t lo = std::min(size_t(a) / per, arr.count - 1);
+        const size_t hi = std::min(size_t(b - 1) / per, arr.count - 1);
+        mark(e.offset + arr.offset + lo * elem, e.offset + arr.offset + (hi + 1) * elem - 1);
+      }
+    };
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t r = part.tp_dim == 0 ? part.logical_index(i) : i;
+      if (part.tp_dim != 1 || shard.tp_size == 1) {
+        run(r * K, (r + 1) * K);
+        continue;
+      }
+      // Split columns: the runs of this rank's part of the row.
+      const int64_t cols = part.local_cols();
+      for (int64_t j = 0; j < cols;) {
+        const int64_t c = part.logical_index(j);
+        int64_t len = 1;
+        while (j + len < cols && part.logical_index(j + len) == c + len) ++len;
+        run(r * K + c, r * K + c + len);
+        j += len;
+      }
+    }
+  }
+  return static_cast<size_t>(std::count(read.begin(), read.end(), true)) * page;
 }
 
 StoreManifest make_manifest(const GPTConfig& cfg, QuantType matrices) {

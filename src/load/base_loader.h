@@ -74,6 +74,17 @@ inline constexpr size_t kSourceBlockBytes = size_t{4} << 20;
 int64_t source_block_rows(const StoreEntry& e);
 StoreManifest make_manifest(const GPTConfig& cfg, QuantType matrices);
 
+// Bytes of the store, in whole pages of `page` bytes, that a rank holding
+// `shard` reads while it trains: of each of its base tensors the rows and
+// columns of its tensor-parallel part (as quant::make_qslice splits them) in
+// every array of the tensor (data, absmax, ...); of the position table the
+// first seq_len rows; of the token embedding all of the rank's vocabulary
+// part (the classifier reads it, and the lookup's tokens, dozens to a page,
+// reach nearly every page). A rank whose node's store another rank holds
+// counts these pages in its resident memory.
+size_t store_pages_read(const StoreManifest& m, const GPTConfig& cfg, const ModelShard& shard,
+                        int seq_len, size_t page);
+
 // The arrays of every tensor as the cache stores them (/q/<name>/<array>).
 std::vector<io::CacheTensor> cache_layout(const StoreManifest& m);
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cblas.h>
+#include <algorithm>
 #include <omp.h>
 
 #include "ops/precision.h"
@@ -18,10 +19,41 @@ inline void set_threads(int n) {
   openblas_set_num_threads(n);
 }
 
+// OpenBLAS packs a panel of op(A)'s rows (all M of them, times up to GEMM_Q
+// of K: 320 on Haswell) into its per-thread buffer, whose pages stay
+// resident: a GEMM of M = 50304 (the classifier's weight gradient) leaves
+// 60 MiB of them. gemm() hands it at most kGemmRows rows at a time (the
+// same arithmetic per element of C), so that this buffer stays below
+// kGemmRows * 320 * 4 bytes, ~5 MiB, whatever the shapes.
+constexpr int kGemmRows = 4096;
+
 inline void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
                  const float* B, int ldb, float beta, float* C, int ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
-              K, alpha, A, lda, B, ldb, beta, C, ldc);
+  for (int m0 = 0; m0 < M; m0 += kGemmRows) {
+    const int m = std::min(kGemmRows, M - m0);
+    // Rows m0.. of op(A): rows of A, or columns of A when transposed.
+    const float* a = A + (ta ? static_cast<size_t>(m0) : static_cast<size_t>(m0) * lda);
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
+                N, K, alpha, a, lda, B, ldb, beta, C + static_cast<size_t>(m0) * ldc, ldc);
+  }
+}
+
+// One GEMM whose packed panel is the largest gemm() makes: kGemmRows rows of
+// op(A) times kGemmWarmUpK of K (more than GEMM_Q on any core OpenBLAS
+// tunes for), so that the pages of OpenBLAS's buffer are resident from then
+// on and a measurement of the process includes them. `scratch` holds
+// kGemmWarmUpFloats.
+constexpr int kGemmWarmUpK = 1024, kGemmWarmUpN = 8;
+constexpr size_t kGemmWarmUpFloats =
+    size_t(kGemmRows) * kGemmWarmUpK + size_t(kGemmWarmUpK) * kGemmWarmUpN +
+    size_t(kGemmRows) * kGemmWarmUpN;
+inline void warm_up_gemm(float* scratch) {
+  std::fill(scratch, scratch + kGemmWarmUpFloats, 0.0f);
+  float* a = scratch;
+  float* b = a + size_t(kGemmRows) * kGemmWarmUpK;
+  float* c = b + size_t(kGemmWarmUpK) * kGemmWarmUpN;
+  gemm(false, false, kGemmRows, kGemmWarmUpN, kGemmWarmUpK, 1.0f, a, kGemmWarmUpK, b, kGemmWarmUpN,
+       0.0f, c, kGemmWarmUpN);
 }
 
 inline void gemm(bool ta, bool tb, int M, int N, int K, double alpha, const double* A, int lda,

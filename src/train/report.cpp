@@ -51,7 +51,10 @@ void print_predicted_memory(const MemoryByCategory& predicted, comm::Communicato
 }
 
 size_t ProcessPrediction::peak() const {
-  return runtime + *std::max_element(phases.begin(), phases.end());
+  size_t most = 0;
+  for (int p = 0; p < kNumMemPhases; ++p)
+    most = std::max(most, phases[p] + (p == static_cast<int>(MemPhase::training) ? shared : 0));
+  return runtime + most;
 }
 
 double RankMemory::error() const {
@@ -123,16 +126,18 @@ void print_memory_table(const std::vector<RankMemory>& ranks,
   // The process: what the operating system saw (VmHWM) against the
   // prediction, the runtime's part plus the largest phase.
   log::info("# Process memory per rank: predicted peak = runtime (resident at start-up outside the "
-            "tracked buffers) + the largest phase's tracked total; VmHWM from /proc; MiB, "
-            "phases predicted / tracked");
-  std::string phead = fmt::format("# {:>5} {:>9}", "rank", "runtime");
+            "tracked buffers) + the largest phase's tracked total (in training, + shared: the "
+            "pages of the node's shared base store, held by another rank, that this rank reads); "
+            "VmHWM from /proc; MiB, phases predicted / tracked");
+  std::string phead = fmt::format("# {:>5} {:>9} {:>9}", "rank", "runtime", "shared");
   for (int p = 0; p < kNumMemPhases; ++p)
     phead += fmt::format(" {:>17}", mem_phase_name(static_cast<MemPhase>(p)));
   log::info("{} {:>10} {:>10} {:>8}", phead, "predicted", "VmHWM", "error");
   constexpr double MiB = 1024.0 * 1024.0;
   for (size_t r = 0; r < ranks.size(); ++r) {
     const RankMemory& m = ranks[r];
-    std::string line = fmt::format("  {:>5} {:>9.1f}", r, m.expected.runtime / MiB);
+    std::string line = fmt::format("  {:>5} {:>9.1f} {:>9.1f}", r, m.expected.runtime / MiB,
+                                   m.expected.shared / MiB);
     for (int p = 0; p < kNumMemPhases; ++p)
       line += fmt::format(" {:>8.1f}/{:<8.1f}", m.expected.phases[p] / MiB, m.phase_peak[p] / MiB);
     log::info("{} {:>10.1f} {:>10.1f} {:>+7.1f}%", line, m.expected.peak() / MiB,

@@ -20,7 +20,10 @@ namespace meshlm {
 struct ProcessPrediction {
   size_t runtime = 0;
   std::array<size_t, kNumMemPhases> phases{};
-  size_t peak() const;  // runtime + the largest phase
+  // Pages of the node's shared base store, which another rank holds, that
+  // this rank reads in training (load::store_pages_read).
+  size_t shared = 0;
+  size_t peak() const;  // runtime + the largest phase (training's with `shared`)
 };
 
 // One rank's memory at the end of a run.

@@ -19,6 +19,7 @@
 #include "io/run_log.h"
 #include "io/tokens.h"
 #include "model/gpt.h"
+#include "ops/blas.h"
 #include "ops/gpu_workspace.h"
 #include "plan/memory.h"
 #include "quant/qlinear.h"
@@ -140,6 +141,9 @@ size_t ring_scratch_prediction(const RunConfig& cfg, const RankPlan& shape) {
 PhasedMemory predict_run_phases(const RunConfig& cfg, const RankPlan& shape, uint64_t windows) {
   PhasedMemory phased = predict_phases(cfg.model, shape, windows, cfg.data.shuffle);
   phased.add(MemPhase::training, MemCategory::comm, ring_scratch_prediction(cfg, shape));
+  // On the CPU the start-up's GEMM that makes OpenBLAS's buffer resident.
+  if (cfg.runtime.backend == ComputeBackend::cpu)
+    phased.add(MemPhase::startup, MemCategory::workspace, ops::kGemmWarmUpFloats * sizeof(float));
   return phased;
 }
 
@@ -152,6 +156,9 @@ RankPlan planned_rank_plan(const RunConfig& cfg, const ProcessMesh& mesh) {
     const bool quantizes = per_rank || mesh.rank() == 0;
     shape.quantized_bytes = holder ? manifest.bytes : 0;
     shape.base_staging_bytes = quantizes ? manifest.staging_bytes() : 0;
+    if (!holder)
+      shape.shared_read_bytes = load::store_pages_read(manifest, cfg.model, shape.shard,
+                                                       cfg.train.seq_len, page_bytes());
   }
   return shape;
 }
@@ -414,13 +421,20 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
   }
   print_predicted_memory(predicted, *world);
   // The runtime's part: what is resident now outside the tracked buffers
-  // (code, libraries, MPI, the heap).
+  // (code, libraries, MPI, the heap, OpenBLAS's buffer once a GEMM of the
+  // largest panel has filled it).
   ProcessPrediction expected;
   if (cfg.runtime.backend == ComputeBackend::cpu) {
+    {
+      Buffer scratch(ops::kGemmWarmUpFloats * sizeof(float), MemCategory::workspace,
+                     "OpenBLAS warm-up", Device::cpu);
+      ops::warm_up_gemm(scratch.as<float>());
+    }
     const size_t rss = read_process_memory().rss, tracked = tracker.current_total(Device::cpu);
     expected.runtime = rss > tracked ? rss - tracked : 0;
     for (int p = 0; p < kNumMemPhases; ++p)
       expected.phases[p] = phased.phase_total(static_cast<MemPhase>(p));
+    expected.shared = shape.shared_read_bytes;
   }
   check_memory_limits(rank_demand(phased, predicted, expected), mesh, cfg.memory);
 
