@@ -24,8 +24,9 @@ inline void set_threads(int n) {
 // resident: a GEMM of M = 50304 (the classifier's weight gradient) leaves
 // 60 MiB of them. gemm() hands it at most kGemmRows rows at a time (the
 // same arithmetic per element of C), so that this buffer stays below
-// kGemmRows * 320 * 4 bytes, ~5 MiB, whatever the shapes.
-constexpr int kGemmRows = 4096;
+// kGemmRows * 320 * 4 bytes, ~1.3 MiB, whatever the shapes (repacking the
+// other operand once per 1024 rows costs 1/1024 of the GEMM's work).
+constexpr int kGemmRows = 1024;
 
 inline void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
                  const float* B, int ldb, float beta, float* C, int ldc) {
@@ -42,7 +43,7 @@ inline void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float
 // op(A) times kGemmWarmUpK of K (more than GEMM_Q on any core OpenBLAS
 // tunes for), so that the pages of OpenBLAS's buffer are resident from then
 // on and a measurement of the process includes them. `scratch` holds
-// kGemmWarmUpFloats.
+// kGemmWarmUpFloats (4.1 MiB), which the caller books.
 constexpr int kGemmWarmUpK = 1024, kGemmWarmUpN = 8;
 constexpr size_t kGemmWarmUpFloats =
     size_t(kGemmRows) * kGemmWarmUpK + size_t(kGemmWarmUpK) * kGemmWarmUpN +

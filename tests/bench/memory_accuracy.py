@@ -58,7 +58,25 @@ CONFIGS = {
     "small_d2t2p2_z2": (8, SMALL + ["--parallel.dp=2", "--parallel.tp=2", "--parallel.pp=2",
                                     "--parallel.zero_stage=2", "--parallel.micro_batches=2",
                                     "--train.batch_size=16"]),
+    "small_dp2_z1": (2, SMALL + ["--parallel.dp=2", "--parallel.zero_stage=1", "--train.batch_size=8"]),
+    "small_tp4_ckpt": (4, SMALL + ["--parallel.tp=4", "--parallel.activation_checkpointing=full",
+                                   "--train.batch_size=4"]),
+    "small_pp4": (4, SMALL + ["--parallel.pp=4", "--parallel.micro_batches=4", "--train.batch_size=16"]),
+    "small_dp8_z2": (8, SMALL + ["--parallel.dp=8", "--parallel.zero_stage=2", "--train.batch_size=32"]),
+    "small_lora": (1, SMALL + LORA + ["--train.batch_size=4"]),
+    "small_lora_d2t2_z2": (4, SMALL + LORA + ["--parallel.dp=2", "--parallel.tp=2",
+                                              "--parallel.zero_stage=2", "--train.batch_size=8"]),
+    "g124_lora_tp2": (2, G124 + LORA + ["--parallel.tp=2", "--train.batch_size=4"]),
+    "g124_lora_per_rank_dp2": (2, G124 + LORA + ["--quant.share=per_rank", "--parallel.dp=2",
+                                                 "--train.batch_size=8"]),
+    "mid_pp2_dp2_z2": (4, MID + ["--parallel.pp=2", "--parallel.dp=2", "--parallel.zero_stage=2",
+                                 "--parallel.micro_batches=2", "--train.batch_size=32"]),
+    "mid_tp2_ckpt": (2, MID + ["--parallel.tp=2", "--parallel.activation_checkpointing=full",
+                               "--train.batch_size=8"]),
 }
+# What the ctest (label memory) runs: the configurations that take seconds.
+QUICK = ["small", "small_dp2_z1", "small_tp4_ckpt", "small_pp4", "small_dp8_z2", "small_lora",
+         "small_lora_d2t2_z2", "small_d2t2p2_z2"]
 
 
 def mpiexec(n):
@@ -129,7 +147,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("build")
     ap.add_argument("scratch")
-    ap.add_argument("--only", default="", help="comma-separated configuration names")
+    ap.add_argument("--only", default="",
+                    help="comma-separated configuration names; 'quick' = those that take seconds")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="runtime.threads of each rank")
     ap.add_argument("--check", action="store_true", help="exit 1 when a rank is off by more than 3%% / 4 MiB")
@@ -139,7 +158,7 @@ def main():
         for k, (n, o) in CONFIGS.items():
             print(k, n, " ".join(o))
         return 0
-    names = a.only.split(",") if a.only else list(CONFIGS)
+    names = QUICK if a.only == "quick" else a.only.split(",") if a.only else list(CONFIGS)
     for n in names:
         if n not in CONFIGS:
             raise SystemExit(f"unknown configuration '{n}'; --list shows them")
