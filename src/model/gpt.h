@@ -206,6 +206,8 @@ private:
   const quant::QSlice* qbase(size_t base_index) const;
   void head_logits(const SlotActs& s, const GPTTensors& p, int r0, int nr);
   void head_backward_rows(SlotActs& s, const GPTTensors& p, int r0, int nr);
+  template <typename F>
+  void for_each_wte_grad_block(int N, F make);
   void head_wte_grad_blocks(const SlotActs& s, const GPTTensors& p, int N);
   void embedding_grad_blocks(const SlotActs& s, int N);
   float* grad_at(size_t index);

@@ -85,9 +85,23 @@ void GPT::head_backward_rows(SlotActs& s, const GPTTensors& p, int r0, int nr) {
                         s.lnf + static_cast<size_t>(r0) * C, p.wte, nr, C, Vl);
 }
 
+// Each block of rows [r0, r0 + n) of this rank's vocabulary part in turn:
+// the block buffer zeroed, make(r0, n) fills it, then it is handed on.
+template <typename F>
+void GPT::for_each_wte_grad_block(int N, F make) {
+  const int C = cfg_.n_embd, Vl = cfg_.padded_vocab_size() / shard_.tp_size;
+  const int rows = std::min(wte_block_rows_, wte_grad_rows(cfg_, shard_, opts_, N));
+  for (int r0 = 0; r0 < Vl; r0 += rows) {
+    const int n = std::min(rows, Vl - r0);
+    k_->zero(wte_block_, static_cast<size_t>(n) * C);
+    make(r0, n);
+    wte_block_done_(r0, n);
+  }
+}
+
 // wte's gradient from the classifier in blocks of vocabulary rows (after the
 // row chunks, whose softmax reductions s keeps): logits(N, n) = lnf wte[r0:r0+n]^T
-// again, dlogits in place, dwte[r0:r0+n] = dlogits^T lnf, handed on.
+// again, dlogits in place, dwte[r0:r0+n] = dlogits^T lnf.
 void GPT::head_wte_grad_blocks(const SlotActs& s, const GPTTensors& p, int N) {
   const int C = cfg_.n_embd, V = cfg_.vocab_size, Vl = cfg_.padded_vocab_size() / shard_.tp_size;
   const int v0 = shard_.tp_rank * Vl;
@@ -95,30 +109,22 @@ void GPT::head_wte_grad_blocks(const SlotActs& s, const GPTTensors& p, int N) {
   MESHLM_CHECK(static_cast<size_t>(N) * rows <=
                    static_cast<size_t>(classifier_rows(cfg_, shard_, opts_, N)) * Vl,
                "the classifier's logits buffer is too small for a block of wte's gradient");
-  for (int r0 = 0; r0 < Vl; r0 += rows) {
-    const int n = std::min(rows, Vl - r0);
+  for_each_wte_grad_block(N, [&](int r0, int n) {
     const float* w = p.wte + static_cast<size_t>(r0) * C;
     k_->matmul_forward(gacts_.logits, s.lnf, w, nullptr, N, C, n);
     k_->xent_local_backward(gacts_.logits, s.xent_max, s.xent_sums, gacts_.dlosses, s.targets, N,
                             n, v0 + r0, V);
-    k_->zero(wte_block_, static_cast<size_t>(n) * C);
     k_->matmul_backward(nullptr, wte_block_, nullptr, gacts_.logits, s.lnf, w, N, C, n);
-    wte_block_done_(r0, n);
-  }
+  });
 }
 
 // wte's gradient from the lookup in the same blocks: the rows of the tokens
 // that fall in each block.
 void GPT::embedding_grad_blocks(const SlotActs& s, int N) {
-  const int C = cfg_.n_embd, Vl = cfg_.padded_vocab_size() / shard_.tp_size;
-  const int v0 = shard_.tp_rank * Vl;
-  const int rows = std::min(wte_block_rows_, wte_grad_rows(cfg_, shard_, opts_, N));
-  for (int r0 = 0; r0 < Vl; r0 += rows) {
-    const int n = std::min(rows, Vl - r0);
-    k_->zero(wte_block_, static_cast<size_t>(n) * C);
+  const int C = cfg_.n_embd, v0 = shard_.tp_rank * (cfg_.padded_vocab_size() / shard_.tp_size);
+  for_each_wte_grad_block(N, [&](int r0, int n) {
     k_->embedding_backward(wte_block_, gacts_.dres, s.tokens, N, C, v0 + r0, n);
-    wte_block_done_(r0, n);
-  }
+  });
 }
 
 float GPT::forward(int slot, const int32_t* tokens, const int32_t* targets, int B, int Tn,

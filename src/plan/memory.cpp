@@ -54,16 +54,14 @@ size_t edge_numel(const std::vector<ParamSpec>& table) {
 }
 
 int zero2_wte_rows(const GPTConfig& model, const RankPlan& r, const std::vector<ParamSpec>& table) {
-  for (const ParamSpec& p : table)
-    if (p.tied == TiedGroup::embedding)
-      return wte_grad_rows(model, r.shard, r.model,
-                           static_cast<size_t>(r.micro_batch) * static_cast<size_t>(r.seq_len));
-  return 0;
+  if (!find_role(table, ParamRole::token_embedding)) return 0;
+  return wte_grad_rows(model, r.shard, r.model,
+                       static_cast<size_t>(r.micro_batch) * static_cast<size_t>(r.seq_len));
 }
 
-size_t zero2_bucket_numel(const GPTConfig& model, const RankPlan& r,
-                          const std::vector<ParamSpec>& table) {
-  const size_t wte_block = static_cast<size_t>(zero2_wte_rows(model, r, table)) * model.n_embd;
+size_t zero2_bucket_numel(const std::vector<ParamSpec>& table, int wte_rows) {
+  const ParamSpec* wte = find_role(table, ParamRole::token_embedding);
+  const size_t wte_block = wte ? static_cast<size_t>(wte_rows) * wte->shape[1] : 0;
   return std::max(largest_block_numel(table), wte_block);
 }
 
@@ -97,7 +95,8 @@ PhasedMemory predict_phases(const GPTConfig& model, const RankPlan& r, uint64_t 
   at(kept, MemCategory::activations) =
       GPT::activation_bytes(model, r.shard, r.model, r.micro_batch, r.seq_len);
   if (r.zero_stage == 2)
-    at(kept, MemCategory::grads) = (z.shard + zero2_bucket_numel(model, r, table) + edge_numel(table)) * f;
+    at(kept, MemCategory::grads) = (z.shard + zero2_bucket_numel(table, zero2_wte_rows(model, r, table)) +
+                                     edge_numel(table)) * f;
   const auto [opt_begin, opt_end] = optimizer_range(table, r, z);
   at(kept, MemCategory::optimizer) = 2 * (opt_end - opt_begin) * f;
   if (r.pipeline_stage > 0)

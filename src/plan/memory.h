@@ -68,8 +68,7 @@ size_t edge_numel(const std::vector<ParamSpec>& table);
 // made and reduced at once (GPT::set_wte_grad_blocks; 0 where the table
 // trains no wte), and the bucket that holds a block's gradients or those rows.
 int zero2_wte_rows(const GPTConfig& model, const RankPlan& r, const std::vector<ParamSpec>& table);
-size_t zero2_bucket_numel(const GPTConfig& model, const RankPlan& r,
-                          const std::vector<ParamSpec>& table);
+size_t zero2_bucket_numel(const std::vector<ParamSpec>& table, int wte_rows);
 
 // What is live at the peak of each phase of the run (core/alloc.h,
 // MemPhase), per category:

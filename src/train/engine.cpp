@@ -64,6 +64,23 @@ Engine::Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& tim
                "the optimizer's elements are among those ZeRO gives this rank");
   opt_ = std::make_unique<AdamW>(model_->table(), cfg.train.adamw, opt_begin, opt_end,
                                  model_->kernels());
+  if (emb_ && emb_->size() > 1 && shape_.zero_stage == 2 &&
+      find_role(model_->table(), ParamRole::token_embedding)) {
+    // Where wte lies in the first and the last stage's flat buffers.
+    auto stage = [&](int pp) {
+      const RankPlan r = plan_of(cfg, {0, c.tp, pp});
+      const std::vector<ParamSpec> t = trainable_table(cfg.model, r.shard, r.model);
+      const ParamSpec* wte = find_role(t, ParamRole::token_embedding);
+      MESHLM_CHECK(wte != nullptr, "a stage of the embedding group holds no tied embedding");
+      if (pp == 0) {
+        tied_.n = wte->numel();
+        tied_.piece = zero2_bucket_numel(t, zero2_wte_rows(cfg.model, r, t));
+      }
+      return std::pair{wte->offset, zero_layout(cfg.model, r).shard};
+    };
+    tied_.first = stage(0);
+    tied_.last = stage(cfg.parallel.pp - 1);
+  }
   pipeline_ = std::make_unique<PipelineRunner>(
       *model_, build_schedule(cfg.parallel.schedule, c.pp, cfg.parallel.pp, m), *pp_send_,
       *pp_recv_, B, T, 1.0f / static_cast<float>(m * cfg.parallel.dp), timers_);
@@ -89,32 +106,15 @@ void Engine::sum_tied_gradients() {
   // gradients and alone updates it (plan/memory.h, optimizer_range).
   if (!emb_ || emb_->size() == 1) return;
   const std::vector<ParamSpec>& table = model_->table();
-  const bool trains_wte = std::any_of(table.begin(), table.end(), [](const ParamSpec& p) {
-    return p.tied == TiedGroup::embedding;
-  });
-  if (!trains_wte) return;  // LoRA: the base's wte is frozen
+  if (!find_role(table, ParamRole::token_embedding)) return;  // LoRA: the base's wte is frozen
   if (zero_->stage() == 2) {
     // Each stage has reduced its part over DP already (the lookup's on the
     // first, the classifier's on the last), into shards that differ between
     // the stages' flat buffers.
     const MeshCoords c = mesh_.coords();
     const int last = cfg_.parallel.pp - 1;
-    size_t n = 0, piece = 0;
-    auto stage = [&](int pp) {
-      const RankPlan r = plan_of(cfg_, {0, c.tp, pp});
-      const std::vector<ParamSpec> t = trainable_table(cfg_.model, r.shard, r.model);
-      if (pp == 0) piece = zero2_bucket_numel(cfg_.model, r, t);
-      for (const ParamSpec& p : t)
-        if (p.tied == TiedGroup::embedding) {
-          n = p.numel();
-          return std::pair{p.offset, zero_layout(cfg_.model, r).shard};
-        }
-      MESHLM_CHECK(false, "a stage of the embedding group holds no tied embedding");
-      return std::pair<size_t, size_t>{};
-    };
-    const auto first = stage(0), second = stage(last);
-    zero_->sum_tied_between_stages(*world_, shape_.shard.first_stage, first, second, n, piece,
-                                   [&](bool on_first, int dp) {
+    zero_->sum_tied_between_stages(*world_, shape_.shard.first_stage, tied_.first, tied_.last,
+                                   tied_.n, tied_.piece, [&](bool on_first, int dp) {
                                      return mesh_.layout().rank({dp, c.tp, on_first ? 0 : last});
                                    });
     return;

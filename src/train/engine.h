@@ -22,6 +22,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/comm.h"
@@ -107,6 +108,13 @@ private:
   std::unique_ptr<Zero> zero_;
   std::unique_ptr<AdamW> opt_;
   LossScaler scaler_;
+  // ZeRO 2 under pp, on the embedding group: (offset of wte, ZeRO shard) in
+  // the first and the last stage's flat buffers, wte's elements and the most
+  // sent at once (the first stage's bucket); see sum_tied_gradients.
+  struct TiedShards {
+    std::pair<size_t, size_t> first, last;
+    size_t n = 0, piece = 0;
+  } tied_;
 };
 
 }  // namespace meshlm

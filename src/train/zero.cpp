@@ -48,12 +48,6 @@ void for_each_wte_block(const ParamSpec& p, int rows, F block) {
   }
 }
 
-const ParamSpec* tied_embedding(const std::vector<ParamSpec>& table) {
-  for (const ParamSpec& p : table)
-    if (p.tied == TiedGroup::embedding) return &p;
-  return nullptr;
-}
-
 }  // namespace
 
 size_t Zero::ring_scratch_bytes(int stage, const std::vector<ParamSpec>& table,
@@ -101,11 +95,10 @@ Zero::Zero(int stage, comm::Communicator& dp, GPT& model, const ZeroLayout& layo
   const int layer0 = model_.shard().layer_begin;
   const Device dev = k_.device();
   shard_grads_ = Buffer(z_.shard * sizeof(float), MemCategory::grads, "zero2.shard_grads", dev);
-  const ParamSpec* wte = tied_embedding(table);
+  const ParamSpec* wte = find_role(table, ParamRole::token_embedding);
   MESHLM_CHECK(wte == nullptr || wte_rows > 0, "ZeRO 2 needs the rows of wte's gradient blocks");
-  const size_t wte_block = wte ? static_cast<size_t>(wte_rows) * wte->shape[1] : 0;
-  bucket_ = Buffer(std::max(largest_block_numel(table), wte_block) * sizeof(float),
-                   MemCategory::grads, "zero2.bucket", dev);
+  bucket_ = Buffer(zero2_bucket_numel(table, wte_rows) * sizeof(float), MemCategory::grads,
+                   "zero2.bucket", dev);
   edge_grads_ =
       Buffer(edge_numel(table) * sizeof(float), MemCategory::grads, "zero2.edge_grads", dev);
   edge_offset_.assign(table.size(), 0);
