@@ -144,6 +144,19 @@ void RunLog::write_process_prediction(
   h5::check(H5Fflush(file_, H5F_SCOPE_GLOBAL), file_, "/", "cannot flush");
 }
 
+void RunLog::write_node_prediction(const std::vector<size_t>& runtime_pss,
+                                   const std::vector<int>& node,
+                                   const std::vector<size_t>& node_predicted_peak,
+                                   const std::vector<size_t>& node_pss) {
+  require_open();
+  auto ints = [](const auto& v) { return std::vector<int64_t>(v.begin(), v.end()); };
+  h5::write_dataset(file_, "memory/process/runtime_pss_bytes", ints(runtime_pss));
+  h5::write_dataset(file_, "memory/process/node", ints(node));
+  h5::write_dataset(file_, "memory/node/predicted_peak_bytes", ints(node_predicted_peak));
+  h5::write_dataset(file_, "memory/node/pss_bytes", ints(node_pss));
+  h5::check(H5Fflush(file_, H5F_SCOPE_GLOBAL), file_, "/", "cannot flush");
+}
+
 void RunLog::write_timing(const SectionTimers& timers) {
   require_open();
   for (int i = 0; i < static_cast<int>(Section::count); ++i) {

@@ -69,6 +69,14 @@ public:
                                 const std::vector<double>& error,
                                 const std::vector<std::array<size_t, kNumMemPhases>>& phase_predicted,
                                 const std::vector<std::array<size_t, kNumMemPhases>>& phase_peak);
+  // The nodes' memory: memory/process/runtime_pss_bytes and node (entry r is
+  // rank r: the runtime's part in PSS, the node's index), and per node
+  // (entry n is node n) memory/node/predicted_peak_bytes (the largest
+  // phase's sum of runtime PSS + tracked total over its ranks) and
+  // memory/node/pss_bytes (its ranks' PSS summed at the end of the run).
+  void write_node_prediction(const std::vector<size_t>& runtime_pss, const std::vector<int>& node,
+                             const std::vector<size_t>& node_predicted_peak,
+                             const std::vector<size_t>& node_pss);
   // Seconds per section.
   void write_timing(const SectionTimers& timers);
   void close();

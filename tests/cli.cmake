@@ -35,7 +35,7 @@ meshlm_cli_error(token_vocabulary_larger_than_model "declares vocab_size 256.*mo
 meshlm_cli_error(model_beyond_physical_memory "predicted to need .* together, more than its physical memory" train ${_tiny} --model.vocab_size=16777216 --model.n_embd=131072 --model.n_head=2)
 # memory.limit_per_rank / limit_per_node: refused before anything large is
 # allocated, naming the rank (or node), its bytes per category and the key.
-meshlm_cli_error(memory_over_rank_limit "rank 0 \\(dp 0 tp 0 pp 0, node 0\\) is predicted to need .* \\(runtime .*, params .*, grads .*, optimizer .*\\), more than memory.limit_per_rank = 1MiB \\(1.0 MiB\\) \\(2 ranks in all are over\\).*memory.force = true" train ${_tiny} --parallel.pp=2 --model.vocab_size=8192 --memory.limit_per_rank=1MiB)
+meshlm_cli_error(memory_over_rank_limit "rank 0 \\(dp 0 tp 0 pp 0, node 0\\) is predicted to need .* \\(runtime .*, params .*, grads .*, optimizer .*\\), more than memory.limit_per_rank = 1MiB \\(1.0 MiB\\) \\(2 ranks in all are over\\).*memory.force = true" train ${_tiny} --parallel.pp=2 --model.vocab_size=32768 --memory.limit_per_rank=1MiB)
 meshlm_cli_error(memory_over_node_limit "the 2 rank\\(s\\) of node 0 are predicted to need .* together, more than memory.limit_per_node = 3MB \\(2.9 MiB\\)" train ${_tiny} --memory.limit_per_node=3MB)
 meshlm_cli_error(memory_limit_unknown_unit "memory.limit_per_rank = '12QB': unknown unit 'QB'" train ${_tiny} --memory.limit_per_rank=12QB)
 meshlm_cli_error(memory_limit_negative "memory.limit_per_node = '-5G': not a size" train ${_tiny} --memory.limit_per_node=-5G)

@@ -119,9 +119,5 @@ set_tests_properties(loss_curve_tiny_1rank loss_curve_tiny_dp2_tp2_pp2
 add_test(NAME memory_accuracy_quick
   COMMAND ${MESHLM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/bench/memory_accuracy.py ${CMAKE_BINARY_DIR}
           ${CMAKE_CURRENT_BINARY_DIR}/memory_accuracy --only quick --steps 2 --check)
-# Disabled until the runtime's part models Open MPI's per-peer shared-memory
-# buffers: at dp 8 each rank is 4-5 MiB above its prediction (3.4-3.8%),
-# outside the tolerance; `ctest -R memory_accuracy_quick` still lists it,
-# and the benchmark reports every configuration.
 set_tests_properties(memory_accuracy_quick PROPERTIES LABELS "python;memory" RUN_SERIAL TRUE
-  TIMEOUT 900 DISABLED TRUE)
+  TIMEOUT 900)

@@ -422,10 +422,12 @@ void set_bucket_bytes(size_t bytes, size_t ring_min_bytes) {
 }
 size_t bucket_bytes() { return g_bucket_bytes; }
 
-size_t ring_scratch_bytes_of(Reduction kind, size_t count, DType type, int ranks) {
+size_t ring_scratch_bytes_of(Reduction kind, size_t count, DType type, int ranks, int rank,
+                             int root) {
   const size_t es = dtype_size(type);
   const size_t total = kind == Reduction::reduce_scatter ? count * ranks : count;
   if (ranks < 2 || g_bucket_bytes == 0 || total * es <= g_ring_min_bytes) return 0;
+  if (kind == Reduction::reduce && rank >= 0 && rank == (root + 1) % ranks) return 0;
   const size_t block = kind == Reduction::all_reduce ? (count + ranks - 1) / ranks : count;
   return ring_scratch_bytes(block, es, g_bucket_bytes);
 }

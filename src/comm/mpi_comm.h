@@ -44,7 +44,11 @@ std::unique_ptr<Communicator> make_mpi_communicator(
 // bits; the order of the additions is the ring's, not MPI's.
 // all_gather and broadcast allocate nothing of the message's size and stay
 // MPI's. A bucket of 0 sends every reduction to MPI's collectives.
-inline constexpr size_t kRingMinBytes = size_t{1} << 20;
+// What stays MPI's (kRingMinBytes and less: losses, norms, the ends of
+// ZeRO's pieces) takes at most (ranks - 1) * kRingMinBytes of temporaries
+// from the heap: 112 KiB over 8 ranks. At 1 MiB the threshold let
+// MPI_Ireduce's temporaries (2 MiB over 8 ranks) come and go inside a step.
+inline constexpr size_t kRingMinBytes = size_t{16} << 10;
 inline constexpr size_t kDefaultBucketBytes = size_t{32} << 20;
 // The bucket of every MPI Communicator of the process (comm.bucket_mb), and
 // the size above which a reduction takes the ring (tests make it 0); set
@@ -54,9 +58,12 @@ size_t bucket_bytes();
 size_t ring_scratch_bytes(size_t block_elements, size_t element_bytes, size_t bucket_bytes);
 // The scratch one reduction needs under the process's settings: 0 when it
 // goes to MPI's collective (one rank, bucket 0, or kRingMinBytes and less).
-// `count` as the Communicator call takes it.
+// `count` as the Communicator call takes it. A reduce's chain starts at the
+// rank after `root`, which only sends: given the group rank `rank` of the
+// caller (not -1), that rank needs none.
 enum class Reduction { all_reduce, reduce, reduce_scatter };
-size_t ring_scratch_bytes_of(Reduction kind, size_t count, DType type, int ranks);
+size_t ring_scratch_bytes_of(Reduction kind, size_t count, DType type, int ranks, int rank = -1,
+                             int root = 0);
 // Frees the scratch (the next large reduction makes it again).
 void release_ring_scratch();
 

@@ -39,22 +39,23 @@ inline void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float
   }
 }
 
-// One GEMM whose packed panel is the largest gemm() makes: kGemmRows rows of
-// op(A) times kGemmWarmUpK of K (more than GEMM_Q on any core OpenBLAS
-// tunes for), so that the pages of OpenBLAS's buffer are resident from then
-// on and a measurement of the process includes them. `scratch` holds
-// kGemmWarmUpFloats (4.1 MiB), which the caller books.
-constexpr int kGemmWarmUpK = 1024, kGemmWarmUpN = 8;
-constexpr size_t kGemmWarmUpFloats =
-    size_t(kGemmRows) * kGemmWarmUpK + size_t(kGemmWarmUpK) * kGemmWarmUpN +
-    size_t(kGemmRows) * kGemmWarmUpN;
+// One GEMM whose packed panels are the largest gemm() makes, so that the
+// pages of OpenBLAS's buffer are resident from then on and a measurement of
+// the process includes them: kGemmRows rows of op(A) (its panel of op(A)'s
+// rows) and as many columns of op(B) (its panel of op(B)'s columns, up to
+// GEMM_P of them: 768 on Haswell), times kGemmWarmUpK of K (more than
+// GEMM_Q on any core OpenBLAS tunes for). A and B are the same zeros (read
+// only). Thin GEMMs (8 rows or columns) leave part of the panels untouched:
+// 0.8 MiB that appeared in training. `scratch` holds kGemmWarmUpFloats
+// (8 MiB), which the caller books as start-up workspace.
+constexpr int kGemmWarmUpK = 1024;
+constexpr size_t kGemmWarmUpFloats = size_t(kGemmRows) * kGemmWarmUpK + size_t(kGemmRows) * kGemmRows;
 inline void warm_up_gemm(float* scratch) {
   std::fill(scratch, scratch + kGemmWarmUpFloats, 0.0f);
-  float* a = scratch;
-  float* b = a + size_t(kGemmRows) * kGemmWarmUpK;
-  float* c = b + size_t(kGemmWarmUpK) * kGemmWarmUpN;
-  gemm(false, false, kGemmRows, kGemmWarmUpN, kGemmWarmUpK, 1.0f, a, kGemmWarmUpK, b, kGemmWarmUpN,
-       0.0f, c, kGemmWarmUpN);
+  const float* a = scratch;  // kGemmRows x K, row-major; op(B) = its transpose
+  float* c = scratch + size_t(kGemmRows) * kGemmWarmUpK;
+  gemm(false, true, kGemmRows, kGemmRows, kGemmWarmUpK, 1.0f, a, kGemmWarmUpK, a, kGemmWarmUpK,
+       0.0f, c, kGemmRows);
 }
 
 inline void gemm(bool ta, bool tb, int M, int N, int K, double alpha, const double* A, int lda,

@@ -57,6 +57,17 @@ size_t ProcessPrediction::peak() const {
   return runtime + most;
 }
 
+std::vector<size_t> predicted_node_peaks(const std::vector<ProcessPrediction>& ranks) {
+  std::vector<std::array<size_t, kNumMemPhases>> sums;
+  for (const ProcessPrediction& r : ranks) {
+    if (r.node >= static_cast<int>(sums.size())) sums.resize(r.node + 1, {});
+    for (int p = 0; p < kNumMemPhases; ++p) sums[r.node][p] += r.runtime_pss + r.phases[p];
+  }
+  std::vector<size_t> peaks;
+  for (const auto& s : sums) peaks.push_back(*std::max_element(s.begin(), s.end()));
+  return peaks;
+}
+
 double RankMemory::error() const {
   if (process.rss_peak == 0 || expected.peak() == 0) return 0.0;
   return (static_cast<double>(expected.peak()) - static_cast<double>(process.rss_peak)) /
@@ -142,6 +153,30 @@ void print_memory_table(const std::vector<RankMemory>& ranks,
       line += fmt::format(" {:>8.1f}/{:<8.1f}", m.expected.phases[p] / MiB, m.phase_peak[p] / MiB);
     log::info("{} {:>10.1f} {:>10.1f} {:>+7.1f}%", line, m.expected.peak() / MiB,
               m.process.rss_peak / MiB, 100.0 * m.error());
+  }
+  // Per node: the predicted peak of its summed PSS, and the sum now (the
+  // node's peak needs samples over the run: tests/tools/memprobe.cpp).
+  std::vector<ProcessPrediction> expected;
+  for (const RankMemory& m : ranks) expected.push_back(m.expected);
+  const std::vector<size_t> node_peaks = predicted_node_peaks(expected);
+  if (expected[0].runtime_pss > 0) {
+    log::info("# Node memory (summed PSS of the node's ranks: shared pages, the base's store "
+              "among them, count once): predicted peak = the largest phase's sum of runtime PSS + "
+              "tracked total; MiB");
+    log::info("# {:>5} {:>6} {:>12} {:>12} {:>12}", "node", "ranks", "runtime", "predicted",
+              "PSS at end");
+    for (size_t n = 0; n < node_peaks.size(); ++n) {
+      double runtime = 0, pss = 0;
+      int count = 0;
+      for (const RankMemory& m : ranks)
+        if (m.expected.node == static_cast<int>(n)) {
+          runtime += static_cast<double>(m.expected.runtime_pss);
+          pss += static_cast<double>(m.process.pss);
+          ++count;
+        }
+      log::info("  {:>5} {:>6} {:>12.1f} {:>12.1f} {:>12.1f}", n, count, runtime / MiB,
+                node_peaks[n] / MiB, pss / MiB);
+    }
   }
 
   // One line per rank: measured peak per category, and whether the

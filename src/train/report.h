@@ -19,12 +19,23 @@ namespace meshlm {
 // predicted tracked host total (plan/memory.h, PhasedMemory).
 struct ProcessPrediction {
   size_t runtime = 0;
+  // The runtime's part in proportional terms (PSS outside the tracked
+  // buffers, at the same moment): a library page that k ranks map counts
+  // 1/k on each, so the ranks of a node add up to the node's memory.
+  size_t runtime_pss = 0;
   std::array<size_t, kNumMemPhases> phases{};
   // Pages of the node's shared base store, which another rank holds, that
   // this rank reads in training (load::store_pages_read).
   size_t shared = 0;
+  int node = 0;  // the node's index (ProcessMesh::node_index)
   size_t peak() const;  // runtime + the largest phase (training's with `shared`)
 };
+
+// The memory of each node, predicted: over the phases, the largest sum over
+// the node's ranks of runtime_pss + the phase's tracked total. The shared
+// base counts once (in its holder's quantized category; `shared` is not
+// added), as the node's summed PSS counts it. Index = node index.
+std::vector<size_t> predicted_node_peaks(const std::vector<ProcessPrediction>& ranks);
 
 // One rank's memory at the end of a run.
 struct RankMemory {

@@ -3,6 +3,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -119,7 +120,8 @@ size_t ring_scratch_prediction(const RunConfig& cfg, const RankPlan& shape) {
   const std::vector<ParamSpec> table = trainable_table(cfg.model, shape.shard, shape.model);
   // Gradients over dp, as ZeRO reduces them.
   size_t most = Zero::ring_scratch_bytes(shape.zero_stage, table, zero_layout(cfg.model, shape),
-                                         cfg.parallel.dp, zero2_wte_rows(cfg.model, shape, table));
+                                         cfg.parallel.dp, shape.dp_rank,
+                                         zero2_wte_rows(cfg.model, shape, table));
   // Over tp: the activations in and out of each tensor-parallel region, the
   // LoRA adapters' partial gradients, the classifier's row statistics.
   const int tp = shape.shard.tp_size;
@@ -303,7 +305,8 @@ RankDemand rank_demand(const PhasedMemory& phased, const MemoryByCategory& predi
 // rank's predicted peak exceeds memory.limit_per_rank, or the sum over the
 // ranks of a node exceeds memory.limit_per_node or the machine's physical
 // memory; under memory.force it starts with a warning instead.
-void check_memory_limits(const RankDemand& mine, const ProcessMesh& mesh, const MemoryConfig& lim) {
+void check_memory_limits(const RankDemand& mine, const ProcessPrediction& expected,
+                         const ProcessMesh& mesh, const MemoryConfig& lim) {
   const MeshCoords c = mesh.coords();
   std::unique_ptr<comm::Communicator> world = comm::make_mpi_communicator(mesh.world());
   auto refuse = [&](bool over, const std::string& what) {
@@ -340,12 +343,20 @@ void check_memory_limits(const RankDemand& mine, const ProcessMesh& mesh, const 
     int size;
     bool first;
   };
+  // On the CPU a group's memory is its summed PSS (predicted_node_peaks:
+  // each phase summed over the ranks, the largest taken; shared pages once);
+  // elsewhere the sum of the ranks' peaks.
   auto group_sum = [&](MPI_Comm group) {
     std::unique_ptr<comm::Communicator> g = comm::make_mpi_communicator(group);
-    const double d = static_cast<double>(mine.bytes);
-    double sum = 0;
-    g->all_reduce(&d, &sum, 1, DType::f64, comm::ReduceOp::sum).wait();
-    return GroupSum{sum, g->size(), g->rank() == 0};
+    std::array<double, kNumMemPhases> mine_by_phase{}, sum{};
+    for (int p = 0; p < kNumMemPhases; ++p)
+      mine_by_phase[p] = expected.runtime_pss > 0
+                             ? static_cast<double>(expected.runtime_pss + expected.phases[p])
+                             : static_cast<double>(mine.bytes);
+    g->all_reduce(mine_by_phase.data(), sum.data(), kNumMemPhases, DType::f64,
+                  comm::ReduceOp::sum)
+        .wait();
+    return GroupSum{*std::max_element(sum.begin(), sum.end()), g->size(), g->rank() == 0};
   };
   if (lim.node_limit_bytes > 0) {
     const GroupSum node = group_sum(mesh.node());
@@ -430,13 +441,16 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
                      "OpenBLAS warm-up", Device::cpu);
       ops::warm_up_gemm(scratch.as<float>());
     }
-    const size_t rss = read_process_memory().rss, tracked = tracker.current_total(Device::cpu);
-    expected.runtime = rss > tracked ? rss - tracked : 0;
+    const ProcessMemory now = read_process_memory();
+    const size_t tracked = tracker.current_total(Device::cpu);
+    expected.runtime = now.rss > tracked ? now.rss - tracked : 0;
+    expected.runtime_pss = now.pss > tracked ? now.pss - tracked : 0;
     for (int p = 0; p < kNumMemPhases; ++p)
       expected.phases[p] = phased.phase_total(static_cast<MemPhase>(p));
     expected.shared = shape.shared_read_bytes;
   }
-  check_memory_limits(rank_demand(phased, predicted, expected), mesh, cfg.memory);
+  expected.node = mesh.node_index();
+  check_memory_limits(rank_demand(phased, predicted, expected), expected, mesh, cfg.memory);
 
   std::unique_ptr<load::FrozenBase> base;
   if (lora) {
@@ -615,6 +629,18 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
       phase_peak.push_back(r.phase_peak);
     }
     runlog->write_process_prediction(runtime, peak_pred, error, phase_pred, phase_peak);
+    std::vector<ProcessPrediction> expected_all;
+    std::vector<size_t> runtime_pss;
+    std::vector<int> node;
+    for (const RankMemory& r : mem) {
+      expected_all.push_back(r.expected);
+      runtime_pss.push_back(r.expected.runtime_pss);
+      node.push_back(r.expected.node);
+    }
+    const std::vector<size_t> node_peaks = predicted_node_peaks(expected_all);
+    std::vector<size_t> node_pss(node_peaks.size(), 0);
+    for (const RankMemory& r : mem) node_pss[r.expected.node] += r.process.pss;
+    runlog->write_node_prediction(runtime_pss, node, node_peaks, node_pss);
     runlog->write_timing(timers);
     runlog->close();
     log::info("# run log: {}/run.h5", cfg.output.dir);

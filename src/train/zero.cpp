@@ -51,14 +51,15 @@ void for_each_wte_block(const ParamSpec& p, int rows, F block) {
 }  // namespace
 
 size_t Zero::ring_scratch_bytes(int stage, const std::vector<ParamSpec>& table,
-                                const ZeroLayout& z, int dp, int wte_rows) {
+                                const ZeroLayout& z, int dp, int dp_rank, int wte_rows) {
   using comm::Reduction;
   if (stage == 0) return comm::ring_scratch_bytes_of(Reduction::all_reduce, z.n, DType::f32, dp);
   if (stage == 1)
     return comm::ring_scratch_bytes_of(Reduction::reduce_scatter, z.shard, DType::f32, dp);
   size_t most = 0;
-  auto reduce = [&](int, size_t lo, size_t hi) {
-    most = std::max(most, comm::ring_scratch_bytes_of(Reduction::reduce, hi - lo, DType::f32, dp));
+  auto reduce = [&](int owner, size_t lo, size_t hi) {
+    most = std::max(most, comm::ring_scratch_bytes_of(Reduction::reduce, hi - lo, DType::f32, dp,
+                                                      dp_rank, owner));
   };
   for (const auto& [a, b] : block_ranges(table)) for_each_owner_part(a, b, z.shard, dp, reduce);
   for (const ParamSpec& p : table) {

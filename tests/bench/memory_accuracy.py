@@ -15,6 +15,24 @@ when asked to (--check).
 The prediction is what meshlm writes to run.h5: memory/process/
 predicted_peak_bytes when it is there, else the sum of the categories'
 predicted_bytes (the tracked buffers only).
+
+Per node, a second line: the node's memory, the summed PSS of its ranks
+(memprobe samples each rank's /proc/<pid>/smaps_rollup every 20 ms; PSS
+splits a page mapped by k processes 1/k to each, so the sum counts the
+shared base and the libraries once), its largest sampled value against
+meshlm's memory/node/predicted_peak_bytes: within 3% under --check.
+
+With a frozen base (finetune.mode = lora), the base's part of the node in
+quantized copies, the largest over each window of the run:
+  copies(t) = (node PSS(t) - sum of the ranks' runtime_pss_bytes (the
+              empty rank: PSS outside meshlm's buffers before the base is
+              loaded) - the ranks' own predicted state) / store bytes
+The windows are marked by the times rank 0's lines arrive: start-up until
+"# base:" (state: the data's shuffle order only; the quantizer's staging
+counts as the base's), initialisation until "# model:" (state: the
+predicted initialisation total without the store), training after it
+(the training total without the store). Under --check, with share = node
+and a store of 32 MiB or more, every window is at most 1.10 copies.
 """
 import argparse
 import os
@@ -74,9 +92,16 @@ CONFIGS = {
     "mid_tp2_ckpt": (2, MID + ["--parallel.tp=2", "--parallel.activation_checkpointing=full",
                                "--train.batch_size=8"]),
 }
+# The node: its summed PSS, sampled, against meshlm's predicted node peak.
+NODE_TOLERANCE = 0.03
+# With a node-shared base, the base's part at most 1.10 quantized copies in
+# every window; checked where the store is large enough (32 MiB) for the
+# figure to be the base's and not the ranks' untracked mebibytes.
+COPIES_LIMIT = 1.10
+COPIES_MIN_STORE = 32 * MIB
 # What the ctest (label memory) runs: the configurations that take seconds.
 QUICK = ["small", "small_dp2_z1", "small_tp4_ckpt", "small_pp4", "small_dp8_z2", "small_lora",
-         "small_lora_d2t2_z2", "small_d2t2p2_z2"]
+         "small_lora_d2t2_z2", "small_d2t2p2_z2", "g124_lora_tp2"]
 
 
 def mpiexec(n):
@@ -131,16 +156,102 @@ def run_config(build, scratch, name, ranks, overrides, steps, threads):
                             "--output.dir=" + os.path.join(d, "out"), "--output.overwrite=true"]
     cmd += overrides
     t0 = time.time()
+    # Rank 0's lines, each with the time it arrived (CLOCK_MONOTONIC, in ms:
+    # memprobe's clock), mark the phases: "# base:" when the frozen base is
+    # loaded, "# model:" when the model is made (initialisation done).
+    marks = {}
     with open(os.path.join(d, "log.txt"), "w") as log:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for line in proc.stdout:
+            t = time.clock_gettime(time.CLOCK_MONOTONIC) * 1e3
+            log.write(line)
+            for key, prefix in (("base", "# base:"), ("model", "# model:")):
+                if line.startswith(prefix):
+                    marks.setdefault(key, t)
+        rc = proc.wait()
     if rc != 0:
         raise SystemExit(f"{name}: meshlm failed (exit {rc}); see {d}/log.txt")
-    pred = predicted_peaks(os.path.join(d, "out", "run.h5"))
-    rows = []
+    run_h5 = os.path.join(d, "out", "run.h5")
+    pred = predicted_peaks(run_h5)
+    rows, probes = [], []
     for r in range(ranks):
         p = read_probe(probe, r)
+        probes.append(p)
         rows.append((r, int(pred[r]), p["hwm"], p["maxrss"]))
-    return rows, time.time() - t0
+    return rows, node_figures(run_h5, probes, marks), time.time() - t0
+
+
+def node_series(probes, ranks):
+    """The summed PSS of `ranks` over time: at each sample time of any of
+    them (while all are sampled), the sum of each rank's latest sample."""
+    series = [probes[r]["samples"] for r in ranks]
+    if any(not s for s in series):
+        return []
+    lo = max(s[0][0] for s in series)
+    hi = min(s[-1][0] for s in series)
+    times = sorted({t for s in series for (t, _, _) in s if lo <= t <= hi})
+    out, idx = [], [0] * len(series)
+    for t in times:
+        total = 0
+        for k, s in enumerate(series):
+            while idx[k] + 1 < len(s) and s[idx[k] + 1][0] <= t:
+                idx[k] += 1
+            total += s[idx[k]][2]
+        out.append((t, total))
+    return out
+
+
+def node_figures(run_h5, probes, marks):
+    """Per node: the predicted peak of its summed PSS (run.h5) against the
+    largest sum memprobe sampled; with a frozen base, the base's part in
+    quantized copies per phase window (see the module's docstring)."""
+    with h5py.File(run_h5, "r") as f:
+        mem = f["memory"]
+        if "node" not in mem:
+            return []
+        node_of = np.asarray(mem["process/node"][...])
+        node_pred = np.asarray(mem["node/predicted_peak_bytes"][...], dtype=np.int64)
+        runtime_pss = np.asarray(mem["process/runtime_pss_bytes"][...], dtype=np.int64)
+        quantized = np.asarray(mem["quantized/predicted_bytes"][...], dtype=np.int64)
+        other = np.asarray(mem["other/predicted_bytes"][...], dtype=np.int64)
+        phase = {k: np.asarray(mem[f"phases/{k}/predicted_bytes"][...], dtype=np.int64)
+                 for k in ("start_up", "base_loading", "initialisation", "training")
+                 if f"phases/{k}" in mem}
+    out = []
+    for n in range(len(node_pred)):
+        ranks = [r for r in range(len(node_of)) if node_of[r] == n]
+        series = node_series(probes, ranks)
+        if not series:
+            continue
+        fig = {"node": n, "ranks": len(ranks), "predicted": int(node_pred[n]),
+               "pss_peak": max(v for _, v in series)}
+        # The store: one copy per node under share = node (its holder's
+        # quantized bytes), one per rank under per_rank.
+        store = max(int(quantized[r]) for r in ranks)
+        if store > 0 and "base" in marks and "model" in marks:
+            base_runtime = sum(int(runtime_pss[r]) for r in ranks)
+
+            # The ranks' own tracked state in a window: the phase's predicted
+            # total without the store. Until the base is loaded, only the
+            # data's shuffle order (category other): the quantizer's staging
+            # is the base's, and the start-up's GEMM warm-up is over before
+            # the runtime's part is measured.
+            def state(key):
+                if key is None:
+                    return sum(int(other[r]) for r in ranks)
+                return sum(int(phase[key][r]) - int(quantized[r]) for r in ranks)
+
+            windows = (("start-up", None, marks["base"], None),
+                       ("initialisation", marks["base"], marks["model"], "initialisation"),
+                       ("training", marks["model"], None, "training"))
+            copies = {}
+            for label, a, b, key in windows:
+                vals = [v for t, v in series if (a is None or t >= a) and (b is None or t < b)]
+                if vals:
+                    copies[label] = (max(vals) - base_runtime - state(key)) / store
+            fig.update(store=store, copies=copies, holders=sum(int(quantized[r]) > 0 for r in ranks))
+        out.append(fig)
+    return out
 
 
 def main():
@@ -168,7 +279,7 @@ def main():
     print(f"# {'config':<20} {'rank':>4} {'predicted':>10} {'VmHWM':>10} {'maxrss':>10} {'error':>8}   (MiB)")
     for n in names:
         ranks, over = CONFIGS[n]
-        rows, secs = run_config(a.build, a.scratch, n, ranks, over, a.steps, a.threads)
+        rows, nodes, secs = run_config(a.build, a.scratch, n, ranks, over, a.steps, a.threads)
         worst = 0.0
         for r, pred, hwm, maxrss in rows:
             err = (pred - hwm) / hwm
@@ -183,6 +294,23 @@ def main():
         print(f"# {n}: {ranks} rank(s), predicted max {pmax:.0f} MiB, VmHWM max {hmax:.0f} MiB, "
               f"error of the maxima {100 * (pmax - hmax) / hmax:+.1f}%, worst rank {100 * worst:.1f}% "
               f"({secs:.0f} s)", flush=True)
+        for fig in nodes:
+            err = (fig["predicted"] - fig["pss_peak"]) / fig["pss_peak"]
+            flag = "" if abs(err) <= NODE_TOLERANCE else "  OUT"
+            line = (f"#   node {fig['node']} ({fig['ranks']} ranks): summed PSS predicted "
+                    f"{fig['predicted'] / MIB:.1f} MiB, sampled peak {fig['pss_peak'] / MIB:.1f} MiB, "
+                    f"error {100 * err:+.1f}%{flag}")
+            bad += flag != ""
+            if "copies" in fig:
+                c = fig["copies"]
+                shared = fig["holders"] == 1
+                over = shared and fig["store"] >= COPIES_MIN_STORE and \
+                    max(c.values(), default=0) > COPIES_LIMIT
+                bad += over
+                line += (f" | base {fig['store'] / MIB:.1f} MiB x {fig['holders']}: "
+                         + ", ".join(f"{k} {v:.3f}" for k, v in c.items()) + " copies"
+                         + ("  OUT" if over else ""))
+            print(line, flush=True)
     if a.check and bad:
         print(f"# {bad} rank(s) outside 3% / 4 MiB")
         return 1

@@ -278,6 +278,32 @@ TEST_F(CommTest, RingScratchIsBookedInTheCommCategory) {
   set_bucket_bytes(kDefaultBucketBytes);
 }
 
+// A reduce's chain starts at the rank after the root, which only sends: it
+// books no scratch; every other rank books what ring_scratch_bytes_of says
+// for its own rank and the root.
+TEST_F(CommTest, ReduceScratchIsOnEveryRankOfTheChainButTheFirst) {
+  const MemTracker& t = MemTracker::get();
+  const size_t n = 1001;
+  set_bucket_bytes(size_t{1} << 20, 0);
+  for (int root = 0; root < size_; ++root) {
+    release_ring_scratch();
+    const size_t before = t.current(MemCategory::comm);
+    std::vector<double> x(n, 1.0 + rank_), out(n, 0.0);
+    comm_->reduce(x.data(), out.data(), n, DType::f64, ReduceOp::sum, root).wait();
+    const size_t booked = t.current(MemCategory::comm) - before;
+    EXPECT_EQ(booked, ring_scratch_bytes_of(Reduction::reduce, n, DType::f64, size_, rank_, root))
+        << "rank " << rank_ << ", root " << root;
+    if (size_ > 1) {
+      EXPECT_EQ(booked == 0, rank_ == (root + 1) % size_) << "rank " << rank_ << ", root " << root;
+    }
+    if (rank_ == root) {
+      ASSERT_EQ(out[0], size_ * (size_ + 1) / 2.0) << "root " << root;
+    }
+  }
+  release_ring_scratch();
+  set_bucket_bytes(kDefaultBucketBytes);
+}
+
 TEST_F(CommTest, BroadcastInPieces) {
   std::unique_ptr<Communicator> small = make_mpi_communicator(mpi_, 40);
   const int root = size_ - 1;

@@ -135,6 +135,19 @@ def main():
             err = f["memory/process/error"][...]
             check(np.allclose(err, (predicted - hwm) / hwm, rtol=1e-12),
                   f"error {list(err)} == (predicted - VmHWM) / VmHWM")
+            # The node (both ranks on one): its predicted summed PSS is the
+            # largest phase's sum of runtime PSS + tracked total.
+            runtime_pss = f["memory/process/runtime_pss_bytes"][...].astype(np.int64)
+            check(np.all((runtime_pss > 0) & (runtime_pss <= runtime)),
+                  f"runtime PSS {list(runtime_pss)} in (0, runtime {list(runtime)}]")
+            check(np.array_equal(f["memory/process/node"][...], [0, 0]), "both ranks on node 0")
+            node_pred = f["memory/node/predicted_peak_bytes"][...].astype(np.int64)
+            by_phase = [int(np.sum(runtime_pss + ppred[p])) for p in phases]
+            check(list(node_pred) == [max(by_phase)],
+                  f"node prediction {list(node_pred)} == the largest phase's sum {max(by_phase)}")
+            pss = f["memory/process/pss_bytes"][...].astype(np.int64)
+            check(list(f["memory/node/pss_bytes"][...]) == [int(pss.sum())],
+                  "node PSS at the end == the ranks' PSS summed")
             first_losses = loss
 
         # Same parameter file, same seed: the same losses, bit for bit.

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -18,6 +19,7 @@
 #include "io/h5.h"
 #include "io/run_log.h"
 #include "scratch_dir.h"
+#include "train/report.h"
 
 namespace fs = std::filesystem;
 using namespace meshlm;
@@ -144,6 +146,44 @@ TEST_F(RunLogTest, RowsMemoryTimingAndConfigReadBack) {
   EXPECT_EQ(read_scalar<double>(f, "/timing/forward/seconds", H5T_NATIVE_DOUBLE), 1.5);
   EXPECT_EQ(read_scalar<double>(f, "/timing/backward/seconds", H5T_NATIVE_DOUBLE), 2.5);
   EXPECT_EQ(read_scalar<double>(f, "/timing/other/seconds", H5T_NATIVE_DOUBLE), 0.0);
+  H5Fclose(f);
+}
+
+// A node's predicted memory is the largest phase of its ranks' sums, not the
+// sum of each rank's largest phase: two ranks that peak in different phases
+// do not peak together. `shared` (pages another rank holds) never counts.
+TEST_F(RunLogTest, NodePeaksSumEachPhaseOverTheNodesRanks) {
+  auto rank = [](int node, size_t runtime_pss, std::array<size_t, kNumMemPhases> phases) {
+    ProcessPrediction p;
+    p.node = node;
+    p.runtime_pss = runtime_pss;
+    p.runtime = 1000 * runtime_pss;  // RSS-based: not the node's figure
+    p.phases = phases;
+    p.shared = 777;
+    return p;
+  };
+  static_assert(kNumMemPhases == 4);
+  // Node 0: rank 0 peaks at base loading (100), rank 1 in training (90):
+  // per phase 10+20 = 30, 10+100+20+5 = 135, 10+40+20+60 = 130, 10+50+20+90
+  // = 170 -> 170 (the ranks' own peaks would add to 10+100+20+90 = 220).
+  // Node 1: one rank, 3 + 8 = 11 at start-up.
+  const std::vector<ProcessPrediction> ranks = {
+      rank(0, 10, {0, 100, 40, 50}), rank(0, 20, {0, 5, 60, 90}), rank(1, 3, {8, 0, 2, 1})};
+  EXPECT_EQ(predicted_node_peaks(ranks), (std::vector<size_t>{170, 11}));
+  EXPECT_TRUE(predicted_node_peaks({}).empty());
+
+  const std::string dir = (dir_ / "node").string();
+  {
+    RunLog log(dir, "");
+    log.write_node_prediction({10, 20, 3}, {0, 0, 1}, {170, 11}, {160, 12});
+  }
+  hid_t f = H5Fopen((fs::path(dir) / "run.h5").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  auto col = [&](const char* name) { return read_column<int64_t>(f, name, H5T_NATIVE_INT64); };
+  EXPECT_EQ(col("/memory/process/runtime_pss_bytes"), (std::vector<int64_t>{10, 20, 3}));
+  EXPECT_EQ(col("/memory/process/node"), (std::vector<int64_t>{0, 0, 1}));
+  EXPECT_EQ(col("/memory/node/predicted_peak_bytes"), (std::vector<int64_t>{170, 11}));
+  EXPECT_EQ(col("/memory/node/pss_bytes"), (std::vector<int64_t>{160, 12}));
   H5Fclose(f);
 }
 

@@ -74,6 +74,26 @@ TEST_F(TokensTest, Hdf5RoundTripUint16) {
   EXPECT_EQ(listing(), std::vector<std::string>{"t.h5"});
 }
 
+// uint16 ids are read as uint32 through HDF5's type conversion, which goes
+// in strips of its buffer (64 KiB, io/h5.cpp): reads of many strips, and
+// slices that start and end inside one, get every id.
+TEST_F(TokensTest, Hdf5Uint16ReadsAcrossConversionStrips) {
+  std::vector<uint32_t> ids(100000);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint32_t>((i * 7919) % 65536);
+  write_tokens_h5(file("t.h5"), ids, 65536);
+  TokenReader r = TokenReader::open(file("t.h5"));
+  ASSERT_EQ(r.bytes_per_token(), 2);
+  std::vector<int32_t> got = read_all(r);
+  EXPECT_EQ(std::vector<uint32_t>(got.begin(), got.end()), ids);
+  for (const auto& [start, count] : {std::pair<uint64_t, uint64_t>{16383, 2}, {12345, 54321},
+                                     {99999, 1}, {1, 99998}}) {
+    std::vector<int32_t> part(count, -1);
+    r.read(start, count, part.data());
+    for (uint64_t i = 0; i < count; ++i)
+      ASSERT_EQ(static_cast<uint32_t>(part[i]), ids[start + i]) << "id " << start + i;
+  }
+}
+
 TEST_F(TokensTest, Hdf5RoundTripUint32) {
   std::vector<uint32_t> ids = {0, 65536, 100000, 5, 99999};
   write_tokens_h5(file("t.h5"), ids, 100001);
