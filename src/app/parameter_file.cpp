@@ -275,7 +275,7 @@ void make_options(RunConfig& c, OptionTable& t) {
         Range::ints(0, 65536));
   auto& memory = t.section("[memory] limits, checked against the prediction before anything large is allocated");
   t.add(memory, "memory.limit_per_rank", &c.memory.limit_per_rank, "the most a rank may use (its predicted peak: the runtime's part plus its largest phase; e.g. 80GiB, 512M, 4e9; K M G T and KiB MiB GiB TiB are powers of 1024, kB MB GB TB of 1000); a rank predicted above it refuses to start, naming the rank and its bytes per category; empty = no limit");
-  t.add(memory, "memory.limit_per_node", &c.memory.limit_per_node, "the most the ranks of one node may use together (the sum of their predicted peaks, the node's shared quantized base counted once); empty = no limit");
+  t.add(memory, "memory.limit_per_node", &c.memory.limit_per_node, "the most the ranks of one node may use together: the node's predicted peak of its ranks' summed PSS (the node's shared quantized base and the libraries counted once); empty = no limit");
   t.add(memory, "memory.force", &c.memory.force, "start even when a prediction exceeds memory.limit_per_rank, memory.limit_per_node or the node's physical memory (with a warning naming them)");
   auto& parallel = t.section("[parallel] the process mesh: ranks = dp * tp * pp");
   t.add(parallel, "parallel.dp", &c.parallel.dp, "data-parallel replicas, each reading its own slice of every batch; 0 = ranks / (tp * pp)",

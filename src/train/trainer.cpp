@@ -127,7 +127,11 @@ size_t ring_scratch_prediction(const RunConfig& cfg, const RankPlan& shape) {
   const int tp = shape.shard.tp_size;
   const size_t N = static_cast<size_t>(cfg.train.micro_batch_size) * cfg.train.seq_len;
   size_t tp_count = std::max(N * cfg.model.n_embd, 2 * N);
-  for (const ParamSpec& p : table) tp_count = std::max(tp_count, p.numel());
+  // (Of the parameters only a LoRA factor that every TP rank holds whole
+  // gets a partial gradient summed over tp: model/gpt_linear.cpp.)
+  for (const ParamSpec& p : table)
+    if ((p.role == ParamRole::lora_a || p.role == ParamRole::lora_b) && p.tp_dim < 0)
+      tp_count = std::max(tp_count, p.numel());
   most = std::max(most, comm::ring_scratch_bytes_of(Reduction::all_reduce, tp_count, DType::f32, tp));
   // Over pp: the tied embedding's gradient, from the last stage to the first
   // (the root; the last stage starts the chain and needs no scratch).
@@ -456,6 +460,12 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
   if (lora) {
     ScopedTimer st(timers, Section::checkpoint);
     tracker.enter(MemPhase::base_loading);
+    log::info("# base loading: {} into {} ({} of {})",
+              cfg.quant.base.empty() ? "GPT-2 initialisation, train.seed" : cfg.quant.base,
+              cfg.quant.share == quant::ShareMode::per_rank ? "a private copy per rank"
+                                                            : "one node-shared window per node",
+              name_of(cfg.quant.type),
+              format_bytes(static_cast<double>(load::make_manifest(cfg.model, cfg.quant.type).bytes)));
     base = load::FrozenBase::load(cfg.model, cfg.quant, cfg.train.seed, mesh);
     log::info("# base: {} | {} {} in {} ({} per {}) | cache {} | {:.2f} s",
               cfg.quant.base.empty() ? "GPT-2 initialisation, train.seed" : cfg.quant.base,

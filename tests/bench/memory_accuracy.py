@@ -28,10 +28,12 @@ quantized copies, the largest over each window of the run:
               empty rank: PSS outside meshlm's buffers before the base is
               loaded) - the ranks' own predicted state) / store bytes
 The windows are marked by the times rank 0's lines arrive: start-up until
-"# base:" (state: the data's shuffle order only; the quantizer's staging
-counts as the base's), initialisation until "# model:" (state: the
-predicted initialisation total without the store), training after it
-(the training total without the store). Under --check, with share = node
+"# base loading:" (state: the start-up's predicted total, the data's shuffle
+order and the GEMM warm-up), base loading until "# base:" (state: the
+shuffle order only; the quantizer's staging counts as the base's),
+initialisation until "# model:" (state: the predicted initialisation total
+without the store), training after it (the training total without the
+store). Under --check, with share = node
 and a store of 32 MiB or more, every window is at most 1.10 copies.
 """
 import argparse
@@ -157,15 +159,17 @@ def run_config(build, scratch, name, ranks, overrides, steps, threads):
     cmd += overrides
     t0 = time.time()
     # Rank 0's lines, each with the time it arrived (CLOCK_MONOTONIC, in ms:
-    # memprobe's clock), mark the phases: "# base:" when the frozen base is
-    # loaded, "# model:" when the model is made (initialisation done).
+    # memprobe's clock), mark the phases: "# base loading:" when the frozen
+    # base starts loading, "# base:" when it is loaded, "# model:" when the
+    # model is made (initialisation done).
     marks = {}
     with open(os.path.join(d, "log.txt"), "w") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in proc.stdout:
             t = time.clock_gettime(time.CLOCK_MONOTONIC) * 1e3
             log.write(line)
-            for key, prefix in (("base", "# base:"), ("model", "# model:")):
+            for key, prefix in (("loading", "# base loading:"), ("base", "# base:"),
+                                ("model", "# model:")):
                 if line.startswith(prefix):
                     marks.setdefault(key, t)
         rc = proc.wait()
@@ -228,20 +232,23 @@ def node_figures(run_h5, probes, marks):
         # The store: one copy per node under share = node (its holder's
         # quantized bytes), one per rank under per_rank.
         store = max(int(quantized[r]) for r in ranks)
-        if store > 0 and "base" in marks and "model" in marks:
+        if store > 0 and all(k in marks for k in ("loading", "base", "model")):
             base_runtime = sum(int(runtime_pss[r]) for r in ranks)
 
             # The ranks' own tracked state in a window: the phase's predicted
-            # total without the store. Until the base is loaded, only the
-            # data's shuffle order (category other): the quantizer's staging
-            # is the base's, and the start-up's GEMM warm-up is over before
-            # the runtime's part is measured.
+            # total without the store. At start-up, the data's shuffle order
+            # and the GEMM warm-up (start_up's total); while the base loads,
+            # the shuffle order only (category other): the quantizer's
+            # staging is the base's.
             def state(key):
+                if key == "start_up":
+                    return sum(int(phase[key][r]) for r in ranks)
                 if key is None:
                     return sum(int(other[r]) for r in ranks)
                 return sum(int(phase[key][r]) - int(quantized[r]) for r in ranks)
 
-            windows = (("start-up", None, marks["base"], None),
+            windows = (("start-up", None, marks["loading"], "start_up"),
+                       ("base loading", marks["loading"], marks["base"], None),
                        ("initialisation", marks["base"], marks["model"], "initialisation"),
                        ("training", marks["model"], None, "training"))
             copies = {}
