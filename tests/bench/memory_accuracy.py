@@ -33,7 +33,9 @@ order and the GEMM warm-up), base loading until "# base:" (state: the
 shuffle order only; the quantizer's staging counts as the base's),
 initialisation until "# model:" (state: the predicted initialisation total
 without the store), training after it (the training total without the
-store). Under --check, with share = node
+store). A window leaves out its last 500 ms (the other ranks go on while
+rank 0's line travels through mpiexec) and sums with a sample older than
+its start; a window shorter than that shows no figure. Under --check, with share = node
 and a store of 32 MiB or more, every window is at most 1.10 copies.
 """
 import argparse
@@ -100,6 +102,7 @@ NODE_TOLERANCE = 0.03
 # every window; checked where the store is large enough (32 MiB) for the
 # figure to be the base's and not the ranks' untracked mebibytes.
 COPIES_LIMIT = 1.10
+MARK_LAG_MS = 500
 COPIES_MIN_STORE = 32 * MIB
 # What the ctest (label memory) runs: the configurations that take seconds.
 QUICK = ["small", "small_dp2_z1", "small_tp4_ckpt", "small_pp4", "small_dp8_z2", "small_lora",
@@ -173,6 +176,9 @@ def run_config(build, scratch, name, ranks, overrides, steps, threads):
                 if line.startswith(prefix):
                     marks.setdefault(key, t)
         rc = proc.wait()
+    with open(os.path.join(d, "marks.txt"), "w") as f:
+        for key, t in marks.items():
+            f.write(f"{key} {t:.1f}\n")
     if rc != 0:
         raise SystemExit(f"{name}: meshlm failed (exit {rc}); see {d}/log.txt")
     run_h5 = os.path.join(d, "out", "run.h5")
@@ -186,8 +192,9 @@ def run_config(build, scratch, name, ranks, overrides, steps, threads):
 
 
 def node_series(probes, ranks):
-    """The summed PSS of `ranks` over time: at each sample time of any of
-    them (while all are sampled), the sum of each rank's latest sample."""
+    """The summed PSS of `ranks` over time: at each sample time t of any of
+    them (while all are sampled), (t, the sum of each rank's latest sample,
+    the time of the oldest of those samples)."""
     series = [probes[r]["samples"] for r in ranks]
     if any(not s for s in series):
         return []
@@ -196,12 +203,13 @@ def node_series(probes, ranks):
     times = sorted({t for s in series for (t, _, _) in s if lo <= t <= hi})
     out, idx = [], [0] * len(series)
     for t in times:
-        total = 0
+        total, oldest = 0, t
         for k, s in enumerate(series):
             while idx[k] + 1 < len(s) and s[idx[k] + 1][0] <= t:
                 idx[k] += 1
             total += s[idx[k]][2]
-        out.append((t, total))
+            oldest = min(oldest, s[idx[k]][0])
+        out.append((t, total, oldest))
     return out
 
 
@@ -228,7 +236,7 @@ def node_figures(run_h5, probes, marks):
         if not series:
             continue
         fig = {"node": n, "ranks": len(ranks), "predicted": int(node_pred[n]),
-               "pss_peak": max(v for _, v in series)}
+               "pss_peak": max(v for _, v, _ in series)}
         # The store: one copy per node under share = node (its holder's
         # quantized bytes), one per rank under per_rank.
         store = max(int(quantized[r]) for r in ranks)
@@ -253,7 +261,12 @@ def node_figures(run_h5, probes, marks):
                        ("training", marks["model"], None, "training"))
             copies = {}
             for label, a, b, key in windows:
-                vals = [v for t, v in series if (a is None or t >= a) and (b is None or t < b)]
+                # Sums whose every sample lies in the window (a rank's latest
+                # sample can be up to 20 ms older than the sum's time), and
+                # none from the last MARK_LAG_MS before the line that ends it:
+                # the other ranks go on while the line travels through mpiexec.
+                vals = [v for t, v, oldest in series
+                        if (a is None or oldest >= a) and (b is None or t < b - MARK_LAG_MS)]
                 if vals:
                     copies[label] = (max(vals) - base_runtime - state(key)) / store
             fig.update(store=store, copies=copies, holders=sum(int(quantized[r]) > 0 for r in ranks))
