@@ -127,6 +127,14 @@ const Layout kLayouts[] = {
     {2, 1, 4, 1, "1f1b", "full"},
 };
 
+// Every category of every rank: the tracked allocator's peak is the prediction.
+void expect_predicted_exactly(const RunResult& r) {
+  for (size_t q = 0; q < r.peaks.size(); ++q)
+    for (int c = 0; c < kNumMemCategories; ++c)
+      EXPECT_EQ(r.peaks[q][c], r.predicted[q][c])
+          << "rank " << q << " category " << mem_category_name(static_cast<MemCategory>(c));
+}
+
 }  // namespace
 
 TEST_F(ParallelTraining, EveryLayoutMatchesOneRank) {
@@ -193,10 +201,7 @@ TEST_F(ParallelTraining, MemoryPerRankIsPredictedExactly) {
     const RunResult r = train(l);
     if (world_rank() != 0) continue;
     SCOPED_TRACE(l.name());
-    for (size_t q = 0; q < r.peaks.size(); ++q)
-      for (int c = 0; c < kNumMemCategories; ++c)
-        EXPECT_EQ(r.peaks[q][c], r.predicted[q][c])
-            << "rank " << q << " category " << mem_category_name(static_cast<MemCategory>(c));
+    expect_predicted_exactly(r);
   }
 }
 
@@ -276,10 +281,7 @@ TEST_F(ParallelTraining, TiedEmbeddingReduceScratchIsPredictedExactly) {
                 "--parallel.zero_stage=1", "--train.steps=2"},
       4, dir_);
   if (world_rank() != 0) return;
-  for (size_t q = 0; q < r.peaks.size(); ++q)
-    for (int c = 0; c < kNumMemCategories; ++c)
-      EXPECT_EQ(r.peaks[q][c], r.predicted[q][c])
-          << "rank " << q << " category " << mem_category_name(static_cast<MemCategory>(c));
+  expect_predicted_exactly(r);
   // Ranks 0, 1 are the first stage, 2, 3 the last (pp is the slowest coordinate).
   EXPECT_GT(r.peaks[0][static_cast<int>(MemCategory::comm)], 0u);
   EXPECT_LT(r.peaks[2][static_cast<int>(MemCategory::comm)], r.peaks[0][static_cast<int>(MemCategory::comm)]);
@@ -296,10 +298,7 @@ TEST_F(ParallelTraining, LargeEmbeddingUnderTpAndZeroTwoIsPredictedExactly) {
                 "--parallel.zero_stage=2", "--train.steps=2"},
       4, dir_);
   if (world_rank() != 0) return;
-  for (size_t q = 0; q < r.peaks.size(); ++q)
-    for (int c = 0; c < kNumMemCategories; ++c)
-      EXPECT_EQ(r.peaks[q][c], r.predicted[q][c])
-          << "rank " << q << " category " << mem_category_name(static_cast<MemCategory>(c));
+  expect_predicted_exactly(r);
 }
 
 TEST_F(ParallelTraining, TensorParallelismHalvesSplitMatrices) {
