@@ -68,6 +68,21 @@ std::vector<size_t> predicted_node_peaks(const std::vector<ProcessPrediction>& r
   return peaks;
 }
 
+std::vector<NodeMemory> node_memory(const std::vector<RankMemory>& ranks) {
+  std::vector<ProcessPrediction> expected;
+  for (const RankMemory& m : ranks) expected.push_back(m.expected);
+  const std::vector<size_t> peaks = predicted_node_peaks(expected);
+  std::vector<NodeMemory> nodes(peaks.size());
+  for (size_t n = 0; n < peaks.size(); ++n) nodes[n].predicted = peaks[n];
+  for (const RankMemory& m : ranks) {
+    NodeMemory& node = nodes[m.expected.node];
+    ++node.ranks;
+    node.runtime_pss += m.expected.runtime_pss;
+    node.pss += m.process.pss;
+  }
+  return nodes;
+}
+
 double RankMemory::error() const {
   if (process.rss_peak == 0 || expected.peak() == 0) return 0.0;
   return (static_cast<double>(expected.peak()) - static_cast<double>(process.rss_peak)) /
@@ -156,27 +171,16 @@ void print_memory_table(const std::vector<RankMemory>& ranks,
   }
   // Per node: the predicted peak of its summed PSS, and the sum now (the
   // node's peak needs samples over the run: tests/tools/memprobe.cpp).
-  std::vector<ProcessPrediction> expected;
-  for (const RankMemory& m : ranks) expected.push_back(m.expected);
-  const std::vector<size_t> node_peaks = predicted_node_peaks(expected);
-  if (expected[0].runtime_pss > 0) {
+  if (ranks[0].expected.runtime_pss > 0) {
     log::info("# Node memory (summed PSS of the node's ranks: shared pages, the base's store "
               "among them, count once): predicted peak = the largest phase's sum of runtime PSS + "
               "tracked total; MiB");
     log::info("# {:>5} {:>6} {:>12} {:>12} {:>12}", "node", "ranks", "runtime", "predicted",
               "PSS at end");
-    for (size_t n = 0; n < node_peaks.size(); ++n) {
-      double runtime = 0, pss = 0;
-      int count = 0;
-      for (const RankMemory& m : ranks)
-        if (m.expected.node == static_cast<int>(n)) {
-          runtime += static_cast<double>(m.expected.runtime_pss);
-          pss += static_cast<double>(m.process.pss);
-          ++count;
-        }
-      log::info("  {:>5} {:>6} {:>12.1f} {:>12.1f} {:>12.1f}", n, count, runtime / MiB,
-                node_peaks[n] / MiB, pss / MiB);
-    }
+    const std::vector<NodeMemory> nodes = node_memory(ranks);
+    for (size_t n = 0; n < nodes.size(); ++n)
+      log::info("  {:>5} {:>6} {:>12.1f} {:>12.1f} {:>12.1f}", n, nodes[n].ranks,
+                nodes[n].runtime_pss / MiB, nodes[n].predicted / MiB, nodes[n].pss / MiB);
   }
 
   // One line per rank: measured peak per category, and whether the

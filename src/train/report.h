@@ -45,6 +45,14 @@ struct RankMemory {
   std::array<size_t, kNumMemPhases> phase_peak{};  // measured by the tracker, host
   double error() const;  // (expected.peak() - VmHWM) / VmHWM; 0 without /proc
 };
+// Per node (index = node index), from its ranks' figures: how many, their
+// runtime PSS summed, the predicted peak (predicted_node_peaks) and their
+// PSS at the end summed.
+struct NodeMemory {
+  int ranks = 0;
+  size_t runtime_pss = 0, predicted = 0, pss = 0;
+};
+std::vector<NodeMemory> node_memory(const std::vector<RankMemory>& ranks);
 // Collective over `world`: every rank's figures (its prediction, the tracked
 // allocator, host and GPU buffers together per category, /proc) on rank 0,
 // in rank order; empty on the other ranks.

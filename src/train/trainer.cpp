@@ -460,15 +460,15 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
   if (lora) {
     ScopedTimer st(timers, Section::checkpoint);
     tracker.enter(MemPhase::base_loading);
-    log::info("# base loading: {} into {} ({} of {})",
-              cfg.quant.base.empty() ? "GPT-2 initialisation, train.seed" : cfg.quant.base,
+    const std::string base_name =
+        cfg.quant.base.empty() ? "GPT-2 initialisation, train.seed" : cfg.quant.base;
+    log::info("# base loading: {} into {} ({} of {})", base_name,
               cfg.quant.share == quant::ShareMode::per_rank ? "a private copy per rank"
                                                             : "one node-shared window per node",
               name_of(cfg.quant.type),
               format_bytes(static_cast<double>(load::make_manifest(cfg.model, cfg.quant.type).bytes)));
     base = load::FrozenBase::load(cfg.model, cfg.quant, cfg.train.seed, mesh);
-    log::info("# base: {} | {} {} in {} ({} per {}) | cache {} | {:.2f} s",
-              cfg.quant.base.empty() ? "GPT-2 initialisation, train.seed" : cfg.quant.base,
+    log::info("# base: {} | {} {} in {} ({} per {}) | cache {} | {:.2f} s", base_name,
               name_of(cfg.quant.type), format_bytes(static_cast<double>(base->manifest().bytes)),
               cfg.quant.share == quant::ShareMode::per_rank ? "private copies" : "node-shared windows",
               format_bytes(static_cast<double>(base->manifest().bytes)),
@@ -628,28 +628,25 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
       proc.push_back(r.process);
     }
     runlog->write_memory(pred, cur, peak, proc);
-    std::vector<size_t> runtime, peak_pred;
+    std::vector<size_t> runtime, runtime_pss, peak_pred;
+    std::vector<int> node;
     std::vector<double> error;
     std::vector<std::array<size_t, kNumMemPhases>> phase_pred, phase_peak;
     for (const RankMemory& r : mem) {
       runtime.push_back(r.expected.runtime);
+      runtime_pss.push_back(r.expected.runtime_pss);
+      node.push_back(r.expected.node);
       peak_pred.push_back(r.expected.peak());
       error.push_back(r.error());
       phase_pred.push_back(r.expected.phases);
       phase_peak.push_back(r.phase_peak);
     }
     runlog->write_process_prediction(runtime, peak_pred, error, phase_pred, phase_peak);
-    std::vector<ProcessPrediction> expected_all;
-    std::vector<size_t> runtime_pss;
-    std::vector<int> node;
-    for (const RankMemory& r : mem) {
-      expected_all.push_back(r.expected);
-      runtime_pss.push_back(r.expected.runtime_pss);
-      node.push_back(r.expected.node);
+    std::vector<size_t> node_peaks, node_pss;
+    for (const NodeMemory& n : node_memory(mem)) {
+      node_peaks.push_back(n.predicted);
+      node_pss.push_back(n.pss);
     }
-    const std::vector<size_t> node_peaks = predicted_node_peaks(expected_all);
-    std::vector<size_t> node_pss(node_peaks.size(), 0);
-    for (const RankMemory& r : mem) node_pss[r.expected.node] += r.process.pss;
     runlog->write_node_prediction(runtime_pss, node, node_peaks, node_pss);
     runlog->write_timing(timers);
     runlog->close();
