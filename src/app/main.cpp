@@ -3,6 +3,7 @@
 //   meshlm train FILE.cfg [--section.key=value ...]
 //   meshlm quantize FILE.cfg [--section.key=value ...]
 //   meshlm tokenize IN.txt OUT.h5
+//   meshlm ckpt inspect|stats|diff|verify|export|import ...
 //
 // Error contract (core/error.h): a CollectiveError (every rank fails the same
 // way, e.g. a bad parameter file) is printed once by rank 0 and every rank
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "app/ckpt.h"
 #include "app/parameter_file.h"
 #include "comm/mpi_session.h"
 #include "core/alloc.h"
@@ -35,6 +37,7 @@ const char* kUsage =
     "  train FILE.cfg [--section.key=value ...]   train a model from a parameter file\n"
     "  quantize FILE.cfg [--section.key=value]    build the quantized base model's cache (quant.cache) ahead of a run\n"
     "  tokenize IN.txt OUT.h5                     byte-level tokens (vocabulary 256) of a text file\n"
+    "  ckpt TOOL ARGS                             inspect, stats, diff, verify, export, import checkpoints (meshlm ckpt --help)\n"
     "  help [train]                               this text, or every parameter of train\n"
     "  version                                    print the version\n"
     "\n"
@@ -138,6 +141,8 @@ int main(int argc, char** argv) {
       status = cmd_train(args);
     } else if (cmd == "quantize") {
       status = cmd_quantize(args);
+    } else if (cmd == "ckpt") {
+      status = meshlm::cmd_ckpt(args);
     } else if (cmd == "tokenize") {
       status = cmd_tokenize(args);
     } else if (cmd == "help" || cmd == "--help" || cmd == "-h") {

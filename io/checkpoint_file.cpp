@@ -1,0 +1,110 @@
+#include "io/checkpoint_file.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "core/error.h"
+#include "io/h5.h"
+#include "io/hash.h"
+
+namespace meshlm::io::ckpt {
+
+std::string params_path(const std::string& name) { return "params/" + name; }
+
+std::string lora_path(const std::string& name) {
+  for (const char* end : {".lora_A", ".lora_B"}) {
+    const std::string e(end);
+    if (name.size() > e.size() && name.compare(name.size() - e.size(), e.size(), e) == 0)
+      return "lora/" + name.substr(0, name.size() - e.size()) + "/" + e.back();
+  }
+  throw RankError("'" + name + "' is not the name of a LoRA adapter (<matrix>.lora_A or .lora_B)",
+                  MESHLM_HERE);
+}
+
+std::string optimizer_path(const std::string& name, char moment) {
+  return "optimizer/" + name + "/" + moment;
+}
+
+std::string file_name_of_step(int64_t step) { return fmt::format("step_{:08d}.h5", step); }
+
+uint64_t float_checksum(const float* data, size_t n) { return xxh3_64(data, n * sizeof(float)); }
+
+uint64_t dataset_checksum(hid_t dset, hid_t dxpl,
+                          const std::function<void(uint64_t, uint64_t)>& progress) {
+  h5::check_type(dset, H5T_NATIVE_FLOAT);
+  {
+    h5::Datatype stored(H5Dget_type(dset));
+    if (H5Tget_class(stored) != H5T_FLOAT || H5Tget_size(stored) != sizeof(float))
+      h5::fail(dset, h5::object_name(dset), "is " + h5::type_name(stored) + ", not float32");
+  }
+  const std::vector<hsize_t> dims = h5::shape(dset);
+  uint64_t total = 1, row = 1;
+  for (size_t d = 0; d < dims.size(); ++d) {
+    total *= dims[d];
+    if (d > 0) row *= dims[d];
+  }
+  Xxh3_64 h;
+  if (total == 0) return h.value();
+  const hsize_t rows = dims.empty() ? 1 : dims[0];
+  const hsize_t per_block =
+      std::max<hsize_t>(1, std::min<hsize_t>(rows, kReadBlockBytes / sizeof(float) / row));
+  std::vector<float> buf(static_cast<size_t>(per_block * row));
+  const std::string name = h5::object_name(dset);
+  h5::Dataspace fspace(H5Dget_space(dset));
+  for (hsize_t r0 = 0; r0 < rows; r0 += per_block) {
+    const hsize_t n = std::min(per_block, rows - r0);
+    if (dims.empty()) {
+      h5::check(H5Dread(dset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, dxpl, buf.data()), dset, name,
+                "cannot read dataset");
+    } else {
+      std::vector<hsize_t> start(dims.size(), 0), count = dims;
+      start[0] = r0;
+      count[0] = n;
+      h5::check(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start.data(), nullptr, count.data(),
+                                    nullptr),
+                dset, name, "cannot select rows");
+      const hsize_t len = n * row;
+      h5::Dataspace mspace(H5Screate_simple(1, &len, nullptr));
+      h5::check(H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, buf.data()), dset, name,
+                fmt::format("cannot read rows [{}, {})", r0, r0 + n));
+    }
+    h.update(buf.data(), static_cast<size_t>(n * row) * sizeof(float));
+    if (progress) progress((r0 + n) * row, total);
+  }
+  return h.value();
+}
+
+namespace {
+herr_t collect(hid_t group, const char* name, const H5L_info_t*, void* op) {
+  auto& out = *static_cast<std::pair<std::string, std::vector<std::string>*>*>(op);
+  H5O_info_t info{};
+  if (H5Oget_info_by_name2(group, name, &info, H5O_INFO_BASIC, H5P_DEFAULT) < 0) return -1;
+  if (info.type == H5O_TYPE_DATASET) out.second->push_back(name);
+  return 0;
+}
+}  // namespace
+
+std::vector<std::string> list_datasets(hid_t file) {
+  std::vector<std::string> out;
+  std::pair<std::string, std::vector<std::string>*> op{"", &out};
+  h5::check(H5Lvisit(file, H5_INDEX_NAME, H5_ITER_INC, collect, &op), file, "/",
+            "cannot list the datasets");
+  return out;
+}
+
+bool is_checkpoint_file(const std::string& path) {
+  try {
+    if (!h5::is_hdf5_file(path)) return false;
+    h5::File f = h5::open_file(path);
+    if (!h5::exists(f, "meta")) return false;
+    h5::Group meta(H5Gopen2(f, "meta", H5P_DEFAULT));
+    if (!meta.valid() || !h5::has_attr(meta, "kind")) return false;
+    return h5::read_string_attr(meta, "kind") == kKind;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+}  // namespace meshlm::io::ckpt

@@ -1,0 +1,60 @@
+// The checkpoint file's names and checksums (docs/formats.md, "Checkpoints"),
+// shared by the parallel writer and reader (train/checkpoint.h) and the
+// `meshlm ckpt` tools, which read one file serially.
+//
+// Every dataset of a checkpoint holds a logical float32 tensor; its checksum
+// is XXH3-64 (seed 0) of its values as little-endian float32, row-major: the
+// same bytes `xxhsum -H1` hashes when the tensor is dumped raw. The checksum
+// is stored twice: as the dataset's attribute "xxh3" (one tensor checks
+// alone) and as the attribute of /meta/checksums named by the dataset's path.
+#pragma once
+
+#include <hdf5.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace meshlm::io::ckpt {
+
+inline constexpr int kFormatVersion = 1;
+inline constexpr const char* kKind = "meshlm checkpoint";
+inline constexpr const char* kChecksumAttr = "xxh3";
+inline constexpr const char* kChecksumGroup = "meta/checksums";
+// The newest complete checkpoint of a directory: a text file of one line.
+inline constexpr const char* kLatestName = "latest";
+// Datasets are hashed (and the tools read them) a block of whole rows of at
+// most this many bytes at a time (or one row).
+inline constexpr size_t kReadBlockBytes = size_t{4} << 20;
+
+// Dataset paths (no leading '/'): "params/wte.weight",
+// "lora/h.0.attn.c_attn.weight/A" for the table entry
+// "h.0.attn.c_attn.weight.lora_A", "optimizer/<name>/m".
+std::string params_path(const std::string& name);
+// The adapter `name` (".lora_A" / ".lora_B" at its end) under /lora.
+std::string lora_path(const std::string& name);
+std::string optimizer_path(const std::string& name, char moment);  // 'm' or 'v'
+
+// "step_00000100.h5"
+std::string file_name_of_step(int64_t step);
+
+// XXH3-64 of a float32 dataset's content, reading it a block of rows at a
+// time through `dxpl` (H5P_DEFAULT for a serial file). `progress(done,
+// total)` in elements after every block. RankError naming the dataset when
+// it is not float32 or cannot be read.
+uint64_t dataset_checksum(hid_t dset, hid_t dxpl = H5P_DEFAULT,
+                          const std::function<void(uint64_t, uint64_t)>& progress = {});
+// XXH3-64 of n floats in memory, for comparison with dataset_checksum.
+uint64_t float_checksum(const float* data, size_t n);
+
+// Every dataset below `loc`, as paths relative to the file's root without
+// the leading '/', in HDF5's name order (groups walked depth-first).
+std::vector<std::string> list_datasets(hid_t file);
+
+// True when `path` is an HDF5 file whose /meta has the attribute kind ==
+// kKind: a file meshlm may replace. Never throws.
+bool is_checkpoint_file(const std::string& path);
+
+}  // namespace meshlm::io::ckpt
