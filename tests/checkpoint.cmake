@@ -1,0 +1,1 @@
+# Checkpoints written by training: resume, resharding, kills, preemption.
