@@ -10,12 +10,15 @@
 #pragma once
 
 #include <hdf5.h>
+#include <mpi.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
+
+#include "io/h5.h"
 
 namespace meshlm::io::ckpt {
 
@@ -56,5 +59,29 @@ std::vector<std::string> list_datasets(hid_t file);
 // True when `path` is an HDF5 file whose /meta has the attribute kind ==
 // kKind: a file meshlm may replace. Never throws.
 bool is_checkpoint_file(const std::string& path);
+
+// ---------------------------------------------------------------------------
+// Parallel access (MPI-IO): every rank of `comm` calls these together
+// ---------------------------------------------------------------------------
+
+// Creates (truncates) or opens `path` for every rank of `comm` (collective).
+h5::File create_parallel(const std::string& path, MPI_Comm comm);
+h5::File open_parallel(const std::string& path, MPI_Comm comm, bool writable);
+
+// Creates the float32 dataset `name` of shape `dims` (collective): stored
+// contiguously, its space allocated at once and never filled (every element
+// is written).
+h5::Dataset create_tensor(hid_t file, const std::string& name, const std::vector<hsize_t>& dims);
+
+// A box of a dataset: start[d] <= i_d < start[d] + count[d].
+struct Box {
+  std::vector<hsize_t> start, count;
+};
+// Writes (reads) the elements of the union of `boxes`, taken in the
+// dataset's row-major order, from (into) the contiguous floats at `data`.
+// The boxes must not overlap. With `collective`, every rank of the file's
+// communicator calls it for the dataset, those with no boxes too.
+void write_boxes(hid_t dset, const std::vector<Box>& boxes, const float* data, bool collective);
+void read_boxes(hid_t dset, const std::vector<Box>& boxes, float* data, bool collective);
 
 }  // namespace meshlm::io::ckpt

@@ -158,9 +158,14 @@ AtomicWrite::~AtomicWrite() {
 }
 
 void AtomicWrite::commit() {
+  // On the disk before the rename makes it the real file, and the rename on
+  // the disk before anyone is told: a crash never leaves a complete-looking
+  // file with missing blocks.
+  sync_file_and_dir(tmp_);
   if (std::rename(tmp_.c_str(), path_.c_str()) != 0)
     throw RankError("cannot rename '" + tmp_ + "' to '" + path_ + "': " + std::strerror(errno),
                     MESHLM_HERE);
+  sync_file_and_dir(path_);
   committed_ = true;
   unregister_temp_file(slot_);
   slot_ = -1;

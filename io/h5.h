@@ -154,7 +154,8 @@ public:
 
   const std::string& path() const { return path_; }
   const std::string& tmp_path() const { return tmp_; }
-  // Renames the temporary file onto path(); the file must be closed.
+  // Flushes the temporary file to disk (fsync), renames it onto path() and
+  // flushes the directory; the file must be closed.
   void commit();
 
 private:

@@ -305,6 +305,18 @@ void make_options(RunConfig& c, OptionTable& t) {
   t.add(quant, "quant.share", &c.quant.share, enum_choices<quant::ShareMode>() + ": node = quantized once on rank 0, one copy per node in MPI shared memory; per_rank = every rank loads and quantizes its own copy");
   t.add(quant, "quant.base", &c.quant.base, "base weights: *.safetensors (Hugging Face GPT-2 names) or *.h5 (meshlm /params/<name>); empty = GPT-2 initialisation from train.seed. With finetune.mode = full the whole model starts from them (fp32, nothing quantized)");
   t.add(quant, "quant.cache", &c.quant.cache, "HDF5 quantized-model cache: loaded when it matches the base and settings, (re)written otherwise; empty = none");
+  t.add(finetune, "finetune.adapters_from", &c.checkpoint.adapters_from, "a checkpoint of a LoRA run whose adapters (/lora) start this fine-tune (step 0, fresh optimizer); its model, rank and targets must match; empty = adapters initialised from train.seed");
+  auto& ckpt = t.section("[checkpoint] saving the training state, and resuming from it (docs/formats.md)");
+  t.add(ckpt, "checkpoint.dir", &c.checkpoint.dir, "directory of the checkpoints (step_<8 digits>.h5) and of the file 'latest' naming the newest; empty = <output.dir>/checkpoints");
+  t.add(ckpt, "checkpoint.every", &c.checkpoint.every, "write a checkpoint every this many steps; 0 = none but the final (and those of every_minutes and of a preemption signal)",
+        Range::ints(0, kMaxInt));
+  t.add(ckpt, "checkpoint.every_minutes", &c.checkpoint.every_minutes, "also write one when this many minutes have passed since the start or the last; 0 = off",
+        Range::reals(0, 1e7));
+  t.add(ckpt, "checkpoint.keep_last", &c.checkpoint.keep_last, "keep this many newest checkpoints in checkpoint.dir and remove older meshlm checkpoints there; 0 = keep all",
+        Range::ints(0, kMaxInt));
+  t.add(ckpt, "checkpoint.final", &c.checkpoint.final, "write a checkpoint at the end of training");
+  t.add(ckpt, "checkpoint.resume", &c.checkpoint.resume, "where training starts: none = fresh; auto = from the checkpoint that checkpoint.dir/latest names, or fresh when there is none (a requeued job); or the path of a checkpoint file. Any layout resumes any checkpoint; the model must match");
+  t.add(ckpt, "checkpoint.async", &c.checkpoint.async, "copy the state to a host snapshot and write it from a background thread while training goes on (the snapshot is booked in the memory table)");
   auto& debug = t.section("[debug] failure injection for tests");
   t.add(debug, "debug.fail_rank", &c.debug.fail_rank, "this rank throws an error in the forward of debug.fail_step; -1 = none",
         Range::ints(-1, kMaxRanks));

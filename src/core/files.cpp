@@ -1,6 +1,9 @@
 #include "core/files.h"
 
+#include "core/error.h"
+
 #include <signal.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -92,8 +95,10 @@ std::string host_name() {
 }
 }  // namespace
 
+void install_temp_file_handlers() { std::call_once(g_handlers_installed, install_handlers); }
+
 int register_temp_file(const std::string& path) {
-  std::call_once(g_handlers_installed, install_handlers);
+  install_temp_file_handlers();
   if (path.size() >= sizeof(g_temp[0].path)) return -1;
   static std::mutex m;
   std::lock_guard<std::mutex> lock(m);
@@ -117,6 +122,21 @@ std::string temp_name_for(const std::string& path) {
   char hex[17];
   std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(r));
   return path + ".tmp." + host_name() + "." + std::to_string(::getpid()) + "." + hex;
+}
+
+void sync_file_and_dir(const std::string& path) {
+  auto sync = [](const std::string& p, int flags) {
+    const int fd = ::open(p.c_str(), flags | O_CLOEXEC);
+    if (fd < 0 || ::fsync(fd) != 0) {
+      const std::string why = std::strerror(errno);
+      if (fd >= 0) ::close(fd);
+      throw RankError("cannot flush '" + p + "' to disk (fsync): " + why, MESHLM_HERE);
+    }
+    ::close(fd);
+  };
+  sync(path, O_RDONLY);
+  const fs::path parent = fs::path(path).parent_path();
+  sync(parent.empty() ? std::string(".") : parent.string(), O_RDONLY | O_DIRECTORY);
 }
 
 std::vector<std::string> remove_stale_temp_files(const std::string& path) {

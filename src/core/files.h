@@ -30,6 +30,10 @@ namespace meshlm {
 // them, then the signal takes its default course. At most kMaxTempFiles at
 // once; more are not registered (and so not removed on a signal).
 inline constexpr int kMaxTempFiles = 64;
+// Installs those handlers now (they are otherwise installed by the first
+// register_temp_file): a handler installed later for one of the signals
+// (core/stop_signals.h) then replaces them for good.
+void install_temp_file_handlers();
 // Registers `path` (installing the handlers on first use); returns its slot,
 // or -1 when none is free.
 int register_temp_file(const std::string& path);
@@ -40,6 +44,10 @@ void unregister_temp_file(int slot);
 // under which this process writes `path`. The host and pid say whose file it
 // is, the random part keeps two writers of one process apart.
 std::string temp_name_for(const std::string& path);
+// Flushes the file at `path` to the disk (fsync), then the directory that
+// holds it, so that a rename done before is durable too. RankError naming
+// the path when either fails.
+void sync_file_and_dir(const std::string& path);
 // Removes the temporary files of `path` left by processes of this host that
 // no longer run (killed by SIGKILL, a node crash); returns their names.
 std::vector<std::string> remove_stale_temp_files(const std::string& path);

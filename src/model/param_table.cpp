@@ -175,4 +175,89 @@ void init_tensor_rows(const GPTConfig& cfg, const ParamSpec& p, uint64_t seed, i
   }
 }
 
+int64_t TensorBox::numel() const {
+  int64_t n = 1;
+  for (int64_t c : count) n *= c;
+  return n;
+}
+
+namespace {
+
+// The elements [lo, hi) (row-major) of the sub-array of `dims` from
+// dimension d on, inside `box` (whose dimensions before d are fixed), as
+// boxes in order.
+void flat_range_boxes(const std::vector<int64_t>& dims, size_t d, int64_t lo, int64_t hi,
+                      TensorBox box, std::vector<TensorBox>& out) {
+  if (lo >= hi) return;
+  int64_t inner = 1;
+  for (size_t k = d + 1; k < dims.size(); ++k) inner *= dims[k];
+  auto whole_below = [&](TensorBox& b) {
+    for (size_t k = d + 1; k < dims.size(); ++k) {
+      b.start[k] = 0;
+      b.count[k] = dims[k];
+    }
+  };
+  if (d + 1 == dims.size()) {
+    box.start[d] = lo;
+    box.count[d] = hi - lo;
+    out.push_back(box);
+    return;
+  }
+  const int64_t first_full = (lo + inner - 1) / inner, last_full = hi / inner;
+  if (first_full > last_full) {  // inside one slice of dimension d
+    const int64_t i = lo / inner;
+    box.start[d] = i;
+    box.count[d] = 1;
+    flat_range_boxes(dims, d + 1, lo - i * inner, hi - i * inner, box, out);
+    return;
+  }
+  if (lo < first_full * inner) {
+    box.start[d] = first_full - 1;
+    box.count[d] = 1;
+    flat_range_boxes(dims, d + 1, lo - (first_full - 1) * inner, inner, box, out);
+  }
+  if (last_full > first_full) {
+    TensorBox b = box;
+    b.start[d] = first_full;
+    b.count[d] = last_full - first_full;
+    whole_below(b);
+    out.push_back(b);
+  }
+  if (hi > last_full * inner) {
+    box.start[d] = last_full;
+    box.count[d] = 1;
+    flat_range_boxes(dims, d + 1, 0, hi - last_full * inner, box, out);
+  }
+}
+
+}  // namespace
+
+std::vector<TensorBox> part_boxes(const ParamSpec& spec, int tp_rank, int tp_size, size_t a,
+                                  size_t b) {
+  std::vector<TensorBox> local, out;
+  const Shape& s = spec.shape;
+  if (a >= b) return out;
+  std::vector<int64_t> dims(s.dims.begin(), s.dims.begin() + s.ndim);
+  if (dims.empty()) dims.push_back(1);
+  TensorBox box{std::vector<int64_t>(dims.size(), 0), std::vector<int64_t>(dims.size(), 1)};
+  flat_range_boxes(dims, 0, static_cast<int64_t>(a), static_cast<int64_t>(b), box, local);
+  const int t = spec.tp_dim;
+  if (t < 0 || tp_size == 1) return local;
+  // Along tp_dim the part is tp_parts pieces, each `piece` long; piece p of
+  // the part is [p per_part + tp_rank piece, ... + piece) of the logical tensor.
+  const int64_t full = spec.full_shape.dims[t], per_part = full / spec.tp_parts,
+                piece = per_part / tp_size;
+  for (const TensorBox& l : local) {
+    const int64_t x0 = l.start[t], x1 = x0 + l.count[t];
+    for (int64_t p = x0 / piece; p * piece < x1; ++p) {
+      const int64_t lo = std::max(x0, p * piece), hi = std::min(x1, (p + 1) * piece);
+      TensorBox g = l;
+      g.start[t] = p * per_part + tp_rank * piece + (lo - p * piece);
+      g.count[t] = hi - lo;
+      out.push_back(g);
+    }
+  }
+  return out;
+}
+
 }  // namespace meshlm

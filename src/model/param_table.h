@@ -146,6 +146,21 @@ template <typename Fn>
 void for_each_part_run(const ParamSpec& spec, int64_t row0, int64_t nrows, int tp_rank,
                        int tp_size, Fn&& fn);
 
+// A box of a logical tensor: the elements start[d] <= i_d < start[d] +
+// count[d] of every dimension d (spec.full_shape's rank).
+struct TensorBox {
+  std::vector<int64_t> start, count;
+  int64_t numel() const;
+};
+// Where the elements [a, b) of tensor-parallel rank tp_rank's part (spec.
+// shape, row-major) lie in the logical tensor: boxes whose elements, taken
+// in the logical tensor's row-major order, are those elements in order (a
+// part's coordinates map to the logical ones increasingly, dimension by
+// dimension). What a rank reads or writes of a checkpoint's dataset: at most
+// (2 ndim - 1) * tp_parts boxes.
+std::vector<TensorBox> part_boxes(const ParamSpec& spec, int tp_rank, int tp_size, size_t a,
+                                  size_t b);
+
 // The initial value of the logical tensor `spec` (full_shape, written whole
 // to `out`) by its spec.init. Each tensor has its own stream seeded from
 // (seed, spec.index), LoRA adapters from a stream apart (seed ^

@@ -48,10 +48,14 @@ public:
   // The tensors' parts inside [begin, end), relative to begin, in table order.
   const std::vector<ops::AdamWSegment>& segments() const { return segments_; }
   int64_t steps_taken() const { return t_; }
+  // A resumed run continues the bias correction from a checkpoint's count.
+  void set_steps_taken(int64_t t) { t_ = t; }
   size_t begin() const { return begin_; }
   size_t end() const { return end_; }
   const float* m() const { return m_.as<float>(); }
   const float* v() const { return v_.as<float>(); }
+  float* m() { return m_.as<float>(); }  // where the optimizer computes (checkpoints)
+  float* v() { return v_.as<float>(); }
 
 private:
   std::vector<ParamSpec> table_;

@@ -77,6 +77,13 @@ public:
   std::vector<float> gather_params();
 
   const GPT& model() const { return *model_; }
+  // What a checkpoint saves and restores (train/checkpoint.h): the model's
+  // parameters, the optimizer's moments and step count, the loss scale, and
+  // which elements ZeRO gives this rank.
+  GPT& model() { return *model_; }
+  AdamW& optimizer() { return *opt_; }
+  LossScaler& loss_scaler() { return scaler_; }
+  const Zero& zero() const { return *zero_; }
   const RankPlan& shape() const { return shape_; }
   int micro_batches() const { return cfg_.parallel.micro_batches; }
   const std::vector<Action>& schedule() const { return pipeline_->schedule(); }

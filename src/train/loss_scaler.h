@@ -36,6 +36,13 @@ public:
   double scale() const { return scale_; }
   int overflows() const { return overflows_; }
   bool exhausted() const { return scale_ < kMin; }
+  int good_in_a_row() const { return good_in_a_row_; }
+  // A resumed run continues from a checkpoint's scale and count.
+  void restore(double scale, int good_in_a_row) {
+    if (!enabled_) return;
+    scale_ = scale;
+    good_in_a_row_ = good_in_a_row;
+  }
 
   // After a step whose scaled gradients overflowed: halve.
   void overflowed() {

@@ -1,5 +1,7 @@
 #include "train/run_config.h"
 
+#include <filesystem>
+
 #include <cctype>
 #include <cmath>
 #include <utility>
@@ -196,6 +198,20 @@ uint64_t parse_memory_size(const std::string& key, const std::string& text) {
   return static_cast<uint64_t>(std::ceil(bytes));
 }
 
+static void validate_checkpoint(RunConfig& c) {
+  CheckpointConfig& k = c.checkpoint;
+  k.resolved_dir = k.dir.empty() ? (std::filesystem::path(c.output.dir) / "checkpoints").string()
+                                 : k.dir;
+  if (k.resume.empty())
+    fail("checkpoint.resume is empty: none, auto or the path of a checkpoint file");
+  if (!k.adapters_from.empty() && c.finetune.mode != FinetuneMode::lora)
+    fail("finetune.adapters_from = " + k.adapters_from +
+         " needs finetune.mode = lora (adapters start a LoRA fine-tune)");
+  if (!k.adapters_from.empty() && k.resume != "none")
+    fail("finetune.adapters_from and checkpoint.resume = " + k.resume +
+         " both say where training starts: give one");
+}
+
 void resolve_run_config(RunConfig& c, int world_size) {
   resolve_dp(c.parallel, world_size);
   resolve_micro_batches(c.train, c.parallel);
@@ -209,6 +225,7 @@ void resolve_run_config(RunConfig& c, int world_size) {
     fail("debug.fail_rank (" + str(c.debug.fail_rank) + ") is not a rank of this job of " +
          str(world_size) + " ranks (-1 = none)");
   check_sizes(c);
+  validate_checkpoint(c);
   c.memory.rank_limit_bytes = parse_memory_size("memory.limit_per_rank", c.memory.limit_per_rank);
   c.memory.node_limit_bytes = parse_memory_size("memory.limit_per_node", c.memory.limit_per_node);
 }

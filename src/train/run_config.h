@@ -111,6 +111,21 @@ struct MemoryConfig {
 // and the text when it is not one.
 uint64_t parse_memory_size(const std::string& key, const std::string& text);
 
+// [checkpoint] saving the training state and resuming from it
+// (train/checkpoint.h; the file: docs/formats.md, "Checkpoints").
+struct CheckpointConfig {
+  std::string dir;           // "" = <output.dir>/checkpoints
+  int every = 0;             // a checkpoint every this many steps; 0 = none
+  double every_minutes = 0;  // ... and when this many minutes passed since the last; 0 = off
+  int keep_last = 3;         // older checkpoints of dir removed; 0 = keep all
+  bool final = true;         // one at the end of training
+  std::string resume = "none";  // none | auto (dir's latest, if any) | a checkpoint file
+  bool async = false;        // written by a background thread from a host snapshot
+  std::string adapters_from;  // [finetune] adapters_from: LoRA adapters to start from
+  // The directory, with its default resolved (resolve_run_config).
+  std::string resolved_dir;
+};
+
 // [debug] switches for tests of the failure paths.
 struct DebugConfig {
   int fail_rank = -1;  // this rank (-1 = none, else < the job's ranks) throws a RankError ...
@@ -130,6 +145,7 @@ struct RunConfig {
   ParallelConfig parallel;
   FinetuneConfig finetune;
   quant::QuantConfig quant;
+  CheckpointConfig checkpoint;
   DebugConfig debug;
   std::string source;    // the parameter file, or "(defaults)"
   std::string resolved;  // every key with its final value, as an INI text

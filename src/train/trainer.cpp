@@ -27,6 +27,8 @@
 #include "load/base_loader.h"
 #include "mesh/mesh.h"
 #include "train/backend.h"
+#include "train/checkpoint.h"
+#include "core/stop_signals.h"
 #include "train/engine.h"
 #include "train/report.h"
 #include "train/threads.h"
@@ -171,6 +173,12 @@ RankPlan planned_rank_plan(const RunConfig& cfg, const ProcessMesh& mesh) {
 
 namespace {
 
+// A run may replace the run log in output.dir when told to, or when it
+// continues the run that wrote it (checkpoint.resume).
+bool reuses_output_dir(const RunConfig& cfg) {
+  return cfg.output.overwrite || cfg.checkpoint.resume != "none";
+}
+
 // Collective: the files a run names must be what their keys say, and no file
 // may be both read and written: refused before anything is read or written,
 // naming the keys.
@@ -199,7 +207,7 @@ void check_run_files(const RunConfig& cfg, MPI_Comm job, int rank) {
       throw RankError("data.path and data.tokenize_from are the same file, '" + cfg.data.path +
                           "': the tokens would be written over the text",
                       MESHLM_HERE);
-    io::check_output_dir(cfg.output.dir, cfg.output.overwrite);
+    io::check_output_dir(cfg.output.dir, reuses_output_dir(cfg));
     for (const auto& [key, path] : {std::pair<const char*, std::string>{"data.path", cfg.data.path},
                                     {"quant.base", cfg.quant.base}}) {
       if (path.empty() || (std::string(key) == "quant.base" && path == "init")) continue;
@@ -517,17 +525,29 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
   std::unique_ptr<io::RunLog> runlog;
   try_all(mesh.world(), "output.dir: ", [&] {
     if (rank == 0)
-      runlog = std::make_unique<io::RunLog>(cfg.output.dir, cfg.resolved, cfg.output.overwrite);
+      runlog = std::make_unique<io::RunLog>(cfg.output.dir, cfg.resolved, reuses_output_dir(cfg));
   }, MESHLM_HERE);
+
+  // Where training starts: a checkpoint, given adapters, or step 0.
+  Checkpointer checkpointer(cfg, mesh, engine, loader->windows_per_epoch(), timers);
+  TrainingState state;
+  TrainSummary summary;
+  if (!cfg.checkpoint.adapters_from.empty()) checkpointer.load_adapters(cfg.checkpoint.adapters_from);
+  if (const std::string from = checkpointer.resume_path(); !from.empty()) {
+    state = checkpointer.load(from);
+    loader->set_cursor(state.cursor);
+    summary.skipped_steps = static_cast<int>(state.skipped_steps);
+    summary.overflow_steps = static_cast<int>(state.overflow_steps);
+    if (state.step >= tc.steps)
+      log::info("# checkpoint: step {} is at or past train.steps = {}: nothing left to train",
+                state.step, tc.steps);
+  }
 
   const size_t BT = static_cast<size_t>(B) * T;
   std::vector<int32_t> inputs(m * BT), targets(inputs.size());
-  TrainSummary summary;
   int skipped_in_a_row = 0;
-  log::info("# {:>6} {:>9} {:>10} {:>10} {:>10} {:>11}", "step", "loss", "lr", "grad_norm",
-            "ms/step", "tokens/s");
-  tracker.enter(MemPhase::training);
-  for (int step = 0; step < tc.steps; ++step) {
+  // One optimizer step: its data, the step, its line and its record.
+  auto train_one_step = [&](int step) {
     const double t0 = now_seconds();
     {
       ScopedTimer st(timers, Section::data);
@@ -545,7 +565,7 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
                 "overflowing step(s) in all)",
                 step + 1, res.loss_scale, res.loss, res.grad_norm * res.loss_scale,
                 engine.loss_scaler().scale(), summary.overflow_steps);
-      continue;
+      return;
     }
     if (res.nonfinite) {
       // Nothing was updated from this step (the engine checks before AdamW).
@@ -568,7 +588,7 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
                                           "last: {}",
                                           skipped_in_a_row, tc.max_skipped, what),
                               MESHLM_HERE);
-      continue;
+      return;
     }
     skipped_in_a_row = 0;
     StepRecord r{step + 1, res.loss, lr, res.grad_norm, dt, static_cast<double>(tc.batch_size) * T / dt};
@@ -578,7 +598,58 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
                 r.grad_norm, 1e3 * r.seconds, r.tokens_per_s);
       if (runlog) runlog->append(r.step, r.loss, r.lr, r.grad_norm, r.tokens_per_s);
     }
+  };
+  // After a step: a stop signal on any rank, or checkpoint.every_minutes
+  // passed on rank 0's clock, makes every rank write a checkpoint.
+  const StopSignals stop_signals;
+  double last_save = now_seconds();
+  int64_t saved_step = -1;
+  auto save = [&](int64_t steps_done) {
+    state.step = steps_done;
+    state.tokens_seen = steps_done * static_cast<int64_t>(tc.batch_size) * T;
+    state.cursor = loader->cursor();
+    state.skipped_steps = summary.skipped_steps;
+    state.overflow_steps = summary.overflow_steps;
+    const std::string path = checkpointer.save(state);
+    saved_step = steps_done;
+    last_save = now_seconds();
+    return path;
+  };
+  const CheckpointConfig& kc = cfg.checkpoint;
+  log::info("# checkpoint: {} | every {} | keep last {} | final {} | SIGTERM or SIGUSR1: checkpoint "
+            "and stop",
+            kc.resolved_dir,
+            kc.every > 0 ? fmt::format("{} steps", kc.every)
+                         : kc.every_minutes > 0 ? std::string("-") : std::string("- (none)"),
+            kc.keep_last > 0 ? std::to_string(kc.keep_last) : std::string("all"),
+            kc.final ? "yes" : "no");
+  if (kc.every_minutes > 0) log::info("# checkpoint: also every {:g} minutes", kc.every_minutes);
+  log::info("# {:>6} {:>9} {:>10} {:>10} {:>10} {:>11}", "step", "loss", "lr", "grad_norm",
+            "ms/step", "tokens/s");
+  tracker.enter(MemPhase::training);
+  for (int step = static_cast<int>(state.step); step < tc.steps; ++step) {
+    train_one_step(step);
+    // What every rank must agree on after the step: [stop signal, minutes due].
+    std::array<int32_t, 2> mine{StopSignals::received(), 0}, any{};
+    if (kc.every_minutes > 0 && rank == 0 &&
+        now_seconds() - last_save >= 60.0 * kc.every_minutes)
+      mine[1] = 1;
+    world->all_reduce(mine.data(), any.data(), 2, DType::i32, comm::ReduceOp::max).wait();
+    const int done = step + 1;
+    if (any[0] != 0) {
+      const std::string path = save(done);
+      log::info("# {} received: stopped after step {} of {}; checkpoint {} written. Resume with "
+                "checkpoint.resume = auto (or = {})",
+                StopSignals::name(any[0]), done, tc.steps, path, path);
+      summary.stopped_by_signal = any[0];
+      break;
+    }
+    if ((kc.every > 0 && done % kc.every == 0) || any[1] != 0) save(done);
   }
+  if (kc.final && summary.stopped_by_signal == 0 && saved_step != tc.steps &&
+      state.step < tc.steps)
+    save(tc.steps);
+
   summary.seconds = now_seconds() - t_start;
   if (engine.loss_scaler().enabled()) {
     summary.loss_scale = engine.loss_scaler().scale();

@@ -26,6 +26,7 @@ struct TrainSummary {
   std::vector<StepRecord> steps;  // every step, logged or not, but the skipped ones
   int skipped_steps = 0;          // train.on_nonfinite = skip: steps dropped
   int overflow_steps = 0;         // train.precision = fp16: steps skipped as overflowed
+  int stopped_by_signal = 0;      // SIGTERM / SIGUSR1 ended training early (a checkpoint was written)
   double loss_scale = 1;          // fp16: the loss scale at the end
   double seconds = 0;
   // The whole model's parameters at the end, in the order of
@@ -36,7 +37,9 @@ struct TrainSummary {
 // Collective over `job`: prepares the data (tokenizing data.tokenize_from
 // when asked), builds and initialises the model, trains train.steps steps,
 // prints a line every train.log_every steps and the memory and timing tables
-// at the end, and writes <output.dir>/run.h5 on rank 0. A [parallel] layout
+// at the end, and writes <output.dir>/run.h5 on rank 0. Resumes from a
+// checkpoint and writes checkpoints as [checkpoint] says (train/checkpoint.h);
+// a SIGTERM or SIGUSR1 ends training after the current step with one. A [parallel] layout
 // whose dp * tp * pp is not the size of `job` is a CollectiveError.
 TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_params = false);
 

@@ -1,0 +1,733 @@
+#include "train/checkpoint.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <numeric>
+#include <regex>
+#include <utility>
+#include <vector>
+
+#include "comm/errors.h"
+#include "comm/mpi_comm.h"
+#include "core/error.h"
+#include "core/files.h"
+#include "core/log.h"
+#include "io/checkpoint_file.h"
+#include "io/h5.h"
+#include "io/hash.h"
+#include "model/param_table.h"
+#include "plan/memory.h"
+#include "train/report.h"
+
+namespace meshlm {
+
+namespace fs = std::filesystem;
+namespace h5 = io::h5;
+namespace ck = io::ckpt;
+
+namespace {
+
+// ---- who holds what ---------------------------------------------------------------
+
+// One dataset of the checkpoint: a trained tensor's values or one of its moments.
+struct DatasetRef {
+  std::string path;             // "params/wte.weight", "optimizer/wte.weight/m", ...
+  const ParamSpec* full;        // its entry in the whole model's table
+  enum Kind { value, m, v } kind;
+};
+
+// The datasets of a model whose trained tensors are `full_table`, in the
+// order every rank creates them.
+std::vector<DatasetRef> datasets_of(const std::vector<ParamSpec>& full_table, bool lora,
+                                    bool with_moments) {
+  std::vector<DatasetRef> out;
+  for (const ParamSpec& p : full_table)
+    out.push_back({lora ? ck::lora_path(p.name) : ck::params_path(p.name), &p, DatasetRef::value});
+  if (with_moments)
+    for (const ParamSpec& p : full_table) {
+      out.push_back({ck::optimizer_path(p.name, 'm'), &p, DatasetRef::m});
+      out.push_back({ck::optimizer_path(p.name, 'v'), &p, DatasetRef::v});
+    }
+  return out;
+}
+
+std::vector<hsize_t> dims_of(const Shape& s) {
+  std::vector<hsize_t> d;
+  for (int i = 0; i < s.ndim; ++i) d.push_back(static_cast<hsize_t>(s.dims[i]));
+  return d;
+}
+
+std::vector<ck::Box> to_boxes(const std::vector<TensorBox>& tb) {
+  std::vector<ck::Box> out;
+  for (const TensorBox& b : tb) {
+    ck::Box x;
+    for (size_t d = 0; d < b.start.size(); ++d) {
+      x.start.push_back(static_cast<hsize_t>(b.start[d]));
+      x.count.push_back(static_cast<hsize_t>(b.count[d]));
+    }
+    out.push_back(std::move(x));
+  }
+  return out;
+}
+
+// This rank's view of the model in the file: its part of each logical
+// tensor, which elements of its flat buffers it writes, and which moments
+// it holds.
+struct RankView {
+  std::vector<ParamSpec> full_table;       // the whole model's trained tensors
+  std::vector<const ParamSpec*> local_of;  // per full-table index: this rank's entry, or null
+  size_t n = 0;                            // elements of the rank's table
+  std::pair<size_t, size_t> write;         // flat elements whose values it writes
+  std::pair<size_t, size_t> moments;       // flat elements whose moments it holds
+  int tp_rank = 0, tp_size = 1;
+  bool first_stage = true;
+  bool lora = false;
+};
+
+RankView view_of(const RunConfig& cfg, const ProcessMesh& mesh, Engine& engine) {
+  RankView r;
+  const GPT& model = engine.model();
+  r.full_table = trainable_table(cfg.model, {}, model.options());
+  r.local_of.assign(r.full_table.size(), nullptr);
+  for (const ParamSpec& p : model.table()) r.local_of[static_cast<size_t>(p.index)] = &p;
+  r.n = model.num_params();
+  const int dp = cfg.parallel.dp, k = mesh.coords().dp;
+  if (engine.zero().stage() > 0)
+    r.write = {std::min(engine.zero().own_begin(), r.n), std::min(engine.zero().own_end(), r.n)};
+  else
+    r.write = {r.n * k / dp, r.n * (k + 1) / dp};
+  const AdamW& opt = engine.optimizer();
+  r.moments = {opt.begin(), std::min(opt.end(), r.n)};
+  r.tp_rank = model.shard().tp_rank;
+  r.tp_size = model.shard().tp_size;
+  r.first_stage = model.shard().first_stage;
+  r.lora = model.lora();
+  return r;
+}
+
+// The elements [a, b) of local tensor `p` inside the flat range `range`.
+std::pair<size_t, size_t> clip(const ParamSpec& p, std::pair<size_t, size_t> range) {
+  const size_t lo = std::max(p.offset, range.first);
+  const size_t hi = std::min(p.offset + p.numel(), range.second);
+  if (lo >= hi) return {0, 0};
+  return {lo - p.offset, hi - p.offset};
+}
+
+// ---- small collectives ------------------------------------------------------------
+
+std::string broadcast_string(comm::Communicator& c, std::string s, int root = 0) {
+  uint64_t len = s.size();
+  c.broadcast(&len, sizeof(len), DType::u8, root).wait();
+  s.resize(len);
+  if (len > 0) c.broadcast(s.data(), len, DType::u8, root).wait();
+  return s;
+}
+
+// Datasets shared out for hashing: the largest first, each to the rank with
+// the fewest elements so far (the lowest on a tie); the same on every rank.
+std::vector<int> hash_owners(const std::vector<uint64_t>& sizes, int ranks) {
+  std::vector<size_t> order(sizes.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return sizes[a] > sizes[b]; });
+  std::vector<uint64_t> load(static_cast<size_t>(ranks), 0);
+  std::vector<int> owner(sizes.size(), 0);
+  for (size_t i : order) {
+    const size_t r = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    owner[i] = static_cast<int>(r);
+    load[r] += sizes[i];
+  }
+  return owner;
+}
+
+// Collective: the XXH3-64 of each dataset of the open file `f`, every rank
+// hashing its share (independent reads) and all of them shared.
+std::vector<uint64_t> checksums(MPI_Comm world, hid_t f, const std::vector<std::string>& names,
+                                const std::vector<uint64_t>& sizes, const std::string& file) {
+  std::unique_ptr<comm::Communicator> c = comm::make_mpi_communicator(world);
+  const std::vector<int> owner = hash_owners(sizes, c->size());
+  std::vector<uint64_t> mine(names.size(), 0);
+  try_all(world, "", [&] {
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (owner[i] != c->rank()) continue;
+      h5::Dataset d = h5::open_dataset(f, names[i]);
+      mine[i] = ck::dataset_checksum(d);
+    }
+  }, MESHLM_HERE);
+  std::vector<uint64_t> all(names.size() * static_cast<size_t>(c->size()));
+  c->all_gather(mine.data(), all.data(), names.size() * sizeof(uint64_t), DType::u8).wait();
+  std::vector<uint64_t> out(names.size());
+  for (size_t i = 0; i < names.size(); ++i)
+    out[i] = all[static_cast<size_t>(owner[i]) * names.size() + i];
+  return out;
+}
+
+// ---- the host side of the engine's buffers ----------------------------------------
+
+// Floats of the backend's memory as host memory: in place on the CPU, else
+// through a staging copy.
+class HostFloats {
+public:
+  explicit HostFloats(const ops::Kernels& k) : k_(k) {}
+  const float* read(const float* src, size_t n) {
+    if (k_.device() == Device::cpu) return src;
+    staging_.resize(n);
+    k_.download(staging_.data(), src, n * sizeof(float));
+    return staging_.data();
+  }
+  float* target(float* dst, size_t n) {
+    dst_ = dst;
+    n_ = n;
+    if (k_.device() == Device::cpu) return dst;
+    staging_.resize(n);
+    return staging_.data();
+  }
+  void commit() {
+    if (k_.device() != Device::cpu && n_ > 0) k_.upload(dst_, staging_.data(), n_ * sizeof(float));
+  }
+
+private:
+  const ops::Kernels& k_;
+  std::vector<float> staging_;
+  float* dst_ = nullptr;
+  size_t n_ = 0;
+};
+
+float* buffer_of(Engine& e, DatasetRef::Kind kind) {
+  switch (kind) {
+    case DatasetRef::value: return e.model().params();
+    case DatasetRef::m: return e.optimizer().m();
+    case DatasetRef::v: return e.optimizer().v();
+  }
+  return nullptr;
+}
+
+// ---- /meta -----------------------------------------------------------------------
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// Collective (every rank writes the same values).
+void write_meta(hid_t f, const RunConfig& cfg, const TrainingState& st, Engine& engine,
+                uint64_t windows_per_epoch, const std::string& base_hash,
+                const std::string& created) {
+  const GPTConfig& m = cfg.model;
+  auto model_attrs = [&](hid_t obj) {
+    h5::write_scalar_attr<int64_t>(obj, "format_version", ck::kFormatVersion);
+    h5::write_scalar_attr<int64_t>(obj, "n_layer", m.n_layer);
+    h5::write_scalar_attr<int64_t>(obj, "n_head", m.n_head);
+    h5::write_scalar_attr<int64_t>(obj, "n_embd", m.n_embd);
+    h5::write_scalar_attr<int64_t>(obj, "vocab_size", m.vocab_size);
+    h5::write_scalar_attr<int64_t>(obj, "max_seq_len", m.max_seq_len);
+  };
+  model_attrs(f);
+  h5::Group meta = h5::require_group(f, "meta");
+  model_attrs(meta);
+  h5::write_string_attr(meta, "kind", ck::kKind);
+  h5::write_string_attr(meta, "meshlm_version", MESHLM_VERSION);
+  h5::write_string_attr(meta, "created", created);
+  h5::write_string_attr(meta, "config", cfg.resolved);
+  const bool lora = cfg.finetune.mode == FinetuneMode::lora;
+  h5::write_string_attr(meta, "finetune_mode", lora ? "lora" : "full");
+  if (lora) {
+    h5::write_scalar_attr<int64_t>(meta, "lora_rank", cfg.finetune.lora_rank);
+    h5::write_scalar_attr<double>(meta, "lora_alpha", cfg.finetune.lora_alpha);
+    h5::write_string_attr(meta, "lora_targets", slots_text(cfg.finetune.lora_targets));
+    h5::write_string_attr(meta, "quant_type", name_of(cfg.quant.type));
+    h5::write_string_attr(meta, "quant_base", cfg.quant.base);
+    h5::write_string_attr(meta, "base_hash", base_hash);
+  }
+  h5::write_scalar_attr<int64_t>(meta, "step", st.step);
+  h5::write_scalar_attr<int64_t>(meta, "tokens_seen", st.tokens_seen);
+  h5::write_scalar_attr<int64_t>(meta, "adamw_step", engine.optimizer().steps_taken());
+  h5::write_scalar_attr<double>(meta, "loss_scale", engine.loss_scaler().scale());
+  h5::write_scalar_attr<int64_t>(meta, "loss_scale_good_steps", engine.loss_scaler().good_in_a_row());
+  h5::write_scalar_attr<int64_t>(meta, "skipped_steps", st.skipped_steps);
+  h5::write_scalar_attr<int64_t>(meta, "overflow_steps", st.overflow_steps);
+  h5::write_scalar_attr<uint64_t>(meta, "data_epoch", st.cursor.epoch);
+  h5::write_scalar_attr<uint64_t>(meta, "data_position", st.cursor.position);
+  h5::write_scalar_attr<uint64_t>(meta, "data_windows_per_epoch", windows_per_epoch);
+  h5::write_scalar_attr<int64_t>(meta, "data_seq_len", cfg.train.seq_len);
+  h5::write_scalar_attr<int64_t>(meta, "data_shuffle", cfg.data.shuffle ? 1 : 0);
+  h5::write_string_attr(meta, "data_path", cfg.data.path);
+  h5::write_scalar_attr<int64_t>(meta, "seed", cfg.train.seed);
+  const ParallelConfig& p = cfg.parallel;
+  h5::write_scalar_attr<int64_t>(meta, "layout_dp", p.dp);
+  h5::write_scalar_attr<int64_t>(meta, "layout_tp", p.tp);
+  h5::write_scalar_attr<int64_t>(meta, "layout_pp", p.pp);
+  h5::write_scalar_attr<int64_t>(meta, "layout_zero_stage", p.zero_stage);
+  h5::write_scalar_attr<int64_t>(meta, "layout_micro_batches", p.micro_batches);
+  h5::write_scalar_attr<int64_t>(meta, "layout_world", static_cast<int64_t>(p.dp) * p.tp * p.pp);
+}
+
+// What a reader needs of /meta.
+struct Meta {
+  int64_t format_version = 0;
+  std::string kind, finetune_mode;
+  int64_t n_layer = 0, n_head = 0, n_embd = 0, vocab_size = 0, max_seq_len = 0;
+  int64_t lora_rank = 0;
+  double lora_alpha = 0;
+  std::string lora_targets, base_hash;
+  TrainingState state;
+  int64_t adamw_step = 0, loss_scale_good_steps = 0;
+  double loss_scale = 1;
+  uint64_t windows_per_epoch = 0;
+  int64_t seq_len = 0, shuffle = 0, seed = 0;
+  std::string layout;
+};
+
+Meta read_meta(hid_t f, const std::string& path) {
+  if (!h5::exists(f, "meta"))
+    throw RankError(path + ": no /meta group: not a meshlm checkpoint", MESHLM_HERE);
+  h5::Group meta(H5Gopen2(f, "meta", H5P_DEFAULT));
+  Meta m;
+  if (!h5::has_attr(meta, "kind") || h5::read_string_attr(meta, "kind") != ck::kKind)
+    throw RankError(path + ": /meta has no attribute kind = '" + std::string(ck::kKind) +
+                        "': not a meshlm checkpoint",
+                    MESHLM_HERE);
+  m.format_version = h5::read_scalar_attr<int64_t>(meta, "format_version");
+  if (m.format_version != ck::kFormatVersion)
+    throw RankError(fmt::format("{}: /meta format_version = {}; this meshlm reads version {}", path,
+                                m.format_version, ck::kFormatVersion),
+                    MESHLM_HERE);
+  auto i64 = [&](const char* k) { return h5::read_scalar_attr<int64_t>(meta, k); };
+  auto u64 = [&](const char* k) { return h5::read_scalar_attr<uint64_t>(meta, k); };
+  m.n_layer = i64("n_layer");
+  m.n_head = i64("n_head");
+  m.n_embd = i64("n_embd");
+  m.vocab_size = i64("vocab_size");
+  m.max_seq_len = i64("max_seq_len");
+  m.finetune_mode = h5::read_string_attr(meta, "finetune_mode");
+  if (m.finetune_mode == "lora") {
+    m.lora_rank = i64("lora_rank");
+    m.lora_alpha = h5::read_scalar_attr<double>(meta, "lora_alpha");
+    m.lora_targets = h5::read_string_attr(meta, "lora_targets");
+    m.base_hash = h5::read_string_attr(meta, "base_hash");
+  }
+  m.state.step = i64("step");
+  m.state.tokens_seen = i64("tokens_seen");
+  m.state.skipped_steps = i64("skipped_steps");
+  m.state.overflow_steps = i64("overflow_steps");
+  m.state.cursor.epoch = u64("data_epoch");
+  m.state.cursor.position = u64("data_position");
+  m.adamw_step = i64("adamw_step");
+  m.loss_scale = h5::read_scalar_attr<double>(meta, "loss_scale");
+  m.loss_scale_good_steps = i64("loss_scale_good_steps");
+  m.windows_per_epoch = u64("data_windows_per_epoch");
+  m.seq_len = i64("data_seq_len");
+  m.shuffle = i64("data_shuffle");
+  m.seed = i64("seed");
+  m.layout = fmt::format("dp {} tp {} pp {} ZeRO {}", i64("layout_dp"), i64("layout_tp"),
+                         i64("layout_pp"), i64("layout_zero_stage"));
+  if (m.state.step < 0 || m.adamw_step < 0 || m.adamw_step > m.state.step ||
+      !std::isfinite(m.loss_scale) || m.loss_scale <= 0)
+    throw RankError(fmt::format("{}: /meta holds an impossible state (step {}, adamw_step {}, "
+                                "loss_scale {})",
+                                path, m.state.step, m.adamw_step, m.loss_scale),
+                    MESHLM_HERE);
+  return m;
+}
+
+// The checkpoint must be of this run's model and of what it trains.
+void check_meta(const Meta& m, const RunConfig& cfg, const std::string& path,
+                const std::string& base_hash, bool adapters_only) {
+  const GPTConfig& g = cfg.model;
+  const std::pair<const char*, std::pair<int64_t, int64_t>> model[] = {
+      {"model.n_layer", {m.n_layer, g.n_layer}},   {"model.n_head", {m.n_head, g.n_head}},
+      {"model.n_embd", {m.n_embd, g.n_embd}},      {"model.vocab_size", {m.vocab_size, g.vocab_size}},
+      {"model.max_seq_len", {m.max_seq_len, g.max_seq_len}}};
+  for (const auto& [key, v] : model)
+    if (v.first != v.second)
+      throw RankError(fmt::format("checkpoint '{}' is of another model: {} = {} there, {} in this "
+                                  "run",
+                                  path, key, v.first, v.second),
+                      MESHLM_HERE);
+  const bool lora = cfg.finetune.mode == FinetuneMode::lora;
+  if (m.finetune_mode != (lora ? "lora" : "full"))
+    throw RankError(fmt::format("checkpoint '{}' was written by finetune.mode = {}; this run has "
+                                "finetune.mode = {}",
+                                path, m.finetune_mode, lora ? "lora" : "full"),
+                    MESHLM_HERE);
+  if (lora) {
+    if (m.lora_rank != cfg.finetune.lora_rank)
+      throw RankError(fmt::format("checkpoint '{}': finetune.lora_rank = {} there, {} in this run",
+                                  path, m.lora_rank, cfg.finetune.lora_rank),
+                      MESHLM_HERE);
+    if (m.lora_targets != slots_text(cfg.finetune.lora_targets))
+      throw RankError(fmt::format("checkpoint '{}': finetune.lora_targets = {} there, {} in this "
+                                  "run",
+                                  path, m.lora_targets, slots_text(cfg.finetune.lora_targets)),
+                      MESHLM_HERE);
+    if (m.lora_alpha != cfg.finetune.lora_alpha)
+      throw RankError(fmt::format("checkpoint '{}': finetune.lora_alpha = {} there, {} in this "
+                                  "run",
+                                  path, m.lora_alpha, cfg.finetune.lora_alpha),
+                      MESHLM_HERE);
+    if (m.base_hash != base_hash)
+      throw RankError(fmt::format("checkpoint '{}' was trained on another frozen base (XXH3-128 "
+                                  "'{}' there, '{}' for quant.base = '{}')",
+                                  path, m.base_hash, base_hash, cfg.quant.base),
+                      MESHLM_HERE);
+  }
+  if (adapters_only) return;
+  if (m.seq_len != cfg.train.seq_len)
+    throw RankError(fmt::format("checkpoint '{}': its data cursor counts windows of model.seq_len "
+                                "= {}; this run has {}",
+                                path, m.seq_len, cfg.train.seq_len),
+                    MESHLM_HERE);
+  if ((m.shuffle != 0) != cfg.data.shuffle)
+    throw RankError(fmt::format("checkpoint '{}' was trained with data.shuffle = {}; this run has "
+                                "{}",
+                                path, m.shuffle ? "true" : "false", cfg.data.shuffle ? "true" : "false"),
+                    MESHLM_HERE);
+}
+
+}  // namespace
+
+// ---- Checkpointer -------------------------------------------------------------------
+
+Checkpointer::Checkpointer(const RunConfig& cfg, const ProcessMesh& mesh, Engine& engine,
+                           uint64_t windows_per_epoch, SectionTimers& timers)
+    : cfg_(cfg), mesh_(mesh), engine_(engine), windows_per_epoch_(windows_per_epoch),
+      timers_(timers) {
+  // The frozen base's identity, once (rank 0 hashes the file, as the
+  // quantized cache does).
+  if (cfg.finetune.mode == FinetuneMode::lora && !cfg.quant.base.empty() && cfg.quant.base != "init") {
+    std::unique_ptr<comm::Communicator> c = comm::make_mpi_communicator(mesh.world());
+    try_all(mesh.world(), "quant.base: ", [&] {
+      if (mesh.rank() == 0) base_hash_ = io::xxh3_128_file(cfg.quant.base);
+    }, MESHLM_HERE);
+    base_hash_ = broadcast_string(*c, base_hash_);
+  }
+}
+
+Checkpointer::~Checkpointer() = default;
+
+std::string Checkpointer::resume_path() const {
+  const std::string& r = cfg_.checkpoint.resume;
+  if (r == "none") return "";
+  std::unique_ptr<comm::Communicator> c = comm::make_mpi_communicator(mesh_.world());
+  std::string path;
+  try_all(mesh_.world(), "checkpoint.resume: ", [&] {
+    if (mesh_.rank() != 0) return;
+    std::error_code ec;
+    if (r != "auto") {
+      if (!fs::exists(r, ec)) throw RankError("no checkpoint '" + r + "'", MESHLM_HERE);
+      path = r;
+      return;
+    }
+    const fs::path latest = fs::path(cfg_.checkpoint.resolved_dir) / ck::kLatestName;
+    if (!fs::exists(latest, ec)) {
+      log::info("# checkpoint: no checkpoint in {} (no file '{}'), starting fresh",
+                cfg_.checkpoint.resolved_dir, latest.string());
+      return;
+    }
+    std::ifstream in(latest);
+    std::string name;
+    std::getline(in, name);
+    if (!in && !in.eof())
+      throw RankError("cannot read '" + latest.string() + "'", MESHLM_HERE);
+    if (name.empty() || name.find('/') != std::string::npos)
+      throw RankError("'" + latest.string() + "' does not name a checkpoint file of its directory",
+                      MESHLM_HERE);
+    path = (fs::path(cfg_.checkpoint.resolved_dir) / name).string();
+    if (!fs::exists(path, ec))
+      throw RankError("'" + latest.string() + "' names '" + name + "', which does not exist",
+                      MESHLM_HERE);
+  }, MESHLM_HERE);
+  return broadcast_string(*c, path);
+}
+
+namespace {
+
+// Collective: opens a checkpoint, checks it against the run and its
+// checksums (of the datasets `refs`); every failure a CollectiveError.
+h5::File open_and_verify(const RunConfig& cfg, const ProcessMesh& mesh, const std::string& path,
+                         const std::string& base_hash, bool adapters_only,
+                         const std::vector<DatasetRef>& refs, Meta& meta) {
+  MPI_Comm world = mesh.world();
+  const std::string where = "checkpoint '" + path + "': ";
+  try_all(world, "", [&] {
+    std::error_code ec;
+    if (!fs::exists(path, ec)) throw RankError("no checkpoint '" + path + "'", MESHLM_HERE);
+    if (!h5::is_hdf5_file(path))
+      throw RankError("'" + path + "' is not an HDF5 file (a meshlm checkpoint is one)", MESHLM_HERE);
+  }, MESHLM_HERE);
+  h5::File f;
+  try_all(world, "", [&] { f = ck::open_parallel(path, world, false); }, MESHLM_HERE);
+  try_all(world, "", [&] {
+    meta = read_meta(f, path);
+    check_meta(meta, cfg, path, base_hash, adapters_only);
+  }, MESHLM_HERE);
+  // Every dataset the run needs is there, float32, of the logical shape, and
+  // carries its checksum twice.
+  std::vector<std::string> names;
+  std::vector<uint64_t> sizes, stored;
+  try_all(world, where, [&] {
+    h5::Group sums = h5::exists(f, ck::kChecksumGroup)
+                         ? h5::Group(H5Gopen2(f, ck::kChecksumGroup, H5P_DEFAULT))
+                         : h5::Group();
+    for (const DatasetRef& r : refs) {
+      if (!h5::exists(f, r.path)) throw RankError("no dataset /" + r.path, MESHLM_HERE);
+      h5::Dataset d = h5::open_dataset(f, r.path);
+      const std::vector<hsize_t> want = dims_of(r.full->full_shape), got = h5::shape(d);
+      if (got != want) {
+        auto text = [](const std::vector<hsize_t>& v) {
+          std::string s = "(";
+          for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+          return s + ")";
+        };
+        throw RankError("dataset /" + r.path + " has shape " + text(got) + "; this model's is " +
+                            text(want),
+                        MESHLM_HERE);
+      }
+      if (!h5::has_attr(d, ck::kChecksumAttr))
+        throw RankError("dataset /" + r.path + " has no checksum (attribute xxh3)", MESHLM_HERE);
+      const uint64_t own = h5::read_scalar_attr<uint64_t>(d, ck::kChecksumAttr);
+      if (!sums.valid() || !h5::has_attr(sums, r.path))
+        throw RankError("/meta/checksums has no entry for " + r.path, MESHLM_HERE);
+      const uint64_t listed = h5::read_scalar_attr<uint64_t>(sums, r.path);
+      if (own != listed)
+        throw RankError(fmt::format("dataset /{}: its checksum attribute {:016x} differs from "
+                                    "/meta/checksums' {:016x}",
+                                    r.path, own, listed),
+                        MESHLM_HERE);
+      names.push_back(r.path);
+      sizes.push_back(r.full->numel());
+      stored.push_back(own);
+    }
+  }, MESHLM_HERE);
+  const std::vector<uint64_t> got = checksums(world, f, names, sizes, path);
+  for (size_t i = 0; i < names.size(); ++i)
+    if (got[i] != stored[i])
+      throw CollectiveError(fmt::format("{}dataset /{}: checksum mismatch (stored {:016x}, "
+                                        "computed {:016x}): the file is damaged",
+                                        where, names[i], stored[i], got[i]),
+                            MESHLM_HERE);
+  return f;
+}
+
+// Collective: reads this rank's part of every dataset of `refs` into the
+// engine's buffers (independent reads).
+void read_parts(Engine& engine, const RankView& v, hid_t f, const std::vector<DatasetRef>& refs,
+                const std::string& path) {
+  HostFloats host(engine.model().kernels());
+  for (const DatasetRef& r : refs) {
+    const ParamSpec* p = v.local_of[static_cast<size_t>(r.full->index)];
+    if (p == nullptr) continue;
+    // Values: the whole part (a tied copy and replicated tensors too);
+    // moments: those of the elements the rank updates.
+    std::pair<size_t, size_t> range{0, p->numel()};
+    size_t base = 0;
+    if (r.kind != DatasetRef::value) {
+      range = clip(*p, v.moments);
+      base = v.moments.first;
+    }
+    if (range.first >= range.second) continue;
+    h5::Dataset d = h5::open_dataset(f, r.path);
+    const size_t n = range.second - range.first;
+    float* dst = buffer_of(engine, r.kind) + p->offset + range.first - base;
+    float* out = host.target(dst, n);
+    ck::read_boxes(d, to_boxes(part_boxes(*p, v.tp_rank, v.tp_size, range.first, range.second)),
+                   out, /*collective=*/false);
+    for (size_t i = 0; i < n; ++i)
+      if (!std::isfinite(out[i]))
+        throw RankError(fmt::format("checkpoint '{}': dataset /{} holds {} at element {} of this "
+                                    "rank's part",
+                                    path, r.path, out[i], range.first + i),
+                        MESHLM_HERE);
+    host.commit();
+  }
+}
+
+}  // namespace
+
+TrainingState Checkpointer::load(const std::string& path) {
+  ScopedTimer timer(timers_, Section::checkpoint);
+  const double t0 = now_seconds();
+  const RankView v = view_of(cfg_, mesh_, engine_);
+  const std::vector<DatasetRef> refs = datasets_of(v.full_table, v.lora, /*with_moments=*/true);
+  log::info("# checkpoint: resuming from {}", path);
+  Meta meta;
+  h5::File f = open_and_verify(cfg_, mesh_, path, base_hash_, false, refs, meta);
+  if (meta.windows_per_epoch != windows_per_epoch_)
+    throw CollectiveError(fmt::format("checkpoint '{}' counts {} windows per epoch of its data; "
+                                      "data.path '{}' has {}: not the same token file",
+                                      path, meta.windows_per_epoch, cfg_.data.path,
+                                      windows_per_epoch_),
+                          MESHLM_HERE);
+  if (meta.seed != cfg_.train.seed && cfg_.data.shuffle)
+    log::warn("checkpoint '{}' was trained with train.seed = {}, this run has {}: the data order "
+              "from here on differs from the original run's",
+              path, meta.seed, cfg_.train.seed);
+  try_all(mesh_.world(), "", [&] { read_parts(engine_, v, f, refs, path); }, MESHLM_HERE);
+  f.close();
+  engine_.optimizer().set_steps_taken(meta.adamw_step);
+  engine_.loss_scaler().restore(meta.loss_scale, static_cast<int>(meta.loss_scale_good_steps));
+  log::info("# checkpoint: step {} ({} tokens seen, written by {}) loaded and verified in {:.2f} s",
+            meta.state.step, meta.state.tokens_seen, meta.layout, now_seconds() - t0);
+  return meta.state;
+}
+
+void Checkpointer::load_adapters(const std::string& path) {
+  ScopedTimer timer(timers_, Section::checkpoint);
+  const RankView v = view_of(cfg_, mesh_, engine_);
+  const std::vector<DatasetRef> refs = datasets_of(v.full_table, v.lora, /*with_moments=*/false);
+  log::info("# finetune.adapters_from: {}", path);
+  Meta meta;
+  h5::File f = open_and_verify(cfg_, mesh_, path, base_hash_, true, refs, meta);
+  try_all(mesh_.world(), "finetune.adapters_from: ", [&] { read_parts(engine_, v, f, refs, path); },
+          MESHLM_HERE);
+  log::info("# finetune.adapters_from: the adapters of step {} loaded and verified; the optimizer "
+            "starts afresh",
+            meta.state.step);
+}
+
+std::string Checkpointer::save(const TrainingState& st) {
+  ScopedTimer timer(timers_, Section::checkpoint);
+  const double t0 = now_seconds();
+  MPI_Comm world = mesh_.world();
+  std::unique_ptr<comm::Communicator> c = comm::make_mpi_communicator(world);
+  const int rank = mesh_.rank();
+  const std::string dir = cfg_.checkpoint.resolved_dir;
+  const std::string path = (fs::path(dir) / ck::file_name_of_step(st.step)).string();
+  const RankView v = view_of(cfg_, mesh_, engine_);
+  const std::vector<DatasetRef> refs = datasets_of(v.full_table, v.lora, /*with_moments=*/true);
+  uint64_t total = 0;
+  for (const DatasetRef& r : refs) total += r.full->numel() * sizeof(float);
+
+  // 1. The temporary file, named by rank 0.
+  std::unique_ptr<h5::AtomicWrite> out;
+  std::string tmp, created;
+  try_all(world, "checkpoint.dir: ", [&] {
+    if (rank != 0) return;
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) throw RankError("cannot create directory '" + dir + "': " + ec.message(), MESHLM_HERE);
+    if (fs::exists(path, ec) && !ck::is_checkpoint_file(path))
+      throw RankError("'" + path + "' exists and is not a meshlm checkpoint: meshlm will not "
+                      "write over it",
+                      MESHLM_HERE);
+    remove_stale_temp_files(path);
+    out = std::make_unique<h5::AtomicWrite>(path);
+    tmp = out->tmp_path();
+    created = utc_now();
+  }, MESHLM_HERE);
+  tmp = broadcast_string(*c, tmp);
+  created = broadcast_string(*c, created);
+  log::info("# checkpoint: writing step {} to {} ({})", st.step, path,
+            format_bytes(static_cast<double>(total)));
+
+  // 2. Every rank writes its boxes of every dataset.
+  HostFloats host(engine_.model().kernels());
+  try_all(world, "checkpoint: ", [&] {
+    h5::File f = ck::create_parallel(tmp, world);
+    for (const DatasetRef& r : refs) {
+      h5::Dataset d = ck::create_tensor(f, r.path, dims_of(r.full->full_shape));
+      const ParamSpec* p = v.local_of[static_cast<size_t>(r.full->index)];
+      std::vector<ck::Box> boxes;
+      const float* data = nullptr;
+      const bool writer = p != nullptr && (p->tp_dim >= 0 || v.tp_rank == 0) &&
+                          (p->tied == TiedGroup::none || v.first_stage);
+      if (writer) {
+        std::pair<size_t, size_t> range = clip(*p, v.write);
+        size_t base = 0;
+        if (r.kind != DatasetRef::value) {
+          range = clip(*p, {std::max(v.write.first, v.moments.first),
+                            std::min(v.write.second, v.moments.second)});
+          base = v.moments.first;
+        }
+        if (range.first < range.second) {
+          boxes = to_boxes(part_boxes(*p, v.tp_rank, v.tp_size, range.first, range.second));
+          data = host.read(buffer_of(engine_, r.kind) + p->offset + range.first - base,
+                           range.second - range.first);
+        }
+      }
+      ck::write_boxes(d, boxes, data, /*collective=*/true);
+    }
+    h5::close_file(f, tmp);
+  }, MESHLM_HERE);
+
+  // 3. Read back, hashed, and the checksums and /meta written.
+  std::vector<std::string> names;
+  std::vector<uint64_t> sizes;
+  for (const DatasetRef& r : refs) {
+    names.push_back(r.path);
+    sizes.push_back(r.full->numel());
+  }
+  h5::File f;
+  try_all(world, "checkpoint: ", [&] { f = ck::open_parallel(tmp, world, true); }, MESHLM_HERE);
+  const std::vector<uint64_t> sums = checksums(world, f, names, sizes, tmp);
+  try_all(world, "checkpoint: ", [&] {
+    {
+      h5::Group group = h5::require_group(f, ck::kChecksumGroup);
+      for (size_t i = 0; i < names.size(); ++i) {
+        h5::Dataset d = h5::open_dataset(f, names[i]);
+        h5::write_scalar_attr<uint64_t>(d, ck::kChecksumAttr, sums[i]);
+        h5::write_scalar_attr<uint64_t>(group, names[i], sums[i]);
+      }
+    }
+    write_meta(f, cfg_, st, engine_, windows_per_epoch_, base_hash_, created);
+    h5::close_file(f, tmp);
+  }, MESHLM_HERE);
+
+  // 4. Made durable and visible, `latest` moved, old ones removed (rank 0).
+  try_all(world, "checkpoint: ", [&] {
+    if (rank != 0) return;
+    out->commit();
+    const std::string latest = (fs::path(dir) / ck::kLatestName).string();
+    const std::string latest_tmp = temp_name_for(latest);
+    {
+      std::ofstream o(latest_tmp, std::ios::trunc);
+      o << fs::path(path).filename().string() << "\n";
+      o.close();
+      if (!o) {
+        std::error_code ec;
+        fs::remove(latest_tmp, ec);
+        throw RankError("cannot write '" + latest_tmp + "'", MESHLM_HERE);
+      }
+    }
+    sync_file_and_dir(latest_tmp);
+    std::error_code ec;
+    fs::rename(latest_tmp, latest, ec);
+    if (ec) {
+      fs::remove(latest_tmp, ec);
+      throw RankError("cannot rename '" + latest_tmp + "' to '" + latest + "'", MESHLM_HERE);
+    }
+    sync_file_and_dir(latest);
+    if (cfg_.checkpoint.keep_last > 0) {
+      static const std::regex kName(R"(step_(\d{8,})\.h5)");
+      std::vector<std::pair<int64_t, fs::path>> found;
+      for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+        std::smatch mt;
+        const std::string name = e.path().filename().string();
+        if (std::regex_match(name, mt, kName)) found.emplace_back(std::stoll(mt[1]), e.path());
+      }
+      std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+      for (size_t i = static_cast<size_t>(cfg_.checkpoint.keep_last); i < found.size(); ++i) {
+        const std::string old = found[i].second.string();
+        if (old == path || !ck::is_checkpoint_file(old)) continue;
+        fs::remove(old, ec);
+      }
+    }
+  }, MESHLM_HERE);
+  const double dt = now_seconds() - t0;
+  log::info("# checkpoint: step {} -> {} | {} in {:.2f} s ({}/s) | checksums of {} datasets "
+            "verified",
+            st.step, path, format_bytes(static_cast<double>(total)), dt,
+            format_bytes(static_cast<double>(total) / std::max(dt, 1e-9)), names.size());
+  return path;
+}
+
+}  // namespace meshlm

@@ -1,0 +1,89 @@
+// Checkpoints: the training state in one HDF5 file of logical tensors
+// (docs/formats.md, "Checkpoints"), written and read by every rank together
+// with parallel HDF5, so that any layout loads what any layout wrote.
+//
+// Who writes what. The elements of a rank's flat buffers are split over its
+// DP group as ZeRO splits them (DP rank k writes the parameters and moments
+// of its shard; under ZeRO 0 the same split of [0, n)), a tensor that tensor
+// parallelism does not split is written by TP rank 0 alone, and the tied
+// embedding by the first stage alone: every element of every dataset is
+// written by exactly one rank, as a few boxes of the logical tensor
+// (part_boxes), in one collective write per dataset.
+//
+// Saving, collective over the world:
+//   1. rank 0 names a temporary file beside the checkpoint; every rank
+//      creates it with MPI-IO and writes its boxes;
+//   2. the file is closed and opened again; the ranks share the datasets
+//      (largest first, to the least loaded rank), read each back whole and
+//      hash it (XXH3-64), and write every checksum as attributes, with /meta;
+//   3. rank 0 flushes the file to disk, renames it, then replaces `latest`
+//      the same way, then removes checkpoints beyond checkpoint.keep_last.
+// A rank killed at any moment leaves the previous checkpoint and `latest`
+// as they were; its temporary file is removed by the next save.
+//
+// Loading, collective: the file's /meta is checked against the run (the
+// model, what trains, the data it counts windows of), every dataset the run
+// needs is hashed again (shared as above) and compared with its checksum,
+// then every rank reads the boxes of its own parts: its whole shard of the
+// parameters and the moments of the elements it updates.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/timer.h"
+#include "io/tokens.h"
+#include "mesh/mesh.h"
+#include "train/engine.h"
+#include "train/run_config.h"
+
+namespace meshlm {
+
+// What a checkpoint holds besides the tensors and the optimizer's state.
+struct TrainingState {
+  int64_t step = 0;         // steps done, skipped ones included: training resumes at step + 1
+  int64_t tokens_seen = 0;  // training tokens of those steps
+  io::DataCursor cursor;    // where the next step's data starts
+  int64_t skipped_steps = 0, overflow_steps = 0;
+};
+
+class Checkpointer {
+public:
+  // Collective over mesh.world(). `engine` holds the state; its data loader
+  // counts `windows_per_epoch` windows. All must outlive the checkpointer.
+  Checkpointer(const RunConfig& cfg, const ProcessMesh& mesh, Engine& engine,
+               uint64_t windows_per_epoch, SectionTimers& timers);
+  ~Checkpointer();
+
+  // Collective: the checkpoint checkpoint.resume names, "" for a fresh
+  // start (none; or auto where checkpoint.dir has no `latest`, which rank 0
+  // says). CollectiveError naming the key when a named file is missing.
+  std::string resume_path() const;
+
+  // Collective: sets the engine's parameters, moments, AdamW step count and
+  // loss scale from the checkpoint at `path` and returns the rest of the
+  // state. CollectiveError naming the file and the dataset or key when the
+  // file is not a checkpoint of this model, a checksum differs, or a
+  // dataset is missing or of another shape.
+  TrainingState load(const std::string& path);
+
+  // Collective: only the LoRA adapters of the checkpoint at `path`
+  // (finetune.adapters_from); the optimizer starts afresh.
+  void load_adapters(const std::string& path);
+
+  // Collective: writes the checkpoint of `state` (step_<step>.h5 in
+  // checkpoint.dir), points `latest` at it and removes the old ones beyond
+  // checkpoint.keep_last. Returns its path.
+  std::string save(const TrainingState& state);
+
+private:
+  const RunConfig& cfg_;
+  const ProcessMesh& mesh_;
+  Engine& engine_;
+  uint64_t windows_per_epoch_;
+  SectionTimers& timers_;
+  std::string base_hash_;  // XXH3-128 of quant.base under LoRA (rank 0 computes it once)
+  bool base_hashed_ = false;
+};
+
+}  // namespace meshlm
