@@ -81,7 +81,8 @@ inline RunResult train_on_first_ranks(const char* config_text,
     overrides.insert(overrides.begin(),
                      {"--data.path=" + (dir / "tokens.h5").string(),
                       "--output.dir=" + (dir / ("run" + std::to_string(w))).string(),
-                      "--output.overwrite=true"});  // runs of one width share a directory
+                      "--output.overwrite=true",  // runs of one width share a directory
+                      "--checkpoint.final=false"});  // a test that wants one says so
     const RunConfig cfg = parse_run_config(config_text, "test", overrides, w);
     MemTracker::get().reset_peaks();
     const int saved = log::rank();
