@@ -1,1 +1,12 @@
 # Checkpoints written by training: resume, resharding, kills, preemption.
+string(JOIN " " _ck_mpiexec2 ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MESHLM_MPIEXEC_PREFLAGS})
+set(_ck ${CMAKE_CURRENT_SOURCE_DIR}/checkpoint)
+if(MESHLM_PYTHON)
+  # kill -9 of a rank at every point of a save; resume = auto gives the
+  # uninterrupted run's losses bit for bit (h5py and xxhash check the files).
+  add_test(NAME checkpoint_kill_and_resume
+    COMMAND bash ${_ck}/kill_and_resume.sh "${_ck_mpiexec2}" $<TARGET_FILE:meshlm>
+            ${PROJECT_SOURCE_DIR}/inputs/tiny.cfg ${MESHLM_PYTHON})
+  set_tests_properties(checkpoint_kill_and_resume PROPERTIES LABELS cli TIMEOUT 300
+    ENVIRONMENT "OMP_NUM_THREADS=1")
+endif()

@@ -326,6 +326,11 @@ void make_options(RunConfig& c, OptionTable& t) {
         Range::ints(1, kMaxInt));
   t.add(debug, "debug.fail_step", &c.debug.fail_step, "the step at which debug.fail_rank fails",
         Range::ints(1, kMaxInt));
+  t.add(debug, "debug.kill_in_checkpoint", &c.debug.kill_in_checkpoint, "debug.kill_rank kills itself (SIGKILL) while the checkpoint of debug.kill_step is written, at: create (the file made, nothing written) | tensors (half the datasets written) | checksums (the data written, no checksum yet) | rename (complete, not yet renamed) | latest (renamed, 'latest' not yet moved); empty = never");
+  t.add(debug, "debug.kill_step", &c.debug.kill_step, "the step whose checkpoint debug.kill_in_checkpoint cuts short",
+        Range::ints(1, kMaxInt));
+  t.add(debug, "debug.kill_rank", &c.debug.kill_rank, "the world rank debug.kill_in_checkpoint kills",
+        Range::ints(0, kMaxRanks));
 }
 
 // The message of a Program_options error. Boost (1.74) builds it in what()

@@ -65,10 +65,14 @@ TempSlot g_temp[kMaxTempFiles];
 std::once_flag g_handlers_installed;
 constexpr int kSignals[] = {SIGTERM, SIGINT, SIGHUP};
 
-// Async-signal-safe: unlink, signal, raise.
-extern "C" void remove_temp_files_and_die(int sig) {
+void unlink_temp_files() {
   for (TempSlot& s : g_temp)
     if (s.used.load(std::memory_order_acquire)) ::unlink(s.path);
+}
+
+// Async-signal-safe: unlink, signal, raise.
+extern "C" void remove_temp_files_and_die(int sig) {
+  unlink_temp_files();
   ::signal(sig, SIG_DFL);
   ::raise(sig);
 }
@@ -94,6 +98,8 @@ std::string host_name() {
   return h.empty() ? "host" : h;
 }
 }  // namespace
+
+void remove_temp_files_now() { unlink_temp_files(); }
 
 void install_temp_file_handlers() { std::call_once(g_handlers_installed, install_handlers); }
 

@@ -34,6 +34,8 @@ inline constexpr int kMaxTempFiles = 64;
 // register_temp_file): a handler installed later for one of the signals
 // (core/stop_signals.h) then replaces them for good.
 void install_temp_file_handlers();
+// Removes every registered temporary file now (async-signal-safe: unlink).
+void remove_temp_files_now();
 // Registers `path` (installing the handlers on first use); returns its slot,
 // or -1 when none is free.
 int register_temp_file(const std::string& path);

@@ -1,8 +1,11 @@
 #include "core/stop_signals.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
 
 #include "core/files.h"
 
@@ -30,9 +33,21 @@ StopSignals::StopSignals() {
     sa.sa_flags = SA_RESTART;
     ::sigaction(kStopSignals[i], &sa, &g_previous[i]);
   }
+  const pid_t parent = ::getppid();
+  watchdog_ = std::thread([this, parent] {
+    while (!done_.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (g_received.load() != 0 && ::getppid() != parent) {
+        remove_temp_files_now();
+        std::_Exit(128 + SIGTERM);
+      }
+    }
+  });
 }
 
 StopSignals::~StopSignals() {
+  done_.store(true);
+  watchdog_.join();
   for (int i = 0; i < 2; ++i) ::sigaction(kStopSignals[i], &g_previous[i], nullptr);
 }
 

@@ -5,7 +5,16 @@
 // reads it after every step, agrees with the other ranks, writes a
 // checkpoint and ends cleanly. SIGINT (Ctrl-C) and SIGHUP keep ending the
 // process at once.
+//
+// A launcher that aborts a job (one rank failed) also sends SIGTERM to the
+// others and may exit before they are gone; such a rank, waiting in a
+// collective with a dead one, would never end. So once a stop signal has
+// come, a watchdog thread ends the process (removing its temporary files,
+// exit status 143) as soon as its parent process is gone.
 #pragma once
+
+#include <atomic>
+#include <thread>
 
 namespace meshlm {
 
@@ -20,6 +29,10 @@ public:
   static int received();
   // "SIGTERM", "SIGUSR1", or "signal N".
   static const char* name(int sig);
+
+private:
+  std::atomic<bool> done_{false};
+  std::thread watchdog_;
 };
 
 }  // namespace meshlm

@@ -2,8 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -165,6 +168,16 @@ std::vector<uint64_t> checksums(MPI_Comm world, hid_t f, const std::vector<std::
   for (size_t i = 0; i < names.size(); ++i)
     out[i] = all[static_cast<size_t>(owner[i]) * names.size() + i];
   return out;
+}
+
+// debug.kill_in_checkpoint: this rank dies here, as a node failure or a
+// kill -9 would end it (the tests of what a cut-short save leaves behind).
+void maybe_die(const RunConfig& cfg, int rank, int64_t step, const char* point) {
+  const DebugConfig& d = cfg.debug;
+  if (d.kill_in_checkpoint == point && d.kill_step == step && d.kill_rank == rank) {
+    std::fflush(nullptr);
+    ::raise(SIGKILL);
+  }
 }
 
 // ---- the host side of the engine's buffers ----------------------------------------
@@ -633,7 +646,10 @@ std::string Checkpointer::save(const TrainingState& st) {
   HostFloats host(engine_.model().kernels());
   try_all(world, "checkpoint: ", [&] {
     h5::File f = ck::create_parallel(tmp, world);
+    maybe_die(cfg_, rank, st.step, "create");
+    size_t written = 0;
     for (const DatasetRef& r : refs) {
+      if (++written == refs.size() / 2) maybe_die(cfg_, rank, st.step, "tensors");
       h5::Dataset d = ck::create_tensor(f, r.path, dims_of(r.full->full_shape));
       const ParamSpec* p = v.local_of[static_cast<size_t>(r.full->index)];
       std::vector<ck::Box> boxes;
@@ -666,6 +682,7 @@ std::string Checkpointer::save(const TrainingState& st) {
     names.push_back(r.path);
     sizes.push_back(r.full->numel());
   }
+  maybe_die(cfg_, rank, st.step, "checksums");
   h5::File f;
   try_all(world, "checkpoint: ", [&] { f = ck::open_parallel(tmp, world, true); }, MESHLM_HERE);
   const std::vector<uint64_t> sums = checksums(world, f, names, sizes, tmp);
@@ -684,8 +701,10 @@ std::string Checkpointer::save(const TrainingState& st) {
 
   // 4. Made durable and visible, `latest` moved, old ones removed (rank 0).
   try_all(world, "checkpoint: ", [&] {
+    maybe_die(cfg_, rank, st.step, "rename");
     if (rank != 0) return;
     out->commit();
+    maybe_die(cfg_, rank, st.step, "latest");
     const std::string latest = (fs::path(dir) / ck::kLatestName).string();
     const std::string latest_tmp = temp_name_for(latest);
     {

@@ -1,5 +1,6 @@
 #include "train/run_config.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include <cctype>
@@ -198,8 +199,16 @@ uint64_t parse_memory_size(const std::string& key, const std::string& text) {
   return static_cast<uint64_t>(std::ceil(bytes));
 }
 
-static void validate_checkpoint(RunConfig& c) {
+static void validate_checkpoint(RunConfig& c, int world_size) {
   CheckpointConfig& k = c.checkpoint;
+  static const char* const kPoints[] = {"", "create", "tensors", "checksums", "rename", "latest"};
+  if (std::find(std::begin(kPoints), std::end(kPoints), c.debug.kill_in_checkpoint) ==
+      std::end(kPoints))
+    fail("debug.kill_in_checkpoint = '" + c.debug.kill_in_checkpoint +
+         "': use one of create | tensors | checksums | rename | latest, or empty");
+  if (c.debug.kill_rank >= world_size)
+    fail("debug.kill_rank (" + str(c.debug.kill_rank) + ") is not a rank of this job of " +
+         str(world_size) + " ranks");
   k.resolved_dir = k.dir.empty() ? (std::filesystem::path(c.output.dir) / "checkpoints").string()
                                  : k.dir;
   if (k.resume.empty())
@@ -225,7 +234,7 @@ void resolve_run_config(RunConfig& c, int world_size) {
     fail("debug.fail_rank (" + str(c.debug.fail_rank) + ") is not a rank of this job of " +
          str(world_size) + " ranks (-1 = none)");
   check_sizes(c);
-  validate_checkpoint(c);
+  validate_checkpoint(c, world_size);
   c.memory.rank_limit_bytes = parse_memory_size("memory.limit_per_rank", c.memory.limit_per_rank);
   c.memory.node_limit_bytes = parse_memory_size("memory.limit_per_node", c.memory.limit_per_node);
 }

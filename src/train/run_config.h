@@ -132,6 +132,12 @@ struct DebugConfig {
   int fail_step = 1;   // ... in the forward of this step
   int nan_step = 0;    // 0 = none; else world rank 0 puts a NaN into its first owned gradient ...
   int nan_count = 1;   // ... in this many steps from nan_step on
+  // The checkpoint of step kill_step is cut short: world rank kill_rank
+  // kills itself (SIGKILL) at the point kill_in_checkpoint names
+  // (train/checkpoint.cpp: kKillPoints); "" = never.
+  std::string kill_in_checkpoint;
+  int kill_step = 1;
+  int kill_rank = 0;
 };
 
 struct RunConfig {

@@ -522,12 +522,6 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
   log::info("# batch: {} sequences x {} tokens = dp {} x {} micro-batch(es) of {} | {} steps",
             tc.batch_size, T, pc.dp, m, B, tc.steps);
 
-  std::unique_ptr<io::RunLog> runlog;
-  try_all(mesh.world(), "output.dir: ", [&] {
-    if (rank == 0)
-      runlog = std::make_unique<io::RunLog>(cfg.output.dir, cfg.resolved, reuses_output_dir(cfg));
-  }, MESHLM_HERE);
-
   // Where training starts: a checkpoint, given adapters, or step 0.
   Checkpointer checkpointer(cfg, mesh, engine, loader->windows_per_epoch(), timers);
   TrainingState state;
@@ -542,6 +536,13 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
       log::info("# checkpoint: step {} is at or past train.steps = {}: nothing left to train",
                 state.step, tc.steps);
   }
+
+  // The run log is made once the starting point is known to be good.
+  std::unique_ptr<io::RunLog> runlog;
+  try_all(mesh.world(), "output.dir: ", [&] {
+    if (rank == 0)
+      runlog = std::make_unique<io::RunLog>(cfg.output.dir, cfg.resolved, reuses_output_dir(cfg));
+  }, MESHLM_HERE);
 
   const size_t BT = static_cast<size_t>(B) * T;
   std::vector<int32_t> inputs(m * BT), targets(inputs.size());
