@@ -9,9 +9,11 @@
 
 namespace meshlm {
 
-// Runs `meshlm ckpt` with the arguments after "ckpt". Returns the exit
-// status (0, or non-zero for a failed verification); throws CollectiveError
-// for bad arguments or unreadable files, naming them.
+// Collective over the world: runs `meshlm ckpt` with the arguments after
+// "ckpt" (the tools in app/ckpt_tools.h, export and import in
+// app/ckpt_convert.h). Returns 0; throws the same CollectiveError on every
+// rank (exit status 1) for a bad argument, a file rank 0 cannot read or a
+// failed verification, naming the argument, the file and the dataset.
 int cmd_ckpt(const std::vector<std::string>& args);
 
 }  // namespace meshlm
