@@ -42,3 +42,27 @@ if(MESHLM_PYTHON)
   set_tests_properties(ckpt_plot_run PROPERTIES LABELS "python;ckpt" TIMEOUT 300
     ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
 endif()
+
+# ---------------------------------------------------------------------------
+# meshlm ckpt export / import (app/ckpt_convert.cpp): Hugging Face GPT-2
+# safetensors files to and from checkpoints, against files written and parsed
+# by hand, h5py, numpy's nf4/int8 reference and the PyTorch GPT-2
+# (tests/torch/check_ckpt_convert.py says what each case checks): roundtrip
+# (import, export fp32/bf16/fp16 bit for bit), torch_loss (meshlm train's
+# step-1 loss at the imported weights = PyTorch's on the exported ones within
+# 1e-5), lora_merge (export --merge = W_deq + (alpha/r) B A; a wrong base is an
+# error), lora_trained (a LoRA checkpoint of meshlm train, merged: PyTorch's
+# loss = meshlm's LoRA loss within 1e-5), bad_inputs (missing, misshapen,
+# truncated, NaN, damaged: refused, nothing written).
+# ---------------------------------------------------------------------------
+if(MESHLM_PYTHON)
+  string(JOIN " " _ckpt_convert_mpiexec ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1
+         ${MESHLM_MPIEXEC_PREFLAGS})
+  foreach(_case roundtrip torch_loss lora_merge lora_trained bad_inputs)
+    add_test(NAME ckpt_convert_${_case}
+      COMMAND ${MESHLM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/torch/check_ckpt_convert.py
+              --meshlm $<TARGET_FILE:meshlm> --mpiexec "${_ckpt_convert_mpiexec}" --case ${_case})
+    set_tests_properties(ckpt_convert_${_case} PROPERTIES LABELS "python;ckpt" TIMEOUT 300
+      ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
+  endforeach()
+endif()

@@ -1,14 +1,1033 @@
+// `meshlm ckpt export` and `meshlm ckpt import` (app/ckpt_convert.h).
+//
+// export: a checkpoint (docs/formats.md, "Checkpoints") to a Hugging Face
+// GPT-2 safetensors file. Each output tensor is made a block of its rows at a
+// time (at most kBlockFloats floats) from a MatrixSource, a view of one
+// logical tensor in meshlm's layout (linear weights (out, in)):
+//
+//   * a dataset of the checkpoint (/params/<name>, /lora/<matrix>/{A,B}),
+//     its checksum verified before a byte of it is exported;
+//   * under --merge, the frozen base of a LoRA run as that run computed with
+//     it: read from its source (load::open_base_source), quantized in
+//     quant_type exactly as load::fill_store does (the same manifest, the
+//     same BlockQuantizer over the whole logical tensor, so nf4's per-tensor
+//     offset is the same) and dequantized by quant::dequantize_ref, the
+//     function the training forward's dequantize_rows calls; plus
+//     (alpha / r) B A for an adapted matrix. Only this tensor's quantized
+//     bytes (and its A and B) are held while it is written.
+//
+//   Hugging Face's layout from meshlm's: Conv1D weights (c_attn, c_proj,
+//   c_fc) are written (in, out), so a block of output rows is a block of
+//   columns of meshlm's (out, in) tensor, transposed; wte is cut to its
+//   vocab_size rows (the padding dropped); every other tensor as it is.
+//
+// import: a Hugging Face GPT-2 safetensors file (read through
+// load::open_base_source, which transposes the Conv1D weights, pads wte and
+// refuses NaN and infinities) to a checkpoint with /params only, written
+// serially a block of rows at a time, each dataset hashed as it is written.
+//
+// Both write under a temporary name and rename when complete (an error at
+// any tensor leaves nothing), and replace only a file of their own kind.
 #include "app/ckpt_convert.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <regex>
+#include <set>
+
 #include "core/error.h"
+#include "core/files.h"
+#include "core/log.h"
+#include "core/progress.h"
+#include "core/timer.h"
+#include "io/checkpoint_file.h"
+#include "io/h5.h"
+#include "io/hash.h"
+#include "io/safetensors.h"
+#include "io/safetensors_writer.h"
+#include "load/base_loader.h"
+#include "load/base_source.h"
+#include "model/gpt_config.h"
+#include "model/lora.h"
+#include "model/param_table.h"
+#include "quant/quantize.h"
 
 namespace meshlm {
 
-int ckpt_export(const std::vector<std::string>&) {
-  throw RankError("meshlm ckpt export: not built yet", MESHLM_HERE);
+namespace {
+
+namespace h5 = io::h5;
+namespace ckpt = io::ckpt;
+
+// A block of output rows holds at most this many floats (4 MiB), and so
+// does a block of a transposed tensor's source columns.
+constexpr size_t kBlockFloats = size_t{1} << 20;
+// GPT-2's head count, the import's default: a safetensors file's shapes do
+// not tell it.
+constexpr int kDefaultHeads = 12;
+
+// ---------------------------------------------------------------------------
+// Command lines
+// ---------------------------------------------------------------------------
+
+const char* kExportUsage =
+    "usage: meshlm ckpt export CKPT.h5 -o OUT.safetensors [--format safetensors]\n"
+    "                          [--dtype fp32|bf16|fp16] [--merge] [--base FILE]\n"
+    "\n"
+    "Writes the model of a checkpoint as a Hugging Face GPT-2 safetensors file:\n"
+    "names as GPT2Model's state dict (wte.weight, h.0.attn.c_attn.weight, ...),\n"
+    "Conv1D weights (c_attn, c_proj, c_fc) stored (in, out), wte cut to vocab_size\n"
+    "rows; __metadata__ holds format = pt and the checkpoint's step and path.\n"
+    "\n"
+    "  -o, --output FILE  the file to write (replaced only if it is a safetensors file)\n"
+    "  --dtype T          fp32 (default, exact), bf16 or fp16: rounded to nearest,\n"
+    "                     ties to even; a value past fp16's range is an error\n"
+    "  --format F         safetensors (the only one)\n"
+    "  --merge            LoRA checkpoint: write the whole model, each adapted matrix\n"
+    "                     W + (alpha/r) B A, W the base as the run used it (quantized\n"
+    "                     in quant_type and dequantized again; vectors as they are).\n"
+    "                     Without it a LoRA checkpoint exports its adapters\n"
+    "                     (<matrix>.lora_A (r, in), <matrix>.lora_B (out, r))\n"
+    "  --base FILE        under --merge: the base instead of /meta quant_base (\"\" is\n"
+    "                     GPT-2's initialisation from /meta seed); its XXH3-128 must\n"
+    "                     match /meta base_hash when that is set\n";
+
+const char* kImportUsage =
+    "usage: meshlm ckpt import IN.safetensors -o OUT.h5 [--n_head N] [--n_layer N]\n"
+    "                          [--n_embd N] [--vocab_size N] [--max_seq_len N]\n"
+    "\n"
+    "Writes a Hugging Face GPT-2 safetensors file as a meshlm checkpoint: /params\n"
+    "in meshlm's layout (linear weights (out, in), wte padded to a multiple of 64\n"
+    "rows), checksums, step 0, no optimizer state. The file is also a meshlm base\n"
+    "file (quant.base = OUT.h5).\n"
+    "\n"
+    "  -o, --output FILE  the checkpoint to write (replaced only if it is a meshlm checkpoint)\n"
+    "  --n_head N         attention heads: the shapes do not tell them. Default: the\n"
+    "                     file's __metadata__ meshlm.n_head when meshlm wrote it, else\n"
+    "                     12 (GPT-2's)\n"
+    "  --n_layer, --n_embd, --vocab_size, --max_seq_len N\n"
+    "                     by default read from the shapes: the h.N blocks, wte (vocab_size,\n"
+    "                     n_embd), wpe (max_seq_len rows). Each may also be written\n"
+    "                     --model.KEY\n";
+
+// Options of one tool: "--key value" or "--key=value" for those that take a
+// value, "--key" for flags; "-o" is "--output". The last of a repeated
+// option wins, as on meshlm train's command line.
+struct Args {
+  std::vector<std::string> positional;
+  std::map<std::string, std::string> values;
+  std::set<std::string> flags;
+  bool help = false;
+};
+
+Args parse_args(const std::vector<std::string>& args, const std::string& tool,
+                const std::set<std::string>& with_value, const std::set<std::string>& flags) {
+  Args out;
+  auto bad = [&](const std::string& what) {
+    throw RankError(what + " (meshlm ckpt " + tool + " --help)", MESHLM_HERE);
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string a = args[i];
+    if (a == "--help" || a == "-h") {
+      out.help = true;
+      continue;
+    }
+    if (a == "-o") a = "--output";
+    if (a.size() < 2 || a[0] != '-' || a == "-") {
+      out.positional.push_back(a);
+      continue;
+    }
+    std::string key = a.substr(2), value;
+    const size_t eq = key.find('=');
+    const bool has_eq = eq != std::string::npos;
+    if (has_eq) {
+      value = key.substr(eq + 1);
+      key = key.substr(0, eq);
+    }
+    if (a.rfind("--", 0) != 0) bad("unknown option '" + log::printable(a) + "'");
+    if (flags.count(key)) {
+      if (has_eq) bad("--" + key + " takes no value");
+      out.flags.insert(key);
+    } else if (with_value.count(key)) {
+      if (!has_eq) {
+        if (i + 1 >= args.size()) bad("--" + key + " needs a value");
+        value = args[++i];
+      }
+      out.values[key] = value;
+    } else {
+      bad("unknown option '" + log::printable(a) + "'");
+    }
+  }
+  return out;
 }
-int ckpt_import(const std::vector<std::string>&) {
-  throw RankError("meshlm ckpt import: not built yet", MESHLM_HERE);
+
+// A positive int from an option's text.
+int positive_int(const std::string& key, const std::string& text) {
+  size_t used = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || text.empty() || v < 1 || v > std::numeric_limits<int>::max())
+    throw RankError("--" + key + " must be a positive integer (got '" +
+                        log::printable(text) + "')",
+                    MESHLM_HERE);
+  return static_cast<int>(v);
+}
+
+// ---------------------------------------------------------------------------
+// Small helpers
+// ---------------------------------------------------------------------------
+
+std::string dims_str(const std::vector<int64_t>& d) { return fmt::format("[{}]", fmt::join(d, ", ")); }
+std::vector<int64_t> dims_of(const Shape& s) { return {s.dims.begin(), s.dims.begin() + s.ndim}; }
+
+std::string model_str(const GPTConfig& c) {
+  return fmt::format("n_layer {}, n_head {}, n_embd {}, vocab_size {}, max_seq_len {}", c.n_layer,
+                     c.n_head, c.n_embd, c.vocab_size, c.max_seq_len);
+}
+
+// The configuration checked; a CollectiveError of validate() becomes this
+// rank's error naming `where` (the tools run on rank 0 alone).
+void validate_model(const GPTConfig& cfg, const std::string& where) {
+  try {
+    cfg.validate();
+  } catch (const Error& e) {
+    throw RankError(where + ": " + e.what(), MESHLM_HERE);
+  }
+}
+
+std::string utc_now_iso8601() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// ---------------------------------------------------------------------------
+// The checkpoint's /meta
+// ---------------------------------------------------------------------------
+
+struct CkptMeta {
+  std::string path;
+  GPTConfig cfg;
+  int64_t step = 0;
+  bool lora = false;
+  // Under LoRA:
+  int lora_rank = 0;
+  double lora_alpha = 0;
+  LinearSlots targets;
+  std::string targets_text, quant_type_text, quant_base, base_hash;
+  quant::QuantType quant_type = quant::QuantType::nf4;
+  uint64_t seed = 0;
+};
+
+class MetaReader {
+public:
+  MetaReader(hid_t meta, std::string path) : meta_(meta), path_(std::move(path)) {}
+
+  [[noreturn]] void fail(const std::string& what) const {
+    throw RankError("checkpoint '" + path_ + "': " + what, MESHLM_HERE);
+  }
+  void require(const std::string& name) const {
+    if (!h5::has_attr(meta_, name)) fail("/meta has no attribute '" + name + "'");
+  }
+  std::string str(const std::string& name) const {
+    require(name);
+    return h5::read_string_attr(meta_, name);
+  }
+  double real(const std::string& name) const {
+    require(name);
+    return h5::read_scalar_attr<double>(meta_, name);
+  }
+  // An integer stored as any signed or unsigned type; its bits when it is a
+  // uint64 past int64's range (a seed).
+  uint64_t bits(const std::string& name) const {
+    require(name);
+    try {
+      return static_cast<uint64_t>(h5::read_scalar_attr<int64_t>(meta_, name));
+    } catch (const Error&) {
+      return h5::read_scalar_attr<uint64_t>(meta_, name);
+    }
+  }
+  int64_t integer(const std::string& name) const {
+    const uint64_t v = bits(name);
+    if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      fail("/meta attribute '" + name + "' is out of range");
+    return static_cast<int64_t>(v);
+  }
+  int model_int(const std::string& name) const {
+    const int64_t v = integer(name);
+    if (v < 1 || v > std::numeric_limits<int>::max())
+      fail("/meta attribute '" + name + "' = " + std::to_string(v) + " is not a model size");
+    return static_cast<int>(v);
+  }
+
+private:
+  hid_t meta_;
+  std::string path_;
+};
+
+CkptMeta read_meta(hid_t file, const std::string& path) {
+  CkptMeta m;
+  m.path = path;
+  if (!h5::exists(file, "meta"))
+    throw RankError("'" + path + "' is not a meshlm checkpoint (no /meta group)", MESHLM_HERE);
+  h5::Group g(H5Gopen2(file, "meta", H5P_DEFAULT));
+  h5::check(g.get(), file, "meta", "cannot open the group");
+  const MetaReader r(g, path);
+  if (!h5::has_attr(g, "kind") || r.str("kind") != ckpt::kKind)
+    r.fail(std::string("not a meshlm checkpoint (/meta kind is not '") + ckpt::kKind + "')");
+  const int64_t version = r.integer("format_version");
+  if (version != ckpt::kFormatVersion)
+    r.fail("format_version " + std::to_string(version) + " is not supported (this meshlm reads " +
+           std::to_string(ckpt::kFormatVersion) + ")");
+  m.cfg.n_layer = r.model_int("n_layer");
+  m.cfg.n_head = r.model_int("n_head");
+  m.cfg.n_embd = r.model_int("n_embd");
+  m.cfg.vocab_size = r.model_int("vocab_size");
+  m.cfg.max_seq_len = r.model_int("max_seq_len");
+  validate_model(m.cfg, "checkpoint '" + path + "'");
+  m.step = r.integer("step");
+  const std::string mode = r.str("finetune_mode");
+  if (mode != "full" && mode != "lora")
+    r.fail("/meta finetune_mode is '" + log::printable(mode) + "', neither 'full' nor 'lora'");
+  m.lora = mode == "lora";
+  if (!m.lora) return m;
+  const int64_t rank = r.integer("lora_rank");
+  if (rank < 1 || rank > std::numeric_limits<int>::max())
+    r.fail("/meta lora_rank = " + std::to_string(rank) + " is not a rank");
+  m.lora_rank = static_cast<int>(rank);
+  m.lora_alpha = r.real("lora_alpha");
+  if (!(m.lora_alpha > 0) || !std::isfinite(m.lora_alpha))
+    r.fail("/meta lora_alpha = " + std::to_string(m.lora_alpha) + " is not positive");
+  m.targets_text = r.str("lora_targets");
+  std::string bad;
+  if (!parse_slots(m.targets_text, m.targets, bad) || m.targets.empty())
+    r.fail("/meta lora_targets '" + log::printable(m.targets_text) + "' names no linear layers (" +
+           (bad.empty() ? std::string("empty") : "'" + log::printable(bad) + "' is none") + "; " +
+           enum_choices<LinearSlot>(", ") + ")");
+  m.quant_type_text = r.str("quant_type");
+  const std::optional<quant::QuantType> qt = enum_from_name<quant::QuantType>(m.quant_type_text);
+  if (!qt)
+    r.fail("/meta quant_type '" + log::printable(m.quant_type_text) + "' is not one of " +
+           enum_choices<quant::QuantType>(", "));
+  m.quant_type = *qt;
+  m.quant_base = r.str("quant_base");
+  m.base_hash = r.str("base_hash");
+  m.seed = r.bits("seed");
+  return m;
+}
+
+// The table of the adapters the checkpoint holds (names "<matrix>.lora_A",
+// ".lora_B", logical shapes, in the base table's order).
+std::vector<ParamSpec> adapter_table(const CkptMeta& m) {
+  LoraOptions o;
+  o.enabled = true;
+  o.rank = m.lora_rank;
+  o.alpha = static_cast<float>(m.lora_alpha);
+  o.targets = m.targets;
+  return lora_param_table(m.cfg, ModelShard{}, o);
+}
+
+// ---------------------------------------------------------------------------
+// Sources of one logical tensor, in meshlm's layout
+// ---------------------------------------------------------------------------
+
+// A logical tensor as a (rows, cols) matrix; a vector is (n, 1).
+class MatrixSource {
+public:
+  MatrixSource(int64_t rows, int64_t cols) : rows_(rows), cols_(cols) {}
+  virtual ~MatrixSource() = default;
+  int64_t rows() const { return rows_; }
+  int64_t cols() const { return cols_; }
+  // out(nr, nc) = rows [r0, r0 + nr) x columns [c0, c0 + nc), row-major.
+  virtual void block(int64_t r0, int64_t nr, int64_t c0, int64_t nc, float* out) = 0;
+
+private:
+  int64_t rows_, cols_;
+};
+
+// Opens the dataset `name` of a checkpoint after checking that it is there
+// with `shape`, a float type and its checksum attribute.
+h5::Dataset open_checked(hid_t file, const std::string& path, const std::string& name,
+                         const std::vector<int64_t>& shape) {
+  auto fail = [&](const std::string& what) {
+    throw RankError("checkpoint '" + path + "': dataset '/" + name + "' " + what, MESHLM_HERE);
+  };
+  if (!h5::exists(file, name)) fail("is missing");
+  h5::Dataset d = h5::open_dataset(file, name);
+  std::vector<int64_t> got;
+  for (hsize_t x : h5::shape(d)) got.push_back(static_cast<int64_t>(x));
+  if (got != shape) fail("has shape " + dims_str(got) + "; the model needs " + dims_str(shape));
+  h5::check_type(d, H5T_NATIVE_FLOAT);
+  if (!h5::has_attr(d, ckpt::kChecksumAttr))
+    fail(std::string("has no checksum attribute '") + ckpt::kChecksumAttr + "'");
+  return d;
+}
+
+// open_checked, and the checksum verified before anything of the dataset is
+// used: a damaged checkpoint never becomes a healthy-looking export.
+h5::Dataset open_verified(hid_t file, const std::string& path, const std::string& name,
+                          const std::vector<int64_t>& shape) {
+  auto fail = [&](const std::string& what) {
+    throw RankError("checkpoint '" + path + "': dataset '/" + name + "' " + what, MESHLM_HERE);
+  };
+  h5::Dataset d = open_checked(file, path, name, shape);
+  const uint64_t stored = h5::read_scalar_attr<uint64_t>(d, ckpt::kChecksumAttr);
+  const uint64_t computed = ckpt::dataset_checksum(d);
+  if (stored != computed)
+    fail(fmt::format("fails its checksum: stored {:016x}, its content hashes to {:016x} (the file "
+                     "is damaged)",
+                     stored, computed));
+  return d;
+}
+
+class DatasetSource final : public MatrixSource {
+public:
+  // A 2-D dataset, or a 1-D one read as (n, 1).
+  DatasetSource(h5::Dataset d, int64_t rows, int64_t cols)
+      : MatrixSource(rows, cols), d_(std::move(d)) {}
+  void block(int64_t r0, int64_t nr, int64_t c0, int64_t nc, float* out) override {
+    if (nr == 0 || nc == 0) return;
+    h5::Dataspace fspace(H5Dget_space(d_));
+    // A vector is (n, 1) here and 1-D in the file.
+    const hsize_t start[2] = {hsize_t(r0), hsize_t(c0)}, count[2] = {hsize_t(nr), hsize_t(nc)};
+    const std::string name = h5::object_name(d_);
+    h5::check(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, count, nullptr), d_,
+              name, "cannot select a block");
+    const hsize_t n = hsize_t(nr) * hsize_t(nc);
+    h5::Dataspace mspace(H5Screate_simple(1, &n, nullptr));
+    h5::check(H5Dread(d_, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, out), d_, name,
+              fmt::format("cannot read rows [{}, {})", r0, r0 + nr));
+  }
+
+private:
+  h5::Dataset d_;
+};
+
+std::unique_ptr<MatrixSource> dataset_source(hid_t file, const std::string& path,
+                                             const std::string& name, const Shape& shape) {
+  h5::Dataset d = open_verified(file, path, name, dims_of(shape));
+  const int64_t rows = shape.dims[0], cols = shape.ndim >= 2 ? shape.numel() / rows : 1;
+  MESHLM_CHECK(shape.ndim <= 2, "checkpoint tensors are vectors or matrices");
+  return std::make_unique<DatasetSource>(std::move(d), rows, cols);
+}
+
+// One tensor of the frozen base as the LoRA run computed with it: quantized
+// as load::fill_store quantizes it, dequantized by quant::dequantize_ref;
+// with an adapter, plus s B A (s = alpha / r in float32, as
+// LoraOptions::scale forms it; the sum over r in float64 and the whole
+// W + s B A rounded once to float32).
+class MergedSource final : public MatrixSource {
+public:
+  MergedSource(const load::StoreEntry& e, load::BaseSource& base)
+      : MatrixSource(e.spec.full_shape[0],
+                     e.spec.full_shape.ndim >= 2 ? e.spec.full_shape.numel() / e.spec.full_shape[0] : 1),
+        bytes_((e.layout.total_bytes + sizeof(float) - 1) / sizeof(float)) {
+    q_ = quant::qtensor_at(e.layout, reinterpret_cast<uint8_t*>(bytes_.data()));
+    quant::BlockQuantizer quantizer(q_);
+    const int64_t total = e.spec.full_shape[0], step = load::source_block_rows(e);
+    const size_t rf = row_floats(e.spec);
+    std::vector<float> rows(static_cast<size_t>(std::min(step, total)) * rf);
+    for (int64_t r0 = 0; r0 < total; r0 += step) {
+      const int64_t nr = std::min(step, total - r0);
+      base.read_rows(e.spec, r0, nr, rows.data());
+      quantizer.add(rows.data(), static_cast<size_t>(r0) * rf, static_cast<size_t>(nr) * rf);
+    }
+    quantizer.finish();
+  }
+  // The adapter of this matrix: A (r, cols), B (rows, r), whole.
+  void set_adapter(std::vector<float> A, std::vector<float> B, int r, float s) {
+    A_ = std::move(A);
+    B_ = std::move(B);
+    r_ = r;
+    s_ = s;
+  }
+  void block(int64_t r0, int64_t nr, int64_t c0, int64_t nc, float* out) override {
+    const int64_t K = cols();
+    if (c0 == 0 && nc == K) {
+      quant::dequantize_ref(q_, static_cast<size_t>(r0 * K), static_cast<size_t>(nr * K), out);
+    } else {
+      for (int64_t i = 0; i < nr; ++i)
+        quant::dequantize_ref(q_, static_cast<size_t>((r0 + i) * K + c0), static_cast<size_t>(nc),
+                              out + i * nc);
+    }
+    if (r_ == 0) return;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < nr; ++i) {
+      const float* b = B_.data() + (r0 + i) * r_;
+      for (int64_t c = 0; c < nc; ++c) {
+        double acc = 0;
+        for (int j = 0; j < r_; ++j) acc += double(b[j]) * double(A_[size_t(j) * K + c0 + c]);
+        float& o = out[i * nc + c];
+        o = static_cast<float>(double(o) + double(s_) * acc);
+      }
+    }
+  }
+
+private:
+  std::vector<float> bytes_;  // the quantized tensor (floats: 4-byte aligned)
+  quant::QTensor q_;
+  std::vector<float> A_, B_;
+  int r_ = 0;
+  float s_ = 0;
+};
+
+// ---------------------------------------------------------------------------
+// Writing the safetensors file
+// ---------------------------------------------------------------------------
+
+// How a tensor of the file sits in its meshlm source.
+enum class HFLayout {
+  same,        // as it is (vectors, wpe, the adapters)
+  transposed,  // Conv1D weight: file (in, out) = meshlm (out, in) transposed
+  vocab_rows,  // wte: the first vocab_size rows of meshlm's padded table
+};
+
+struct OutTensor {
+  std::string name;
+  std::vector<int64_t> shape;  // in the file
+  HFLayout layout = HFLayout::same;
+  std::function<std::unique_ptr<MatrixSource>()> open;  // called when its turn comes
+};
+
+HFLayout hf_layout(const ParamSpec& p) {
+  switch (p.role) {
+    case ParamRole::token_embedding: return HFLayout::vocab_rows;
+    case ParamRole::linear_weight: return HFLayout::transposed;
+    default: return HFLayout::same;
+  }
+}
+
+std::vector<int64_t> hf_shape(const ParamSpec& p, const GPTConfig& cfg) {
+  const std::vector<int64_t> d = dims_of(p.full_shape);
+  switch (hf_layout(p)) {
+    case HFLayout::transposed: return {d[1], d[0]};
+    case HFLayout::vocab_rows: return {cfg.vocab_size, d[1]};
+    case HFLayout::same: break;
+  }
+  return d;
+}
+
+enum class OutDType { fp32, bf16, fp16 };
+
+struct DTypeInfo {
+  OutDType type;
+  const char* option;       // --dtype
+  const char* safetensors;  // the header's dtype
+  size_t bytes;
+};
+constexpr DTypeInfo kOutDTypes[] = {
+    {OutDType::fp32, "fp32", "F32", 4},
+    {OutDType::bf16, "bf16", "BF16", 2},
+    {OutDType::fp16, "fp16", "F16", 2},
+};
+
+// Writes every tensor of `tensors` in turn, a block of rows at a time.
+void write_safetensors(const std::string& out_path, const std::vector<OutTensor>& tensors,
+                       const DTypeInfo& dt, const std::map<std::string, std::string>& metadata,
+                       const std::string& source) {
+  std::vector<io::SafetensorsEntry> entries;
+  for (const OutTensor& t : tensors) entries.push_back({t.name, dt.safetensors, t.shape});
+  io::SafetensorsWriter w(out_path, entries, metadata);
+
+  std::vector<float> rows, cols;
+  std::vector<unsigned char> bytes;
+  ProgressBar bar("export", tensors.size());
+  for (size_t ti = 0; ti < tensors.size(); ++ti) {
+    const OutTensor& t = tensors[ti];
+    std::unique_ptr<MatrixSource> src = t.open();
+    const int64_t R = t.shape[0];
+    int64_t row_len = 1;
+    for (size_t d = 1; d < t.shape.size(); ++d) row_len *= t.shape[d];
+    const int64_t per_block =
+        std::max<int64_t>(1, std::min<int64_t>(R, static_cast<int64_t>(kBlockFloats) / row_len));
+    rows.resize(static_cast<size_t>(per_block * row_len));
+    bytes.resize(rows.size() * dt.bytes);
+    for (int64_t r0 = 0; r0 < R; r0 += per_block) {
+      const int64_t nr = std::min(per_block, R - r0);
+      const size_t n = static_cast<size_t>(nr * row_len);
+      if (t.layout == HFLayout::transposed) {
+        // File rows [r0, r0 + nr) are meshlm's columns: read them for all
+        // of meshlm's rows (row_len of them), then transpose.
+        cols.resize(n);
+        src->block(0, row_len, r0, nr, cols.data());
+        for (int64_t o = 0; o < row_len; ++o)
+          for (int64_t k = 0; k < nr; ++k) rows[k * row_len + o] = cols[o * nr + k];
+      } else {
+        src->block(r0, nr, 0, row_len, rows.data());
+      }
+      for (size_t i = 0; i < n; ++i) {
+        const float x = rows[i];
+        const size_t at = static_cast<size_t>(r0 * row_len) + i;
+        auto where = [&] {
+          return t.shape.size() == 2 ? fmt::format("row {}, column {}", at / row_len, at % row_len)
+                                     : fmt::format("index {}", at);
+        };
+        if (!std::isfinite(x))
+          throw RankError(fmt::format("{}: tensor '{}' holds {} at {} (in the exported layout); "
+                                      "nothing was written",
+                                      source, t.name, std::isnan(x) ? "NaN" : "an infinite value",
+                                      where()),
+                          MESHLM_HERE);
+        unsigned char* b = bytes.data() + i * dt.bytes;
+        switch (dt.type) {
+          case OutDType::fp32: {
+            const uint32_t u = std::bit_cast<uint32_t>(x);
+            for (int k = 0; k < 4; ++k) b[k] = static_cast<unsigned char>(u >> (8 * k));
+            break;
+          }
+          case OutDType::bf16:
+          case OutDType::fp16: {
+            const uint16_t h = dt.type == OutDType::bf16 ? io::f32_to_bf16(x) : io::f32_to_f16(x);
+            if (dt.type == OutDType::fp16 && (h & 0x7fffu) == 0x7c00u)
+              throw RankError(fmt::format("{}: tensor '{}' holds {} at {}, beyond fp16's range "
+                                          "(largest 65504); export as bf16 or fp32. Nothing was "
+                                          "written",
+                                          source, t.name, x, where()),
+                              MESHLM_HERE);
+            b[0] = static_cast<unsigned char>(h);
+            b[1] = static_cast<unsigned char>(h >> 8);
+            break;
+          }
+        }
+      }
+      w.write(bytes.data(), n * dt.bytes);
+    }
+    bar.update(ti + 1, t.name);
+  }
+  bar.finish();
+  w.commit();
+}
+
+// The tensors of a full-training checkpoint's /params, every one checked
+// (present, its shape, its checksum attribute) before anything is written.
+std::vector<OutTensor> model_tensors(hid_t file, const CkptMeta& m) {
+  std::vector<OutTensor> out;
+  for (const ParamSpec& p : gpt_param_table(m.cfg)) {
+    const std::string ds = ckpt::params_path(p.name);
+    open_checked(file, m.path, ds, dims_of(p.full_shape));
+    out.push_back({p.name, hf_shape(p, m.cfg), hf_layout(p), [file, &m, ds, p] {
+                     return dataset_source(file, m.path, ds, p.full_shape);
+                   }});
+  }
+  return out;
+}
+
+// Every adapter of `adapters` under /lora with its shape, and nothing there
+// that the targets do not name (a checkpoint of another configuration would
+// otherwise lose adapters silently).
+void check_adapters(hid_t file, const CkptMeta& m, const std::vector<ParamSpec>& adapters) {
+  std::set<std::string> expected;
+  for (const ParamSpec& p : adapters) expected.insert(ckpt::lora_path(p.name));
+  for (const std::string& ds : ckpt::list_datasets(file))
+    if (ds.rfind("lora/", 0) == 0 && !expected.count(ds))
+      throw RankError("checkpoint '" + m.path + "': dataset '/" + ds +
+                          "' is not an adapter of /meta lora_targets '" + m.targets_text + "'",
+                      MESHLM_HERE);
+  for (const ParamSpec& p : adapters)
+    open_checked(file, m.path, ckpt::lora_path(p.name), dims_of(p.full_shape));
+}
+
+// The adapters as stored: <matrix>.lora_A (r, in), <matrix>.lora_B (out, r).
+std::vector<OutTensor> adapter_tensors(hid_t file, const CkptMeta& m,
+                                       const std::vector<ParamSpec>& adapters) {
+  std::vector<OutTensor> out;
+  for (const ParamSpec& p : adapters) {
+    const std::string ds = ckpt::lora_path(p.name);
+    out.push_back({p.name, dims_of(p.full_shape), HFLayout::same, [file, &m, ds, p] {
+                     return dataset_source(file, m.path, ds, p.full_shape);
+                   }});
+  }
+  return out;
+}
+
+// One adapter whole (verified, finite).
+std::vector<float> read_adapter(hid_t file, const CkptMeta& m, const ParamSpec& p) {
+  std::vector<float> v(p.numel());
+  std::unique_ptr<MatrixSource> d = dataset_source(file, m.path, ckpt::lora_path(p.name), p.full_shape);
+  d->block(0, d->rows(), 0, d->cols(), v.data());
+  for (size_t i = 0; i < v.size(); ++i)
+    if (!std::isfinite(v[i]))
+      throw RankError("checkpoint '" + m.path + "': adapter '" + p.name + "' holds " +
+                          (std::isnan(v[i]) ? "NaN" : "an infinite value") + " at index " +
+                          std::to_string(i),
+                      MESHLM_HERE);
+  return v;
+}
+
+// The whole model as the LoRA run computed with it: every tensor of the
+// base in the store's format (load::make_manifest: matrices in quant_type,
+// vectors f32), each adapted matrix with its W + s B A.
+std::vector<OutTensor> merged_tensors(hid_t file, const CkptMeta& m,
+                                      const std::vector<ParamSpec>& adapters,
+                                      load::BaseSource& base) {
+  // The adapters of each matrix: <matrix>.lora_A and <matrix>.lora_B.
+  std::map<std::string, std::pair<ParamSpec, ParamSpec>> adapter_of;
+  for (const ParamSpec& p : adapters) {
+    const std::string matrix = p.name.substr(0, p.name.rfind(".lora_"));
+    (p.role == ParamRole::lora_a ? adapter_of[matrix].first : adapter_of[matrix].second) = p;
+  }
+  // LoraOptions::scale(): alpha / r in float32, as the forward uses it.
+  const float s = static_cast<float>(m.lora_alpha) / static_cast<float>(m.lora_rank);
+  std::vector<OutTensor> out;
+  for (const load::StoreEntry& e : load::make_manifest(m.cfg, m.quant_type).entries) {
+    const ParamSpec& p = e.spec;
+    std::optional<std::pair<ParamSpec, ParamSpec>> ab;
+    if (adapter_of.count(p.name)) ab = adapter_of.at(p.name);
+    out.push_back({p.name, hf_shape(p, m.cfg), hf_layout(p), [file, &m, &base, e, ab, s] {
+                     auto src = std::make_unique<MergedSource>(e, base);
+                     if (ab)
+                       src->set_adapter(read_adapter(file, m, ab->first),
+                                        read_adapter(file, m, ab->second), m.lora_rank, s);
+                     return std::unique_ptr<MatrixSource>(std::move(src));
+                   }});
+  }
+  return out;
+}
+
+// The base of a LoRA checkpoint: the file named (or the initialisation),
+// checked against /meta base_hash.
+std::unique_ptr<load::BaseSource> open_lora_base(const CkptMeta& m, const std::string& base) {
+  const std::string where = "checkpoint '" + m.path + "'";
+  if (base.empty() || base == "init") {
+    if (!m.base_hash.empty())
+      throw RankError(where + " was trained on a base file (/meta base_hash " + m.base_hash +
+                          ", quant_base '" + m.quant_base +
+                          "'), not on GPT-2's initialisation; name that file with --base",
+                      MESHLM_HERE);
+    log::info("# ckpt export: base = GPT-2 initialisation, seed {}", m.seed);
+    return load::open_base_source(base, m.cfg, m.seed);
+  }
+  std::error_code ec;
+  if (!std::filesystem::exists(base, ec))
+    throw RankError(where + ": its base '" + base + "' does not exist" +
+                        (base == m.quant_base ? " (the path is /meta quant_base, relative to the "
+                                                "training run's directory; name the file with --base)"
+                                              : ""),
+                    MESHLM_HERE);
+  if (m.base_hash.empty()) {
+    log::warn("{} was trained on GPT-2's initialisation (/meta base_hash is empty); merging onto "
+              "'{}' as --base asks",
+              where, base);
+  } else {
+    const std::string hash = io::xxh3_128_file(base);
+    if (hash != m.base_hash)
+      throw RankError(where + ": the base '" + base + "' is not the one it was trained on: its " +
+                          "XXH3-128 is " + hash + ", /meta base_hash is " + m.base_hash +
+                          " (quant_base '" + m.quant_base + "')",
+                      MESHLM_HERE);
+    log::info("# ckpt export: base = {} (XXH3-128 {} matches /meta base_hash)", base, hash);
+  }
+  return load::open_base_source(base, m.cfg, m.seed);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// export
+// ---------------------------------------------------------------------------
+
+int ckpt_export(const std::vector<std::string>& args) {
+  const Args a = parse_args(args, "export", {"output", "dtype", "format", "base"}, {"merge"});
+  if (a.help) {
+    std::fputs(kExportUsage, stdout);
+    return 0;
+  }
+  auto bad = [](const std::string& what) {
+    throw RankError(what + " (meshlm ckpt export --help)", MESHLM_HERE);
+  };
+  if (a.positional.size() != 1)
+    bad(a.positional.empty() ? "no checkpoint named" : "one checkpoint at a time");
+  const std::string in = a.positional[0];
+  if (!a.values.count("output")) bad("no output file (-o OUT.safetensors)");
+  const std::string out = a.values.at("output");
+  const std::string format = a.values.count("format") ? a.values.at("format") : "safetensors";
+  if (format != "safetensors") bad("--format '" + log::printable(format) + "': only safetensors");
+  const std::string dtype = a.values.count("dtype") ? a.values.at("dtype") : "fp32";
+  const DTypeInfo* dt = nullptr;
+  for (const DTypeInfo& d : kOutDTypes)
+    if (dtype == d.option) dt = &d;
+  if (!dt) bad("--dtype '" + log::printable(dtype) + "': fp32, bf16 or fp16");
+  const bool merge = a.flags.count("merge") != 0;
+  if (a.values.count("base") && !merge) bad("--base is for --merge");
+  if (same_file(in, out)) bad("the output '" + out + "' is the checkpoint itself");
+
+  const double t0 = now_seconds();
+  const std::string kind = non_regular_kind(in);
+  if (!kind.empty()) throw RankError("checkpoint '" + in + "' is " + kind, MESHLM_HERE);
+  if (!h5::is_hdf5_file(in))
+    throw RankError("checkpoint '" + in + "': " +
+                        (std::filesystem::exists(in) ? "not an HDF5 file" : "no such file"),
+                    MESHLM_HERE);
+  h5::File file = h5::open_file(in);
+  const CkptMeta m = read_meta(file, in);
+  if (merge && !m.lora)
+    bad("--merge is for LoRA checkpoints; '" + in + "' is a full-training one (export it without --merge)");
+
+  std::map<std::string, std::string> meta = {
+      {"format", "pt"},
+      {"meshlm.source", in},
+      {"meshlm.step", std::to_string(m.step)},
+      {"meshlm.n_layer", std::to_string(m.cfg.n_layer)},
+      {"meshlm.n_head", std::to_string(m.cfg.n_head)},
+      {"meshlm.n_embd", std::to_string(m.cfg.n_embd)},
+      {"meshlm.vocab_size", std::to_string(m.cfg.vocab_size)},
+      {"meshlm.max_seq_len", std::to_string(m.cfg.max_seq_len)},
+      {"meshlm.dtype", dt->option},
+  };
+  std::vector<OutTensor> tensors;
+  std::unique_ptr<load::BaseSource> base;
+  std::string content;
+  if (!m.lora) {
+    content = "model";
+    tensors = model_tensors(file, m);
+  } else {
+    meta["meshlm.lora_rank"] = std::to_string(m.lora_rank);
+    meta["meshlm.lora_alpha"] = fmt::format("{}", m.lora_alpha);
+    meta["meshlm.lora_targets"] = m.targets_text;
+    meta["meshlm.quant_type"] = m.quant_type_text;
+    meta["meshlm.base_hash"] = m.base_hash;
+    const std::vector<ParamSpec> adapters = adapter_table(m);
+    check_adapters(file, m, adapters);
+    if (!merge) {
+      content = "lora adapters";
+      meta["meshlm.base"] = m.quant_base;
+      tensors = adapter_tensors(file, m, adapters);
+    } else {
+      content = "model, lora adapters merged";
+      const std::string base_path = a.values.count("base") ? a.values.at("base") : m.quant_base;
+      if (!base_path.empty() && base_path != "init" && same_file(base_path, out))
+        bad("the output '" + out + "' is the base itself");
+      meta["meshlm.base"] = base_path;
+      base = open_lora_base(m, base_path);
+      tensors = merged_tensors(file, m, adapters, *base);
+    }
+  }
+  meta["meshlm.content"] = content;
+  log::info("# ckpt export: {} (step {}, {}; {}) -> {} ({}, {} tensors)", in, m.step, content,
+            model_str(m.cfg), out, dt->option, tensors.size());
+  write_safetensors(out, tensors, *dt, meta, "checkpoint '" + in + "'");
+  log::info("# ckpt export: wrote {} in {:.2f} s", out, now_seconds() - t0);
+  return 0;
+}
+
+// ---------------------------------------------------------------------------
+// import
+// ---------------------------------------------------------------------------
+
+namespace {
+
+// The model a Hugging Face GPT-2 file describes: n_layer from its h.N
+// blocks, vocab_size and n_embd from wte, max_seq_len from wpe's rows;
+// n_head from `heads` (the file's shapes cannot tell it).
+GPTConfig infer_model(const io::SafetensorsFile& f, int heads) {
+  const std::string in = "safetensors file '" + f.path() + "'";
+  auto find = [&](const std::string& name) -> const io::SafetensorsTensor& {
+    for (const std::string& n : {name, "transformer." + name})
+      if (f.has(n)) return f.info(n);
+    throw RankError(in + ": no tensor '" + name + "' (nor 'transformer." + name +
+                        "'), which a GPT-2 model has; is this a GPT-2 file?",
+                    MESHLM_HERE);
+  };
+  GPTConfig c;
+  const io::SafetensorsTensor& wte = find("wte.weight");
+  const io::SafetensorsTensor& wpe = find("wpe.weight");
+  for (const io::SafetensorsTensor* t : {&wte, &wpe})
+    if (t->shape.size() != 2 || t->shape[0] < 1 || t->shape[1] < 1 ||
+        t->shape[0] > std::numeric_limits<int>::max() || t->shape[1] > std::numeric_limits<int>::max())
+      throw RankError(in + ": tensor '" + t->name + "' has shape " + dims_str(t->shape) +
+                          "; a GPT-2 embedding is (rows, n_embd)",
+                      MESHLM_HERE);
+  c.vocab_size = static_cast<int>(wte.shape[0]);
+  c.n_embd = static_cast<int>(wte.shape[1]);
+  c.max_seq_len = static_cast<int>(wpe.shape[0]);
+  c.n_head = heads;
+  static const std::regex block(R"(^(?:transformer\.)?h\.(\d+)\..*)");
+  std::set<long long> layers;
+  for (const io::SafetensorsTensor& t : f.tensors()) {
+    std::smatch mt;
+    if (std::regex_match(t.name, mt, block) && mt[1].length() <= 9) layers.insert(std::stoll(mt[1]));
+  }
+  if (layers.empty())
+    throw RankError(in + ": no transformer blocks (tensors h.0.*); is this a GPT-2 file?", MESHLM_HERE);
+  const long long top = *layers.rbegin();
+  for (long long l = 0; l <= top; ++l)
+    if (!layers.count(l))
+      throw RankError(in + ": it holds block h." + std::to_string(top) + " but no tensor of block h." +
+                          std::to_string(l),
+                      MESHLM_HERE);
+  c.n_layer = static_cast<int>(top + 1);
+  return c;
+}
+
+// Creates the float32 dataset /params/<name> and fills it a block of rows at
+// a time from `src`; returns the XXH3-64 of its content.
+uint64_t import_tensor(hid_t params, const ParamSpec& p, load::BaseSource& src,
+                       std::vector<float>& buf) {
+  std::vector<hsize_t> dims;
+  for (int64_t d : dims_of(p.full_shape)) dims.push_back(static_cast<hsize_t>(d));
+  h5::Dataspace space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
+  h5::Dataset d(H5Dcreate2(params, p.name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT,
+                           H5P_DEFAULT));
+  h5::check(d.get(), params, p.name, "cannot create the dataset");
+  const int64_t R = p.full_shape[0], per = rows_per_block(p, kBlockFloats);
+  const size_t rf = row_floats(p);
+  buf.resize(static_cast<size_t>(std::min(per, R)) * rf);
+  io::Xxh3_64 hash;
+  for (int64_t r0 = 0; r0 < R; r0 += per) {
+    const int64_t nr = std::min(per, R - r0);
+    src.read_rows(p, r0, nr, buf.data());  // NaN and infinities refused here, naming the tensor
+    std::vector<hsize_t> start(dims.size(), 0), count = dims;
+    start[0] = static_cast<hsize_t>(r0);
+    count[0] = static_cast<hsize_t>(nr);
+    h5::check(H5Sselect_hyperslab(space, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr),
+              params, p.name, "cannot select rows");
+    const hsize_t n = static_cast<hsize_t>(nr) * rf;
+    h5::Dataspace mspace(H5Screate_simple(1, &n, nullptr));
+    h5::check(H5Dwrite(d, H5T_NATIVE_FLOAT, mspace, space, H5P_DEFAULT, buf.data()), params, p.name,
+              fmt::format("cannot write rows [{}, {})", r0, r0 + nr));
+    // The checksum is of the little-endian float32 values: the memory's
+    // bytes on the little-endian hosts meshlm runs on.
+    static_assert(std::endian::native == std::endian::little, "checksums hash little-endian floats");
+    hash.update(buf.data(), static_cast<size_t>(n) * sizeof(float));
+  }
+  const uint64_t sum = hash.value();
+  h5::write_scalar_attr<uint64_t>(d, ckpt::kChecksumAttr, sum);
+  return sum;
+}
+
+}  // namespace
+
+int ckpt_import(const std::vector<std::string>& args) {
+  const std::vector<std::string> keys = {"n_layer", "n_head", "n_embd", "vocab_size", "max_seq_len"};
+  std::set<std::string> with_value = {"output"};
+  for (const std::string& k : keys) {
+    with_value.insert(k);
+    with_value.insert("model." + k);
+  }
+  const Args a = parse_args(args, "import", with_value, {});
+  if (a.help) {
+    std::fputs(kImportUsage, stdout);
+    return 0;
+  }
+  auto bad = [](const std::string& what) {
+    throw RankError(what + " (meshlm ckpt import --help)", MESHLM_HERE);
+  };
+  if (a.positional.size() != 1)
+    bad(a.positional.empty() ? "no safetensors file named" : "one safetensors file at a time");
+  const std::string in = a.positional[0];
+  if (!a.values.count("output")) bad("no output file (-o OUT.h5)");
+  const std::string out = a.values.at("output");
+  // --KEY or --model.KEY, not both.
+  std::map<std::string, int> given;
+  for (const std::string& k : keys) {
+    const bool plain = a.values.count(k) != 0, dotted = a.values.count("model." + k) != 0;
+    if (plain && dotted) bad("--" + k + " and --model." + k + " both given");
+    if (plain || dotted) given[k] = positive_int(k, a.values.at(plain ? k : "model." + k));
+  }
+
+  const double t0 = now_seconds();
+  const std::string kind = non_regular_kind(in);
+  if (!kind.empty()) throw RankError("safetensors file '" + in + "' is " + kind, MESHLM_HERE);
+  if (same_file(in, out)) bad("the output '" + out + "' is the input itself");
+  const std::string out_kind = non_regular_kind(out);
+  if (!out_kind.empty())
+    throw RankError("checkpoint '" + out + "': the path is " + out_kind, MESHLM_HERE);
+  std::error_code ec;
+  if (std::filesystem::exists(out, ec) && !ckpt::is_checkpoint_file(out))
+    throw RankError("checkpoint '" + out + "': a file that is not a meshlm checkpoint is already "
+                        "there; meshlm replaces only its own checkpoints (remove it or name another)",
+                    MESHLM_HERE);
+
+  GPTConfig cfg;
+  std::string heads_from = "--n_head";
+  {
+    const io::SafetensorsFile f(in);
+    int heads = kDefaultHeads;
+    if (given.count("n_head")) {
+      heads = given.at("n_head");
+    } else if (f.metadata().count("meshlm.n_head")) {
+      heads = positive_int("n_head (the file's __metadata__ meshlm.n_head)",
+                           f.metadata().at("meshlm.n_head"));
+      heads_from = "the file's __metadata__";
+    } else {
+      heads_from = "GPT-2's default; --n_head sets it";
+    }
+    cfg = infer_model(f, heads);
+  }
+  if (given.count("n_layer")) cfg.n_layer = given.at("n_layer");
+  if (given.count("n_embd")) cfg.n_embd = given.at("n_embd");
+  if (given.count("vocab_size")) cfg.vocab_size = given.at("vocab_size");
+  if (given.count("max_seq_len")) cfg.max_seq_len = given.at("max_seq_len");
+  validate_model(cfg, "import of '" + in + "' (n_head " + std::to_string(cfg.n_head) + " from " +
+                         heads_from + ")");
+  // Every tensor's presence, shape and dtype checked here, before the
+  // output is created.
+  std::unique_ptr<load::BaseSource> src = load::open_base_source(in, cfg, 0);
+  log::info("# ckpt import: {} -> {} ({}; n_head {} from {})", in, out, model_str(cfg), cfg.n_head,
+            heads_from);
+
+  const std::vector<ParamSpec> table = gpt_param_table(cfg);
+  h5::AtomicWrite tmp(out);
+  h5::File f = h5::create_file(tmp.tmp_path());
+  std::vector<std::pair<std::string, uint64_t>> sums;
+  {
+    h5::Group params = h5::require_group(f, "params");
+    std::vector<float> buf;
+    ProgressBar bar("import", table.size());
+    for (size_t i = 0; i < table.size(); ++i) {
+      sums.emplace_back(ckpt::params_path(table[i].name), import_tensor(params, table[i], *src, buf));
+      bar.update(i + 1, table[i].name);
+    }
+    bar.finish();
+  }
+  {
+    h5::Group meta = h5::require_group(f, "meta");
+    h5::write_scalar_attr<int64_t>(meta, "format_version", ckpt::kFormatVersion);
+    h5::write_string_attr(meta, "kind", ckpt::kKind);
+    h5::write_string_attr(meta, "meshlm_version", MESHLM_VERSION);
+    h5::write_string_attr(meta, "created", utc_now_iso8601());
+    h5::write_string_attr(
+        meta, "config",
+        fmt::format("# meshlm ckpt import of '{}'\n[model]\nn_layer = {}\nn_head = {}\nn_embd = "
+                    "{}\nvocab_size = {}\nmax_seq_len = {}\n\n[finetune]\nmode = full\n",
+                    in, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, cfg.max_seq_len));
+    h5::write_string_attr(meta, "finetune_mode", "full");
+    for (const hid_t obj : {meta.get(), f.get()}) {
+      if (obj == f.get()) h5::write_scalar_attr<int64_t>(obj, "format_version", ckpt::kFormatVersion);
+      h5::write_scalar_attr<int64_t>(obj, "n_layer", cfg.n_layer);
+      h5::write_scalar_attr<int64_t>(obj, "n_head", cfg.n_head);
+      h5::write_scalar_attr<int64_t>(obj, "n_embd", cfg.n_embd);
+      h5::write_scalar_attr<int64_t>(obj, "vocab_size", cfg.vocab_size);
+      h5::write_scalar_attr<int64_t>(obj, "max_seq_len", cfg.max_seq_len);
+    }
+    h5::write_scalar_attr<int64_t>(meta, "step", 0);
+    h5::write_scalar_attr<int64_t>(meta, "tokens_seen", 0);
+    h5::write_scalar_attr<int64_t>(meta, "adamw_step", 0);
+    h5::Group checks = h5::require_group(f, ckpt::kChecksumGroup);
+    for (const auto& [path, sum] : sums) h5::write_scalar_attr<uint64_t>(checks, path, sum);
+  }
+  h5::close_file(f, tmp.tmp_path());
+  tmp.commit();  // flushed to disk, then renamed
+  log::info("# ckpt import: wrote {} ({} tensors) in {:.2f} s", out, table.size(), now_seconds() - t0);
+  return 0;
 }
 
 }  // namespace meshlm
