@@ -9,4 +9,15 @@ if(MESHLM_PYTHON)
             ${PROJECT_SOURCE_DIR}/inputs/tiny.cfg ${MESHLM_PYTHON})
   set_tests_properties(checkpoint_kill_and_resume PROPERTIES LABELS cli TIMEOUT 300
     ENVIRONMENT "OMP_NUM_THREADS=1")
+  # SIGUSR1 to mpiexec and SIGTERM to the ranks: a checkpoint, exit 0, and
+  # resume = auto continues at the next step.
+  add_test(NAME checkpoint_preemption
+    COMMAND bash ${_ck}/preempt.sh "${_ck_mpiexec2}" $<TARGET_FILE:meshlm>
+            ${PROJECT_SOURCE_DIR}/inputs/tiny.cfg ${MESHLM_PYTHON})
+  # Damaged and foreign checkpoints: one clear error, no hang, nothing written.
+  add_test(NAME checkpoint_bad_files
+    COMMAND bash ${_ck}/bad_files.sh "${_ck_mpiexec2}" $<TARGET_FILE:meshlm>
+            ${PROJECT_SOURCE_DIR}/inputs/tiny.cfg ${MESHLM_PYTHON})
+  set_tests_properties(checkpoint_preemption checkpoint_bad_files PROPERTIES LABELS cli TIMEOUT 300
+    ENVIRONMENT "OMP_NUM_THREADS=1")
 endif()
