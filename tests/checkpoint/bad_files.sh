@@ -8,7 +8,7 @@ set -u
 mpiexec=$1; meshlm=$2; cfg=$3; python=$4
 dir=$(mktemp -d /tmp/meshlm_badckpt_XXXXXX)
 trap '[ -n "${KEEP:-}" ] || rm -rf "$dir"' EXIT
-base=(--data.path="$dir/tokens.h5" --train.steps=4)
+base=(--data.path="$dir/tokens.h5" --train.steps=4 --checkpoint.final=true)
 timeout 120 $mpiexec "$meshlm" train "$cfg" "${base[@]}" --output.dir="$dir/good" > "$dir/good.log" 2>&1 \
   || { cat "$dir/good.log"; echo "FAIL: the first run failed"; exit 1; }
 good="$dir/good/checkpoints/step_00000004.h5"
