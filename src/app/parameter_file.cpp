@@ -316,7 +316,6 @@ void make_options(RunConfig& c, OptionTable& t) {
         Range::ints(0, kMaxInt));
   t.add(ckpt, "checkpoint.final", &c.checkpoint.final, "write a checkpoint at the end of training");
   t.add(ckpt, "checkpoint.resume", &c.checkpoint.resume, "where training starts: none = fresh; auto = from the checkpoint that checkpoint.dir/latest names, or fresh when there is none (a requeued job); or the path of a checkpoint file. Any layout resumes any checkpoint; the model must match");
-  t.add(ckpt, "checkpoint.async", &c.checkpoint.async, "copy the state to a host snapshot and write it from a background thread while training goes on (the snapshot is booked in the memory table)");
   auto& debug = t.section("[debug] failure injection for tests");
   t.add(debug, "debug.fail_rank", &c.debug.fail_rank, "this rank throws an error in the forward of debug.fail_step; -1 = none",
         Range::ints(-1, kMaxRanks));

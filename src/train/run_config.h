@@ -120,7 +120,6 @@ struct CheckpointConfig {
   int keep_last = 3;         // older checkpoints of dir removed; 0 = keep all
   bool final = true;         // one at the end of training
   std::string resume = "none";  // none | auto (dir's latest, if any) | a checkpoint file
-  bool async = false;        // written by a background thread from a host snapshot
   std::string adapters_from;  // [finetune] adapters_from: LoRA adapters to start from
   // The directory, with its default resolved (resolve_run_config).
   std::string resolved_dir;
