@@ -55,7 +55,7 @@ def snapshot(d):
 class Runner:
     def __init__(self, mpiexec, meshlm, scratch):
         self.mpiexec = shlex.split(mpiexec)
-        self.meshlm = meshlm
+        self.meshlm = os.path.abspath(meshlm)
         self.scratch = scratch
 
     def ckpt(self, *args, expect_ok=True):
@@ -183,7 +183,7 @@ def stats_case(r, d, **fixture):
     got = {row[0]: row for row in per["dataset"]}
     check(sorted(got) == sorted(data), f"stats has one row per dataset ({len(data)})")
     bad = [n for n, a in data.items()
-           if n in got and not (got[n][1] == "x".join(map(str, a.shape))
+           if n not in got or not (got[n][1] == "x".join(map(str, a.shape))
                                 and compare_stats(n, got[n][2:], reference_stats([a])))]
     check(not bad, "per dataset: numel, min, max, mean, std, l2, nan, inf equal numpy's "
           f"(float64, finite values; 1e-10 relative){' -- differ: ' + ', '.join(bad) if bad else ''}")
@@ -208,12 +208,12 @@ def stats_case(r, d, **fixture):
           f"--layers has one row per set and layer ({len(groups)}: embeddings, h.<l>, ln_f "
           "of params, optimizer/m, optimizer/v)")
     bad = [f"{k}" for k, arrs in groups.items()
-           if k in lgot and not (int(lgot[k][2]) == len(arrs)
+           if k not in lgot or not (int(lgot[k][2]) == len(arrs)
                                  and compare_stats(str(k), lgot[k][3:], reference_stats(arrs)))]
     check(not bad, f"per layer: the statistics of the group's values together equal numpy's"
           f"{' -- differ: ' + ', '.join(bad) if bad else ''}")
     layers = [row[1] for row in per["layer"] if row[0] == "params"]
-    check(layers[0] == "embeddings" and layers[-1] == "ln_f", f"layers in model order: {layers}")
+    check(layers[:1] == ["embeddings"] and layers[-1:] == ["ln_f"], f"layers in model order: {layers}")
     # The aligned table holds the same rows.
     rc, out, _ = r.ckpt("stats", "ckpt.h5")
     check(len([row for row in rows(out) if len(row) == 10]) == len(data),
@@ -229,9 +229,10 @@ def case_stats(r, d):
 
 def case_stats_blocks(r, d):
     # wte is 8192 x 192 float32 (6 MiB): more than one block of 4 MiB (5461
-    # rows, then 2731), so the per-block statistics are merged; a tensor of
-    # mean 1 checks that std does not cancel.
-    stats_case(r, d, n_layer=1, n_head=2, n_embd=192, vocab=8192)
+    # rows, then 2731), so the per-block statistics are merged. Its mean is
+    # 1e4 and its std 0.02: std from E[x^2] - mean^2 in double would be
+    # wrong by about 1e-5 relative there, far beyond the 1e-10 allowed.
+    stats_case(r, d, n_layer=1, n_head=2, n_embd=192, vocab=8192, offset=("wte.weight", 1e4))
 
 
 def case_diff(r, d):
@@ -409,7 +410,7 @@ def case_plot_run(r, d, config, plot):
     except ImportError:
         check(False, "matplotlib imports (Debian: apt-get install python3-matplotlib)")
         return
-    cmd = r.mpiexec + [r.meshlm, "train", config, "--output.dir=out", "--data.path=tokens.h5",
+    cmd = r.mpiexec + [r.meshlm, "train", os.path.abspath(config), "--output.dir=out", "--data.path=tokens.h5",
                        "--train.steps=6", "--train.log_every=2"]
     print("$", " ".join(cmd), flush=True)
     p = subprocess.run(cmd, cwd=d, capture_output=True, text=True, timeout=240)
@@ -420,7 +421,7 @@ def case_plot_run(r, d, config, plot):
     make_fixture.write(os.path.join(d, "step_b.h5"), seed=2)
     with h5py.File(os.path.join(d, "step_b.h5"), "r+") as f:
         f["meta"].attrs["step"] = np.int64(200)
-    cmd = [sys.executable, plot, "out", "--checkpoint", "step_a.h5", "step_b.h5", "-o", "plots"]
+    cmd = [sys.executable, os.path.abspath(plot), "out", "--checkpoint", "step_a.h5", "step_b.h5", "-o", "plots"]
     print("$", " ".join(cmd), flush=True)
     p = subprocess.run(cmd, cwd=d, capture_output=True, text=True, timeout=240)
     print(p.stdout, p.stderr)
@@ -435,7 +436,7 @@ def case_plot_run(r, d, config, plot):
                 ok = fh.read(8) == b"\x89PNG\r\n\x1a\n"
         check(ok, f"plots/{name} is a non-empty PNG")
     # The run log's own path works too.
-    p = subprocess.run([sys.executable, plot, "out/run.h5", "-o", "plots2"], cwd=d,
+    p = subprocess.run([sys.executable, os.path.abspath(plot), "out/run.h5", "-o", "plots2"], cwd=d,
                        capture_output=True, text=True, timeout=240)
     print(p.stdout, p.stderr)
     check(p.returncode == 0 and os.path.getsize(os.path.join(d, "plots2", "loss_lr.png")) > 1000,

@@ -6,10 +6,12 @@ in full training, /params, /optimizer/<name>/{m,v}, every dataset's xxh3
 attribute, /meta/checksums, and the attributes of / and /meta.
 
 usage: make_fixture.py OUT.h5 [--seed S] [--n_layer L] [--n_embd C] [--vocab V]
-                       [--perturb NAME=SCALE] [--nonfinite NAME]
+                       [--perturb NAME=SCALE] [--offset NAME=VALUE] [--nonfinite NAME]
 
 --perturb adds SCALE * N(0, 1) noise (its own seed) to params/NAME, so two
 fixtures of one seed differ in that tensor alone (and its checksums).
+--offset adds VALUE to every value of params/NAME (a large mean beside a
+small spread: a one-pass variance would cancel).
 --nonfinite puts NaNs and infinities into params/NAME.
 """
 import argparse
@@ -70,13 +72,16 @@ def tensors(n_layer, n_embd, vocab, max_seq_len, seed):
 
 
 def write(path, seed=1, n_layer=2, n_head=2, n_embd=16, vocab=64, max_seq_len=32,
-          perturb=None, nonfinite=None):
+          perturb=None, nonfinite=None, offset=None):
     data = tensors(n_layer, n_embd, vocab, max_seq_len, seed)
     if perturb:
         name, scale = perturb
         a = data["params/" + name]
         noise = np.random.default_rng(10_000 + seed).standard_normal(a.shape)
         data["params/" + name] = (a + scale * noise).astype(np.float32)
+    if offset:
+        name, value = offset
+        data["params/" + name] = (data["params/" + name] + np.float32(value)).astype(np.float32)
     if nonfinite:
         a = data["params/" + nonfinite].reshape(-1)
         a[1] = np.nan
@@ -126,14 +131,19 @@ def main():
     ap.add_argument("--vocab", type=int, default=64)
     ap.add_argument("--max_seq_len", type=int, default=32)
     ap.add_argument("--perturb", help="NAME=SCALE")
+    ap.add_argument("--offset", help="NAME=VALUE")
     ap.add_argument("--nonfinite", help="NAME")
     a = ap.parse_args()
     perturb = None
     if a.perturb:
         name, scale = a.perturb.split("=")
         perturb = (name, float(scale))
+    offset = None
+    if a.offset:
+        name, value = a.offset.split("=")
+        offset = (name, float(value))
     write(a.out, a.seed, a.n_layer, a.n_head, a.n_embd, a.vocab, a.max_seq_len, perturb,
-          a.nonfinite)
+          a.nonfinite, offset)
 
 
 if __name__ == "__main__":
