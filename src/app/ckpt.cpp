@@ -119,9 +119,10 @@ std::string usage() {
   std::string s =
       "usage: meshlm ckpt TOOL [args]\n"
       "\n"
-      "Post-hoc tools for meshlm checkpoints (docs/formats.md, \"Checkpoints\"). They read\n"
-      "serially on rank 0 (the other ranks of a job wait) and write nothing. Header lines\n"
-      "start with '#'; long work prints a progress line per 10%.\n"
+      "Post-hoc tools for meshlm checkpoints (docs/formats.md, \"Checkpoints\"). They run\n"
+      "on rank 0 (the other ranks of a job wait); inspect, stats, diff and verify read\n"
+      "serially and write nothing. Header lines start with '#'; long work prints a\n"
+      "progress line per 10%.\n"
       "\n";
   for (const Tool& t : tools()) s += tool_usage(t) + "\n";
   s += "  meshlm ckpt help | --help\n      this text\n"
