@@ -21,3 +21,8 @@ if(MESHLM_PYTHON)
   set_tests_properties(checkpoint_preemption checkpoint_bad_files PROPERTIES LABELS cli TIMEOUT 300
     ENVIRONMENT "OMP_NUM_THREADS=1")
 endif()
+
+# test_checkpoint (8 ranks, 14 training runs) is left out of the sanitizer
+# run of CI (.ci/run: -LE long): the ASan build runs its code through the
+# other MPI tests, and its runs take as long again there.
+set_tests_properties(test_checkpoint PROPERTIES LABELS "mpi;long")
