@@ -211,14 +211,6 @@ void validate_model(const GPTConfig& cfg, const std::string& where) {
   }
 }
 
-std::string utc_now_iso8601() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
 
 // ---------------------------------------------------------------------------
 // The checkpoint's /meta
@@ -1004,7 +996,7 @@ int ckpt_import(const std::vector<std::string>& args) {
     h5::write_scalar_attr<int64_t>(meta, "format_version", ckpt::kFormatVersion);
     h5::write_string_attr(meta, "kind", ckpt::kKind);
     h5::write_string_attr(meta, "meshlm_version", MESHLM_VERSION);
-    h5::write_string_attr(meta, "created", utc_now_iso8601());
+    h5::write_string_attr(meta, "created", utc_timestamp());
     h5::write_string_attr(
         meta, "config",
         fmt::format("# meshlm ckpt import of '{}'\n[model]\nn_layer = {}\nn_head = {}\nn_embd = "

@@ -1,5 +1,7 @@
 #include "core/timer.h"
 
+#include <ctime>
+
 namespace meshlm {
 
 const char* section_name(Section s) {
@@ -16,6 +18,15 @@ const char* section_name(Section s) {
     case Section::count: break;
   }
   return "?";
+}
+
+std::string utc_timestamp() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
 }
 
 }  // namespace meshlm

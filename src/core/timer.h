@@ -3,6 +3,8 @@
 // reduced (min/avg/max) across ranks without exchanging names.
 #pragma once
 
+#include <string>
+
 #include <array>
 #include <chrono>
 
@@ -12,6 +14,9 @@ enum class Section : int {
   forward, backward, tp_comm, pp_comm, dp_comm, optimizer, data, checkpoint, other, count
 };
 const char* section_name(Section s);
+
+// The current UTC time as ISO 8601, "2026-11-24T03:22:10Z" (files' creation stamps).
+std::string utc_timestamp();
 
 inline double now_seconds() {
   using clock = std::chrono::steady_clock;

@@ -19,6 +19,7 @@
 #include "comm/errors.h"
 #include "comm/mpi_comm.h"
 #include "core/error.h"
+#include "core/timer.h"
 #include "core/files.h"
 #include "core/log.h"
 #include "io/checkpoint_file.h"
@@ -222,14 +223,6 @@ float* buffer_of(Engine& e, DatasetRef::Kind kind) {
 
 // ---- /meta -----------------------------------------------------------------------
 
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
 
 // Collective (every rank writes the same values).
 void write_meta(hid_t f, const RunConfig& cfg, const TrainingState& st, Engine& engine,
@@ -635,7 +628,7 @@ std::string Checkpointer::save(const TrainingState& st) {
     remove_stale_temp_files(path);
     out = std::make_unique<h5::AtomicWrite>(path);
     tmp = out->tmp_path();
-    created = utc_now();
+    created = utc_timestamp();
   }, MESHLM_HERE);
   tmp = broadcast_string(*c, tmp);
   created = broadcast_string(*c, created);
