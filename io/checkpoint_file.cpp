@@ -197,6 +197,42 @@ void write_boxes(hid_t dset, const std::vector<Box>& boxes, const float* data, b
             name, "cannot write dataset");
 }
 
+void write_boxes_in_blocks(hid_t dset, const std::vector<Box>& boxes, const float* data,
+                           const std::function<void()>& between) {
+  const std::vector<hsize_t> dims = h5::shape(dset);
+  if (dims.empty()) {
+    write_boxes(dset, boxes, data, /*collective=*/true);
+    return;
+  }
+  hsize_t row = 1;
+  for (size_t d = 1; d < dims.size(); ++d) row *= dims[d];
+  const hsize_t rows = dims[0];
+  const hsize_t per_block =
+      std::max<hsize_t>(1, std::min<hsize_t>(rows, kWriteBlockBytes / sizeof(float) / std::max<hsize_t>(row, 1)));
+  for (hsize_t r0 = 0; r0 < std::max<hsize_t>(rows, 1); r0 += per_block) {
+    const hsize_t r1 = std::min(rows, r0 + per_block);
+    // The union's elements are in row-major order, so those of rows < r0
+    // come first: the block's start in `data`.
+    std::vector<Box> part;
+    size_t offset = 0;
+    for (const Box& b : boxes) {
+      hsize_t box_row = 1;
+      for (size_t d = 1; d < b.count.size(); ++d) box_row *= b.count[d];
+      const hsize_t lo = std::max(b.start[0], r0), hi = std::min(b.start[0] + b.count[0], r1);
+      const hsize_t before = std::min(b.count[0], r0 > b.start[0] ? r0 - b.start[0] : 0);
+      offset += static_cast<size_t>(before * box_row);
+      if (lo >= hi) continue;
+      Box x = b;
+      x.start[0] = lo;
+      x.count[0] = hi - lo;
+      part.push_back(std::move(x));
+    }
+    write_boxes(dset, part, part.empty() || data == nullptr ? nullptr : data + offset,
+                /*collective=*/true);
+    if (between) between();
+  }
+}
+
 void read_boxes(hid_t dset, const std::vector<Box>& boxes, float* data, bool collective) {
   const std::string name = h5::object_name(dset);
   auto [fspace, mspace] = selections(dset, boxes, name);

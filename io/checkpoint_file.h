@@ -84,4 +84,12 @@ struct Box {
 void write_boxes(hid_t dset, const std::vector<Box>& boxes, const float* data, bool collective);
 void read_boxes(hid_t dset, const std::vector<Box>& boxes, float* data, bool collective);
 
+// Collective write_boxes a block of whole rows of the dataset at a time (at
+// most kWriteBlockBytes of the whole tensor, or one row): every rank makes
+// the same calls, so each waits on the others for one block only, and MPI-
+// IO's buffers stay of a block's size. `between()` runs after each block.
+inline constexpr size_t kWriteBlockBytes = size_t{16} << 20;
+void write_boxes_in_blocks(hid_t dset, const std::vector<Box>& boxes, const float* data,
+                           const std::function<void()>& between = {});
+
 }  // namespace meshlm::io::ckpt

@@ -4,6 +4,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -50,6 +54,39 @@ bool converts_losslessly(hid_t file_type, hid_t mem_type) {
   if (fc == H5T_FLOAT) return fbytes <= mbytes;
   return H5Tequal(file_type, mem_type) > 0;
 }
+
+// ---------------------------------------------------------------------------
+// One thread at a time
+// ---------------------------------------------------------------------------
+
+namespace {
+std::recursive_mutex g_library;
+std::atomic<int> g_waiting{0};   // threads blocked in LibraryLock()
+thread_local double t_waited = 0;  // seconds this thread has waited
+
+void take_library() {
+  if (g_library.try_lock()) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  ++g_waiting;
+  g_library.lock();
+  --g_waiting;
+  t_waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+LibraryLock::LibraryLock() { take_library(); }
+LibraryLock::~LibraryLock() { g_library.unlock(); }
+
+void LibraryLock::yield() {
+  if (g_waiting.load() == 0) return;
+  g_library.unlock();
+  // The waiter takes the lock (a mutex is not fair: without waiting for
+  // that, this thread could take it straight back).
+  while (g_waiting.load() > 0) std::this_thread::yield();
+  take_library();
+}
+
+double LibraryLock::waited_seconds() { return t_waited; }
 
 // ---------------------------------------------------------------------------
 // Errors and names

@@ -104,6 +104,31 @@ std::string type_name(hid_t type);
 bool converts_losslessly(hid_t file_type, hid_t mem_type);
 
 // ---------------------------------------------------------------------------
+// One thread at a time
+// ---------------------------------------------------------------------------
+
+// Debian's parallel HDF5 is built without thread safety, so the library may
+// be entered by one thread of a process at a time. A rank has a second
+// thread that calls HDF5 only while an asynchronous checkpoint is written
+// (checkpoint.async, train/checkpoint.h); that writer and every entry point
+// the main thread may call meanwhile (the token reader, the run log) hold
+// this lock. Recursive: an entry point may call another.
+class LibraryLock {
+public:
+  LibraryLock();  // blocks while another thread holds it
+  ~LibraryLock();
+  LibraryLock(const LibraryLock&) = delete;
+  LibraryLock& operator=(const LibraryLock&) = delete;
+  // Lets a thread that is waiting for the lock have it, then takes it
+  // again: the writer's call between blocks of a long write, so the main
+  // thread waits for one block at most. Only at the outermost level.
+  void yield();
+  // Seconds the calling thread has spent waiting for the lock while
+  // another thread held it, since the thread began.
+  static double waited_seconds();
+};
+
+// ---------------------------------------------------------------------------
 // Errors and names
 // ---------------------------------------------------------------------------
 

@@ -42,6 +42,7 @@ void append_row(hid_t dset, hsize_t row, hid_t type, const void* value) {
 
 RunLog::RunLog(const std::string& dir, const std::string& resolved_config_ini, bool overwrite)
     : lock_(std::make_unique<OutputDirLock>(dir, overwrite)) {
+  h5::LibraryLock library;  // a checkpoint may be written meanwhile (checkpoint.async)
   path_ = (std::filesystem::path(dir) / "run.h5").string();
   h5::PropList fapl(H5Pcreate(H5P_FILE_ACCESS));
 #if H5_VERSION_GE(1, 10, 7)
@@ -82,6 +83,7 @@ void RunLog::require_open() const {
 
 void RunLog::append(int64_t step, double loss, double lr, double grad_norm,
                     double tokens_per_s) {
+  h5::LibraryLock library;
   require_open();
   hsize_t row = static_cast<hsize_t>(rows_);
   append_row(step_, row, H5T_NATIVE_INT64, &step);
@@ -98,6 +100,7 @@ void RunLog::write_memory(const std::vector<MemoryByCategory>& predicted,
                           const std::vector<MemoryByCategory>& current,
                           const std::vector<MemoryByCategory>& peak,
                           const std::vector<ProcessMemory>& process) {
+  h5::LibraryLock library;
   require_open();
   auto column = [](const auto& rows, auto get) {
     std::vector<int64_t> v;
@@ -126,6 +129,7 @@ void RunLog::write_process_prediction(
     const std::vector<double>& error,
     const std::vector<std::array<size_t, kNumMemPhases>>& phase_predicted,
     const std::vector<std::array<size_t, kNumMemPhases>>& phase_peak) {
+  h5::LibraryLock library;
   require_open();
   auto ints = [](const std::vector<size_t>& v) { return std::vector<int64_t>(v.begin(), v.end()); };
   h5::write_dataset(file_, "memory/process/runtime_bytes", ints(runtime));
@@ -148,6 +152,7 @@ void RunLog::write_node_prediction(const std::vector<size_t>& runtime_pss,
                                    const std::vector<int>& node,
                                    const std::vector<size_t>& node_predicted_peak,
                                    const std::vector<size_t>& node_pss) {
+  h5::LibraryLock library;
   require_open();
   auto ints = [](const auto& v) { return std::vector<int64_t>(v.begin(), v.end()); };
   h5::write_dataset(file_, "memory/process/runtime_pss_bytes", ints(runtime_pss));
@@ -158,6 +163,7 @@ void RunLog::write_node_prediction(const std::vector<size_t>& runtime_pss,
 }
 
 void RunLog::write_timing(const SectionTimers& timers) {
+  h5::LibraryLock library;
   require_open();
   for (int i = 0; i < static_cast<int>(Section::count); ++i) {
     auto s = static_cast<Section>(i);
@@ -168,6 +174,7 @@ void RunLog::write_timing(const SectionTimers& timers) {
 }
 
 void RunLog::close() {
+  h5::LibraryLock library;
   if (!file_.valid()) return;
   step_.close();
   loss_.close();

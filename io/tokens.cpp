@@ -161,6 +161,7 @@ void TokenReader::Impl::open_hdf5() {
 }
 
 TokenReader TokenReader::open(const std::string& path) {
+  h5::LibraryLock lock;
   if (const std::string kind = non_regular_kind(path); !kind.empty())
     throw RankError(in_file(path) + "is " + kind + ", not a token file", MESHLM_HERE);
   auto impl = std::make_unique<Impl>();
@@ -188,7 +189,10 @@ TokenReader TokenReader::open(const std::string& path) {
 TokenReader::TokenReader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 TokenReader::TokenReader(TokenReader&&) noexcept = default;
 TokenReader& TokenReader::operator=(TokenReader&&) noexcept = default;
-TokenReader::~TokenReader() = default;
+TokenReader::~TokenReader() {
+  h5::LibraryLock lock;  // closing the HDF5 file enters the library
+  impl_.reset();
+}
 
 uint64_t TokenReader::size() const { return impl_->n_tokens; }
 int TokenReader::bytes_per_token() const { return impl_->bytes_per_token; }
@@ -239,6 +243,7 @@ bool TokenReader::is_hdf5() const { return impl_->hdf5; }
 const std::string& TokenReader::path() const { return impl_->path; }
 
 void TokenReader::read(uint64_t start, uint64_t count, int32_t* out) const {
+  h5::LibraryLock lock;  // a checkpoint may be written meanwhile (checkpoint.async)
   const Impl& f = *impl_;
   if (start > f.n_tokens || count > f.n_tokens - start)
     throw RankError(in_file(f.path) + "read of tokens [" + std::to_string(start) + ", " +

@@ -41,14 +41,15 @@ private:
 }  // namespace
 
 int main(int argc, char** argv) {
+  int provided = MPI_THREAD_SINGLE;  // as comm/mpi_session.cpp asks (checkpoint.async)
 #ifdef MESHLM_LEAK_CHECK
   // What Open MPI's initialisation loses (in components it loads and
   // unloads again) is not meshlm's leak: not tracked.
   __lsan_disable();
-  MPI_Init(&argc, &argv);
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   __lsan_enable();
 #else
-  MPI_Init(&argc, &argv);
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
 #endif
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

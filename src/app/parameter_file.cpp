@@ -315,6 +315,7 @@ void make_options(RunConfig& c, OptionTable& t) {
   t.add(ckpt, "checkpoint.keep_last", &c.checkpoint.keep_last, "keep this many newest checkpoints in checkpoint.dir and remove older meshlm checkpoints there; 0 = keep all",
         Range::ints(0, kMaxInt));
   t.add(ckpt, "checkpoint.final", &c.checkpoint.final, "write a checkpoint at the end of training");
+  t.add(ckpt, "checkpoint.async", &c.checkpoint.async, "write checkpoints from a background thread: training waits only while the state is copied to a host snapshot (kept for the run, memory category checkpoint) and for a write of the checkpoint before that is still going on");
   t.add(ckpt, "checkpoint.resume", &c.checkpoint.resume, "where training starts: none = fresh; auto = from the checkpoint that checkpoint.dir/latest names, or fresh when there is none (a requeued job); or the path of a checkpoint file. Any layout resumes any checkpoint; the model must match");
   auto& debug = t.section("[debug] failure injection for tests");
   t.add(debug, "debug.fail_rank", &c.debug.fail_rank, "this rank throws an error in the forward of debug.fail_step; -1 = none",

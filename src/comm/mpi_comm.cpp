@@ -463,4 +463,18 @@ MPI_Datatype mpi_type(DType type) {
                   MESHLM_HERE);
 }
 
+bool threads_may_call_mpi() {
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  return level == MPI_THREAD_MULTIPLE;
+}
+
+OwnedComm::OwnedComm(MPI_Comm comm) { MPI_Comm_dup(comm, &comm_); }
+
+OwnedComm::~OwnedComm() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
+}
+
 }  // namespace meshlm::comm

@@ -71,4 +71,25 @@ void release_ring_scratch();
 // u16 -> MPI_UINT16_T, u32 -> MPI_UINT32_T; bf16 -> RankError.
 MPI_Datatype mpi_type(DType type);
 
+// True when MPI was initialised with MPI_THREAD_MULTIPLE (comm/mpi_session.h
+// asks for it): a second thread may then make MPI calls of its own, on a
+// communicator of its own (checkpoint.async's writer).
+bool threads_may_call_mpi();
+
+// A duplicate of a communicator, freed with its owner: the same group with a
+// separate context, so that collectives on it never meet those on the
+// original. Making one is collective over `comm`.
+class OwnedComm {
+public:
+  OwnedComm() = default;
+  explicit OwnedComm(MPI_Comm comm);
+  ~OwnedComm();
+  OwnedComm(const OwnedComm&) = delete;
+  OwnedComm& operator=(const OwnedComm&) = delete;
+  MPI_Comm get() const { return comm_; }
+
+private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+};
+
 }  // namespace meshlm::comm

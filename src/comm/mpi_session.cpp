@@ -3,7 +3,10 @@
 namespace meshlm::comm {
 
 MpiSession::MpiSession(int* argc, char*** argv) {
-  MPI_Init(argc, argv);
+  // A second thread may write checkpoints (checkpoint.async) while the main
+  // one trains: MPI calls from both, each on its own communicator.
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
 }

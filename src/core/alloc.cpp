@@ -21,6 +21,7 @@ const char* mem_category_name(MemCategory c) {
     case MemCategory::quantized: return "quantized";
     case MemCategory::comm: return "comm";
     case MemCategory::workspace: return "workspace";
+    case MemCategory::checkpoint: return "checkpoint";
     case MemCategory::other: return "other";
     case MemCategory::count: break;
   }

@@ -4,7 +4,8 @@
 // planner's prediction and the process figures from /proc.
 //
 // Categories are fixed by docs/DESIGN (params, grads, optimizer, activations,
-// quantized, comm, workspace, other); adding one means adding it here only.
+// quantized, comm, workspace, checkpoint, other); adding one means adding it
+// here only.
 #pragma once
 
 #include <array>
@@ -17,7 +18,7 @@
 namespace meshlm {
 
 enum class MemCategory : int {
-  params, grads, optimizer, activations, quantized, comm, workspace, other, count
+  params, grads, optimizer, activations, quantized, comm, workspace, checkpoint, other, count
 };
 constexpr int kNumMemCategories = static_cast<int>(MemCategory::count);
 constexpr int kNumDevices = 2;  // Device::cpu, Device::cuda

@@ -34,6 +34,20 @@ std::pair<size_t, size_t> optimizer_range(const std::vector<ParamSpec>& table, c
   return {begin, end};
 }
 
+std::pair<size_t, size_t> checkpoint_write_range(const RankPlan& r, const ZeroLayout& z) {
+  const size_t k = static_cast<size_t>(r.dp_rank), dp = static_cast<size_t>(r.dp);
+  if (r.zero_stage > 0) return {std::min(k * z.shard, z.n), std::min((k + 1) * z.shard, z.n)};
+  return {z.n * k / dp, z.n * (k + 1) / dp};
+}
+
+size_t checkpoint_snapshot_numel(const GPTConfig& model, const RankPlan& r) {
+  const ZeroLayout z = zero_layout(model, r);
+  const auto [w0, w1] = checkpoint_write_range(r, z);
+  const auto [m0, m1] = optimizer_range(trainable_table(model, r.shard, r.model), r, z);
+  const size_t lo = std::max(w0, m0), hi = std::min(w1, std::min(m1, z.n));
+  return (w1 - w0) + (hi > lo ? 2 * (hi - lo) : 0);
+}
+
 size_t largest_block_numel(const std::vector<ParamSpec>& table) {
   std::vector<size_t> per_layer;
   int last = -2;

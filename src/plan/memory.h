@@ -60,6 +60,13 @@ ZeroLayout zero_layout(const GPTConfig& cfg, const RankPlan& r);
 // it its gradient and receives the updated weights (train/engine.cpp).
 std::pair<size_t, size_t> optimizer_range(const std::vector<ParamSpec>& table, const RankPlan& r,
                                           const ZeroLayout& z);
+// The flat elements [first, second) whose values the rank writes into a
+// checkpoint (train/checkpoint.h): its ZeRO shard clipped to n under ZeRO 1
+// and 2; under ZeRO 0 the same split of [0, n), [n k / dp, n (k+1) / dp).
+std::pair<size_t, size_t> checkpoint_write_range(const RankPlan& r, const ZeroLayout& z);
+// checkpoint.async's host snapshot: the values of the write range and the
+// moments of its part that the rank keeps (optimizer_range), in floats.
+size_t checkpoint_snapshot_numel(const GPTConfig& model, const RankPlan& r);
 // Elements of the largest transformer block of the shard, and of the tensors
 // outside the blocks other than the tied token embedding (wpe, ln_f) it holds.
 size_t largest_block_numel(const std::vector<ParamSpec>& table);

@@ -10,6 +10,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <regex>
@@ -101,11 +102,12 @@ RankView view_of(const RunConfig& cfg, const ProcessMesh& mesh, Engine& engine) 
   r.local_of.assign(r.full_table.size(), nullptr);
   for (const ParamSpec& p : model.table()) r.local_of[static_cast<size_t>(p.index)] = &p;
   r.n = model.num_params();
-  const int dp = cfg.parallel.dp, k = mesh.coords().dp;
-  if (engine.zero().stage() > 0)
-    r.write = {std::min(engine.zero().own_begin(), r.n), std::min(engine.zero().own_end(), r.n)};
-  else
-    r.write = {r.n * k / dp, r.n * (k + 1) / dp};
+  const RankPlan plan = Engine::plan_of(cfg, mesh.coords());
+  r.write = checkpoint_write_range(plan, zero_layout(cfg.model, plan));
+  MESHLM_CHECK(engine.zero().stage() == 0 ||
+                   r.write == std::make_pair(std::min(engine.zero().own_begin(), r.n),
+                                             std::min(engine.zero().own_end(), r.n)),
+               "the checkpoint's write range is the rank's ZeRO shard");
   const AdamW& opt = engine.optimizer();
   r.moments = {opt.begin(), std::min(opt.end(), r.n)};
   r.tp_rank = model.shard().tp_rank;
@@ -151,8 +153,10 @@ std::vector<int> hash_owners(const std::vector<uint64_t>& sizes, int ranks) {
 
 // Collective: the XXH3-64 of each dataset of the open file `f`, every rank
 // hashing its share (independent reads) and all of them shared.
+// `between()` runs after every block read.
 std::vector<uint64_t> checksums(MPI_Comm world, hid_t f, const std::vector<std::string>& names,
-                                const std::vector<uint64_t>& sizes, const std::string& file) {
+                                const std::vector<uint64_t>& sizes,
+                                const std::function<void()>& between = {}) {
   std::unique_ptr<comm::Communicator> c = comm::make_mpi_communicator(world);
   const std::vector<int> owner = hash_owners(sizes, c->size());
   std::vector<uint64_t> mine(names.size(), 0);
@@ -160,7 +164,9 @@ std::vector<uint64_t> checksums(MPI_Comm world, hid_t f, const std::vector<std::
     for (size_t i = 0; i < names.size(); ++i) {
       if (owner[i] != c->rank()) continue;
       h5::Dataset d = h5::open_dataset(f, names[i]);
-      mine[i] = ck::dataset_checksum(d);
+      mine[i] = ck::dataset_checksum(d, H5P_DEFAULT, [&](uint64_t, uint64_t) {
+        if (between) between();
+      });
     }
   }, MESHLM_HERE);
   std::vector<uint64_t> all(names.size() * static_cast<size_t>(c->size()));
@@ -183,13 +189,14 @@ void maybe_die(const RunConfig& cfg, int rank, int64_t step, const char* point) 
 
 // ---- the host side of the engine's buffers ----------------------------------------
 
-// Floats of the backend's memory as host memory: in place on the CPU, else
-// through a staging copy.
+// Floats of the backend's memory as host memory: in place on the CPU (or
+// when `host` says they are host memory), else through a staging copy.
 class HostFloats {
 public:
-  explicit HostFloats(const ops::Kernels& k) : k_(k) {}
+  explicit HostFloats(const ops::Kernels& k, bool host = false)
+      : k_(k), host_(host || k.device() == Device::cpu) {}
   const float* read(const float* src, size_t n) {
-    if (k_.device() == Device::cpu) return src;
+    if (host_) return src;
     staging_.resize(n);
     k_.download(staging_.data(), src, n * sizeof(float));
     return staging_.data();
@@ -197,16 +204,17 @@ public:
   float* target(float* dst, size_t n) {
     dst_ = dst;
     n_ = n;
-    if (k_.device() == Device::cpu) return dst;
+    if (host_) return dst;
     staging_.resize(n);
     return staging_.data();
   }
   void commit() {
-    if (k_.device() != Device::cpu && n_ > 0) k_.upload(dst_, staging_.data(), n_ * sizeof(float));
+    if (!host_ && n_ > 0) k_.upload(dst_, staging_.data(), n_ * sizeof(float));
   }
 
 private:
   const ops::Kernels& k_;
+  bool host_;
   std::vector<float> staging_;
   float* dst_ = nullptr;
   size_t n_ = 0;
@@ -224,8 +232,15 @@ float* buffer_of(Engine& e, DatasetRef::Kind kind) {
 // ---- /meta -----------------------------------------------------------------------
 
 
+// The optimizer's state besides its moments, as it was at the save.
+struct OptimizerMeta {
+  int64_t adamw_step = 0;
+  double loss_scale = 1;
+  int64_t loss_scale_good_steps = 0;
+};
+
 // Collective (every rank writes the same values).
-void write_meta(hid_t f, const RunConfig& cfg, const TrainingState& st, Engine& engine,
+void write_meta(hid_t f, const RunConfig& cfg, const TrainingState& st, const OptimizerMeta& opt,
                 uint64_t windows_per_epoch, const std::string& base_hash,
                 const std::string& created) {
   const GPTConfig& m = cfg.model;
@@ -256,9 +271,9 @@ void write_meta(hid_t f, const RunConfig& cfg, const TrainingState& st, Engine& 
   }
   h5::write_scalar_attr<int64_t>(meta, "step", st.step);
   h5::write_scalar_attr<int64_t>(meta, "tokens_seen", st.tokens_seen);
-  h5::write_scalar_attr<int64_t>(meta, "adamw_step", engine.optimizer().steps_taken());
-  h5::write_scalar_attr<double>(meta, "loss_scale", engine.loss_scaler().scale());
-  h5::write_scalar_attr<int64_t>(meta, "loss_scale_good_steps", engine.loss_scaler().good_in_a_row());
+  h5::write_scalar_attr<int64_t>(meta, "adamw_step", opt.adamw_step);
+  h5::write_scalar_attr<double>(meta, "loss_scale", opt.loss_scale);
+  h5::write_scalar_attr<int64_t>(meta, "loss_scale_good_steps", opt.loss_scale_good_steps);
   h5::write_scalar_attr<int64_t>(meta, "skipped_steps", st.skipped_steps);
   h5::write_scalar_attr<int64_t>(meta, "overflow_steps", st.overflow_steps);
   h5::write_scalar_attr<uint64_t>(meta, "data_epoch", st.cursor.epoch);
@@ -416,9 +431,21 @@ Checkpointer::Checkpointer(const RunConfig& cfg, const ProcessMesh& mesh, Engine
     }, MESHLM_HERE);
     base_hash_ = broadcast_string(*c, base_hash_);
   }
+  if (cfg.checkpoint.async) {
+    if (!comm::threads_may_call_mpi())
+      throw CollectiveError("checkpoint.async = true needs MPI_THREAD_MULTIPLE (a writer thread "
+                            "beside training), which this MPI library does not provide: set "
+                            "checkpoint.async = false",
+                            MESHLM_HERE);
+    writer_comm_ = std::make_unique<comm::OwnedComm>(mesh.world());
+  }
 }
 
-Checkpointer::~Checkpointer() = default;
+Checkpointer::~Checkpointer() {
+  // A run that ends by an error: its background write, if any, still ends
+  // (every rank's writer goes on alone) before the state it reads is freed.
+  if (writer_.joinable()) writer_.join();
+}
 
 std::string Checkpointer::resume_path() const {
   const std::string& r = cfg_.checkpoint.resume;
@@ -514,7 +541,7 @@ h5::File open_and_verify(const RunConfig& cfg, const ProcessMesh& mesh, const st
       stored.push_back(own);
     }
   }, MESHLM_HERE);
-  const std::vector<uint64_t> got = checksums(world, f, names, sizes, path);
+  const std::vector<uint64_t> got = checksums(world, f, names, sizes);
   for (size_t i = 0; i < names.size(); ++i)
     if (got[i] != stored[i])
       throw CollectiveError(fmt::format("{}dataset /{}: checksum mismatch (stored {:016x}, "
@@ -600,49 +627,166 @@ void Checkpointer::load_adapters(const std::string& path) {
             meta.state.step);
 }
 
+// Everything one save needs, taken on the main thread: where it goes, the
+// state besides the tensors, and where the rank's floats are read from.
+struct Checkpointer::Job {
+  TrainingState state;
+  OptimizerMeta opt;
+  std::string path, tmp, created;
+  std::unique_ptr<h5::AtomicWrite> out;  // rank 0: the temporary file and its rename
+  RankView view;
+  std::vector<DatasetRef> refs;  // point into view.full_table
+  uint64_t bytes = 0;            // of all the datasets
+  // Per DatasetRef::Kind: the floats and the flat element of the rank's
+  // table the first of them is; in the engine's memory, or in the snapshot.
+  const float* data[3] = {};
+  size_t begin[3] = {};
+  bool host = false;  // data[] is host memory (the snapshot)
+  bool async = false;
+};
+
 std::string Checkpointer::save(const TrainingState& st) {
   ScopedTimer timer(timers_, Section::checkpoint);
   const double t0 = now_seconds();
+  const double waited = finish();
   MPI_Comm world = mesh_.world();
   std::unique_ptr<comm::Communicator> c = comm::make_mpi_communicator(world);
   const int rank = mesh_.rank();
   const std::string dir = cfg_.checkpoint.resolved_dir;
-  const std::string path = (fs::path(dir) / ck::file_name_of_step(st.step)).string();
-  const RankView v = view_of(cfg_, mesh_, engine_);
-  const std::vector<DatasetRef> refs = datasets_of(v.full_table, v.lora, /*with_moments=*/true);
-  uint64_t total = 0;
-  for (const DatasetRef& r : refs) total += r.full->numel() * sizeof(float);
 
-  // 1. The temporary file, named by rank 0.
-  std::unique_ptr<h5::AtomicWrite> out;
-  std::string tmp, created;
+  auto job = std::make_unique<Job>();
+  job->state = st;
+  job->opt = {engine_.optimizer().steps_taken(), engine_.loss_scaler().scale(),
+              engine_.loss_scaler().good_in_a_row()};
+  job->path = (fs::path(dir) / ck::file_name_of_step(st.step)).string();
+  job->view = view_of(cfg_, mesh_, engine_);
+  job->refs = datasets_of(job->view.full_table, job->view.lora, /*with_moments=*/true);
+  for (const DatasetRef& r : job->refs) job->bytes += r.full->numel() * sizeof(float);
+  job->async = cfg_.checkpoint.async;
+
+  // The temporary file, named by rank 0.
   try_all(world, "checkpoint.dir: ", [&] {
     if (rank != 0) return;
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) throw RankError("cannot create directory '" + dir + "': " + ec.message(), MESHLM_HERE);
-    if (fs::exists(path, ec) && !ck::is_checkpoint_file(path))
-      throw RankError("'" + path + "' exists and is not a meshlm checkpoint: meshlm will not "
+    h5::LibraryLock lock;
+    if (fs::exists(job->path, ec) && !ck::is_checkpoint_file(job->path))
+      throw RankError("'" + job->path + "' exists and is not a meshlm checkpoint: meshlm will not "
                       "write over it",
                       MESHLM_HERE);
-    remove_stale_temp_files(path);
-    out = std::make_unique<h5::AtomicWrite>(path);
-    tmp = out->tmp_path();
-    created = utc_timestamp();
+    remove_stale_temp_files(job->path);
+    job->out = std::make_unique<h5::AtomicWrite>(job->path);
+    job->tmp = job->out->tmp_path();
+    job->created = utc_timestamp();
   }, MESHLM_HERE);
-  tmp = broadcast_string(*c, tmp);
-  created = broadcast_string(*c, created);
-  log::info("# checkpoint: writing step {} to {} ({})", st.step, path,
-            format_bytes(static_cast<double>(total)));
+  job->tmp = broadcast_string(*c, job->tmp);
+  job->created = broadcast_string(*c, job->created);
 
-  // 2. Every rank writes its boxes of every dataset.
-  HostFloats host(engine_.model().kernels());
-  try_all(world, "checkpoint: ", [&] {
-    h5::File f = ck::create_parallel(tmp, world);
-    maybe_die(cfg_, rank, st.step, "create");
+  // Where the floats come from: the engine's buffers ...
+  const RankView& v = job->view;
+  const std::pair<size_t, size_t> both{std::max(v.write.first, v.moments.first),
+                                       std::min(v.write.second, v.moments.second)};
+  job->data[DatasetRef::value] = engine_.model().params();
+  job->data[DatasetRef::m] = engine_.optimizer().m();
+  job->data[DatasetRef::v] = engine_.optimizer().v();
+  job->begin[DatasetRef::m] = job->begin[DatasetRef::v] = v.moments.first;
+  if (!job->async) {
+    log::info("# checkpoint: writing step {} to {} ({})", st.step, job->path,
+              format_bytes(static_cast<double>(job->bytes)));
+    write(*job, world);
+    return job->path;
+  }
+
+  // ... or, under checkpoint.async, a copy of what this rank writes: the
+  // values of its write range, then the m and v of the part it keeps.
+  const size_t nw = v.write.second - v.write.first;
+  const size_t nb = both.second > both.first ? both.second - both.first : 0;
+  const size_t floats = checkpoint_snapshot_numel(cfg_.model, Engine::plan_of(cfg_, mesh_.coords()));
+  MESHLM_CHECK(floats == nw + 2 * nb, "the snapshot holds what the memory model books");
+  if (snapshot_.bytes() == 0 && floats > 0)
+    snapshot_ = Buffer(floats * sizeof(float), MemCategory::checkpoint, "checkpoint snapshot",
+                       Device::cpu);
+  float* snap = snapshot_.as<float>();
+  const ops::Kernels& k = engine_.model().kernels();
+  auto copy = [&](float* dst, const float* src, size_t n) {
+    if (n == 0) return;
+    if (k.device() == Device::cpu)
+      std::copy(src, src + n, dst);
+    else
+      k.download(dst, src, n * sizeof(float));
+  };
+  copy(snap, job->data[DatasetRef::value] + v.write.first, nw);
+  copy(snap + nw, job->data[DatasetRef::m] + both.first - v.moments.first, nb);
+  copy(snap + nw + nb, job->data[DatasetRef::v] + both.first - v.moments.first, nb);
+  job->data[DatasetRef::value] = snap;
+  job->data[DatasetRef::m] = snap + nw;
+  job->data[DatasetRef::v] = snap + nw + nb;
+  job->begin[DatasetRef::value] = v.write.first;
+  job->begin[DatasetRef::m] = job->begin[DatasetRef::v] = both.first;
+  job->host = true;
+
+  const double copied = now_seconds() - t0 - waited;
+  log::info("# checkpoint: step {} copied to the host snapshot ({} on this rank) in {:.3f} s; "
+            "training waited {:.3f} s in all ({:.3f} s for the checkpoint before). Writing {} to "
+            "{} in the background",
+            st.step, format_bytes(static_cast<double>(floats * sizeof(float))), copied,
+            now_seconds() - t0, waited, format_bytes(static_cast<double>(job->bytes)), job->path);
+  const std::string path = job->path;
+  writing_step_ = st.step;
+  writer_started_ = now_seconds();
+  lock_waited_at_start_ = h5::LibraryLock::waited_seconds();
+  MPI_Comm wc = writer_comm_->get();
+  writer_error_ = nullptr;
+  writer_ = std::thread([this, wc, job = std::move(job)] {
+    try {
+      write(*job, wc);
+    } catch (...) {
+      writer_error_ = std::current_exception();
+    }
+  });
+  return path;
+}
+
+double Checkpointer::finish() {
+  if (!writer_.joinable()) return 0;
+  const double t0 = now_seconds();
+  writer_.join();
+  const double waited = now_seconds() - t0;
+  const std::exception_ptr error = std::exchange(writer_error_, nullptr);
+  // The writers agree on failure (their checks are collective); this says
+  // so on the main threads too.
+  try_all(mesh_.world(), "", [&] {
+    if (error) std::rethrow_exception(error);
+  }, MESHLM_HERE);
+  log::info("# checkpoint: the background write of step {} ended {:.2f} s after it began; "
+            "training waited {:.3f} s for it at the end and {:.3f} s for HDF5 meanwhile "
+            "(rank 0)",
+            writing_step_, now_seconds() - writer_started_, waited,
+            h5::LibraryLock::waited_seconds() - lock_waited_at_start_);
+  return waited;
+}
+
+void Checkpointer::write(Job& job, MPI_Comm comm) {
+  const double t0 = now_seconds();
+  std::unique_ptr<comm::Communicator> c = comm::make_mpi_communicator(comm);
+  const int rank = c->rank();
+  const int64_t step = job.state.step;
+  const RankView& v = job.view;
+  const std::vector<DatasetRef>& refs = job.refs;
+  // HDF5, one thread at a time: a background writer lets the main thread in
+  // between blocks.
+  std::unique_ptr<h5::LibraryLock> lock = std::make_unique<h5::LibraryLock>();
+  auto between = [&] { lock->yield(); };
+
+  // Every rank writes its boxes of every dataset.
+  HostFloats host(engine_.model().kernels(), job.host);
+  try_all(comm, "checkpoint: ", [&] {
+    h5::File f = ck::create_parallel(job.tmp, comm);
+    maybe_die(cfg_, rank, step, "create");
     size_t written = 0;
     for (const DatasetRef& r : refs) {
-      if (++written == refs.size() / 2) maybe_die(cfg_, rank, st.step, "tensors");
+      if (++written == refs.size() / 2) maybe_die(cfg_, rank, step, "tensors");
       h5::Dataset d = ck::create_tensor(f, r.path, dims_of(r.full->full_shape));
       const ParamSpec* p = v.local_of[static_cast<size_t>(r.full->index)];
       std::vector<ck::Box> boxes;
@@ -651,35 +795,32 @@ std::string Checkpointer::save(const TrainingState& st) {
                           (p->tied == TiedGroup::none || v.first_stage);
       if (writer) {
         std::pair<size_t, size_t> range = clip(*p, v.write);
-        size_t base = 0;
-        if (r.kind != DatasetRef::value) {
+        if (r.kind != DatasetRef::value)
           range = clip(*p, {std::max(v.write.first, v.moments.first),
                             std::min(v.write.second, v.moments.second)});
-          base = v.moments.first;
-        }
         if (range.first < range.second) {
           boxes = to_boxes(part_boxes(*p, v.tp_rank, v.tp_size, range.first, range.second));
-          data = host.read(buffer_of(engine_, r.kind) + p->offset + range.first - base,
+          data = host.read(job.data[r.kind] + p->offset + range.first - job.begin[r.kind],
                            range.second - range.first);
         }
       }
-      ck::write_boxes(d, boxes, data, /*collective=*/true);
+      ck::write_boxes_in_blocks(d, boxes, data, between);
     }
-    h5::close_file(f, tmp);
+    h5::close_file(f, job.tmp);
   }, MESHLM_HERE);
 
-  // 3. Read back, hashed, and the checksums and /meta written.
+  // Read back, hashed, and the checksums and /meta written.
   std::vector<std::string> names;
   std::vector<uint64_t> sizes;
   for (const DatasetRef& r : refs) {
     names.push_back(r.path);
     sizes.push_back(r.full->numel());
   }
-  maybe_die(cfg_, rank, st.step, "checksums");
+  maybe_die(cfg_, rank, step, "checksums");
   h5::File f;
-  try_all(world, "checkpoint: ", [&] { f = ck::open_parallel(tmp, world, true); }, MESHLM_HERE);
-  const std::vector<uint64_t> sums = checksums(world, f, names, sizes, tmp);
-  try_all(world, "checkpoint: ", [&] {
+  try_all(comm, "checkpoint: ", [&] { f = ck::open_parallel(job.tmp, comm, true); }, MESHLM_HERE);
+  const std::vector<uint64_t> sums = checksums(comm, f, names, sizes, between);
+  try_all(comm, "checkpoint: ", [&] {
     {
       h5::Group group = h5::require_group(f, ck::kChecksumGroup);
       for (size_t i = 0; i < names.size(); ++i) {
@@ -688,21 +829,23 @@ std::string Checkpointer::save(const TrainingState& st) {
         h5::write_scalar_attr<uint64_t>(group, names[i], sums[i]);
       }
     }
-    write_meta(f, cfg_, st, engine_, windows_per_epoch_, base_hash_, created);
-    h5::close_file(f, tmp);
+    write_meta(f, cfg_, job.state, job.opt, windows_per_epoch_, base_hash_, job.created);
+    h5::close_file(f, job.tmp);
   }, MESHLM_HERE);
+  lock.reset();  // no HDF5 while the file is flushed to disk
 
-  // 4. Made durable and visible, `latest` moved, old ones removed (rank 0).
-  try_all(world, "checkpoint: ", [&] {
-    maybe_die(cfg_, rank, st.step, "rename");
+  // Made durable and visible, `latest` moved, old ones removed (rank 0).
+  const std::string dir = cfg_.checkpoint.resolved_dir;
+  try_all(comm, "checkpoint: ", [&] {
+    maybe_die(cfg_, rank, step, "rename");
     if (rank != 0) return;
-    out->commit();
-    maybe_die(cfg_, rank, st.step, "latest");
+    job.out->commit();
+    maybe_die(cfg_, rank, step, "latest");
     const std::string latest = (fs::path(dir) / ck::kLatestName).string();
     const std::string latest_tmp = temp_name_for(latest);
     {
       std::ofstream o(latest_tmp, std::ios::trunc);
-      o << fs::path(path).filename().string() << "\n";
+      o << fs::path(job.path).filename().string() << "\n";
       o.close();
       if (!o) {
         std::error_code ec;
@@ -729,17 +872,18 @@ std::string Checkpointer::save(const TrainingState& st) {
       std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
       for (size_t i = static_cast<size_t>(cfg_.checkpoint.keep_last); i < found.size(); ++i) {
         const std::string old = found[i].second.string();
-        if (old == path || !ck::is_checkpoint_file(old)) continue;
+        h5::LibraryLock library;
+        if (old == job.path || !ck::is_checkpoint_file(old)) continue;
         fs::remove(old, ec);
       }
     }
   }, MESHLM_HERE);
   const double dt = now_seconds() - t0;
-  log::info("# checkpoint: step {} -> {} | {} in {:.2f} s ({}/s) | checksums of {} datasets "
+  log::info("# checkpoint: step {} -> {} | {} in {:.2f} s ({}/s){} | checksums of {} datasets "
             "verified",
-            st.step, path, format_bytes(static_cast<double>(total)), dt,
-            format_bytes(static_cast<double>(total) / std::max(dt, 1e-9)), names.size());
-  return path;
+            step, job.path, format_bytes(static_cast<double>(job.bytes)), dt,
+            format_bytes(static_cast<double>(job.bytes) / std::max(dt, 1e-9)),
+            job.async ? " in the background" : "", names.size());
 }
 
 }  // namespace meshlm

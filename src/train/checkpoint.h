@@ -21,6 +21,14 @@
 // A rank killed at any moment leaves the previous checkpoint and `latest`
 // as they were; its temporary file is removed by the next save.
 //
+// checkpoint.async: save() copies what the rank writes (the values of its
+// write range and their moments) into a host snapshot, kept for the run
+// (memory category checkpoint), and returns; a background thread does
+// steps 1-3 from it on a duplicate of the world communicator while training
+// goes on. The next save() or finish() waits for it. HDF5 is entered by one
+// thread at a time (io/h5.h, LibraryLock): the writer lets the main thread
+// in between blocks of at most 16 MiB.
+//
 // Loading, collective: the file's /meta is checked against the run (the
 // model, what trains, the data it counts windows of), every dataset the run
 // needs is hashed again (shared as above) and compared with its checksum,
@@ -29,8 +37,13 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
+#include <memory>
 #include <string>
+#include <thread>
 
+#include "comm/mpi_comm.h"
+#include "core/alloc.h"
 #include "core/timer.h"
 #include "io/tokens.h"
 #include "mesh/mesh.h"
@@ -73,17 +86,34 @@ public:
 
   // Collective: writes the checkpoint of `state` (step_<step>.h5 in
   // checkpoint.dir), points `latest` at it and removes the old ones beyond
-  // checkpoint.keep_last. Returns its path.
+  // checkpoint.keep_last. Returns its path. Under checkpoint.async it
+  // returns once the snapshot is taken and the write has begun; a write
+  // still going on from the checkpoint before is waited for first.
   std::string save(const TrainingState& state);
 
+  // Collective: waits for the background write, if any (checkpoint.async),
+  // and says how it went. CollectiveError when it failed. Returns the
+  // seconds waited.
+  double finish();
+
+  struct Job;  // one checkpoint being written (checkpoint.cpp)
+
 private:
+  void write(Job& job, MPI_Comm comm);  // collective over comm
   const RunConfig& cfg_;
   const ProcessMesh& mesh_;
   Engine& engine_;
   uint64_t windows_per_epoch_;
   SectionTimers& timers_;
   std::string base_hash_;  // XXH3-128 of quant.base under LoRA (rank 0 computes it once)
-  bool base_hashed_ = false;
+  // checkpoint.async:
+  std::unique_ptr<comm::OwnedComm> writer_comm_;  // the writer's duplicate of the world
+  Buffer snapshot_;                                // the host snapshot, made at the first save
+  std::thread writer_;
+  std::exception_ptr writer_error_;  // how the writer's last job ended
+  int64_t writing_step_ = -1;        // the step it writes
+  double writer_started_ = 0;        // now_seconds() when it began
+  double lock_waited_at_start_ = 0;  // the main thread's LibraryLock::waited_seconds() then
 };
 
 }  // namespace meshlm

@@ -119,6 +119,10 @@ struct CheckpointConfig {
   double every_minutes = 0;  // ... and when this many minutes passed since the last; 0 = off
   int keep_last = 3;         // older checkpoints of dir removed; 0 = keep all
   bool final = true;         // one at the end of training
+  // Written by a background thread from a host snapshot while training
+  // goes on; the step waits only for the snapshot (and for a write still in
+  // flight from the checkpoint before).
+  bool async = false;
   std::string resume = "none";  // none | auto (dir's latest, if any) | a checkpoint file
   std::string adapters_from;  // [finetune] adapters_from: LoRA adapters to start from
   // The directory, with its default resolved (resolve_run_config).

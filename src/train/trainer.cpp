@@ -149,6 +149,10 @@ size_t ring_scratch_prediction(const RunConfig& cfg, const RankPlan& shape) {
 PhasedMemory predict_run_phases(const RunConfig& cfg, const RankPlan& shape, uint64_t windows) {
   PhasedMemory phased = predict_phases(cfg.model, shape, windows, cfg.data.shuffle);
   phased.add(MemPhase::training, MemCategory::comm, ring_scratch_prediction(cfg, shape));
+  // checkpoint.async: the host snapshot, made at the first checkpoint.
+  if (cfg.checkpoint.async)
+    phased.add(MemPhase::training, MemCategory::checkpoint,
+               checkpoint_snapshot_numel(cfg.model, shape) * sizeof(float));
   // On the CPU the start-up's GEMM that makes OpenBLAS's buffer resident.
   if (cfg.runtime.backend == ComputeBackend::cpu)
     phased.add(MemPhase::startup, MemCategory::workspace, ops::kGemmWarmUpFloats * sizeof(float));
@@ -617,13 +621,13 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
     return path;
   };
   const CheckpointConfig& kc = cfg.checkpoint;
-  log::info("# checkpoint: {} | every {} | keep last {} | final {} | SIGTERM or SIGUSR1: checkpoint "
-            "and stop",
+  log::info("# checkpoint: {} | every {} | keep last {} | final {}{} | SIGTERM or SIGUSR1: "
+            "checkpoint and stop",
             kc.resolved_dir,
             kc.every > 0 ? fmt::format("{} steps", kc.every)
                          : kc.every_minutes > 0 ? std::string("-") : std::string("- (none)"),
             kc.keep_last > 0 ? std::to_string(kc.keep_last) : std::string("all"),
-            kc.final ? "yes" : "no");
+            kc.final ? "yes" : "no", kc.async ? " | async" : "");
   if (kc.every_minutes > 0) log::info("# checkpoint: also every {:g} minutes", kc.every_minutes);
   log::info("# {:>6} {:>9} {:>10} {:>10} {:>10} {:>11}", "step", "loss", "lr", "grad_norm",
             "ms/step", "tokens/s");
@@ -639,6 +643,7 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
     const int done = step + 1;
     if (any[0] != 0) {
       const std::string path = save(done);
+      checkpointer.finish();  // on disk before the job ends (checkpoint.async)
       log::info("# {} received: stopped after step {} of {}; checkpoint {} written. Resume with "
                 "checkpoint.resume = auto (or = {})",
                 StopSignals::name(any[0]), done, tc.steps, path, path);
@@ -650,6 +655,10 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
   if (kc.final && summary.stopped_by_signal == 0 && saved_step != tc.steps &&
       state.step < tc.steps)
     save(tc.steps);
+  {
+    ScopedTimer st(timers, Section::checkpoint);
+    checkpointer.finish();  // a background write still going on (checkpoint.async)
+  }
 
   summary.seconds = now_seconds() - t_start;
   if (engine.loss_scaler().enabled()) {

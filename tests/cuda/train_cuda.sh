@@ -138,7 +138,7 @@ for d in ["cuda_fp32", "cuda_bf16", "cuda_fp16", "cuda_bf16_flash", "cuda_lora_f
     off = []
     with h5py.File(f"{d}/run.h5", "r") as f:
         for c in ["params", "grads", "optimizer", "activations", "quantized", "comm",
-                  "workspace", "other"]:
+                  "workspace", "checkpoint", "other"]:
             pred = int(f[f"memory/{c}/predicted_bytes"][0])
             peak = int(f[f"memory/{c}/peak_bytes"][0])
             if abs(peak - pred) > max(0.01 * pred, 1 << 20):

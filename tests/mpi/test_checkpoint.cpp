@@ -8,7 +8,9 @@
 //    (1,1,1), (4,2,1), (1,2,4), (2,1,2) with ZeRO 0, 1 and 2 on either side,
 //    with the uninterrupted run's losses within 1e-5;
 //  * LoRA: the same for adapters on a frozen base; finetune.adapters_from
-//    starts a new fine-tune from saved adapters.
+//    starts a new fine-tune from saved adapters;
+//  * checkpoint.async writes the same files as a synchronous save, from a
+//    snapshot the memory model predicts.
 // meshlm-test-ranks: 8
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -212,6 +214,77 @@ TEST_F(CheckpointTest, LoraAdaptersResumeAndStartANewFineTune) {
     ASSERT_EQ(from.params.size(), full.params.size());
     EXPECT_LT(max_rel(from.params, full.params), 1e-6);
     EXPECT_NE(from.losses.at(0), fresh.losses.at(0));
+  }
+}
+
+// Rank 0: every dataset of two checkpoint files is the same, bit for bit,
+// and so are the attributes of /meta that say where training stands.
+void expect_same_checkpoint(const fs::path& a, const fs::path& b) {
+  SCOPED_TRACE(a.string() + " vs " + b.string());
+  io::h5::File fa = io::h5::open_file(a.string()), fb = io::h5::open_file(b.string());
+  const std::vector<std::string> names = io::ckpt::list_datasets(fa);
+  ASSERT_EQ(names, io::ckpt::list_datasets(fb));
+  size_t tensors = 0;
+  for (const std::string& n : names) {
+    if (n.rfind("meta/", 0) == 0) continue;
+    ++tensors;
+    EXPECT_EQ(io::h5::read_dataset<float>(fa, n), io::h5::read_dataset<float>(fb, n)) << n;
+    io::h5::Dataset da = io::h5::open_dataset(fa, n), db = io::h5::open_dataset(fb, n);
+    EXPECT_EQ(io::h5::read_scalar_attr<uint64_t>(da, io::ckpt::kChecksumAttr),
+              io::h5::read_scalar_attr<uint64_t>(db, io::ckpt::kChecksumAttr))
+        << n;
+  }
+  EXPECT_GT(tensors, 0u);
+  io::h5::Group ma(H5Gopen2(fa, "meta", H5P_DEFAULT)), mb(H5Gopen2(fb, "meta", H5P_DEFAULT));
+  for (const char* k : {"step", "tokens_seen", "adamw_step", "loss_scale_good_steps"})
+    EXPECT_EQ(io::h5::read_scalar_attr<int64_t>(ma, k), io::h5::read_scalar_attr<int64_t>(mb, k)) << k;
+  for (const char* k : {"data_epoch", "data_position"})
+    EXPECT_EQ(io::h5::read_scalar_attr<uint64_t>(ma, k), io::h5::read_scalar_attr<uint64_t>(mb, k)) << k;
+}
+
+// checkpoint.async: the background writer's files are the synchronous
+// writer's (training goes on while it writes from the snapshot, so a
+// snapshot taken late, or a write reading the live buffers, would differ),
+// training is the same, and the snapshot is what the memory model books.
+TEST_F(CheckpointTest, AsynchronousWritesGiveTheSynchronousFilesAndBookTheirSnapshot) {
+  struct Case {
+    const char* cfg;
+    Layout layout;
+  };
+  for (const Case& k : {Case{kFull, {2, 2, 2, 2}}, Case{kFull, {4, 1, 2, 0}},
+                        Case{kLora, {2, 1, 2, 1}}}) {
+    SCOPED_TRACE(k.layout.name() + (k.cfg == kLora ? " LoRA" : ""));
+    auto run = [&](const std::string& sub, bool async) {
+      return train_on_first_ranks(
+          k.cfg,
+          with(k.layout.args(), {"--checkpoint.every=3", "--checkpoint.final=true",
+                                 "--checkpoint.keep_last=0",
+                                 "--checkpoint.dir=" + (dir_ / sub).string(),
+                                 std::string("--checkpoint.async=") + (async ? "true" : "false")}),
+          k.layout.ranks(), dir_);
+    };
+    const RunResult sync = run("sync", false);
+    const RunResult async = run("async", true);
+    if (world_rank() == 0) {
+      EXPECT_EQ(async.losses, sync.losses) << "writing in the background changed training";
+      EXPECT_EQ(async.params, sync.params);
+      for (int step : {3, 6, 8})
+        expect_same_checkpoint(dir_ / "sync" / io::ckpt::file_name_of_step(step),
+                               dir_ / "async" / io::ckpt::file_name_of_step(step));
+      ASSERT_EQ(async.peaks.size(), static_cast<size_t>(k.layout.ranks()));
+      for (size_t r = 0; r < async.peaks.size(); ++r) {
+        const size_t predicted = at(async.predicted[r], MemCategory::checkpoint);
+        EXPECT_GT(predicted, 0u) << "rank " << r;
+        EXPECT_EQ(at(async.peaks[r], MemCategory::checkpoint), predicted) << "rank " << r;
+        EXPECT_EQ(at(sync.predicted[r], MemCategory::checkpoint), 0u) << "rank " << r;
+        EXPECT_EQ(at(sync.peaks[r], MemCategory::checkpoint), 0u) << "rank " << r;
+      }
+    }
+    if (world_rank() == 0) {
+      fs::remove_all(dir_ / "sync");
+      fs::remove_all(dir_ / "async");
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
   }
 }
 

@@ -17,7 +17,7 @@ import h5py
 import numpy as np
 
 CATEGORIES = ["params", "grads", "optimizer", "activations", "quantized", "comm",
-              "workspace", "other"]
+              "workspace", "checkpoint", "other"]
 
 
 def main():

@@ -399,8 +399,8 @@ std::vector<Case> cases() {
   return v;
 }
 
-const char* const kCategoryNames[] = {"params",    "grads", "optimizer", "activations",
-                                      "quantized", "comm",  "workspace", "other"};
+const char* const kCategoryNames[] = {"params",    "grads", "optimizer", "activations", "quantized",
+                                      "comm",      "workspace", "checkpoint", "other"};
 static_assert(std::size(kCategoryNames) == kNumMemCategories);
 
 void check(const Case& k) {
