@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "core/error.h"
@@ -50,13 +51,14 @@ uint64_t dataset_checksum(hid_t dset, hid_t dxpl,
   const hsize_t rows = dims.empty() ? 1 : dims[0];
   const hsize_t per_block =
       std::max<hsize_t>(1, std::min<hsize_t>(rows, kReadBlockBytes / sizeof(float) / row));
-  std::vector<float> buf(static_cast<size_t>(per_block * row));
+  // Not zeroed: every block is read before it is hashed.
+  std::unique_ptr<float[]> buf(new float[static_cast<size_t>(per_block * row)]);
   const std::string name = h5::object_name(dset);
   h5::Dataspace fspace(H5Dget_space(dset));
   for (hsize_t r0 = 0; r0 < rows; r0 += per_block) {
     const hsize_t n = std::min(per_block, rows - r0);
     if (dims.empty()) {
-      h5::check(H5Dread(dset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, dxpl, buf.data()), dset, name,
+      h5::check(H5Dread(dset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, dxpl, buf.get()), dset, name,
                 "cannot read dataset");
     } else {
       std::vector<hsize_t> start(dims.size(), 0), count = dims;
@@ -67,10 +69,10 @@ uint64_t dataset_checksum(hid_t dset, hid_t dxpl,
                 dset, name, "cannot select rows");
       const hsize_t len = n * row;
       h5::Dataspace mspace(H5Screate_simple(1, &len, nullptr));
-      h5::check(H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, buf.data()), dset, name,
+      h5::check(H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fspace, dxpl, buf.get()), dset, name,
                 fmt::format("cannot read rows [{}, {})", r0, r0 + n));
     }
-    h.update(buf.data(), static_cast<size_t>(n * row) * sizeof(float));
+    h.update(buf.get(), static_cast<size_t>(n * row) * sizeof(float));
     if (progress) progress((r0 + n) * row, total);
   }
   return h.value();

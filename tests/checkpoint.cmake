@@ -22,7 +22,17 @@ if(MESHLM_PYTHON)
     ENVIRONMENT "OMP_NUM_THREADS=1")
 endif()
 
-# test_checkpoint (8 ranks, 14 training runs) is left out of the sanitizer
-# run of CI (.ci/run: -LE long): the ASan build runs its code through the
-# other MPI tests, and its runs take as long again there.
-set_tests_properties(test_checkpoint PROPERTIES LABELS "mpi;long")
+# The long MPI programs are left out of the sanitizer run of CI (.ci/run:
+# -LE long), which must end within its time: test_checkpoint (8 ranks, 20
+# training runs), test_lora_training (8 ranks) and the unit test
+# test_quant_cache (GPT-2-sized stores). The ASan build runs their code
+# through the other tests (test_parallel_training, test_lora, test_quant,
+# test_fuzz_regressions' cache files), and test_checkpoint_async below runs
+# checkpoint.async's writer thread there.
+set_tests_properties(test_checkpoint test_lora_training PROPERTIES LABELS "mpi;long")
+set_tests_properties(test_quant_cache PROPERTIES LABELS "unit;long")
+add_test(NAME test_checkpoint_async
+  COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 8 ${MESHLM_MPIEXEC_PREFLAGS}
+          $<TARGET_FILE:test_checkpoint> --gtest_filter=*Asynchronous*)
+set_tests_properties(test_checkpoint_async PROPERTIES LABELS mpi TIMEOUT 300
+  ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")

@@ -23,7 +23,7 @@
 //
 // checkpoint.async: save() copies what the rank writes (the values of its
 // write range and their moments) into a host snapshot, kept for the run
-// (memory category checkpoint), and returns; a background thread does
+// (memory category checkpoint, made with the checkpointer), and returns; a background thread does
 // steps 1-3 from it on a duplicate of the world communicator while training
 // goes on. The next save() or finish() waits for it. HDF5 is entered by one
 // thread at a time (io/h5.h, LibraryLock): the writer lets the main thread
@@ -108,7 +108,7 @@ private:
   std::string base_hash_;  // XXH3-128 of quant.base under LoRA (rank 0 computes it once)
   // checkpoint.async:
   std::unique_ptr<comm::OwnedComm> writer_comm_;  // the writer's duplicate of the world
-  Buffer snapshot_;                                // the host snapshot, made at the first save
+  Buffer snapshot_;                                // the host snapshot, made with the checkpointer
   std::thread writer_;
   std::exception_ptr writer_error_;  // how the writer's last job ended
   int64_t writing_step_ = -1;        // the step it writes

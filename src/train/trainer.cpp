@@ -149,10 +149,16 @@ size_t ring_scratch_prediction(const RunConfig& cfg, const RankPlan& shape) {
 PhasedMemory predict_run_phases(const RunConfig& cfg, const RankPlan& shape, uint64_t windows) {
   PhasedMemory phased = predict_phases(cfg.model, shape, windows, cfg.data.shuffle);
   phased.add(MemPhase::training, MemCategory::comm, ring_scratch_prediction(cfg, shape));
-  // checkpoint.async: the host snapshot, made at the first checkpoint.
-  if (cfg.checkpoint.async)
-    phased.add(MemPhase::training, MemCategory::checkpoint,
-               checkpoint_snapshot_numel(cfg.model, shape) * sizeof(float));
+  // checkpoint.async: the host snapshot, made with the checkpointer after
+  // the training buffers (the last moment of initialisation) and kept.
+  if (cfg.checkpoint.async) {
+    const size_t snapshot = checkpoint_snapshot_numel(cfg.model, shape) * sizeof(float);
+    PhasedMemory::Moment* made = nullptr;
+    for (PhasedMemory::Moment& m : phased.moments)
+      if (m.phase == MemPhase::initialisation) made = &m;
+    if (made) at(made->live, MemCategory::checkpoint) += snapshot;
+    phased.add(MemPhase::training, MemCategory::checkpoint, snapshot);
+  }
   // On the CPU the start-up's GEMM that makes OpenBLAS's buffer resident.
   if (cfg.runtime.backend == ComputeBackend::cpu)
     phased.add(MemPhase::startup, MemCategory::workspace, ops::kGemmWarmUpFloats * sizeof(float));

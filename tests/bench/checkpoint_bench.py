@@ -39,6 +39,8 @@ import sys
 import time
 
 MIB = 1 << 20
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = os.path.join(ROOT, "inputs", "tiny.cfg")  # every key it sets is overridden below
 BLOCK = 16 * MIB
 GPT2 = ["--model.n_layer=12", "--model.n_head=12", "--model.n_embd=768",
         "--model.vocab_size=50304", "--model.seq_len=64", "--model.max_seq_len=64",
@@ -122,7 +124,7 @@ def main():
                          f"--train.batch_size={n}", f"--checkpoint.dir={ck}",
                          "--checkpoint.keep_last=0"]
         # Write: two saves.
-        text = run(mpi + ["-n", str(n), meshlm, "train", f"--output.dir={d}/w", "--train.steps=2",
+        text = run(mpi + ["-n", str(n), meshlm, "train", TINY, f"--output.dir={d}/w", "--train.steps=2",
                           "--checkpoint.every=1", "--checkpoint.final=false"] + common,
                    os.path.join(d, "write.log"))
         saves = [float(x) for x in re.findall(r"# checkpoint: step \d+ -> \S+ \| .*? in ([\d.]+) s", text)]
@@ -132,7 +134,7 @@ def main():
         # Read: a resume from step 2 with nothing left to train.
         os.remove(os.path.join(ck, "step_00000001.h5"))
         drop_cache(f2)
-        text = run(mpi + ["-n", str(n), meshlm, "train", f"--output.dir={d}/r", "--train.steps=2",
+        text = run(mpi + ["-n", str(n), meshlm, "train", TINY, f"--output.dir={d}/r", "--train.steps=2",
                           f"--checkpoint.resume={f2}", "--checkpoint.final=false"] + common,
                    os.path.join(d, "read.log"))
         load = float(re.search(r"loaded and verified in ([\d.]+) s", text).group(1))
@@ -141,14 +143,14 @@ def main():
         pw, pr = min(p[0] for p in plain), min(p[1] for p in plain)
         # Async: a checkpoint every 2 steps of 6, against no checkpoints.
         shutil.rmtree(ck, ignore_errors=True)
-        text_a = run(mpi + ["-n", str(n), meshlm, "train", f"--output.dir={d}/a", "--train.steps=6",
+        text_a = run(mpi + ["-n", str(n), meshlm, "train", TINY, f"--output.dir={d}/a", "--train.steps=6",
                             "--checkpoint.every=2", "--checkpoint.final=false",
                             "--checkpoint.async=true"] + common, os.path.join(d, "async.log"))
         stalls = re.findall(r"copied to the host snapshot \(.*?\) in ([\d.]+) s; training waited "
                             r"([\d.]+) s in all", text_a)
         bg = re.findall(r"ended ([\d.]+) s after it began; training waited ([\d.]+) s for it at "
                         r"the end and ([\d.]+) s for HDF5", text_a)
-        text_n = run(mpi + ["-n", str(n), meshlm, "train", f"--output.dir={d}/n", "--train.steps=6",
+        text_n = run(mpi + ["-n", str(n), meshlm, "train", TINY, f"--output.dir={d}/n", "--train.steps=6",
                             "--checkpoint.final=false"] + common, os.path.join(d, "none.log"))
         ta, tn = step_times(text_a), step_times(text_n)
         during = [ta[s] for s in (3, 5) if s in ta]  # the steps after a snapshot
