@@ -13,16 +13,25 @@
 #     (at 65536 a GPU run skipped one step where another did not; the
 #     skipping itself is tested on the CPU, tests/cli/precision.sh); and
 #     cuda bf16 with train.attention = flash (the fused kernels) likewise;
-#   * QLoRA (finetune.mode = lora on an NF4 base, 100 steps): cuda fp32
-#     within 1e-3 of the CPU's LoRA curve over the first 60 steps, cuda bf16
-#     within the bf16 tolerance of it; the device memory line books the
-#     base as quantized;
+#   * QLoRA (finetune.mode = lora on an NF4 base, 100 steps at lr 0.003):
+#     cuda fp32 within 1e-3 of the CPU's LoRA curve at every step, cuda bf16
+#     within the bf16 tolerance of it; the loss falls by 0.1 (the random
+#     base leaves the adapters little more: the CPU's curve goes 5.56 ->
+#     5.41); the device memory line books the base as quantized. At lr 0.01
+#     the run is unstable from step 33 on: the CPU's own curve moves by
+#     4.5e-3 when only OpenBLAS's GEMM kernel changes (OPENBLAS_CORETYPE),
+#     by 4e-8 at lr 0.003;
 #   * cuda fp16 with a NaN injected into step 3's gradients on the device
 #     (debug.nan_step): the step is skipped, logged and counted, and the
 #     scale halves once;
 #   * in every CUDA run, each memory category's peak (host and device
 #     together, run.h5 memory/<category>) is its prediction, within 1% or
 #     1 MiB;
+#   * checkpoint.async = true on the GPU (20 steps, a checkpoint every 10):
+#     its files equal the synchronous run's within 1e-5 of each dataset's
+#     largest value (every dataset but /meta), the step-20 file verifies,
+#     its memory categories (checkpoint among them) are their predictions,
+#     and 10 steps resumed from its step-10 file end where it ended;
 #   * the loss falls; the rank line names the GPU.
 # Exit 77 (skipped) when meshlm says this machine has no GPU it can use.
 set -u
@@ -62,7 +71,7 @@ timeout 120 $mpiexec1 "$meshlm" train "$cfg" "${common[@]}" --output.dir=cuda_bf
   { cat cuda_bf16_flash.log; echo "FAIL: the CUDA bf16 run with flash attention"; exit 1; }
 grep -q "attention flash" cuda_bf16_flash.log ||
   { grep "^# parallel" cuda_bf16_flash.log; echo "FAIL: the flash run does not say so"; exit 1; }
-lora=(--train.steps=100 --finetune.mode=lora --quant.type=nf4 --train.lr=0.01)
+lora=(--train.steps=100 --finetune.mode=lora --quant.type=nf4 --train.lr=0.003)
 # shellcheck disable=SC2086
 timeout 120 $mpiexec1 "$meshlm" train "$cfg" "${common[@]}" "${lora[@]}" --output.dir=cpu_lora \
   >cpu_lora.log 2>&1 || { cat cpu_lora.log; echo "FAIL: the CPU LoRA run"; exit 1; }
@@ -82,6 +91,24 @@ for want in "step 3: fp16 gradients overflowed at loss scale 4096 .*loss scale n
   grep -Eq -- "$want" cuda_fp16_nan.log ||
     { cat cuda_fp16_nan.log; echo "FAIL: cuda fp16 injected overflow: no line matching $want"; exit 1; }
 done
+# checkpoint.async on the GPU: a checkpoint every 10 steps of 20, from the
+# background thread and from the training thread; then 10 steps resumed from
+# the async run's step-10 file.
+ck=(--data.path=tokens.h5 --runtime.threads=2 --train.steps=20 --train.log_every=1
+    --runtime.backend=cuda --checkpoint.every=10)
+for a in false true; do
+  # shellcheck disable=SC2086
+  timeout 120 $mpiexec1 "$meshlm" train "$cfg" "${ck[@]}" --checkpoint.async=$a \
+    --output.dir=cuda_ck_$a >cuda_ck_$a.log 2>&1 ||
+    { cat cuda_ck_$a.log; echo "FAIL: the CUDA run with checkpoint.async = $a"; exit 1; }
+done
+# shellcheck disable=SC2086
+timeout 120 $mpiexec1 "$meshlm" train "$cfg" "${ck[@]}" --checkpoint.async=true \
+  --checkpoint.resume=cuda_ck_true/checkpoints/step_00000010.h5 --output.dir=cuda_ck_resumed \
+  >cuda_ck_resumed.log 2>&1 ||
+  { cat cuda_ck_resumed.log; echo "FAIL: the CUDA run resumed from an async checkpoint"; exit 1; }
+"$meshlm" ckpt verify cuda_ck_true/checkpoints/step_00000020.h5 >/dev/null ||
+  { echo "FAIL: the async checkpoint does not verify"; exit 1; }
 grep -Eq "^# device memory, .*quantized" cuda_lora_fp32.log ||
   { grep "^# device memory" cuda_lora_fp32.log; echo "FAIL: no quantized base on the device"; exit 1; }
 grep -E "^# (precision|device)|device cuda:" cuda_*.log
@@ -124,17 +151,37 @@ for p in ["fp32", "bf16"]:
     lg, gg = curve(f"cuda_lora_{p}")
     if len(lg) != 100 or len(lc) != 100:
         print(f"FAIL: LoRA {p}: {len(lg)} and {len(lc)} steps logged"); bad = True; continue
-    n = 60 if p == "fp32" else 100
-    d = np.abs(lg[:n] - lc[:n]) / np.abs(lc[:n])
+    n = 100
+    d = np.abs(lg - lc) / np.abs(lc)
     tol_max, tol_mean = (1e-3, 1e-3) if p == "fp32" else (0.015, 0.002)
     print(f"QLoRA {p}: loss {lg[0]:.5f} -> {lg[-1]:.5f} (cuda) vs {lc[0]:.5f} -> {lc[-1]:.5f} "
           f"(cpu fp32); relative difference over {n} steps largest {d.max():.2e} "
           f"(step {d.argmax() + 1}), mean {d.mean():.2e}")
     if not (np.all(np.isfinite(lg)) and d.max() <= tol_max and d.mean() <= tol_mean
-            and lg[-1] < lg[0] - 0.3):
+            and lg[-1] < lg[0] - 0.1):
         print(f"FAIL: cuda QLoRA {p}"); bad = True
+def datasets(path):
+    out = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda n, o: out.__setitem__(n, o[()]) if isinstance(o, h5py.Dataset)
+                     and not n.startswith("meta") else None)
+    return out
+for a, b, what in [("cuda_ck_false/checkpoints/step_00000010.h5",
+                    "cuda_ck_true/checkpoints/step_00000010.h5", "async step 10"),
+                   ("cuda_ck_false/checkpoints/step_00000020.h5",
+                    "cuda_ck_true/checkpoints/step_00000020.h5", "async step 20"),
+                   ("cuda_ck_true/checkpoints/step_00000020.h5",
+                    "cuda_ck_resumed/checkpoints/step_00000020.h5", "resumed step 20")]:
+    x, y = datasets(a), datasets(b)
+    worst = max((float(np.max(np.abs(x[k].astype(np.float64) - y[k]))) /
+                 max(float(np.max(np.abs(x[k]))), 1e-30) for k in x if k in y), default=None)
+    if sorted(x) != sorted(y) or worst is None or worst > 1e-5:
+        print(f"FAIL: {what}: {sorted(set(x) ^ set(y))} differ in name, largest difference {worst}")
+        bad = True
+    else:
+        print(f"{what}: {len(x)} datasets, largest difference {worst:.1e} of the largest value")
 for d in ["cuda_fp32", "cuda_bf16", "cuda_fp16", "cuda_bf16_flash", "cuda_lora_fp32",
-          "cuda_lora_bf16"]:
+          "cuda_lora_bf16", "cuda_ck_true"]:
     off = []
     with h5py.File(f"{d}/run.h5", "r") as f:
         for c in ["params", "grads", "optimizer", "activations", "quantized", "comm",
