@@ -2,8 +2,15 @@
 
 #include <fmt/format.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/error.h"
@@ -32,6 +39,31 @@ std::string file_name_of_step(int64_t step) { return fmt::format("step_{:08d}.h5
 
 uint64_t float_checksum(const float* data, size_t n) { return xxh3_64(data, n * sizeof(float)); }
 
+namespace {
+
+// Where the file holds the dataset's logical content byte for byte: the
+// absolute offset of a contiguous, allocated, unfiltered little-endian
+// float32 dataset of `bytes` bytes in a file of the default (sec2) driver;
+// nullopt for any other storage, which HDF5 must read (and convert).
+std::optional<uint64_t> stored_as_content(hid_t dset, uint64_t bytes) {
+  if constexpr (std::endian::native != std::endian::little) return std::nullopt;
+  h5::Datatype stored(H5Dget_type(dset));
+  if (H5Tequal(stored, H5T_IEEE_F32LE) <= 0) return std::nullopt;
+  h5::PropList dcpl(H5Dget_create_plist(dset));
+  if (!dcpl.valid() || H5Pget_layout(dcpl) != H5D_CONTIGUOUS || H5Pget_external_count(dcpl) != 0 ||
+      H5Pget_nfilters(dcpl) != 0)
+    return std::nullopt;
+  h5::File file(H5Iget_file_id(dset));
+  h5::PropList fapl(H5Fget_access_plist(file));
+  if (!fapl.valid() || H5Pget_driver(fapl) != H5FD_SEC2) return std::nullopt;
+  if (H5Dget_storage_size(dset) != bytes) return std::nullopt;
+  const haddr_t at = H5Dget_offset(dset);  // from the file's first byte, user block included
+  if (at == HADDR_UNDEF) return std::nullopt;
+  return static_cast<uint64_t>(at);
+}
+
+}  // namespace
+
 uint64_t dataset_checksum(hid_t dset, hid_t dxpl,
                           const std::function<void(uint64_t, uint64_t)>& progress) {
   h5::check_type(dset, H5T_NATIVE_FLOAT);
@@ -48,6 +80,37 @@ uint64_t dataset_checksum(hid_t dset, hid_t dxpl,
   }
   Xxh3_64 h;
   if (total == 0) return h.value();
+  // Stored as its content: the file's bytes hashed as read (pread into a
+  // buffer the cache keeps, no HDF5 selection or copy per block).
+  if (const std::optional<uint64_t> at = stored_as_content(dset, total * sizeof(float))) {
+    const std::string path = h5::file_name(dset);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+      h5::fail(dset, h5::object_name(dset), "cannot open '" + path + "': " + std::strerror(errno));
+    constexpr size_t kPiece = size_t{1} << 20;
+    const size_t bytes = static_cast<size_t>(total) * sizeof(float), report = kReadBlockBytes;
+    std::unique_ptr<char[]> buf(new char[kPiece]);
+    size_t done = 0, reported = 0;
+    while (done < bytes) {
+      const ssize_t got = ::pread(fd, buf.get(), std::min(kPiece, bytes - done),
+                                  static_cast<off_t>(*at + done));
+      if (got <= 0) {
+        const std::string why = got < 0 ? std::strerror(errno) : "the file ends first";
+        ::close(fd);
+        h5::fail(dset, h5::object_name(dset),
+                 fmt::format("cannot read bytes [{}, {}) of '{}': {}", *at + done, *at + bytes,
+                             path, why));
+      }
+      h.update(buf.get(), static_cast<size_t>(got));
+      done += static_cast<size_t>(got);
+      if (progress && (done - reported >= report || done == bytes)) {
+        progress(done / sizeof(float), total);
+        reported = done;
+      }
+    }
+    ::close(fd);
+    return h.value();
+  }
   const hsize_t rows = dims.empty() ? 1 : dims[0];
   const hsize_t per_block =
       std::max<hsize_t>(1, std::min<hsize_t>(rows, kReadBlockBytes / sizeof(float) / row));
@@ -199,11 +262,34 @@ void write_boxes(hid_t dset, const std::vector<Box>& boxes, const float* data, b
             name, "cannot write dataset");
 }
 
+namespace {
+
+// Offset of the box's first element in the row-major order of `dims`, and
+// whether its elements are one run there (a contiguous range of the file):
+// whole in every dimension after the first it cuts, a single index in every
+// dimension before it.
+std::pair<hsize_t, bool> linear_start(const Box& b, const std::vector<hsize_t>& dims) {
+  hsize_t start = 0;
+  for (size_t d = 0; d < dims.size(); ++d) start = start * dims[d] + b.start[d];
+  // The last dimension the box cuts; none: the whole tensor.
+  size_t cut = 0;
+  for (size_t d = dims.size(); d-- > 0;)
+    if (b.count[d] != dims[d]) {
+      cut = d;
+      break;
+    }
+  bool contiguous = true;
+  for (size_t d = 0; d < cut; ++d) contiguous = contiguous && b.count[d] == 1;
+  return {start, contiguous};
+}
+
+}  // namespace
+
 void write_boxes_in_blocks(hid_t dset, const std::vector<Box>& boxes, const float* data,
-                           const std::function<void()>& between) {
+                           const std::function<void()>& between, bool collective) {
   const std::vector<hsize_t> dims = h5::shape(dset);
   if (dims.empty()) {
-    write_boxes(dset, boxes, data, /*collective=*/true);
+    if (collective || !boxes.empty()) write_boxes(dset, boxes, data, collective);
     return;
   }
   hsize_t row = 1;
@@ -211,13 +297,13 @@ void write_boxes_in_blocks(hid_t dset, const std::vector<Box>& boxes, const floa
   const hsize_t rows = dims[0];
   const hsize_t per_block =
       std::max<hsize_t>(1, std::min<hsize_t>(rows, kWriteBlockBytes / sizeof(float) / std::max<hsize_t>(row, 1)));
-  for (hsize_t r0 = 0; r0 < std::max<hsize_t>(rows, 1); r0 += per_block) {
-    const hsize_t r1 = std::min(rows, r0 + per_block);
-    // The union's elements are in row-major order, so those of rows < r0
-    // come first: the block's start in `data`.
+  // The boxes of the rows [r0, r1) and where their elements start in `data`
+  // (the union's elements are in row-major order, so those of rows < r0
+  // come first).
+  auto rows_of = [&](const std::vector<Box>& from, hsize_t r0, hsize_t r1, size_t& offset) {
     std::vector<Box> part;
-    size_t offset = 0;
-    for (const Box& b : boxes) {
+    offset = 0;
+    for (const Box& b : from) {
       hsize_t box_row = 1;
       for (size_t d = 1; d < b.count.size(); ++d) box_row *= b.count[d];
       const hsize_t lo = std::max(b.start[0], r0), hi = std::min(b.start[0] + b.count[0], r1);
@@ -229,9 +315,41 @@ void write_boxes_in_blocks(hid_t dset, const std::vector<Box>& boxes, const floa
       x.count[0] = hi - lo;
       part.push_back(std::move(x));
     }
-    write_boxes(dset, part, part.empty() || data == nullptr ? nullptr : data + offset,
-                /*collective=*/true);
-    if (between) between();
+    return part;
+  };
+  if (collective) {
+    // Every rank makes the same calls, a block of the whole tensor's rows each.
+    for (hsize_t r0 = 0; r0 < std::max<hsize_t>(rows, 1); r0 += per_block) {
+      size_t offset = 0;
+      const std::vector<Box> part = rows_of(boxes, r0, std::min(rows, r0 + per_block), offset);
+      write_boxes(dset, part, part.empty() || data == nullptr ? nullptr : data + offset,
+                  /*collective=*/true);
+      if (between) between();
+    }
+    return;
+  }
+  // Independent: each box alone, a block of its own rows at a time.
+  size_t at = 0;
+  hsize_t previous_end = 0;
+  const std::string name = h5::object_name(dset);
+  for (const Box& b : boxes) {
+    const auto [start, contiguous] = linear_start(b, dims);
+    size_t n = 1;
+    for (hsize_t c : b.count) n *= static_cast<size_t>(c);
+    MESHLM_CHECK(contiguous && start >= previous_end,
+                 "independent checkpoint writes take contiguous boxes in the file's order (" +
+                     name + ")");
+    previous_end = start + n;
+    if (n == 0) continue;
+    const std::vector<Box> one{b};
+    for (hsize_t r0 = b.start[0]; r0 < b.start[0] + b.count[0]; r0 += per_block) {
+      size_t offset = 0;
+      const std::vector<Box> part =
+          rows_of(one, r0, std::min(b.start[0] + b.count[0], r0 + per_block), offset);
+      write_boxes(dset, part, data + at + offset, /*collective=*/false);
+      if (between) between();
+    }
+    at += n;
   }
 }
 

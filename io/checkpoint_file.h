@@ -84,12 +84,17 @@ struct Box {
 void write_boxes(hid_t dset, const std::vector<Box>& boxes, const float* data, bool collective);
 void read_boxes(hid_t dset, const std::vector<Box>& boxes, float* data, bool collective);
 
-// Collective write_boxes a block of whole rows of the dataset at a time (at
-// most kWriteBlockBytes of the whole tensor, or one row): every rank makes
-// the same calls, so each waits on the others for one block only, and MPI-
-// IO's buffers stay of a block's size. `between()` runs after each block.
+// write_boxes a block of whole rows at a time (at most kWriteBlockBytes, or
+// one row), so that MPI-IO's buffers stay of a block's size; `between()`
+// runs after each block. With `collective`, the blocks are of the whole
+// tensor and every rank makes the same calls, waiting on the others for one
+// block only. Without, each rank writes its own boxes alone, a block of
+// their rows at a time: the boxes must each be a contiguous range of the
+// file (as the parts of a tensor cut along its first dimension, or a range
+// of its elements, are), in the file's order; a rank with none makes no
+// call.
 inline constexpr size_t kWriteBlockBytes = size_t{16} << 20;
 void write_boxes_in_blocks(hid_t dset, const std::vector<Box>& boxes, const float* data,
-                           const std::function<void()>& between = {});
+                           const std::function<void()>& between = {}, bool collective = true);
 
 }  // namespace meshlm::io::ckpt

@@ -24,15 +24,23 @@ endif()
 
 # The long MPI programs are left out of the sanitizer run of CI (.ci/run:
 # -LE long), which must end within its 20 minutes on 2 cores:
-# test_checkpoint (8 ranks, 20 training runs, checkpoint.async's writer
-# thread among them), test_lora_training and test_parallel_training (8 ranks;
-# 105 s under ASan) and the unit test test_quant_cache (GPT-2-sized stores).
-# The ordinary build runs them all; the ASan build runs their code through
-# the other tests (test_mesh_groups, test_comm, test_collective_errors,
-# test_lora, test_quant, test_fuzz_regressions' cache files).
-set_tests_properties(test_checkpoint test_lora_training test_parallel_training PROPERTIES LABELS "mpi;long")
+# test_checkpoint (8 ranks, 20 training runs), test_lora_training (8 ranks)
+# and the unit test test_quant_cache (GPT-2-sized stores). The ASan build
+# runs their code through the other tests (test_parallel_training,
+# test_checkpoint_io, test_lora, test_quant, test_fuzz_regressions' cache
+# files), and checkpoint.async's writer thread in test_checkpoint_async:
+# test_checkpoint's asynchronous case, run alone (test_checkpoint runs the
+# others).
+set_tests_properties(test_checkpoint test_lora_training PROPERTIES LABELS "mpi;long")
+set_tests_properties(test_checkpoint PROPERTIES ENVIRONMENT
+  "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE;GTEST_FILTER=-*Asynchronous*")
 set_tests_properties(test_quant_cache PROPERTIES LABELS "unit;long")
+add_test(NAME test_checkpoint_async
+  COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 8 ${MESHLM_MPIEXEC_PREFLAGS}
+          $<TARGET_FILE:test_checkpoint> --gtest_filter=*Asynchronous*)
+set_tests_properties(test_checkpoint_async PROPERTIES LABELS mpi TIMEOUT 300
+  ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
 
 # Started first (ctest runs the costliest first): a fresh build has no timing
-# history, and it would otherwise start last and run alone at the end.
-set_tests_properties(test_parallel_training PROPERTIES COST 1000)
+# history, and these would otherwise start last and run alone at the end.
+set_tests_properties(test_parallel_training test_checkpoint_async PROPERTIES COST 1000)

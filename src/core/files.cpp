@@ -14,7 +14,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <chrono>
+#include <condition_variable>
 #include <mutex>
+#include <thread>
 #include <random>
 
 namespace meshlm {
@@ -143,6 +146,45 @@ void sync_file_and_dir(const std::string& path) {
   sync(path, O_RDONLY);
   const fs::path parent = fs::path(path).parent_path();
   sync(parent.empty() ? std::string(".") : parent.string(), O_RDONLY | O_DIRECTORY);
+}
+
+struct WriteBack::State {
+  std::mutex mutex;
+  std::condition_variable wake;
+  bool stop = false;
+  std::thread thread;
+};
+
+WriteBack::WriteBack(const std::string& path) : state_(std::make_unique<State>()) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  State* st = state_.get();
+  st->thread = std::thread([st, fd] {
+    std::unique_lock<std::mutex> lock(st->mutex);
+    while (!st->stop) {
+      lock.unlock();
+#ifdef __linux__
+      // Starts write-back of the dirty pages without waiting for it.
+      const bool asked = ::sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE) == 0;
+#else
+      const bool asked = false;
+#endif
+      lock.lock();
+      if (!asked) break;
+      st->wake.wait_for(lock, std::chrono::milliseconds(20), [st] { return st->stop; });
+    }
+    ::close(fd);
+  });
+}
+
+WriteBack::~WriteBack() {
+  if (!state_ || !state_->thread.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->stop = true;
+  }
+  state_->wake.notify_all();
+  state_->thread.join();
 }
 
 std::vector<std::string> remove_stale_temp_files(const std::string& path) {

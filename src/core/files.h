@@ -3,6 +3,7 @@
 // from writing over its own inputs.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,24 @@ std::string temp_name_for(const std::string& path);
 // holds it, so that a rename done before is durable too. RankError naming
 // the path when either fails.
 void sync_file_and_dir(const std::string& path);
+// Starts the kernel's write-back of a file while it is still being written
+// and read: a thread asks for it (sync_file_range, Linux) every few
+// milliseconds until the object is destroyed, so that the file's final fsync
+// finds most of it on the disk already. It changes no data and guarantees
+// nothing: the fsync (sync_file_and_dir) still makes the file durable. A
+// file that cannot be opened is left to that fsync.
+class WriteBack {
+public:
+  explicit WriteBack(const std::string& path);
+  ~WriteBack();
+  WriteBack(const WriteBack&) = delete;
+  WriteBack& operator=(const WriteBack&) = delete;
+
+private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
 // Removes the temporary files of `path` left by processes of this host that
 // no longer run (killed by SIGKILL, a node crash); returns their names.
 std::vector<std::string> remove_stale_temp_files(const std::string& path);

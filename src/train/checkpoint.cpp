@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <regex>
 #include <utility>
 #include <vector>
@@ -789,10 +790,13 @@ void Checkpointer::write(Job& job, MPI_Comm comm) {
   std::unique_ptr<h5::LibraryLock> lock = std::make_unique<h5::LibraryLock>();
   auto between = [&] { lock->yield(); };
 
-  // Every rank writes its boxes of every dataset.
+  // Every rank writes its boxes of every dataset. The disk starts taking
+  // the file while it is written and hashed (rank 0's node).
   HostFloats host(engine_.model().kernels(), job.host);
+  std::optional<WriteBack> flush;
   try_all(comm, "checkpoint: ", [&] {
     h5::File f = ck::create_parallel(job.tmp, comm);
+    if (rank == 0) flush.emplace(job.tmp);
     maybe_die(cfg_, rank, step, "create");
     size_t written = 0;
     for (const DatasetRef& r : refs) {
@@ -814,7 +818,11 @@ void Checkpointer::write(Job& job, MPI_Comm comm) {
                            range.second - range.first);
         }
       }
-      ck::write_boxes_in_blocks(d, boxes, data, between);
+      // A rank's part is one or a few contiguous ranges of the file, written
+      // alone, unless tensor parallelism cuts the tensor's rows (then the
+      // ranks' strided parts go together, collectively).
+      const bool strided = r.full->tp_dim >= 1 && v.tp_size > 1;
+      ck::write_boxes_in_blocks(d, boxes, data, between, /*collective=*/strided);
     }
     h5::close_file(f, job.tmp);
   }, MESHLM_HERE);
@@ -844,6 +852,7 @@ void Checkpointer::write(Job& job, MPI_Comm comm) {
     h5::close_file(f, job.tmp);
   }, MESHLM_HERE);
   lock.reset();  // no HDF5 while the file is flushed to disk
+  flush.reset();
   const double t_hashed = now_seconds();
 
   // Made durable and visible, `latest` moved, old ones removed (rank 0).
