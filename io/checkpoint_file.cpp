@@ -287,9 +287,25 @@ std::pair<hsize_t, bool> linear_start(const Box& b, const std::vector<hsize_t>& 
 
 void write_boxes_in_blocks(hid_t dset, const std::vector<Box>& boxes, const float* data,
                            const std::function<void()>& between, bool collective) {
+  write_boxes_in_blocks(dset, boxes, [data](size_t offset, size_t) { return data + offset; },
+                        between, collective);
+}
+
+void write_boxes_in_blocks(hid_t dset, const std::vector<Box>& boxes, const FloatSource& source,
+                           const std::function<void()>& between, bool collective) {
   const std::vector<hsize_t> dims = h5::shape(dset);
+  auto numel = [](const std::vector<Box>& bs) {
+    size_t n = 0;
+    for (const Box& b : bs) {
+      size_t k = 1;
+      for (hsize_t c : b.count) k *= static_cast<size_t>(c);
+      n += k;
+    }
+    return n;
+  };
   if (dims.empty()) {
-    if (collective || !boxes.empty()) write_boxes(dset, boxes, data, collective);
+    if (collective || !boxes.empty())
+      write_boxes(dset, boxes, boxes.empty() ? nullptr : source(0, numel(boxes)), collective);
     return;
   }
   hsize_t row = 1;
@@ -322,7 +338,7 @@ void write_boxes_in_blocks(hid_t dset, const std::vector<Box>& boxes, const floa
     for (hsize_t r0 = 0; r0 < std::max<hsize_t>(rows, 1); r0 += per_block) {
       size_t offset = 0;
       const std::vector<Box> part = rows_of(boxes, r0, std::min(rows, r0 + per_block), offset);
-      write_boxes(dset, part, part.empty() || data == nullptr ? nullptr : data + offset,
+      write_boxes(dset, part, part.empty() ? nullptr : source(offset, numel(part)),
                   /*collective=*/true);
       if (between) between();
     }
@@ -346,7 +362,7 @@ void write_boxes_in_blocks(hid_t dset, const std::vector<Box>& boxes, const floa
       size_t offset = 0;
       const std::vector<Box> part =
           rows_of(one, r0, std::min(b.start[0] + b.count[0], r0 + per_block), offset);
-      write_boxes(dset, part, data + at + offset, /*collective=*/false);
+      write_boxes(dset, part, source(at + offset, numel(part)), /*collective=*/false);
       if (between) between();
     }
     at += n;

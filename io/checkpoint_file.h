@@ -96,5 +96,11 @@ void read_boxes(hid_t dset, const std::vector<Box>& boxes, float* data, bool col
 inline constexpr size_t kWriteBlockBytes = size_t{16} << 20;
 void write_boxes_in_blocks(hid_t dset, const std::vector<Box>& boxes, const float* data,
                            const std::function<void()>& between = {}, bool collective = true);
+// The same, the floats fetched a block at a time: source(offset, n) returns
+// the n floats of the union's elements [offset, offset + n), valid until the
+// next call (e.g. a block downloaded from a device into a staging buffer).
+using FloatSource = std::function<const float*(size_t offset, size_t n)>;
+void write_boxes_in_blocks(hid_t dset, const std::vector<Box>& boxes, const FloatSource& source,
+                           const std::function<void()>& between = {}, bool collective = true);
 
 }  // namespace meshlm::io::ckpt

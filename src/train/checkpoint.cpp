@@ -582,18 +582,23 @@ void read_parts(Engine& engine, const RankView& v, hid_t f, const std::vector<Da
     }
     if (range.first >= range.second) continue;
     h5::Dataset d = h5::open_dataset(f, r.path);
-    const size_t n = range.second - range.first;
-    float* dst = buffer_of(engine, r.kind) + p->offset + range.first - base;
-    float* out = host.target(dst, n);
-    ck::read_boxes(d, to_boxes(part_boxes(*p, v.tp_rank, v.tp_size, range.first, range.second)),
-                   out, /*collective=*/false);
-    for (size_t i = 0; i < n; ++i)
-      if (!std::isfinite(out[i]))
-        throw RankError(fmt::format("checkpoint '{}': dataset /{} holds {} at element {} of this "
-                                    "rank's part",
-                                    path, r.path, out[i], range.first + i),
-                        MESHLM_HERE);
-    host.commit();
+    // A slice of at most a write block at a time (through a staging buffer
+    // of that size on a device).
+    constexpr size_t kSlice = ck::kWriteBlockBytes / sizeof(float);
+    for (size_t first = range.first; first < range.second; first += kSlice) {
+      const size_t last = std::min(range.second, first + kSlice), n = last - first;
+      float* dst = buffer_of(engine, r.kind) + p->offset + first - base;
+      float* out = host.target(dst, n);
+      ck::read_boxes(d, to_boxes(part_boxes(*p, v.tp_rank, v.tp_size, first, last)), out,
+                     /*collective=*/false);
+      for (size_t i = 0; i < n; ++i)
+        if (!std::isfinite(out[i]))
+          throw RankError(fmt::format("checkpoint '{}': dataset /{} holds {} at element {} of "
+                                      "this rank's part",
+                                      path, r.path, out[i], first + i),
+                          MESHLM_HERE);
+      host.commit();
+    }
   }
 }
 
@@ -804,7 +809,7 @@ void Checkpointer::write(Job& job, MPI_Comm comm) {
       h5::Dataset d = ck::create_tensor(f, r.path, dims_of(r.full->full_shape));
       const ParamSpec* p = v.local_of[static_cast<size_t>(r.full->index)];
       std::vector<ck::Box> boxes;
-      const float* data = nullptr;
+      const float* data = nullptr;  // the part, in the backend's memory
       const bool writer = p != nullptr && (p->tp_dim >= 0 || v.tp_rank == 0) &&
                           (p->tied == TiedGroup::none || v.first_stage);
       if (writer) {
@@ -814,15 +819,17 @@ void Checkpointer::write(Job& job, MPI_Comm comm) {
                             std::min(v.write.second, v.moments.second)});
         if (range.first < range.second) {
           boxes = to_boxes(part_boxes(*p, v.tp_rank, v.tp_size, range.first, range.second));
-          data = host.read(job.data[r.kind] + p->offset + range.first - job.begin[r.kind],
-                           range.second - range.first);
+          data = job.data[r.kind] + p->offset + range.first - job.begin[r.kind];
         }
       }
       // A rank's part is one or a few contiguous ranges of the file, written
       // alone, unless tensor parallelism cuts the tensor's rows (then the
       // ranks' strided parts go together, collectively).
       const bool strided = r.full->tp_dim >= 1 && v.tp_size > 1;
-      ck::write_boxes_in_blocks(d, boxes, data, between, /*collective=*/strided);
+      // A block at a time (from a device: through a staging buffer of a block).
+      ck::write_boxes_in_blocks(
+          d, boxes, [&](size_t offset, size_t n) { return host.read(data + offset, n); }, between,
+          /*collective=*/strided);
     }
     h5::close_file(f, job.tmp);
   }, MESHLM_HERE);

@@ -1,7 +1,8 @@
 // io/checkpoint_file's writes and hashes, on 4 ranks:
 //  * write_boxes_in_blocks, independent: each rank writes a range of a
 //    tensor's elements (partial rows at both ends) or of its rows, larger
-//    than one write block, with ranks that write nothing; collective: the
+//    than one write block and fetched a block at a time, with ranks that
+//    write nothing; collective: the
 //    strided column parts of tensor parallelism. The file, read with serial
 //    HDF5, holds every element where it belongs;
 //  * independent boxes out of the file's order, or not contiguous, are an
@@ -14,6 +15,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -118,7 +120,18 @@ TEST(CheckpointIo, IndependentAndCollectiveWritesPutEveryElementInPlace) {
     std::vector<ck::Box> bigboxes;
     if (hi > lo) bigboxes.push_back({{lo, 0}, {hi - lo, C}});
     int blocks = 0;
-    ck::write_boxes_in_blocks(big, bigboxes, bigdata.data(), [&] { ++blocks; }, false);
+    size_t fetched = 0, largest = 0;
+    ck::write_boxes_in_blocks(
+        big, bigboxes,
+        [&](size_t offset, size_t n) {
+          EXPECT_EQ(offset, fetched);  // in order, each element once
+          fetched += n;
+          largest = std::max(largest, n);
+          return bigdata.data() + offset;
+        },
+        [&] { ++blocks; }, false);
+    EXPECT_EQ(fetched, bigdata.size());
+    EXPECT_LE(largest * sizeof(float), ck::kWriteBlockBytes);  // a device stages a block
     if (rank == 0) EXPECT_EQ(blocks, 2);  // 20 MiB in blocks of 16
     else EXPECT_EQ(blocks, 0);            // no boxes, no call
 
