@@ -3,9 +3,11 @@
 #include <algorithm>
 
 #include <filesystem>
+#include <type_traits>
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace meshlm::io {
 
@@ -38,9 +40,62 @@ void append_row(hid_t dset, hsize_t row, hid_t type, const void* value) {
             "cannot append row " + std::to_string(row));
 }
 
+// The rows of an earlier run log's /metrics with step <= until, and its
+// resumed_at_steps.
+struct Carried {
+  std::vector<int64_t> step;
+  std::vector<double> loss, lr, grad_norm, tokens_per_s;
+  std::vector<int64_t> resumed_at;
+};
+
+Carried read_earlier(const std::string& path, hid_t fapl, int64_t until) {
+  Carried c;
+  h5::File f = h5::open_file(path, false, fapl);
+  if (!h5::has_attr(f, "format_version") ||
+      h5::read_scalar_attr<int32_t>(f, "format_version") != kRunLogFormatVersion)
+    throw RankError(path + ": not a run log of format_version " +
+                        std::to_string(kRunLogFormatVersion),
+                    MESHLM_HERE);
+  auto column = [&](const char* name, auto& out) {
+    out = h5::read_dataset<typename std::decay_t<decltype(out)>::value_type>(
+        f, std::string("metrics/") + name, nullptr);
+  };
+  column("step", c.step);
+  column("loss", c.loss);
+  column("lr", c.lr);
+  column("grad_norm", c.grad_norm);
+  column("tokens_per_s", c.tokens_per_s);
+  const size_t n = c.step.size();
+  if (c.loss.size() != n || c.lr.size() != n || c.grad_norm.size() != n ||
+      c.tokens_per_s.size() != n)
+    throw RankError(path + ": its /metrics columns differ in length", MESHLM_HERE);
+  // Rows are in step order; those past the checkpoint were trained again.
+  size_t keep = 0;
+  while (keep < n && c.step[keep] <= until) ++keep;
+  c.step.resize(keep);
+  c.loss.resize(keep);
+  c.lr.resize(keep);
+  c.grad_norm.resize(keep);
+  c.tokens_per_s.resize(keep);
+  if (h5::exists(f, "resumed_at_steps")) c.resumed_at = h5::read_dataset<int64_t>(f, "resumed_at_steps", nullptr);
+  return c;
+}
+
+// Writes `values` as the first rows of an empty column.
+template <typename T>
+void write_rows(hid_t dset, hid_t type, const std::vector<T>& values) {
+  if (values.empty()) return;
+  const std::string name = h5::object_name(dset);
+  hsize_t n = values.size();
+  h5::check(H5Dset_extent(dset, &n), dset, name, "cannot extend dataset");
+  h5::check(H5Dwrite(dset, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), dset, name,
+            "cannot write the earlier run's rows");
+}
+
 }  // namespace
 
-RunLog::RunLog(const std::string& dir, const std::string& resolved_config_ini, bool overwrite)
+RunLog::RunLog(const std::string& dir, const std::string& resolved_config_ini, bool overwrite,
+               int64_t resumed_at)
     : lock_(std::make_unique<OutputDirLock>(dir, overwrite)) {
   h5::LibraryLock library;  // a checkpoint may be written meanwhile (checkpoint.async)
   path_ = (std::filesystem::path(dir) / "run.h5").string();
@@ -49,15 +104,37 @@ RunLog::RunLog(const std::string& dir, const std::string& resolved_config_ini, b
   // HDF5's lock on, except where the file system has none (Lustre without flock).
   H5Pset_file_locking(fapl, true, true);
 #endif
+  // A resumed run keeps what the earlier log says up to its checkpoint.
+  Carried earlier;
+  if (resumed_at >= 0 && std::filesystem::exists(path_)) {
+    try {
+      earlier = read_earlier(path_, fapl, resumed_at);
+    } catch (const std::exception& e) {
+      log::warn("the run log '{}' of the earlier run cannot be read ({}): the new one starts at "
+                "step {}",
+                path_, e.what(), resumed_at + 1);
+      earlier = Carried{};
+    }
+  }
   try {
     file_ = h5::create_file(path_, fapl);
     h5::write_string_attr(file_, "config", resolved_config_ini);
     h5::write_scalar_attr<int32_t>(file_, "format_version", kRunLogFormatVersion);
+    if (resumed_at >= 0) {
+      earlier.resumed_at.push_back(resumed_at);
+      h5::write_dataset(file_, "resumed_at_steps", earlier.resumed_at);
+    }
     step_ = create_column(file_, "metrics/step", H5T_NATIVE_INT64);
     loss_ = create_column(file_, "metrics/loss", H5T_NATIVE_DOUBLE);
     lr_ = create_column(file_, "metrics/lr", H5T_NATIVE_DOUBLE);
     grad_norm_ = create_column(file_, "metrics/grad_norm", H5T_NATIVE_DOUBLE);
     tokens_per_s_ = create_column(file_, "metrics/tokens_per_s", H5T_NATIVE_DOUBLE);
+    write_rows(step_, H5T_NATIVE_INT64, earlier.step);
+    write_rows(loss_, H5T_NATIVE_DOUBLE, earlier.loss);
+    write_rows(lr_, H5T_NATIVE_DOUBLE, earlier.lr);
+    write_rows(grad_norm_, H5T_NATIVE_DOUBLE, earlier.grad_norm);
+    write_rows(tokens_per_s_, H5T_NATIVE_DOUBLE, earlier.tokens_per_s);
+    rows_ = carried_ = static_cast<int64_t>(earlier.step.size());
     h5::check(H5Fflush(file_, H5F_SCOPE_GLOBAL), file_, "/", "cannot flush");
   } catch (...) {
     // Nothing half-made stays behind (a full disk at the start of a run).

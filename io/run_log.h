@@ -3,6 +3,8 @@
 //
 //   /                      attributes: config (the resolved parameter file,
 //                          INI text), format_version = 1
+//   /resumed_at_steps      (k) int64    a resumed run only: the steps of the
+//                          checkpoints it and the runs before it resumed from
 //   /metrics/step          (n) int64    one row per append()
 //   /metrics/loss          (n) float64
 //   /metrics/lr            (n) float64
@@ -43,7 +45,15 @@ public:
   // there is replaced only when `overwrite`; anything else named run.h5
   // never. If the file cannot be created whole (a full disk), nothing of
   // it is left.
-  RunLog(const std::string& dir, const std::string& resolved_config_ini, bool overwrite = false);
+  //
+  // A resumed run passes `resumed_at` >= 0, the step of its checkpoint: the
+  // rows of the old <dir>/run.h5 (a run log of this format) with step <=
+  // resumed_at come first in the new one, so that its metrics tell the
+  // whole run across restarts; /resumed_at_steps lists the steps resumed
+  // at, oldest first. An old log that cannot be read is
+  // replaced without them, with a warning.
+  RunLog(const std::string& dir, const std::string& resolved_config_ini, bool overwrite = false,
+         int64_t resumed_at = -1);
   ~RunLog();  // closes; errors at this point are swallowed (call close() to see them)
   RunLog(RunLog&&) noexcept = default;
   RunLog& operator=(RunLog&&) noexcept = default;
@@ -83,6 +93,8 @@ public:
 
   const std::string& path() const { return path_; }
   int64_t rows() const { return rows_; }
+  // Rows of the old log the constructor carried over.
+  int64_t carried_rows() const { return carried_; }
 
 private:
   void require_open() const;
@@ -91,7 +103,7 @@ private:
   std::string path_;
   h5::File file_;
   h5::Dataset step_, loss_, lr_, grad_norm_, tokens_per_s_;
-  int64_t rows_ = 0;
+  int64_t rows_ = 0, carried_ = 0;
 };
 
 }  // namespace meshlm::io

@@ -536,9 +536,11 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
   Checkpointer checkpointer(cfg, mesh, engine, loader->windows_per_epoch(), timers);
   TrainingState state;
   TrainSummary summary;
+  int64_t resumed_at = -1;  // the step of the checkpoint resumed from
   if (!cfg.checkpoint.adapters_from.empty()) checkpointer.load_adapters(cfg.checkpoint.adapters_from);
   if (const std::string from = checkpointer.resume_path(); !from.empty()) {
     state = checkpointer.load(from);
+    resumed_at = state.step;
     loader->set_cursor(state.cursor);
     summary.skipped_steps = static_cast<int>(state.skipped_steps);
     summary.overflow_steps = static_cast<int>(state.overflow_steps);
@@ -550,8 +552,12 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
   // The run log is made once the starting point is known to be good.
   std::unique_ptr<io::RunLog> runlog;
   try_all(mesh.world(), "output.dir: ", [&] {
-    if (rank == 0)
-      runlog = std::make_unique<io::RunLog>(cfg.output.dir, cfg.resolved, reuses_output_dir(cfg));
+    if (rank != 0) return;
+    runlog = std::make_unique<io::RunLog>(cfg.output.dir, cfg.resolved, reuses_output_dir(cfg),
+                                          resumed_at);
+    if (runlog->carried_rows() > 0)
+      log::info("# run log: {} rows of the earlier run (steps up to {}) carried over",
+                runlog->carried_rows(), resumed_at);
   }, MESHLM_HERE);
 
   const size_t BT = static_cast<size_t>(B) * T;

@@ -4,7 +4,8 @@
 # A run killed (SIGKILL of one rank) at every point of writing a checkpoint
 # leaves the previous checkpoint loadable and `latest` naming a complete
 # file; resuming with checkpoint.resume = auto then gives the losses of an
-# uninterrupted run bit for bit (run.h5, float64), and the next save removes
+# uninterrupted run bit for bit (run.h5, float64: steps 1-4 carried over
+# from the killed run's log, 5-8 trained again), and the next save removes
 # the dead run's temporary file. The same under checkpoint.async, whose
 # background writer dies at the point named while training goes on.
 set -u
@@ -62,10 +63,14 @@ import sys, h5py, numpy as np
 a, b = (h5py.File(p) for p in sys.argv[1:3])
 steps_a, loss_a = a["metrics/step"][:], a["metrics/loss"][:]
 steps_b, loss_b = b["metrics/step"][:], b["metrics/loss"][:]
-assert list(steps_b) == [5, 6, 7, 8], f"resumed run logged steps {list(steps_b)}"
+# Steps 1-4 carried over from the killed run's log, 5-8 trained again.
+assert list(steps_b) == list(range(1, 9)), f"resumed run.h5 holds steps {list(steps_b)}"
+assert list(b["resumed_at_steps"][:]) == [4], list(b["resumed_at_steps"][:])
 want = loss_a[np.searchsorted(steps_a, steps_b)]
 assert np.array_equal(loss_b, want), f"losses differ: {loss_b} vs {want}"
-print(f"{sys.argv[2]}: steps 5-8 equal the uninterrupted run's bit for bit")
+for c in ["lr", "grad_norm"]:
+    assert np.array_equal(b["metrics/" + c][:], a["metrics/" + c][np.searchsorted(steps_a, steps_b)]), c
+print(f"{sys.argv[2]}: steps 1-8 (1-4 carried over) equal the uninterrupted run's bit for bit")
 PY
   echo "ok [$spec] (temporary file left by the kill: $had_tmp)"
 done

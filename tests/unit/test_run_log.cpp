@@ -212,6 +212,70 @@ TEST_F(RunLogTest, ReplacesAnOldLog) {
   EXPECT_TRUE(h5::read_dataset<int64_t>(f, "metrics/step").empty());
 }
 
+// A resumed run's log starts with the earlier log's rows up to the
+// checkpoint's step (those after it are trained again), and lists every
+// step resumed at; with no earlier log, or one that cannot be read, it
+// starts empty.
+TEST_F(RunLogTest, AResumedRunCarriesTheEarlierRowsUpToItsCheckpoint) {
+  const std::string dir = dir_.string();
+  const fs::path path = dir_ / "run.h5";
+  {
+    RunLog first(dir, "first");
+    for (int64_t s = 1; s <= 7; ++s) first.append(s, 10.0 - s, 0.1 * s, 2.0 * s, 100.0 * s);
+  }
+  auto column = [&](const char* name) {
+    h5::File f = h5::open_file(path.string());
+    return h5::read_dataset<double>(f, name);
+  };
+  {
+    RunLog second(dir, "second", true, /*resumed_at=*/4);
+    EXPECT_EQ(second.carried_rows(), 4);
+    EXPECT_EQ(second.rows(), 4);
+    second.append(5, 0.5, 0.5, 0.5, 0.5);
+  }
+  {
+    h5::File f = h5::open_file(path.string());
+    EXPECT_EQ(h5::read_dataset<int64_t>(f, "metrics/step"), (std::vector<int64_t>{1, 2, 3, 4, 5}));
+    EXPECT_EQ(h5::read_dataset<int64_t>(f, "resumed_at_steps"), (std::vector<int64_t>{4}));
+    EXPECT_EQ(h5::read_string_attr(f, "config"), "second");
+  }
+  EXPECT_EQ(column("metrics/loss"), (std::vector<double>{9, 8, 7, 6, 0.5}));
+  EXPECT_EQ(column("metrics/lr"), (std::vector<double>{0.1, 0.2, 0.1 * 3, 0.4, 0.5}));
+  EXPECT_EQ(column("metrics/grad_norm"), (std::vector<double>{2, 4, 6, 8, 0.5}));
+  EXPECT_EQ(column("metrics/tokens_per_s"), (std::vector<double>{100, 200, 300, 400, 0.5}));
+  {
+    // Resumed again, from step 2: the list grows.
+    RunLog third(dir, "third", true, 2);
+    EXPECT_EQ(third.carried_rows(), 2);
+  }
+  {
+    h5::File f = h5::open_file(path.string());
+    EXPECT_EQ(h5::read_dataset<int64_t>(f, "metrics/step"), (std::vector<int64_t>{1, 2}));
+    EXPECT_EQ(h5::read_dataset<int64_t>(f, "resumed_at_steps"), (std::vector<int64_t>{4, 2}));
+  }
+  // An earlier log without its metrics (damaged): a warning, an empty log.
+  {
+    h5::File f = h5::create_file(path.string());
+    h5::write_scalar_attr<int32_t>(f, "format_version", kRunLogFormatVersion);
+    h5::write_string_attr(f, "config", "x");
+  }
+  {
+    RunLog fourth(dir, "fourth", true, 6);
+    EXPECT_EQ(fourth.carried_rows(), 0);
+  }
+  {
+    h5::File f = h5::open_file(path.string());
+    EXPECT_TRUE(h5::read_dataset<int64_t>(f, "metrics/step").empty());
+    EXPECT_EQ(h5::read_dataset<int64_t>(f, "resumed_at_steps"), (std::vector<int64_t>{6}));
+  }
+  // No earlier log at all.
+  fs::remove(path);
+  {
+    RunLog fifth(dir, "fifth", true, 3);
+    EXPECT_EQ(fifth.carried_rows(), 0);
+  }
+}
+
 // One run at a time per directory, and never over a run.h5 that is not a log.
 TEST_F(RunLogTest, OneRunPerDirectoryAndOnlyOverItsOwnFiles) {
   const std::string dir = dir_.string();
