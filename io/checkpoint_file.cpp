@@ -159,6 +159,27 @@ std::vector<std::string> list_datasets(hid_t file) {
   return out;
 }
 
+h5::Group write_identity(hid_t file, const ModelSizes& sizes, const std::string& created,
+                         const std::string& config, const std::string& finetune_mode) {
+  auto model_attrs = [&](hid_t obj) {
+    h5::write_scalar_attr<int64_t>(obj, "format_version", kFormatVersion);
+    h5::write_scalar_attr<int64_t>(obj, "n_layer", sizes.n_layer);
+    h5::write_scalar_attr<int64_t>(obj, "n_head", sizes.n_head);
+    h5::write_scalar_attr<int64_t>(obj, "n_embd", sizes.n_embd);
+    h5::write_scalar_attr<int64_t>(obj, "vocab_size", sizes.vocab_size);
+    h5::write_scalar_attr<int64_t>(obj, "max_seq_len", sizes.max_seq_len);
+  };
+  model_attrs(file);
+  h5::Group meta = h5::require_group(file, "meta");
+  model_attrs(meta);
+  h5::write_string_attr(meta, "kind", kKind);
+  h5::write_string_attr(meta, "meshlm_version", MESHLM_VERSION);
+  h5::write_string_attr(meta, "created", created);
+  h5::write_string_attr(meta, "config", config);
+  h5::write_string_attr(meta, "finetune_mode", finetune_mode);
+  return meta;
+}
+
 bool is_checkpoint_file(const std::string& path) {
   try {
     if (!h5::is_hdf5_file(path)) return false;

@@ -52,6 +52,20 @@ uint64_t dataset_checksum(hid_t dset, hid_t dxpl = H5P_DEFAULT,
 // XXH3-64 of n floats in memory, for comparison with dataset_checksum.
 uint64_t float_checksum(const float* data, size_t n);
 
+// The model sizes a checkpoint's / and /meta carry (a full-training
+// checkpoint is also a base file: quant.base reads them from /).
+struct ModelSizes {
+  int64_t n_layer = 0, n_head = 0, n_embd = 0, vocab_size = 0, max_seq_len = 0;
+};
+// Writes what makes `file` a meshlm checkpoint: format_version and the model
+// sizes on / and on /meta; on /meta kind, meshlm_version, `created` (UTC,
+// ISO 8601), `config` (the resolved parameter file) and finetune_mode
+// ("full" or "lora"). Returns /meta for the writer's own attributes (step,
+// optimizer, data, layout: docs/formats.md). Every writer of checkpoints
+// (training, `meshlm ckpt import`) goes through it.
+h5::Group write_identity(hid_t file, const ModelSizes& sizes, const std::string& created,
+                         const std::string& config, const std::string& finetune_mode);
+
 // Every dataset below `loc`, as paths relative to the file's root without
 // the leading '/', in HDF5's name order (groups walked depth-first).
 std::vector<std::string> list_datasets(hid_t file);

@@ -992,25 +992,12 @@ int ckpt_import(const std::vector<std::string>& args) {
     bar.finish();
   }
   {
-    h5::Group meta = h5::require_group(f, "meta");
-    h5::write_scalar_attr<int64_t>(meta, "format_version", ckpt::kFormatVersion);
-    h5::write_string_attr(meta, "kind", ckpt::kKind);
-    h5::write_string_attr(meta, "meshlm_version", MESHLM_VERSION);
-    h5::write_string_attr(meta, "created", utc_timestamp());
-    h5::write_string_attr(
-        meta, "config",
+    h5::Group meta = ckpt::write_identity(
+        f, {cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, cfg.max_seq_len}, utc_timestamp(),
         fmt::format("# meshlm ckpt import of '{}'\n[model]\nn_layer = {}\nn_head = {}\nn_embd = "
                     "{}\nvocab_size = {}\nmax_seq_len = {}\n\n[finetune]\nmode = full\n",
-                    in, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, cfg.max_seq_len));
-    h5::write_string_attr(meta, "finetune_mode", "full");
-    for (const hid_t obj : {meta.get(), f.get()}) {
-      if (obj == f.get()) h5::write_scalar_attr<int64_t>(obj, "format_version", ckpt::kFormatVersion);
-      h5::write_scalar_attr<int64_t>(obj, "n_layer", cfg.n_layer);
-      h5::write_scalar_attr<int64_t>(obj, "n_head", cfg.n_head);
-      h5::write_scalar_attr<int64_t>(obj, "n_embd", cfg.n_embd);
-      h5::write_scalar_attr<int64_t>(obj, "vocab_size", cfg.vocab_size);
-      h5::write_scalar_attr<int64_t>(obj, "max_seq_len", cfg.max_seq_len);
-    }
+                    in, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, cfg.max_seq_len),
+        "full");
     h5::write_scalar_attr<int64_t>(meta, "step", 0);
     h5::write_scalar_attr<int64_t>(meta, "tokens_seen", 0);
     h5::write_scalar_attr<int64_t>(meta, "adamw_step", 0);

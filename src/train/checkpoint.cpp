@@ -250,23 +250,10 @@ void write_meta(hid_t f, const RunConfig& cfg, const TrainingState& st, const Op
                 uint64_t windows_per_epoch, const std::string& base_hash,
                 const std::string& created) {
   const GPTConfig& m = cfg.model;
-  auto model_attrs = [&](hid_t obj) {
-    h5::write_scalar_attr<int64_t>(obj, "format_version", ck::kFormatVersion);
-    h5::write_scalar_attr<int64_t>(obj, "n_layer", m.n_layer);
-    h5::write_scalar_attr<int64_t>(obj, "n_head", m.n_head);
-    h5::write_scalar_attr<int64_t>(obj, "n_embd", m.n_embd);
-    h5::write_scalar_attr<int64_t>(obj, "vocab_size", m.vocab_size);
-    h5::write_scalar_attr<int64_t>(obj, "max_seq_len", m.max_seq_len);
-  };
-  model_attrs(f);
-  h5::Group meta = h5::require_group(f, "meta");
-  model_attrs(meta);
-  h5::write_string_attr(meta, "kind", ck::kKind);
-  h5::write_string_attr(meta, "meshlm_version", MESHLM_VERSION);
-  h5::write_string_attr(meta, "created", created);
-  h5::write_string_attr(meta, "config", cfg.resolved);
   const bool lora = cfg.finetune.mode == FinetuneMode::lora;
-  h5::write_string_attr(meta, "finetune_mode", lora ? "lora" : "full");
+  h5::Group meta = ck::write_identity(
+      f, {m.n_layer, m.n_head, m.n_embd, m.vocab_size, m.max_seq_len}, created, cfg.resolved,
+      lora ? "lora" : "full");
   if (lora) {
     h5::write_scalar_attr<int64_t>(meta, "lora_rank", cfg.finetune.lora_rank);
     h5::write_scalar_attr<double>(meta, "lora_alpha", cfg.finetune.lora_alpha);
