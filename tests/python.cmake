@@ -121,3 +121,13 @@ add_test(NAME memory_accuracy_quick
           ${CMAKE_CURRENT_BINARY_DIR}/memory_accuracy --only quick --steps 2 --check)
 set_tests_properties(memory_accuracy_quick PROPERTIES LABELS "python;memory" RUN_SERIAL TRUE
   TIMEOUT 900)
+
+# meshlm plan: its per-rank prediction of a layout is what meshlm train of
+# that layout predicts (run.h5, h5py), for 1-8 ranks; limits, the best
+# rejected layouts, bad arguments.
+string(JOIN " " _mpiexec_plain ${MPIEXEC_EXECUTABLE} ${MESHLM_MPIEXEC_PREFLAGS})
+add_test(NAME plan_matches_train
+  COMMAND ${MESHLM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/plan/plan_matches_train.py
+          "${_mpiexec_plain}" $<TARGET_FILE:meshlm> ${PROJECT_SOURCE_DIR}/inputs/tiny.cfg)
+set_tests_properties(plan_matches_train PROPERTIES LABELS python TIMEOUT 600
+  ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")

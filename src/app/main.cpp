@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "app/ckpt.h"
+#include "app/plan.h"
 #include "app/parameter_file.h"
 #include "comm/mpi_session.h"
 #include "core/alloc.h"
@@ -38,6 +39,7 @@ const char* kUsage =
     "  quantize FILE.cfg [--section.key=value]    build the quantized base model's cache (quant.cache) ahead of a run\n"
     "  tokenize IN.txt OUT.h5                     byte-level tokens (vocabulary 256) of a text file\n"
     "  ckpt TOOL ARGS                             inspect, stats, diff, verify, export, import checkpoints (meshlm ckpt --help)\n"
+    "  plan FILE.cfg --ranks N --ranks-per-node G the layouts of N ranks that fit, fastest first (meshlm plan --help)\n"
     "  help [train]                               this text, or every parameter of train\n"
     "  version                                    print the version\n"
     "\n"
@@ -145,6 +147,9 @@ int main(int argc, char** argv) {
       status = meshlm::cmd_ckpt(args);
     } else if (cmd == "tokenize") {
       status = cmd_tokenize(args);
+    } else if (cmd == "plan") {
+      // One process plans; the other ranks of a job (if any) have nothing to do.
+      if (rank == 0) status = meshlm::cmd_plan(args);
     } else if (cmd == "help" || cmd == "--help" || cmd == "-h") {
       if (rank == 0) {
         if (!args.empty() && args[0] == "train") print_train_help();

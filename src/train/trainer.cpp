@@ -165,13 +165,39 @@ PhasedMemory predict_run_phases(const RunConfig& cfg, const RankPlan& shape, uin
   return phased;
 }
 
+MemoryByCategory predicted_categories(const RunConfig& cfg, const RankPlan& shape,
+                                      const PhasedMemory& phased) {
+  MemoryByCategory predicted = phased.category_peaks();
+  if (cfg.runtime.backend != ComputeBackend::cuda) return predicted;
+  const TrainConfig& tc = cfg.train;
+  // On a GPU each trained tensor is made on the host a block of rows at a
+  // time and uploaded (GPT::set_weights): host workspace of one block.
+  const std::vector<ParamSpec> trained = trainable_table(cfg.model, shape.shard, shape.model);
+  const size_t block = GPT::weight_block_bytes(trained, shape.shard.tp_size, /*host=*/false);
+  // The table adds each category's host and device peaks: the staging
+  // (host) and the GEMMs' 16-bit copies (device) count both.
+  at(predicted, MemCategory::workspace) =
+      std::max(at(predicted, MemCategory::workspace), block) +
+      gpu_gemm_copies_bytes(cfg.model, shape, tc.precision, tc.micro_batch_size, tc.seq_len) +
+      gpu_reduction_scratch_bytes(cfg.model, shape, tc.micro_batch_size, tc.seq_len) +
+      gpu_norm_scratch_bytes(trained) + ops::kUploadStagingBytes;
+  if (shape.model.lora.enabled)
+    at(predicted, MemCategory::quantized) +=
+        GPT::quantized_matrix_bytes(cfg.model, shape.shard, cfg.quant.type);
+  return predicted;
+}
+
 RankPlan planned_rank_plan(const RunConfig& cfg, const ProcessMesh& mesh) {
-  RankPlan shape = Engine::plan_of(cfg, mesh.coords());
+  return rank_plan_at(cfg, mesh.coords(), mesh.rank(), mesh.node_rank());
+}
+
+RankPlan rank_plan_at(const RunConfig& cfg, const MeshCoords& c, int world_rank, int node_rank) {
+  RankPlan shape = Engine::plan_of(cfg, c);
   if (shape.model.lora.enabled) {
     const load::StoreManifest manifest = load::make_manifest(cfg.model, cfg.quant.type);
     const bool per_rank = cfg.quant.share == quant::ShareMode::per_rank;
-    const bool holder = per_rank || mesh.node_rank() == 0;
-    const bool quantizes = per_rank || mesh.rank() == 0;
+    const bool holder = per_rank || node_rank == 0;
+    const bool quantizes = per_rank || world_rank == 0;
     shape.quantized_bytes = holder ? manifest.bytes : 0;
     shape.base_staging_bytes = quantizes ? manifest.staging_bytes() : 0;
     if (!holder)
@@ -436,22 +462,7 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
   if (!lora && !cfg.quant.cache.empty())
     log::warn("quant.cache = {} is not used: finetune.mode = full quantizes nothing", cfg.quant.cache);
   const PhasedMemory phased = predict_run_phases(cfg, shape, loader->windows_per_epoch());
-  MemoryByCategory predicted = phased.category_peaks();
-  if (cfg.runtime.backend == ComputeBackend::cuda) {
-    // On a GPU each trained tensor is made on the host a block of rows at a
-    // time and uploaded (GPT::set_weights): host workspace of one block.
-    const std::vector<ParamSpec> trained = trainable_table(cfg.model, shape.shard, shape.model);
-    const size_t block = GPT::weight_block_bytes(trained, shape.shard.tp_size, /*host=*/false);
-    // The table adds each category's host and device peaks: the staging
-    // (host) and the GEMMs' 16-bit copies (device) count both.
-    at(predicted, MemCategory::workspace) =
-        std::max(at(predicted, MemCategory::workspace), block) +
-        gpu_gemm_copies_bytes(cfg.model, shape, tc.precision, tc.micro_batch_size, tc.seq_len) +
-        gpu_reduction_scratch_bytes(cfg.model, shape, tc.micro_batch_size, tc.seq_len) +
-        gpu_norm_scratch_bytes(trained) + ops::kUploadStagingBytes;
-    if (lora)
-      at(predicted, MemCategory::quantized) += GPT::quantized_matrix_bytes(cfg.model, shape.shard, cfg.quant.type);
-  }
+  const MemoryByCategory predicted = predicted_categories(cfg, shape, phased);
   print_predicted_memory(predicted, *world);
   // The runtime's part: what is resident now outside the tracked buffers
   // (code, libraries, MPI, the heap, OpenBLAS's buffer once a GEMM of the

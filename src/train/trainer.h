@@ -48,6 +48,9 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
 // rank 0, or every rank under quant.share = per_rank) and the fp32 staging
 // of a rank that quantizes (the cache may spare it).
 RankPlan planned_rank_plan(const RunConfig& cfg, const ProcessMesh& mesh);
+// The same without a mesh (meshlm plan): the rank `world_rank` at
+// coordinates `c`, the `node_rank`-th of its node.
+RankPlan rank_plan_at(const RunConfig& cfg, const MeshCoords& c, int world_rank, int node_rank);
 
 // The scratch of the ring reductions (comm/mpi_comm.h) this rank will make:
 // the largest of its gradient reductions over dp, its activations' over tp
@@ -59,6 +62,13 @@ size_t ring_scratch_prediction(const RunConfig& cfg, const RankPlan& shape);
 // `windows` training windows per epoch: the prediction its memory table and
 // the tests set beside the tracked allocator.
 PhasedMemory predict_run_phases(const RunConfig& cfg, const RankPlan& shape, uint64_t windows);
+// The per-category prediction the run prints and writes to run.h5
+// (memory/<category>/predicted_bytes): each category's peak over `phased`,
+// and on the CUDA backend the device's own (the GEMMs' 16-bit copies, the
+// reductions' scratch, the upload staging, the NF4 matrices), host and
+// device added.
+MemoryByCategory predicted_categories(const RunConfig& cfg, const RankPlan& shape,
+                                      const PhasedMemory& phased);
 
 // The CUDA backend's 16-bit copies of its GEMM inputs at bf16 and fp16
 // (ops/gpu_workspace.h) for a rank holding `shape` and training

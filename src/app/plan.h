@@ -1,0 +1,17 @@
+// `meshlm plan FILE.cfg --ranks N --ranks-per-node G ...`: the layouts of N
+// ranks that fit the memory limits, ranked by the cost model's step time,
+// without running anything (docs/planner.md). Each layout's memory is the
+// prediction `meshlm train` makes for it (train/trainer.h:
+// rank_plan_at, predict_run_phases, predicted_categories), rank by rank.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace meshlm {
+
+// Runs on one process (world rank 0 prints; no MPI communication). Returns
+// the exit status; throws RankError naming the argument or key on bad input.
+int cmd_plan(const std::vector<std::string>& args);
+
+}  // namespace meshlm

@@ -1,0 +1,57 @@
+// The planner's cost model: an estimate of one optimizer step's time for a
+// layout, from the work each rank does and the bytes it sends, at stated
+// rates (docs/planner.md). Pure arithmetic: no MPI, nothing allocated.
+//
+//   compute   per micro-batch and stage: the stage's GEMM FLOPs (6 per
+//             parameter and token, the attention's 12 B T^2 C per layer, the
+//             classifier's 6 V C per token on the last stage), divided by tp,
+//             plus a forward again under activation checkpointing, at
+//             `flops_per_s` per rank;
+//   pipeline  (m + pp - 1) slots of the slowest stage's micro-batch (1F1B and
+//             GPipe alike: the same bubble, different memory);
+//   tp        4 all-reduces of the (B, T, C) activations per layer and
+//             micro-batch (2 forward, 2 backward), ring: 2 (tp - 1) / tp of
+//             the bytes at the group's bandwidth, 2 (tp - 1) latencies;
+//   pp        2 sends of (B, T, C) per micro-batch and stage boundary, on the
+//             path of each of the (m + pp - 1) slots;
+//   dp        the gradients' reduction once per step, 2 (dp - 1) / dp of the
+//             rank's trained elements (ZeRO 1 and 2 move the same bytes as a
+//             reduce-scatter and an all-gather), not overlapped.
+// A group's bandwidth is the node's when all its ranks share a node (ranks
+// are numbered tp fastest, then dp, then pp), the network's otherwise.
+#pragma once
+
+#include <vector>
+
+#include "model/gpt_config.h"
+#include "plan/parallel_config.h"
+
+namespace meshlm {
+
+// What a cluster does per rank and between ranks.
+struct ClusterRates {
+  double flops_per_s = 50e9;      // one rank's GEMM rate (fp32 on the CPU, its threads)
+  double intra_bytes_per_s = 5e9;  // between two ranks of a node
+  double intra_latency_s = 2e-6;
+  double inter_bytes_per_s = 10e9;  // between nodes
+  double inter_latency_s = 5e-6;
+  int ranks_per_node = 1;
+};
+
+struct StepCost {
+  double compute = 0, pipeline_bubble = 0, tp = 0, pp = 0, dp = 0;
+  double total() const { return compute + pipeline_bubble + tp + pp + dp; }
+};
+
+// The estimated step of `p` (micro_batches resolved) training micro-batches
+// of (micro_batch, seq_len) with `stage_layers` layers per stage; `lora`:
+// the base is frozen (no weight gradients); `reduced_bytes`: the gradients
+// a rank reduces over dp each step (its trained elements * 4).
+StepCost estimate_step(const GPTConfig& model, const ParallelConfig& p,
+                       const std::vector<int>& stage_layers, int micro_batch, int seq_len,
+                       bool lora, double reduced_bytes, const ClusterRates& rates);
+
+// True when the ranks [first, first + count * stride) by `stride` share a node.
+bool on_one_node(int first, int count, int stride, int ranks_per_node);
+
+}  // namespace meshlm

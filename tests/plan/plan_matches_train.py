@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""meshlm plan against meshlm train, on tiny.cfg:
+
+  * for layouts of 1, 2, 4 and 8 ranks (dp, tp, pp, ZeRO 1 and 2, activation
+    checkpointing, LoRA on an NF4 base with quant.share = node over two
+    "nodes"), `meshlm plan --json`'s per-rank prediction of the configured
+    layout equals, category by category and rank by rank, the
+    memory/<category>/predicted_bytes that a 2-step `meshlm train` of that
+    layout writes to run.h5 (read with h5py);
+  * under --mem-per-rank, every layout it says fits is within the limit and
+    every one it rejects exceeds it, naming a rank and a category; the ones
+    that fit come fastest first; with a limit nothing meets, it exits 1;
+  * bad arguments (no --ranks, --ranks 0, an unknown option, --backend gpu,
+    a bad size, a missing parameter file, an unknown key) exit non-zero with
+    a line naming them, and write nothing.
+
+  plan_matches_train.py MPIEXEC MESHLM CFG
+"""
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+
+import h5py
+
+mpiexec, meshlm, cfg = shlex.split(sys.argv[1]), sys.argv[2], sys.argv[3]
+CATEGORIES = ["params", "grads", "optimizer", "activations", "quantized", "comm", "workspace",
+              "checkpoint", "other"]
+failures = []
+
+
+def plan(args, check=True):
+    r = subprocess.run([meshlm, "plan", cfg] + args, capture_output=True, text=True, timeout=120)
+    if check and r.returncode not in (0, 1):
+        raise SystemExit(f"meshlm plan {' '.join(args)} failed ({r.returncode}):\n{r.stdout}{r.stderr}")
+    return r
+
+
+with tempfile.TemporaryDirectory() as scratch:
+    tokens = os.path.join(scratch, "tokens.h5")
+    text = "/usr/share/common-licenses/GPL-3"
+    if not os.path.exists(text):
+        text = os.path.join(os.path.dirname(cfg), "..", "README.md")
+    subprocess.run([meshlm, "tokenize", text, tokens], check=True, capture_output=True)
+    common = [f"--data.path={tokens}", "--train.steps=2", "--train.batch_size=8",
+              "--checkpoint.final=false"]
+    layouts = [
+        (1, 1, []),
+        (2, 2, ["--parallel.dp=2", "--parallel.zero_stage=1"]),
+        (2, 2, ["--parallel.tp=2", "--parallel.activation_checkpointing=full"]),
+        (4, 4, ["--parallel.dp=2", "--parallel.pp=2", "--parallel.zero_stage=2",
+                "--train.micro_batch_size=2"]),
+        (8, 8, ["--parallel.dp=2", "--parallel.tp=2", "--parallel.pp=2",
+                "--train.micro_batch_size=2"]),
+        (4, 2, ["--finetune.mode=lora", "--quant.type=nf4", "--parallel.dp=2", "--parallel.tp=2",
+                "--parallel.ranks_per_node=2"]),
+    ]
+    for n, per_node, extra in layouts:
+        name = f"{n} ranks {' '.join(extra)}"
+        out = os.path.join(scratch, f"run{len(failures)}_{n}_{abs(hash(name))}")
+        r = plan(["--ranks", str(n), "--ranks-per-node", str(per_node), "--json"] + common + extra)
+        p = json.loads(r.stdout)
+        ranks = p["configured"].get("ranks")
+        if not ranks:
+            failures.append(f"{name}: plan has no configured layout: {p['configured']}")
+            continue
+        t = subprocess.run(mpiexec + ["-n", str(n), meshlm, "train", cfg] + common + extra +
+                           [f"--output.dir={out}"], capture_output=True, text=True, timeout=300)
+        if t.returncode != 0:
+            failures.append(f"{name}: meshlm train failed:\n{t.stdout[-2000:]}{t.stderr[-2000:]}")
+            continue
+        with h5py.File(os.path.join(out, "run.h5"), "r") as f:
+            off = []
+            for c in CATEGORIES:
+                train = [int(x) for x in f[f"memory/{c}/predicted_bytes"][:]]
+                planned = [int(rk["predicted"][c]) for rk in ranks]
+                if train != planned:
+                    off.append(f"{c}: plan {planned}, train {train}")
+        if off:
+            failures.append(f"{name}: " + "; ".join(off))
+        else:
+            print(f"ok: {name}: {len(ranks)} ranks x {len(CATEGORIES)} categories as meshlm train predicts them")
+
+    # Limits: what fits is within them; the best rejected exceed them.
+    # (a model whose layouts' peaks span 64-212 MiB; tiny.cfg's are all the
+    # start-up's 48 MiB)
+    small = ["--train.batch_size=16", "--model.n_layer=4", "--model.n_head=4", "--model.n_embd=256",
+             "--model.vocab_size=8192", "--model.seq_len=128", "--model.max_seq_len=128"]
+    limit = 128 << 20
+    r = plan(["--ranks", "4", "--ranks-per-node", "4", "--json", "--top", "1000",
+              f"--mem-per-rank={limit}B"] + common + small)
+    p = json.loads(r.stdout)
+    if not p["fits"] or not p["rejected"]:
+        failures.append(f"a limit of 128 MiB: {len(p['fits'])} fit, {len(p['rejected'])} do not; want both")
+    for L in p["fits"]:
+        if L["peak_bytes_max"] > limit:
+            failures.append(f"fits but {L['peak_bytes_max']} > {limit}: {L}")
+    for L in p["rejected"]:
+        if L["peak_bytes_max"] <= limit or "rank" not in L.get("overflow", ""):
+            failures.append(f"rejected without exceeding the limit: {L}")
+    steps = [L["step_seconds"] for L in p["fits"]]
+    if steps != sorted(steps):
+        failures.append("the layouts that fit are not fastest first")
+    print(f"ok: 128 MiB per rank: {len(p['fits'])} layouts fit, {len(p['rejected'])} do not")
+    r = plan(["--ranks", "4", "--ranks-per-node", "4", "--mem-per-rank=1MiB"] + common)
+    if r.returncode != 1 or "does not fit: rank" not in r.stdout:
+        failures.append(f"nothing fits in 1 MiB: exit {r.returncode}, want 1 and the overflow named")
+
+    # Bad input: an error naming it, nothing written.
+    before = set(os.listdir(scratch))
+    for args, want in [([], "--ranks"), (["--ranks", "0", "--ranks-per-node", "1"], "--ranks"),
+                       (["--ranks", "2", "--ranks-per-node", "1", "--bogus", "3"], "bogus"),
+                       (["--ranks", "2", "--ranks-per-node", "1", "--backend", "gpu"], "--backend"),
+                       (["--ranks", "2", "--ranks-per-node", "1", "--mem-per-rank", "lots"], "--mem-per-rank"),
+                       (["--ranks", "2", "--ranks-per-node", "1", "--model.bogus=1"], "model.bogus")]:
+        r = plan(args, check=False)
+        if r.returncode == 0 or want not in r.stdout + r.stderr:
+            failures.append(f"plan {args}: exit {r.returncode}, no error naming {want}: {r.stderr[-300:]}")
+    r = subprocess.run([meshlm, "plan", os.path.join(scratch, "missing.cfg"), "--ranks", "1",
+                        "--ranks-per-node", "1"], capture_output=True, text=True, timeout=60)
+    if r.returncode == 0 or "missing.cfg" not in r.stderr:
+        failures.append(f"a missing parameter file: exit {r.returncode}: {r.stderr[-300:]}")
+    if set(os.listdir(scratch)) != before:
+        failures.append("meshlm plan wrote files")
+    print("ok: bad arguments" if not any("plan [" in f or "missing" in f for f in failures) else "")
+
+if failures:
+    print("FAIL:\n" + "\n".join(failures))
+    sys.exit(1)
+print("PASS")
