@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "io/tokens.h"
 #include "mesh/mesh.h"
+#include "ops/blas.h"
 #include "plan/cost.h"
 #include "plan/memory.h"
 #include "plan/rank_plan.h"
@@ -54,6 +55,7 @@ struct Options {
   uint64_t mem_per_rank = 0, host_mem_per_node = 0;
   std::optional<ComputeBackend> backend;
   bool json = false;
+  std::string calibrate, rates_file;
   uint64_t runtime = 0, runtime_pss = 0, device_runtime = 0;
   ClusterRates rates;
   std::vector<std::string> overrides;
@@ -78,8 +80,8 @@ Options parse_options(const std::vector<std::string>& args, bool help_only = fal
   double gflops = 0, intra = 0, inter = 0, intra_us = 0, inter_us = 0;
   po::options_description d("options");
   d.add_options()
-      ("ranks", po::value<int>(&o.ranks)->required(), "ranks of the job (N)")
-      ("ranks-per-node", po::value<int>(&o.ranks_per_node)->required(), "ranks on each node (G); N need not be a multiple")
+      ("ranks", po::value<int>(&o.ranks)->default_value(0), "ranks of the job (N); required")
+      ("ranks-per-node", po::value<int>(&o.ranks_per_node)->default_value(0), "ranks on each node (G); N need not be a multiple; required")
       ("mem-per-rank", po::value<std::string>(&mem_rank)->default_value(""),
        "memory one rank may use: host memory on the CPU backend, device memory on cuda "
        "(e.g. 80GiB; default: this machine's memory / G on cpu, none on cuda)")
@@ -93,12 +95,16 @@ Options parse_options(const std::vector<std::string>& args, bool help_only = fal
       ("device-runtime", po::value<std::string>(&device_runtime)->default_value(""),
        "device memory a CUDA rank holds outside meshlm's buffers (context, cuBLAS; default 600MiB, measured 597 MiB on an H100)")
       ("gflops-per-rank", po::value<double>(&gflops)->default_value(0),
-       "one rank's GEMM rate in GFLOP/s (default: 40 per core on cpu, the cores shared by G ranks; 100000 on cuda)")
+       "one rank's GEMM rate in GFLOP/s (default on cpu: the node's rate from --rates, or 40 per core, / G; 100000 on cuda)")
       ("intra-node-gbps", po::value<double>(&intra)->default_value(0), "bandwidth between two ranks of a node, GB/s (default 5 on cpu, 300 on cuda)")
       ("inter-node-gbps", po::value<double>(&inter)->default_value(0), "bandwidth between nodes, GB/s (default 10 on cpu, 25 on cuda)")
       ("intra-node-latency-us", po::value<double>(&intra_us)->default_value(2), "latency of a message within a node, microseconds")
       ("inter-node-latency-us", po::value<double>(&inter_us)->default_value(5), "latency of a message between nodes, microseconds")
       ("top", po::value<int>(&o.top)->default_value(10), "layouts listed of each kind (fitting, rejected)")
+      ("calibrate", po::value<std::string>(&o.calibrate)->default_value(""),
+       "measure this machine's GEMM rate (one core, and all of them) and write it to this JSON file; nothing else")
+      ("rates", po::value<std::string>(&o.rates_file)->default_value(""),
+       "a file --calibrate wrote: the CPU rate per rank is its all-cores rate / G (the ranks of a node share its cores)")
       ("json", po::bool_switch(&o.json), "print JSON instead of tables");
   if (help_only) {
     std::ostringstream help;
@@ -110,7 +116,7 @@ Options parse_options(const std::vector<std::string>& args, bool help_only = fal
   po::positional_options_description pos;
   pos.add("file", 1);
   po::options_description all;
-  all.add(d).add_options()("file", po::value<std::string>(&o.file)->required(), "parameter file");
+  all.add(d).add_options()("file", po::value<std::string>(&o.file)->default_value(""), "parameter file");
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(mine).options(all).positional(pos).run(), vm);
@@ -121,8 +127,11 @@ Options parse_options(const std::vector<std::string>& args, bool help_only = fal
     throw RankError(std::string("meshlm plan: ") + e.what() + "\n" + kUsage + "\n" + help.str(),
                     MESHLM_HERE);
   }
-  if (o.ranks < 1) throw RankError("meshlm plan: --ranks must be >= 1", MESHLM_HERE);
-  if (o.ranks_per_node < 1) throw RankError("meshlm plan: --ranks-per-node must be >= 1", MESHLM_HERE);
+  if (!o.calibrate.empty()) return o;
+  if (o.file.empty()) throw RankError("meshlm plan: no parameter file given\n" + std::string(kUsage), MESHLM_HERE);
+  if (o.ranks < 1) throw RankError("meshlm plan: --ranks must be >= 1 (the job's ranks)", MESHLM_HERE);
+  if (o.ranks_per_node < 1)
+    throw RankError("meshlm plan: --ranks-per-node must be >= 1 (the ranks on each node)", MESHLM_HERE);
   if (o.top < 0) throw RankError("meshlm plan: --top must be >= 0", MESHLM_HERE);
   if (!backend.empty()) {
     o.backend = enum_from_name<ComputeBackend>(backend);
@@ -156,6 +165,53 @@ std::string read_parameter_file(const std::string& path) {
   s << in.rdbuf();
   if (!in) throw RankError("meshlm plan: cannot read parameter file '" + path + "'", MESHLM_HERE);
   return s.str();
+}
+
+// GFLOP/s of single-precision GEMMs of 1024 x 1024 x 1024 on `threads`
+// threads: the best of 5 after one warm-up.
+double gemm_gflops(int threads) {
+  ops::set_threads(threads);
+  constexpr int n = 1024;
+  std::vector<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n, 0.0f);
+  double best = 1e30;
+  for (int rep = 0; rep < 6; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ops::gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rep > 0) best = std::min(best, dt);
+  }
+  return 2.0 * n * n * n / best / 1e9;
+}
+
+int calibrate(const std::string& path) {
+  const int cores = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+  const double one = gemm_gflops(1), all = gemm_gflops(cores);
+  const json j = {{"gflops_per_core", one}, {"gflops_all_cores", all}, {"cores", cores},
+                  {"what", "meshlm plan --calibrate: sgemm 1024^3 (OpenBLAS), best of 5"}};
+  std::ofstream out(path + ".tmp");
+  out << j.dump(2) << "\n";
+  out.close();
+  if (!out || std::rename((path + ".tmp").c_str(), path.c_str()) != 0) {
+    std::remove((path + ".tmp").c_str());
+    throw RankError("meshlm plan: cannot write '" + path + "'", MESHLM_HERE);
+  }
+  fmt::print("# meshlm plan --calibrate: {:.1f} GFLOP/s on one core, {:.1f} on all {} -> {}\n", one,
+             all, cores, path);
+  return 0;
+}
+
+double all_cores_gflops(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw RankError("meshlm plan: --rates '" + path + "': cannot read it", MESHLM_HERE);
+  try {
+    const json j = json::parse(in);
+    const double v = j.at("gflops_all_cores").get<double>();
+    if (!(v > 0)) throw std::runtime_error("gflops_all_cores is not positive");
+    return v;
+  } catch (const std::exception& e) {
+    throw RankError("meshlm plan: --rates '" + path + "' is not a file of --calibrate: " + e.what(),
+                    MESHLM_HERE);
+  }
 }
 
 // What one rank of a layout holds at its peak.
@@ -306,6 +362,7 @@ int cmd_plan(const std::vector<std::string>& args) {
   }
   const auto t0 = std::chrono::steady_clock::now();
   Options o = parse_options(args);
+  if (!o.calibrate.empty()) return calibrate(o.calibrate);
   // The file as one rank would run it (every key checked), and its layout
   // on o.ranks ranks, which may not be one the run accepts.
   const std::string text = read_parameter_file(o.file);
@@ -336,8 +393,10 @@ int cmd_plan(const std::vector<std::string>& args) {
   if (o.mem_per_rank == 0 && !cuda) o.mem_per_rank = machine / static_cast<uint64_t>(o.ranks_per_node);
   o.rates.ranks_per_node = o.ranks_per_node;
   if (o.rates.flops_per_s == 0) {
-    const double cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
-    o.rates.flops_per_s = cuda ? 100e12 : 40e9 * std::max(1.0, cores / o.ranks_per_node);
+    // The node's cores are shared by its G ranks (runtime.threads each).
+    const double cores = static_cast<double>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+    const double node = o.rates_file.empty() ? 40e9 * cores : all_cores_gflops(o.rates_file) * 1e9;
+    o.rates.flops_per_s = cuda ? 100e12 : node / o.ranks_per_node;
   }
   if (o.rates.intra_bytes_per_s == 0) o.rates.intra_bytes_per_s = cuda ? 300e9 : 5e9;
   if (o.rates.inter_bytes_per_s == 0) o.rates.inter_bytes_per_s = cuda ? 25e9 : 10e9;

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""meshlm plan's estimated step time against measured step times, on this
+machine: for layouts of 1-8 ranks of two models, `meshlm plan --json` of the
+layout (its configured layout) beside the median step time of a short
+`meshlm train` of it (run.h5 metrics, the first steps left out), the
+planner's rates from `meshlm plan --calibrate` on this machine. Prints a
+Markdown table and the Spearman rank correlation, and whether the layout
+the planner ranks first among them is within 10% of the fastest measured.
+
+  tests/bench/plan_accuracy.py BUILD SCRATCH [--steps 12] [--skip 4]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODELS = {
+    "small": ["--model.n_layer=4", "--model.n_head=4", "--model.n_embd=256",
+              "--model.vocab_size=8192", "--model.seq_len=128", "--model.max_seq_len=128",
+              "--train.batch_size=16"],
+    "mid": ["--model.n_layer=6", "--model.n_head=12", "--model.n_embd=384",
+            "--model.vocab_size=8192", "--model.seq_len=256", "--model.max_seq_len=256",
+            "--train.batch_size=16"],
+}
+# ranks, overrides
+LAYOUTS = [
+    (1, ["--train.micro_batch_size=4"]),
+    (1, ["--train.micro_batch_size=16"]),
+    (1, ["--train.micro_batch_size=4", "--parallel.activation_checkpointing=full"]),
+    (2, ["--parallel.dp=2", "--train.micro_batch_size=4"]),
+    (2, ["--parallel.tp=2", "--train.micro_batch_size=4"]),
+    (2, ["--parallel.pp=2", "--train.micro_batch_size=4"]),
+    (4, ["--parallel.dp=4", "--train.micro_batch_size=4", "--parallel.zero_stage=1"]),
+    (4, ["--parallel.dp=2", "--parallel.tp=2", "--train.micro_batch_size=4"]),
+    (4, ["--parallel.pp=4", "--train.micro_batch_size=2"]),
+    (8, ["--parallel.dp=2", "--parallel.tp=2", "--parallel.pp=2", "--train.micro_batch_size=2"]),
+]
+
+
+def spearman(a, b):
+    ra = np.argsort(np.argsort(a)).astype(float)
+    rb = np.argsort(np.argsort(b)).astype(float)
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("build")
+    ap.add_argument("scratch")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--skip", type=int, default=4)
+    a = ap.parse_args()
+    meshlm = os.path.join(a.build, "meshlm")
+    os.makedirs(a.scratch, exist_ok=True)
+    tokens = os.path.join(a.scratch, "tokens.h5")
+    if not os.path.exists(tokens):
+        subprocess.run([meshlm, "tokenize", "/usr/share/common-licenses/GPL-3", tokens], check=True,
+                       capture_output=True)
+    mpiexec = ["mpiexec", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
+    rates = os.path.join(a.scratch, "rates.json")
+    subprocess.run([meshlm, "plan", "--calibrate", rates], check=True)
+    cores = os.cpu_count()
+    print(f"| model | ranks | layout | predicted s | measured s (median) |")
+    print("|---|---:|---|---:|---:|")
+    summary = []
+    for model, mo in MODELS.items():
+        pred, meas = [], []
+        for n, lo in LAYOUTS:
+            common = [f"--data.path={tokens}", f"--train.steps={a.steps}", "--train.log_every=1",
+                      "--checkpoint.final=false", "--train.warmup_steps=1"] + mo + lo
+            p = subprocess.run([meshlm, "plan", os.path.join(ROOT, "inputs/tiny.cfg"), "--ranks", str(n),
+                                "--ranks-per-node", str(n), "--json", "--rates", rates] + common,
+                               capture_output=True, text=True)
+            c = json.loads(p.stdout)["configured"]
+            if "step_seconds" not in c:
+                print(f"plan: {c}", file=sys.stderr)
+                continue
+            out = os.path.join(a.scratch, f"{model}_{n}_{abs(hash(' '.join(lo)))}")
+            t = subprocess.run(mpiexec + ["-n", str(n), meshlm, "train", os.path.join(ROOT, "inputs/tiny.cfg")] +
+                               common + [f"--output.dir={out}", "--output.overwrite=true",
+                                         f"--runtime.threads={max(1, cores // n)}"],
+                               capture_output=True, text=True, env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
+            if t.returncode != 0:
+                print(t.stdout[-1500:], t.stderr[-1500:], file=sys.stderr)
+                continue
+            with h5py.File(os.path.join(out, "run.h5"), "r") as f:
+                tps = f["metrics/tokens_per_s"][a.skip:]
+            batch = 16 * int([x for x in mo if "seq_len=" in x and "max" not in x][0].split("=")[1])
+            step = float(np.median(batch / tps))
+            pred.append(c["step_seconds"])
+            meas.append(step)
+            print(f"| {model} | {n} | {' '.join(x[2:] for x in lo)} | {c['step_seconds']:.4f} | {step:.4f} |")
+            sys.stdout.flush()
+        rho = spearman(pred, meas)
+        best = int(np.argmin(pred))
+        within = meas[best] <= 1.10 * min(meas)
+        summary.append((model, len(pred), rho, meas[best] / min(meas), within))
+    print()
+    for model, n, rho, ratio, within in summary:
+        print(f"{model}: {n} layouts, Spearman {rho:.2f}; the planner's first at {ratio:.2f}x the "
+              f"fastest measured ({'within' if within else 'not within'} 10%)")
+
+
+if __name__ == "__main__":
+    main()
