@@ -12,7 +12,9 @@
     that fit come fastest first; with a limit nothing meets, it exits 1;
   * bad arguments (no --ranks, --ranks 0, an unknown option, --backend gpu,
     a bad size, a missing parameter file, an unknown key) exit non-zero with
-    a line naming them, and write nothing.
+    a line naming them, and write nothing; so does --rates of a file that
+    --calibrate did not write; --calibrate writes this machine's GEMM rates,
+    and --rates gives each of G ranks the node's rate / G.
 
   plan_matches_train.py MPIEXEC MESHLM CFG
 """
@@ -122,8 +124,26 @@ with tempfile.TemporaryDirectory() as scratch:
                         "--ranks-per-node", "1"], capture_output=True, text=True, timeout=60)
     if r.returncode == 0 or "missing.cfg" not in r.stderr:
         failures.append(f"a missing parameter file: exit {r.returncode}: {r.stderr[-300:]}")
+    bogus = os.path.join(scratch, "not_rates.json")
+    with open(bogus, "w") as f:
+        f.write('{"gflops": 3}')
+    before.add("not_rates.json")
+    r = plan(["--ranks", "2", "--ranks-per-node", "2", f"--rates={bogus}"], check=False)
+    if r.returncode == 0 or "not_rates.json" not in r.stderr:
+        failures.append(f"--rates of a foreign file: exit {r.returncode}: {r.stderr[-300:]}")
     if set(os.listdir(scratch)) != before:
         failures.append("meshlm plan wrote files")
+    # --calibrate writes this machine's rates, which --rates then takes.
+    rates = os.path.join(scratch, "rates.json")
+    subprocess.run([meshlm, "plan", "--calibrate", rates], check=True, capture_output=True, timeout=120)
+    with open(rates) as f:
+        cal = json.load(f)
+    if not (cal["gflops_per_core"] > 0 and cal["gflops_all_cores"] > 0 and cal["cores"] >= 1):
+        failures.append(f"--calibrate wrote {cal}")
+    r = plan(["--ranks", "2", "--ranks-per-node", "2", f"--rates={rates}"] + common)
+    want = f"{cal['gflops_all_cores'] / 2:.0f} GFLOP/s per rank"
+    if r.returncode != 0 or want not in r.stdout:
+        failures.append(f"--rates: no '{want}' in the plan's header: {r.stdout[:400]}")
     print("ok: bad arguments" if not any("plan [" in f or "missing" in f for f in failures) else "")
 
 if failures:
