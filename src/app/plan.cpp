@@ -230,6 +230,7 @@ struct Layout {
   std::vector<PlannedRank> ranks;
   size_t worst = 0, node_worst = 0;
   int worst_rank = 0, worst_node = 0;
+  std::vector<size_t> stage_peak;  // the largest rank peak of each pipeline stage
   StepCost cost;
   std::string overflow;  // empty: fits
 };
@@ -294,6 +295,9 @@ Layout evaluate(const RunConfig& cfg, const Options& o, uint64_t windows) {
     }
     L.ranks.push_back(m);
   }
+  L.stage_peak.assign(static_cast<size_t>(p.pp), 0);
+  for (const PlannedRank& m : L.ranks)
+    L.stage_peak[static_cast<size_t>(m.c.pp)] = std::max(L.stage_peak[static_cast<size_t>(m.c.pp)], m.peak);
   for (const auto& [node, bytes] : node_sum)
     if (bytes > L.node_worst) {
       L.node_worst = bytes;
@@ -336,6 +340,14 @@ std::vector<int> divisors(int n) {
   return d;
 }
 
+// max / min over the stages (1 with one stage).
+template <typename T>
+double spread(const std::vector<T>& v) {
+  if (v.empty()) return 1;
+  const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+  return *lo > 0 ? double(*hi) / double(*lo) : 1;
+}
+
 json layout_json(const Layout& L) {
   const ParallelConfig& p = L.cfg.parallel;
   json j = {{"dp", p.dp}, {"tp", p.tp}, {"pp", p.pp}, {"zero_stage", p.zero_stage},
@@ -347,6 +359,9 @@ json layout_json(const Layout& L) {
             {"step_seconds", L.cost.total()},
             {"cost", {{"compute", L.cost.compute}, {"pipeline_bubble", L.cost.pipeline_bubble},
                       {"tp", L.cost.tp}, {"pp", L.cost.pp}, {"dp", L.cost.dp}}},
+            {"stage_peak_bytes", L.stage_peak}, {"stage_seconds", L.cost.stage_seconds},
+            {"stage_memory_max_over_min", spread(L.stage_peak)},
+            {"stage_time_max_over_min", spread(L.cost.stage_seconds)},
             {"fits", L.overflow.empty()}};
   if (!L.overflow.empty()) j["overflow"] = L.overflow;
   return j;
@@ -533,6 +548,15 @@ int cmd_plan(const std::vector<std::string>& args) {
     row += fmt::format(" {:>11} {:>11} {:>15}", gib(cuda ? o.device_runtime : o.runtime), gib(m.peak),
                        cuda ? "device" : mem_phase_name(m.peak_phase));
     fmt::print("{}\n", row);
+  }
+  if (configured->cfg.parallel.pp > 1) {
+    std::string mem, time;
+    for (size_t st = 0; st < configured->stage_peak.size(); ++st) {
+      mem += (st ? " " : "") + gib(configured->stage_peak[st]);
+      time += fmt::format("{}{:.4f}", st ? " " : "", configured->cost.stage_seconds[st]);
+    }
+    fmt::print("# stages: peak GiB {} (max/min {:.2f}); seconds per micro-batch {} (max/min {:.2f})\n",
+               mem, spread(configured->stage_peak), time, spread(configured->cost.stage_seconds));
   }
   }
   auto table = [&](const std::vector<Layout>& v, bool fitting) {

@@ -40,6 +40,7 @@ struct ClusterRates {
 
 struct StepCost {
   double compute = 0, pipeline_bubble = 0, tp = 0, pp = 0, dp = 0;
+  std::vector<double> stage_seconds;  // each stage's compute for one micro-batch
   double total() const { return compute + pipeline_bubble + tp + pp + dp; }
 };
 

@@ -68,6 +68,12 @@ with tempfile.TemporaryDirectory() as scratch:
         if not ranks:
             failures.append(f"{name}: plan has no configured layout: {p['configured']}")
             continue
+        # Each stage's peak is its ranks' largest.
+        stages = p["configured"]["stage_peak_bytes"]
+        want = [max(rk["peak_bytes"] for rk in ranks if rk["pp"] == s) for s in range(len(stages))]
+        if stages != want or len(stages) != p["configured"]["pp"] or \
+                len(p["configured"]["stage_seconds"]) != len(stages):
+            failures.append(f"{name}: stage peaks {stages}, want {want}")
         t = subprocess.run(mpiexec + ["-n", str(n), meshlm, "train", cfg] + common + extra +
                            [f"--output.dir={out}"], capture_output=True, text=True, timeout=300)
         if t.returncode != 0:
