@@ -23,4 +23,9 @@ std::string printable(std::string_view text, size_t max) {
   return out;
 }
 
+void write_line(std::FILE* to, const std::string& line) {
+  std::fwrite(line.data(), 1, line.size(), to);
+  std::fflush(to);
+}
+
 }  // namespace meshlm::log

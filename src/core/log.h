@@ -17,21 +17,22 @@ namespace meshlm::log {
 void set_rank(int world_rank);
 int rank();
 
+// Writes `line` (its newline included) to `to` in one call and flushes: with
+// stdout and stderr going to one file (2>&1), another process's or stream's
+// output then falls between lines, never inside one (stderr is unbuffered:
+// a prefix written apart from its message was once split from it).
+void write_line(std::FILE* to, const std::string& line);
+
 template <typename... Args>
 void info(fmt::format_string<Args...> f, Args&&... args) {
   if (rank() != 0) return;
-  fmt::print(stdout, f, std::forward<Args>(args)...);
-  std::fputc('\n', stdout);
-  std::fflush(stdout);
+  write_line(stdout, fmt::format(f, std::forward<Args>(args)...) + "\n");
 }
 
 template <typename... Args>
 void warn(fmt::format_string<Args...> f, Args&&... args) {
   if (rank() != 0) return;
-  fmt::print(stderr, "WARNING: ");
-  fmt::print(stderr, f, std::forward<Args>(args)...);
-  std::fputc('\n', stderr);
-  std::fflush(stderr);
+  write_line(stderr, "WARNING: " + fmt::format(f, std::forward<Args>(args)...) + "\n");
 }
 
 // Text from a user's file made fit for a message: bytes outside printable
