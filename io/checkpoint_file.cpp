@@ -220,6 +220,12 @@ h5::PropList transfer(bool collective) {
   return dxpl;
 }
 
+size_t box_numel(const Box& b) {
+  size_t n = 1;
+  for (hsize_t c : b.count) n *= static_cast<size_t>(c);
+  return n;
+}
+
 // The file and memory selections of `boxes` (the memory side contiguous).
 std::pair<h5::Dataspace, h5::Dataspace> selections(hid_t dset, const std::vector<Box>& boxes,
                                                    const std::string& name) {
@@ -230,8 +236,7 @@ std::pair<h5::Dataspace, h5::Dataspace> selections(hid_t dset, const std::vector
   } else {
     bool first = true;
     for (const Box& b : boxes) {
-      hsize_t k = 1;
-      for (hsize_t c : b.count) k *= c;
+      const hsize_t k = box_numel(b);
       if (k == 0) continue;
       n += k;
       h5::check(H5Sselect_hyperslab(fspace, first ? H5S_SELECT_SET : H5S_SELECT_OR,
@@ -317,11 +322,7 @@ void write_boxes_in_blocks(hid_t dset, const std::vector<Box>& boxes, const Floa
   const std::vector<hsize_t> dims = h5::shape(dset);
   auto numel = [](const std::vector<Box>& bs) {
     size_t n = 0;
-    for (const Box& b : bs) {
-      size_t k = 1;
-      for (hsize_t c : b.count) k *= static_cast<size_t>(c);
-      n += k;
-    }
+    for (const Box& b : bs) n += box_numel(b);
     return n;
   };
   if (dims.empty()) {
@@ -371,8 +372,7 @@ void write_boxes_in_blocks(hid_t dset, const std::vector<Box>& boxes, const Floa
   const std::string name = h5::object_name(dset);
   for (const Box& b : boxes) {
     const auto [start, contiguous] = linear_start(b, dims);
-    size_t n = 1;
-    for (hsize_t c : b.count) n *= static_cast<size_t>(c);
+    const size_t n = box_numel(b);
     MESHLM_CHECK(contiguous && start >= previous_end,
                  "independent checkpoint writes take contiguous boxes in the file's order (" +
                      name + ")");

@@ -453,24 +453,27 @@ RunConfig parse_run_config(const std::string& text, const std::string& source,
   return c;
 }
 
+bool read_parameter_text(const std::string& path, std::string& text, std::string& why) {
+  // Not opened unless a regular file: a FIFO would block, a directory reads as empty.
+  why = non_regular_kind(path);
+  if (!why.empty()) {
+    why = ": it is " + why;
+    return false;
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::ostringstream s;
+  s << in.rdbuf();
+  text = s.str();
+  return true;
+}
+
 RunConfig load_run_config(MPI_Comm job, const std::string& path,
                           const std::vector<std::string>& overrides) {
   std::unique_ptr<comm::Communicator> all = comm::make_mpi_communicator(job);
   std::string text, why;
   bool ok = true;
-  if (all->rank() == 0) {
-    // Not opened unless a regular file: a FIFO would block, a directory reads as empty.
-    std::ifstream in;
-    if (why = non_regular_kind(path); why.empty()) in.open(path, std::ios::binary);
-    else why = ": it is " + why;
-    if (!why.empty() || !in) {
-      ok = false;
-    } else {
-      std::ostringstream s;
-      s << in.rdbuf();
-      text = s.str();
-    }
-  }
+  if (all->rank() == 0) ok = read_parameter_text(path, text, why);
   check_all(job, ok, "cannot read parameter file '" + path + "'" + why, MESHLM_HERE);
   uint64_t len = text.size();
   all->broadcast(&len, sizeof(len), DType::u8, 0).wait();

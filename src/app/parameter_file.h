@@ -28,6 +28,10 @@ namespace meshlm {
 RunConfig parse_run_config(const std::string& text, const std::string& source,
                            const std::vector<std::string>& overrides, int world_size = 1);
 
+// The bytes of the parameter file `path` (one process): false, with `why`
+// (": it is a directory", ... or empty), when it is not a regular file or
+// cannot be read.
+bool read_parameter_text(const std::string& path, std::string& text, std::string& why);
 // Collective over `job`: rank 0 reads `path`, every rank parses the same
 // bytes (so a file visible on one node only still gives one clear error).
 RunConfig load_run_config(MPI_Comm job, const std::string& path,

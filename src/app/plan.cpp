@@ -156,15 +156,10 @@ Options parse_options(const std::vector<std::string>& args, bool help_only = fal
 }
 
 std::string read_parameter_file(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec))
-    throw RankError("meshlm plan: cannot read parameter file '" + path + "': not a regular file",
-                    MESHLM_HERE);
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (!in) throw RankError("meshlm plan: cannot read parameter file '" + path + "'", MESHLM_HERE);
-  return s.str();
+  std::string text, why;
+  if (!read_parameter_text(path, text, why))
+    throw RankError("meshlm plan: cannot read parameter file '" + path + "'" + why, MESHLM_HERE);
+  return text;
 }
 
 // GFLOP/s of single-precision GEMMs of 1024 x 1024 x 1024 on `threads`
@@ -183,11 +178,26 @@ double gemm_gflops(int threads) {
   return 2.0 * n * n * n / best / 1e9;
 }
 
+constexpr const char* kCalibrateWhat = "meshlm plan --calibrate: sgemm 1024^3 (OpenBLAS), best of 5";
+
 int calibrate(const std::string& path) {
+  // Only a file of --calibrate is replaced.
+  if (std::filesystem::exists(path)) {
+    bool ours = false;
+    try {
+      std::ifstream in(path);
+      ours = json::parse(in).at("what").get<std::string>() == kCalibrateWhat;
+    } catch (const std::exception&) {
+    }
+    if (!ours)
+      throw RankError("meshlm plan: --calibrate '" + path +
+                          "' exists and is not a file of --calibrate: not replaced",
+                      MESHLM_HERE);
+  }
   const int cores = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
   const double one = gemm_gflops(1), all = gemm_gflops(cores);
   const json j = {{"gflops_per_core", one}, {"gflops_all_cores", all}, {"cores", cores},
-                  {"what", "meshlm plan --calibrate: sgemm 1024^3 (OpenBLAS), best of 5"}};
+                  {"what", kCalibrateWhat}};
   std::ofstream out(path + ".tmp");
   out << j.dump(2) << "\n";
   out.close();

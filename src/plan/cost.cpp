@@ -31,19 +31,16 @@ StepCost estimate_step(const GPTConfig& model, const ParallelConfig& p,
   const double per_param = lora ? 4.0 : 6.0;
   const double block_params = 12.0 * C * C;  // qkv 3C^2, proj C^2, mlp 8C^2
   const int m = std::max(p.micro_batches, 1);
-  double slowest = 0;
-  std::vector<double> stage_seconds;
+  StepCost c;
   for (size_t s = 0; s < stage_layers.size(); ++s) {
     const double L = stage_layers[s];
     double flops = per_param * block_params * L * tokens + 12.0 * L * B * T * T * C;
     if (p.activation_checkpointing == Checkpointing::full)
       flops += (2.0 * block_params * L * tokens + 4.0 * L * B * T * T * C);  // the forward again
     if (s + 1 == stage_layers.size()) flops += per_param * V * C * tokens;  // the classifier
-    stage_seconds.push_back(flops / p.tp / rates.flops_per_s);
-    slowest = std::max(slowest, stage_seconds.back());
+    c.stage_seconds.push_back(flops / p.tp / rates.flops_per_s);
   }
-  StepCost c;
-  c.stage_seconds = stage_seconds;
+  const double slowest = *std::max_element(c.stage_seconds.begin(), c.stage_seconds.end());
   c.compute = m * slowest;
   c.pipeline_bubble = (p.pp - 1) * slowest;
   const int rpn = rates.ranks_per_node;

@@ -13,7 +13,8 @@
   * bad arguments (no --ranks, --ranks 0, an unknown option, --backend gpu,
     a bad size, a missing parameter file, an unknown key) exit non-zero with
     a line naming them, and write nothing; so does --rates of a file that
-    --calibrate did not write; --calibrate writes this machine's GEMM rates,
+    --calibrate did not write, and --calibrate over such a file; --calibrate
+    writes (and rewrites) this machine's GEMM rates,
     and --rates gives each of G ranks the node's rate / G.
 
   plan_matches_train.py MPIEXEC MESHLM CFG
@@ -146,6 +147,15 @@ with tempfile.TemporaryDirectory() as scratch:
         cal = json.load(f)
     if not (cal["gflops_per_core"] > 0 and cal["gflops_all_cores"] > 0 and cal["cores"] >= 1):
         failures.append(f"--calibrate wrote {cal}")
+    # ... and never replaces a file it did not write.
+    r = subprocess.run([meshlm, "plan", "--calibrate", bogus], capture_output=True, text=True, timeout=120)
+    with open(bogus) as f:
+        kept = f.read()
+    if r.returncode == 0 or "not_rates.json" not in r.stderr or kept != '{"gflops": 3}':
+        failures.append(f"--calibrate over a foreign file: exit {r.returncode}, left {kept!r}")
+    subprocess.run([meshlm, "plan", "--calibrate", rates], check=True, capture_output=True, timeout=120)
+    with open(rates) as f:
+        cal = json.load(f)  # rewritten
     r = plan(["--ranks", "2", "--ranks-per-node", "2", f"--rates={rates}"] + common)
     want = f"{cal['gflops_all_cores'] / 2:.0f} GFLOP/s per rank"
     if r.returncode != 0 or want not in r.stdout:
