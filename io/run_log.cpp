@@ -225,6 +225,10 @@ void RunLog::write_process_prediction(
   h5::check(H5Fflush(file_, H5F_SCOPE_GLOBAL), file_, "/", "cannot flush");
 }
 
+void RunLog::write_layout_choice(const std::string& text) {
+  h5::write_string_attr(file_, "layout_choice", text);
+}
+
 void RunLog::write_node_prediction(const std::vector<size_t>& runtime_pss,
                                    const std::vector<int>& node,
                                    const std::vector<size_t>& node_predicted_peak,

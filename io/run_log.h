@@ -2,7 +2,9 @@
 // the run goes on and after it dies.
 //
 //   /                      attributes: config (the resolved parameter file,
-//                          INI text), format_version = 1
+//                          INI text), format_version = 1; layout_choice
+//                          (text) when parallel.layout = auto chose the
+//                          layout: the planner's lines saying which and why
 //   /resumed_at_steps      (k) int64    a resumed run only: the steps of the
 //                          checkpoints it and the runs before it resumed from
 //   /metrics/step          (n) int64    one row per append()
@@ -60,6 +62,8 @@ public:
   RunLog(const RunLog&) = delete;
   RunLog& operator=(const RunLog&) = delete;
 
+  // The root attribute layout_choice (parallel.layout = auto).
+  void write_layout_choice(const std::string& text);
   // One row of /metrics, flushed to disk before returning.
   void append(int64_t step, double loss, double lr, double grad_norm, double tokens_per_s);
   // Every rank's memory (see train/report.h: gather_memory): tracked bytes

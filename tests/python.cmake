@@ -131,3 +131,19 @@ add_test(NAME plan_matches_train
           "${_mpiexec_plain}" $<TARGET_FILE:meshlm> ${PROJECT_SOURCE_DIR}/inputs/tiny.cfg)
 set_tests_properties(plan_matches_train PROPERTIES LABELS python TIMEOUT 600
   ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
+
+# parallel.layout = auto: meshlm train takes meshlm plan's first layout
+# under the same limits, stores why in run.h5; refusals write nothing.
+add_test(NAME plan_auto_layout
+  COMMAND ${MESHLM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/plan/auto_layout.py
+          "${_mpiexec_plain}" $<TARGET_FILE:meshlm> ${PROJECT_SOURCE_DIR}/inputs/tiny.cfg)
+set_tests_properties(plan_auto_layout PROPERTIES LABELS python TIMEOUT 600
+  ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
+
+# The layouts meshlm plan says fit a limit stay under it when run (VmHWM,
+# memprobe), and the fastest it rejects goes over it.
+add_test(NAME plan_memory_check
+  COMMAND ${MESHLM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/bench/plan_memory_check.py ${CMAKE_BINARY_DIR}
+          ${CMAKE_CURRENT_BINARY_DIR}/plan_memory_check --ranks 4 --check)
+set_tests_properties(plan_memory_check PROPERTIES LABELS "python;memory" RUN_SERIAL TRUE TIMEOUT 600
+  ENVIRONMENT "OMP_WAIT_POLICY=PASSIVE")

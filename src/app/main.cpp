@@ -70,7 +70,8 @@ int cmd_train(const std::vector<std::string>& args) {
       return 0;
     }
   }
-  meshlm::RunConfig cfg = meshlm::load_run_config(MPI_COMM_WORLD, args[0], overrides);
+  meshlm::RunConfig cfg =
+      meshlm::load_run_config(MPI_COMM_WORLD, args[0], overrides, /*choose_layout=*/true);
   meshlm::run_training(cfg, MPI_COMM_WORLD);
   return 0;
 }
@@ -148,8 +149,11 @@ int main(int argc, char** argv) {
     } else if (cmd == "tokenize") {
       status = cmd_tokenize(args);
     } else if (cmd == "plan") {
-      // One process plans; the other ranks of a job (if any) have nothing to do.
-      if (rank == 0) status = meshlm::cmd_plan(args);
+      // One process plans; the other ranks of a job (if any) have nothing to
+      // do, but for --calibrate's MPI figures between ranks 0 and 1.
+      const std::string calibrate = meshlm::plan_calibrate_target(args);
+      if (!calibrate.empty()) status = meshlm::cmd_plan_calibrate(MPI_COMM_WORLD, calibrate);
+      else if (rank == 0) status = meshlm::cmd_plan(args);
     } else if (cmd == "help" || cmd == "--help" || cmd == "-h") {
       if (rank == 0) {
         if (!args.empty() && args[0] == "train") print_train_help();

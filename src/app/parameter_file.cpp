@@ -278,6 +278,7 @@ void make_options(RunConfig& c, OptionTable& t) {
   t.add(memory, "memory.limit_per_node", &c.memory.limit_per_node, "the most the ranks of one node may use together: the node's predicted peak of its ranks' summed PSS (the node's shared quantized base and the libraries counted once); empty = no limit");
   t.add(memory, "memory.force", &c.memory.force, "start even when a prediction exceeds memory.limit_per_rank, memory.limit_per_node or the node's physical memory (with a warning naming them)");
   auto& parallel = t.section("[parallel] the process mesh: ranks = dp * tp * pp");
+  t.add(parallel, "parallel.layout", &c.parallel.layout, enum_choices<LayoutChoice>() + " (auto: meshlm train takes the layout that meshlm plan ranks fastest among those that fit memory.limit_per_rank and memory.limit_per_node (unset: on the CPU the node's memory / its ranks and the node's memory; on CUDA no limit per rank, so set memory.limit_per_rank to the GPU's memory), searching dp, tp, pp, zero_stage, micro_batches with train.micro_batch_size (the file's is replaced), activation_checkpointing and schedule; a key of this section given explicitly (dp, tp, pp, micro_batches: not as 0) holds its value in the search; the choice and why are printed and stored in run.h5 (attribute layout_choice))");
   t.add(parallel, "parallel.dp", &c.parallel.dp, "data-parallel replicas, each reading its own slice of every batch; 0 = ranks / (tp * pp)",
         Range::ints(0, kMaxRanks));
   t.add(parallel, "parallel.tp", &c.parallel.tp, "tensor-parallel ranks (Megatron); must divide n_head and the padded vocabulary",
@@ -293,6 +294,17 @@ void make_options(RunConfig& c, OptionTable& t) {
   t.add(parallel, "parallel.stage_layers", &c.parallel.stage_layers, "layers per pipeline stage, e.g. 3,3,2,2; empty = balanced by cost (embedding and head included)");
   t.add(parallel, "parallel.ranks_per_node", &c.parallel.ranks_per_node, "split each node's ranks into groups of this many, as if they were nodes (tests); 0 = real nodes",
         Range::ints(0, kMaxRanks));
+  auto& cluster = t.section("[cluster] the machines, as the planner sees them (meshlm plan, parallel.layout = auto; docs/planner.md); 0 or empty = the rates file's figure, else the preset's");
+  t.add(cluster, "cluster.preset", &c.cluster.preset, enum_choices<ClusterPreset>() + " (cpu-node: 40 GFLOP/s per core shared by the node's ranks, 5 GB/s and 2 us between ranks of a node, 10 GB/s and 5 us between nodes; h100-ib: 8 H100 per node, 100 TFLOP/s per GPU (meshlm's bf16 step), NVLink 300 GB/s and 3 us, InfiniBand NDR 50 GB/s per GPU and 5 us; auto: cpu-node on runtime.backend = cpu, h100-ib on cuda)");
+  t.add(cluster, "cluster.rates", &c.cluster.rates, "a JSON file of meshlm plan --calibrate (GEMM rate, memory bandwidth, MPI bandwidth and latency, a rank's runtime memory, measured on this machine); its figures replace the preset's");
+  t.add(cluster, "cluster.gflops_per_rank", &c.cluster.gflops_per_rank, "one rank's GEMM rate in GFLOP/s", Range::reals(0, 1e9));
+  t.add(cluster, "cluster.intra_node_gbps", &c.cluster.intra_node_gbps, "bandwidth between two ranks of a node, GB/s", Range::reals(0, 1e6));
+  t.add(cluster, "cluster.inter_node_gbps", &c.cluster.inter_node_gbps, "bandwidth of a rank to another node, GB/s", Range::reals(0, 1e6));
+  t.add(cluster, "cluster.intra_node_latency_us", &c.cluster.intra_node_latency_us, "latency of a message within a node, microseconds", Range::reals(0, 1e6));
+  t.add(cluster, "cluster.inter_node_latency_us", &c.cluster.inter_node_latency_us, "latency of a message between nodes, microseconds", Range::reals(0, 1e6));
+  t.add(cluster, "cluster.runtime_per_rank", &c.cluster.runtime_per_rank, "a rank's resident memory outside meshlm's buffers (code, libraries, MPI, heap), a size as memory.limit_per_rank (cpu-node: 40MiB; h100-ib: 512MiB of host)");
+  t.add(cluster, "cluster.runtime_pss_per_rank", &c.cluster.runtime_pss_per_rank, "its part of the node's memory, shared pages split between the ranks mapping them (cpu-node: 25MiB; h100-ib: 512MiB)");
+  t.add(cluster, "cluster.device_runtime", &c.cluster.device_runtime, "device memory a CUDA rank holds outside meshlm's buffers: context, cuBLAS (600MiB; 597 MiB measured on an H100)");
   auto& finetune = t.section("[finetune] what trains");
   t.add(finetune, "finetune.mode", &c.finetune.mode, enum_choices<FinetuneMode>() + ": full = every parameter trains; lora = LoRA adapters on a frozen, quantized base ([quant])");
   t.add(finetune, "finetune.lora_rank", &c.finetune.lora_rank, "LoRA rank r",
@@ -417,7 +429,8 @@ std::vector<std::string> normalise_overrides(const std::vector<std::string>& arg
 }  // namespace
 
 RunConfig parse_run_config(const std::string& text, const std::string& source,
-                           const std::vector<std::string>& overrides, int world_size) {
+                           const std::vector<std::string>& overrides, int world_size,
+                           const LayoutChooser& choose) {
   RunConfig c;
   OptionTable table;
   make_options(c, table);
@@ -447,6 +460,44 @@ RunConfig parse_run_config(const std::string& text, const std::string& source,
     fail(source + ": " + log::printable(message_of(e), kMaxMessage));
   }
   table.check();
+  if (c.parallel.layout == LayoutChoice::automatic) {
+    auto given = [&](const char* key) { return vm.count(key) && !vm[key].defaulted(); };
+    if (given("parallel.stage_layers") && !c.parallel.stage_layers.layers.empty())
+      fail("parallel.stage_layers with parallel.layout = auto: the planner splits the stages; "
+           "give one of them");
+    LayoutConstraints k;
+    auto keep = [&](const char* key, int v, std::optional<int>& into) {
+      if (given(key) && v > 0) into = v;  // 0 = derived: not a constraint
+    };
+    keep("parallel.dp", c.parallel.dp, k.dp);
+    keep("parallel.tp", c.parallel.tp, k.tp);
+    keep("parallel.pp", c.parallel.pp, k.pp);
+    keep("parallel.micro_batches", c.parallel.micro_batches, k.micro_batches);
+    if (given("parallel.zero_stage")) k.zero_stage = c.parallel.zero_stage;
+    if (given("parallel.schedule")) k.schedule = c.parallel.schedule;
+    if (given("parallel.activation_checkpointing"))
+      k.activation_checkpointing = c.parallel.activation_checkpointing;
+    // Every other key checked on one rank; the search sets [parallel].
+    RunConfig one = c;
+    one.parallel.dp = one.parallel.tp = one.parallel.pp = 1;
+    one.parallel.zero_stage = 0;
+    one.parallel.micro_batches = 0;
+    one.parallel.stage_layers = {};
+    one.train.micro_batch_size = one.train.batch_size;
+    one.debug.fail_rank = -1;
+    one.debug.kill_rank = 0;
+    resolve_run_config(one, 1);
+    if (!choose) {
+      one.source = source;
+      one.resolved = table.ini();
+      return one;
+    }
+    const RunConfig chosen = choose(one, k);
+    c.parallel = chosen.parallel;
+    c.parallel.layout = LayoutChoice::automatic;
+    c.train.micro_batch_size = chosen.train.micro_batch_size;
+    c.layout_choice = chosen.layout_choice;
+  }
   resolve_run_config(c, world_size);
   c.source = source;
   c.resolved = table.ini();  // the fields now hold the resolved values
@@ -469,7 +520,7 @@ bool read_parameter_text(const std::string& path, std::string& text, std::string
 }
 
 RunConfig load_run_config(MPI_Comm job, const std::string& path,
-                          const std::vector<std::string>& overrides) {
+                          const std::vector<std::string>& overrides, bool choose_layout) {
   std::unique_ptr<comm::Communicator> all = comm::make_mpi_communicator(job);
   std::string text, why;
   bool ok = true;
@@ -479,7 +530,12 @@ RunConfig load_run_config(MPI_Comm job, const std::string& path,
   all->broadcast(&len, sizeof(len), DType::u8, 0).wait();
   text.resize(len);
   all->broadcast(text.data(), len, DType::u8, 0).wait();
-  return parse_run_config(text, path, overrides, all->size());
+  LayoutChooser choose;
+  if (choose_layout)
+    choose = [job](const RunConfig& base, const LayoutConstraints& k) {
+      return choose_auto_layout(job, base, k);
+    };
+  return parse_run_config(text, path, overrides, all->size(), choose);
 }
 
 std::string run_config_help() {

@@ -5,6 +5,8 @@
 // rank_plan_at, predict_run_phases, predicted_categories), rank by rank.
 #pragma once
 
+#include <mpi.h>
+
 #include <string>
 #include <vector>
 
@@ -13,5 +15,11 @@ namespace meshlm {
 // Runs on one process (world rank 0 prints; no MPI communication). Returns
 // the exit status; throws RankError naming the argument or key on bad input.
 int cmd_plan(const std::vector<std::string>& args);
+
+// The FILE of `--calibrate FILE` among plan's arguments, or "" (RankError
+// on arguments plan does not take, the same on every rank).
+std::string plan_calibrate_target(const std::vector<std::string>& args);
+// `meshlm plan --calibrate FILE` (app/calibrate.cpp): collective over `job`.
+int cmd_plan_calibrate(MPI_Comm job, const std::string& path);
 
 }  // namespace meshlm

@@ -2,6 +2,7 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <numeric>
@@ -166,6 +167,20 @@ void ProcessMesh::print_rank_lines(const std::string& extra) const {
   MPI_Gatherv(line.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(), MPI_CHAR, 0,
               world_);
   for (size_t r = 0; r < lens.size(); ++r) log::info("{}", all.substr(offsets[r], lens[r]));
+}
+
+int node_rank_count(MPI_Comm world, int ranks_per_node) {
+  int rank = 0;
+  MPI_Comm_rank(world, &rank);
+  MPI_Comm host = MPI_COMM_NULL;
+  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &host);
+  int host_rank = 0, host_size = 1;
+  MPI_Comm_rank(host, &host_rank);
+  MPI_Comm_size(host, &host_size);
+  MPI_Comm_free(&host);
+  if (ranks_per_node <= 0) return host_size;
+  const int first = host_rank / ranks_per_node * ranks_per_node;
+  return std::min(ranks_per_node, host_size - first);
 }
 
 }  // namespace meshlm

@@ -138,4 +138,9 @@ private:
   int node_index_ = 0, node_count_ = 1, node_rank_ = 0, node_size_ = 1;
 };
 
+// Collective over `world`: the ranks of this process's node as the run's
+// mesh would count them (MPI_COMM_TYPE_SHARED; with ranks_per_node > 0 the
+// node's piece of that many ranks, the last piece possibly smaller).
+int node_rank_count(MPI_Comm world, int ranks_per_node);
+
 }  // namespace meshlm

@@ -21,12 +21,44 @@
 // are numbered tp fastest, then dp, then pp), the network's otherwise.
 #pragma once
 
+#include <span>
+#include <string>
 #include <vector>
 
+#include "core/enum_names.h"
 #include "model/gpt_config.h"
 #include "plan/parallel_config.h"
 
 namespace meshlm {
+
+// [cluster] cluster.preset: the figures a plan starts from.
+enum class ClusterPreset {
+  automatic,  // cpu_node on the CPU backend, h100_ib on CUDA
+  cpu_node,   // this kind of machine: CPU ranks sharing a node's cores, shared memory
+  h100_ib,    // 8 H100 GPUs per node, NVLink within, InfiniBand NDR (400 Gb/s per GPU) between
+};
+inline constexpr EnumName<ClusterPreset> kClusterPresetNames[] = {
+    {ClusterPreset::automatic, "auto"},
+    {ClusterPreset::cpu_node, "cpu-node"},
+    {ClusterPreset::h100_ib, "h100-ib"},
+};
+constexpr std::span<const EnumName<ClusterPreset>> enum_names(ClusterPreset) {
+  return kClusterPresetNames;
+}
+
+// [cluster]: what the planner assumes of the machines (docs/planner.md). A
+// value of 0 (or "") takes the figure of `rates` when that file has it,
+// else the preset's.
+struct ClusterConfig {
+  ClusterPreset preset = ClusterPreset::automatic;
+  std::string rates;  // a file of `meshlm plan --calibrate`
+  double gflops_per_rank = 0;
+  double intra_node_gbps = 0, inter_node_gbps = 0;
+  double intra_node_latency_us = 0, inter_node_latency_us = 0;
+  std::string runtime_per_rank, runtime_pss_per_rank, device_runtime;  // sizes, as [memory]'s
+  // Resolved by resolve_run_config; 0 = the rates file's or the preset's.
+  uint64_t runtime_bytes = 0, runtime_pss_bytes = 0, device_runtime_bytes = 0;
+};
 
 // What a cluster does per rank and between ranks.
 struct ClusterRates {

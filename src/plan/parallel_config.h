@@ -23,6 +23,17 @@ constexpr std::span<const EnumName<PipelineSchedule>> enum_names(PipelineSchedul
   return kPipelineScheduleNames;
 }
 
+// parallel.layout: who chooses dp, tp, pp and the rest of [parallel].
+enum class LayoutChoice {
+  manual,     // the file's [parallel] keys
+  automatic,  // the planner's fastest layout that fits (train/layout_search.h)
+};
+inline constexpr EnumName<LayoutChoice> kLayoutChoiceNames[] = {
+    {LayoutChoice::manual, "manual"},
+    {LayoutChoice::automatic, "auto"},
+};
+constexpr std::span<const EnumName<LayoutChoice>> enum_names(LayoutChoice) { return kLayoutChoiceNames; }
+
 // Layers per pipeline stage as written ("3,3,2,2"); empty = balanced by cost.
 struct StageLayers {
   std::vector<int> layers;
@@ -30,6 +41,7 @@ struct StageLayers {
 };
 
 struct ParallelConfig {
+  LayoutChoice layout = LayoutChoice::manual;
   int dp = 0, tp = 1, pp = 1;  // dp * tp * pp = ranks of the job; dp 0 = ranks / (tp * pp)
   int zero_stage = 0;          // 0, 1 (optimizer sharded over DP), 2 (+ gradients)
   int micro_batches = 0;       // per DP rank and step; 0 = from train.micro_batch_size

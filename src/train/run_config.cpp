@@ -237,6 +237,10 @@ void resolve_run_config(RunConfig& c, int world_size) {
   validate_checkpoint(c, world_size);
   c.memory.rank_limit_bytes = parse_memory_size("memory.limit_per_rank", c.memory.limit_per_rank);
   c.memory.node_limit_bytes = parse_memory_size("memory.limit_per_node", c.memory.limit_per_node);
+  ClusterConfig& k = c.cluster;
+  k.runtime_bytes = parse_memory_size("cluster.runtime_per_rank", k.runtime_per_rank);
+  k.runtime_pss_bytes = parse_memory_size("cluster.runtime_pss_per_rank", k.runtime_pss_per_rank);
+  k.device_runtime_bytes = parse_memory_size("cluster.device_runtime", k.device_runtime);
 }
 
 }  // namespace meshlm

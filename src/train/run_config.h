@@ -15,6 +15,7 @@
 #include "model/gpt_config.h"
 #include "model/gpt_options.h"
 #include "model/lora.h"
+#include "plan/cost.h"
 #include "plan/parallel_config.h"
 #include "quant/quant_config.h"
 #include "ops/precision.h"
@@ -152,12 +153,16 @@ struct RunConfig {
   CommConfig comm;
   MemoryConfig memory;
   ParallelConfig parallel;
+  ClusterConfig cluster;
   FinetuneConfig finetune;
   quant::QuantConfig quant;
   CheckpointConfig checkpoint;
   DebugConfig debug;
   std::string source;    // the parameter file, or "(defaults)"
   std::string resolved;  // every key with its final value, as an INI text
+  // parallel.layout = auto: why the planner chose this layout (the lines it
+  // printed), stored in run.h5; empty otherwise.
+  std::string layout_choice;
 };
 
 // Fills the derived values (parallel.dp = 0 from the job's `world_size`;

@@ -566,6 +566,7 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
     if (rank != 0) return;
     runlog = std::make_unique<io::RunLog>(cfg.output.dir, cfg.resolved, reuses_output_dir(cfg),
                                           resumed_at);
+    if (!cfg.layout_choice.empty()) runlog->write_layout_choice(cfg.layout_choice);
     if (runlog->carried_rows() > 0)
       log::info("# run log: {} rows of the earlier run (steps up to {}) carried over",
                 runlog->carried_rows(), resumed_at);

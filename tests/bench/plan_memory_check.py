@@ -154,10 +154,15 @@ def main():
     if not os.path.exists(tokens):
         subprocess.run([meshlm, "tokenize", "/usr/share/common-licenses/GPL-3", tokens], check=True,
                        capture_output=True)
+    # This machine's figures (a rank's runtime memory among them), measured
+    # by the ranks of a job of this size.
+    rates = os.path.join(a.scratch, f"rates{a.ranks}.json")
+    subprocess.run(["mpiexec", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n",
+                    str(a.ranks), meshlm, "plan", "--calibrate", rates], check=True, capture_output=True)
     cfg_file, model = MODELS[a.model]
     cfg = os.path.join(ROOT, cfg_file)
     common = [f"--data.path={tokens}", f"--train.steps={a.steps}", "--train.log_every=1",
-              "--train.warmup_steps=1", f"--runtime.backend={a.backend}"] + model + extra
+              "--train.warmup_steps=1", f"--runtime.backend={a.backend}", f"--cluster.rates={rates}"] + model + extra
     if a.backend == "cpu":
         common.append(f"--runtime.threads={max(1, (os.cpu_count() or 1) // a.ranks)}")
 

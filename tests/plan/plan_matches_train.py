@@ -12,10 +12,12 @@
     that fit come fastest first; with a limit nothing meets, it exits 1;
   * bad arguments (no --ranks, --ranks 0, an unknown option, --backend gpu,
     a bad size, a missing parameter file, an unknown key) exit non-zero with
-    a line naming them, and write nothing; so does --rates of a file that
-    --calibrate did not write, and --calibrate over such a file; --calibrate
-    writes (and rewrites) this machine's GEMM rates,
-    and --rates gives each of G ranks the node's rate / G.
+    a line naming them, and write nothing; so does cluster.rates of a file
+    that --calibrate did not write, and --calibrate over such a file;
+    --calibrate under mpiexec -n 2 writes (and rewrites) this machine's GEMM
+    rates, memory bandwidth, a rank's runtime and the MPI figures between two
+    ranks, and cluster.rates gives each of G ranks the node's rate / G and
+    the measured MPI bandwidth.
 
   plan_matches_train.py MPIEXEC MESHLM CFG
 """
@@ -135,31 +137,40 @@ with tempfile.TemporaryDirectory() as scratch:
     with open(bogus, "w") as f:
         f.write('{"gflops": 3}')
     before.add("not_rates.json")
-    r = plan(["--ranks", "2", "--ranks-per-node", "2", f"--rates={bogus}"], check=False)
-    if r.returncode == 0 or "not_rates.json" not in r.stderr:
-        failures.append(f"--rates of a foreign file: exit {r.returncode}: {r.stderr[-300:]}")
+    r = plan(["--ranks", "2", "--ranks-per-node", "2", f"--cluster.rates={bogus}"], check=False)
+    if r.returncode == 0 or "not_rates.json" not in r.stderr or "cluster.rates" not in r.stderr:
+        failures.append(f"cluster.rates of a foreign file: exit {r.returncode}: {r.stderr[-300:]}")
     if set(os.listdir(scratch)) != before:
         failures.append("meshlm plan wrote files")
-    # --calibrate writes this machine's rates, which --rates then takes.
+    # --calibrate writes this machine's rates, which cluster.rates then takes.
     rates = os.path.join(scratch, "rates.json")
-    subprocess.run([meshlm, "plan", "--calibrate", rates], check=True, capture_output=True, timeout=120)
+    calibrate = mpiexec + ["-n", "2", meshlm, "plan", "--calibrate"]
+    subprocess.run(calibrate + [rates], check=True, capture_output=True, timeout=120)
     with open(rates) as f:
         cal = json.load(f)
-    if not (cal["gflops_per_core"] > 0 and cal["gflops_all_cores"] > 0 and cal["cores"] >= 1):
+    if not (cal["gflops_per_core"] > 0 and cal["gflops_all_cores"] > 0 and cal["cores"] >= 1 and
+            cal["memory_gbps_one_core"] > 0 and 8 << 20 < cal["runtime_bytes"] < 256 << 20 and
+            cal["intra_node_gbps"] > 0 and cal["intra_node_latency_us"] > 0 and
+            len(cal["gflops_all_cores_by_rows"]) == 4):
         failures.append(f"--calibrate wrote {cal}")
     # ... and never replaces a file it did not write.
-    r = subprocess.run([meshlm, "plan", "--calibrate", bogus], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(calibrate + [bogus], capture_output=True, text=True, timeout=120)
     with open(bogus) as f:
         kept = f.read()
     if r.returncode == 0 or "not_rates.json" not in r.stderr or kept != '{"gflops": 3}':
         failures.append(f"--calibrate over a foreign file: exit {r.returncode}, left {kept!r}")
-    subprocess.run([meshlm, "plan", "--calibrate", rates], check=True, capture_output=True, timeout=120)
+    subprocess.run(calibrate + [rates], check=True, capture_output=True, timeout=120)
     with open(rates) as f:
         cal = json.load(f)  # rewritten
-    r = plan(["--ranks", "2", "--ranks-per-node", "2", f"--rates={rates}"] + common)
-    want = f"{cal['gflops_all_cores'] / 2:.0f} GFLOP/s per rank"
+    r = plan(["--ranks", "2", "--ranks-per-node", "2", f"--cluster.rates={rates}"] + common)
+    want = f"{cal['gflops_all_cores'] / 2:.0f} GFLOP/s per rank, {cal['intra_node_gbps']:.0f} / 10 GB/s"
     if r.returncode != 0 or want not in r.stdout:
-        failures.append(f"--rates: no '{want}' in the plan's header: {r.stdout[:400]}")
+        failures.append(f"cluster.rates: no '{want}' in the plan's header: {r.stdout[:400]}")
+    # A key of [cluster] beats the file.
+    r = plan(["--ranks", "2", "--ranks-per-node", "2", f"--cluster.rates={rates}",
+              "--cluster.gflops_per_rank=7"] + common)
+    if r.returncode != 0 or " 7 GFLOP/s per rank" not in r.stdout:
+        failures.append(f"cluster.gflops_per_rank: not in the plan's header: {r.stdout[:400]}")
     print("ok: bad arguments" if not any("plan [" in f or "missing" in f for f in failures) else "")
 
 if failures:

@@ -1,0 +1,272 @@
+#include "train/layout_search.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "plan/memory.h"
+#include "plan/rank_plan.h"
+#include "train/trainer.h"
+
+namespace meshlm {
+
+namespace {
+
+using nlohmann::json;
+
+struct Preset {
+  double gflops_per_core = 0;  // cpu-node: per core, the node's cores shared by its ranks
+  double gflops_per_rank = 0;  // h100-ib: per GPU
+  double intra_gbps, inter_gbps, intra_us, inter_us;
+  uint64_t runtime, runtime_pss, device_runtime;
+};
+
+constexpr Preset kCpuNode{40, 0, 5, 10, 2, 5, 40u << 20, 25u << 20, 600u << 20};
+// meshlm's own bf16 step on one H100 (docs/PERFORMANCE.md: 124M at 137 000
+// tokens/s, 6 x 124M FLOPs a token: 1.0e14 FLOP/s); NVLink 4 as NCCL's
+// all-reduce sees it; NDR InfiniBand, one 400 Gb/s port per GPU.
+constexpr Preset kH100Ib{0, 100e3, 300, 50, 3, 5, 512u << 20, 512u << 20, 600u << 20};
+
+double positive(const json& j, const char* key) {
+  const double v = j.at(key).get<double>();
+  if (!(v > 0)) throw std::runtime_error(std::string(key) + " is not positive");
+  return v;
+}
+
+}  // namespace
+
+PlanMachine plan_machine(const ClusterConfig& k, ComputeBackend backend, int ranks,
+                         int ranks_per_node) {
+  PlanMachine m;
+  m.ranks = ranks;
+  m.ranks_per_node = std::max(ranks_per_node, 1);
+  m.backend = backend;
+  const bool cuda = backend == ComputeBackend::cuda;
+  const ClusterPreset preset = k.preset != ClusterPreset::automatic
+                                   ? k.preset
+                                   : (cuda ? ClusterPreset::h100_ib : ClusterPreset::cpu_node);
+  const Preset& p = preset == ClusterPreset::h100_ib ? kH100Ib : kCpuNode;
+  const double cores = static_cast<double>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+  double node_gflops = p.gflops_per_core * cores, rank_gflops = p.gflops_per_rank;
+  double intra = p.intra_gbps, inter = p.inter_gbps, intra_us = p.intra_us, inter_us = p.inter_us;
+  m.runtime = p.runtime;
+  m.runtime_pss = p.runtime_pss;
+  m.device_runtime = p.device_runtime;
+  m.rates_source = std::string("preset ") + name_of(preset);
+  if (!k.rates.empty()) {
+    std::ifstream in(k.rates);
+    if (!in) throw RankError("cluster.rates = '" + k.rates + "': cannot read it", MESHLM_HERE);
+    try {
+      const json j = json::parse(in);
+      if (j.value("what", std::string()) != kCalibrateWhat)
+        throw std::runtime_error("its \"what\" is not \"" + std::string(kCalibrateWhat) + "\"");
+      // A file of a CPU machine gives the CPU's figures; its MPI and memory
+      // figures hold on either backend.
+      if (!cuda) node_gflops = positive(j, "gflops_all_cores");
+      if (j.contains("intra_node_gbps")) intra = positive(j, "intra_node_gbps");
+      if (j.contains("intra_node_latency_us")) intra_us = positive(j, "intra_node_latency_us");
+      if (j.contains("inter_node_gbps")) inter = positive(j, "inter_node_gbps");
+      if (j.contains("inter_node_latency_us")) inter_us = positive(j, "inter_node_latency_us");
+      if (!cuda && j.contains("runtime_bytes")) m.runtime = j.at("runtime_bytes").get<uint64_t>();
+      if (!cuda && j.contains("runtime_pss_bytes"))
+        m.runtime_pss = j.at("runtime_pss_bytes").get<uint64_t>();
+    } catch (const std::exception& e) {
+      throw RankError("cluster.rates = '" + k.rates + "' is not a file of meshlm plan --calibrate: " +
+                          e.what(),
+                      MESHLM_HERE);
+    }
+    m.rates_source += " and " + k.rates;
+  }
+  if (!cuda) rank_gflops = node_gflops / m.ranks_per_node;
+  if (k.gflops_per_rank > 0) rank_gflops = k.gflops_per_rank;
+  if (k.intra_node_gbps > 0) intra = k.intra_node_gbps;
+  if (k.inter_node_gbps > 0) inter = k.inter_node_gbps;
+  if (k.intra_node_latency_us > 0) intra_us = k.intra_node_latency_us;
+  if (k.inter_node_latency_us > 0) inter_us = k.inter_node_latency_us;
+  if (k.runtime_bytes > 0) m.runtime = k.runtime_bytes;
+  if (k.runtime_pss_bytes > 0) m.runtime_pss = k.runtime_pss_bytes;
+  if (k.device_runtime_bytes > 0) m.device_runtime = k.device_runtime_bytes;
+  m.rates.flops_per_s = rank_gflops * 1e9;
+  m.rates.intra_bytes_per_s = intra * 1e9;
+  m.rates.inter_bytes_per_s = inter * 1e9;
+  m.rates.intra_latency_s = intra_us * 1e-6;
+  m.rates.inter_latency_s = inter_us * 1e-6;
+  m.rates.ranks_per_node = m.ranks_per_node;
+  return m;
+}
+
+PlannedLayout evaluate_layout(const RunConfig& cfg, const PlanMachine& o) {
+  PlannedLayout L;
+  L.cfg = cfg;
+  const ParallelConfig& p = cfg.parallel;
+  const bool cuda = o.backend == ComputeBackend::cuda;
+  L.stages = stage_layers(cfg.model, p, cfg.train.seq_len);
+  const MeshLayout mesh(p.dp, p.tp, p.pp);
+  std::map<int, size_t> node_sum;
+  size_t trained = 0;
+  for (int r = 0; r < o.ranks; ++r) {
+    PlannedRank m;
+    m.rank = r;
+    m.node = r / o.ranks_per_node;
+    m.c = mesh.coords(r);
+    const RankPlan shape = rank_plan_at(cfg, m.c, r, r % o.ranks_per_node);
+    const PhasedMemory phased = predict_run_phases(cfg, shape, o.windows);
+    m.table = predicted_categories(cfg, shape, phased);
+    trained = std::max(trained, at(m.table, MemCategory::grads));
+    if (cuda) {
+      // Conservative: the table adds host and device; all of it is counted
+      // against the device, and the host holds the runtime, the data's order,
+      // the async snapshot and the node's quantized store.
+      m.peak = o.device_runtime + total(m.table);
+      m.node_part = o.runtime_pss + at(m.table, MemCategory::other) +
+                    at(m.table, MemCategory::checkpoint) + shape.quantized_bytes;
+    } else {
+      size_t best = 0;
+      for (int ph = 0; ph < kNumMemPhases; ++ph) {
+        const MemPhase phase = static_cast<MemPhase>(ph);
+        size_t t = phased.phase_total(phase);
+        if (phase == MemPhase::training) t += shape.shared_read_bytes;
+        if (t >= best) {
+          best = t;
+          m.peak_phase = phase;
+        }
+      }
+      m.peak = o.runtime + best;
+      m.node_part = o.runtime_pss + phased.peak();
+    }
+    node_sum[m.node] += m.node_part;
+    if (m.peak > L.worst) {
+      L.worst = m.peak;
+      L.worst_rank = r;
+    }
+    L.ranks.push_back(m);
+  }
+  L.stage_peak.assign(static_cast<size_t>(p.pp), 0);
+  for (const PlannedRank& m : L.ranks)
+    L.stage_peak[static_cast<size_t>(m.c.pp)] = std::max(L.stage_peak[static_cast<size_t>(m.c.pp)], m.peak);
+  for (const auto& [node, bytes] : node_sum)
+    if (bytes > L.node_worst) {
+      L.node_worst = bytes;
+      L.worst_node = node;
+    }
+  const bool lora = cfg.finetune.mode == FinetuneMode::lora;
+  // The gradients a rank reduces: its trained elements (ZeRO 2 books a
+  // bucket, not the whole; the reduction still moves all of them).
+  double reduced = static_cast<double>(trained);
+  if (p.zero_stage == 2) {
+    reduced = 0;
+    for (const PlannedRank& m : L.ranks)
+      reduced = std::max(reduced, static_cast<double>(at(m.table, MemCategory::optimizer)) / 2 * p.dp);
+  }
+  L.cost = estimate_step(cfg.model, p, L.stages, cfg.train.micro_batch_size, cfg.train.seq_len,
+                         lora, reduced, o.rates);
+  if (o.mem_per_rank > 0 && L.worst > o.mem_per_rank) {
+    const PlannedRank& w = L.ranks[static_cast<size_t>(L.worst_rank)];
+    int big = 0;
+    for (int c = 1; c < kNumMemCategories; ++c)
+      if (w.table[static_cast<size_t>(c)] > w.table[static_cast<size_t>(big)]) big = c;
+    L.overflow = fmt::format("rank {} (dp {} tp {} pp {}): {} > {} per rank by {} ({} the largest, {})",
+                             w.rank, w.c.dp, w.c.tp, w.c.pp, format_bytes(double(L.worst)),
+                             format_bytes(double(o.mem_per_rank)),
+                             format_bytes(double(L.worst - o.mem_per_rank)),
+                             mem_category_name(static_cast<MemCategory>(big)),
+                             format_bytes(double(w.table[static_cast<size_t>(big)])));
+  } else if (o.host_mem_per_node > 0 && L.node_worst > o.host_mem_per_node) {
+    L.overflow = fmt::format("node {}: {} of host memory > {} per node by {}", L.worst_node,
+                             format_bytes(double(L.node_worst)), format_bytes(double(o.host_mem_per_node)),
+                             format_bytes(double(L.node_worst - o.host_mem_per_node)));
+  }
+  return L;
+}
+
+namespace {
+
+std::vector<int> divisors(int n) {
+  std::vector<int> d;
+  for (int k = 1; k <= n; ++k)
+    if (n % k == 0) d.push_back(k);
+  return d;
+}
+
+template <typename T>
+bool allowed(const std::optional<T>& fixed, const T& v) {
+  return !fixed || *fixed == v;
+}
+
+}  // namespace
+
+LayoutSearch search_layouts(const RunConfig& base, ComputeBackend checked_as, const PlanMachine& m,
+                            const LayoutConstraints& k) {
+  LayoutSearch s;
+  const int batch = base.train.batch_size;
+  for (int tp : divisors(m.ranks))
+    for (int pp : divisors(m.ranks / tp)) {
+      const int dp = m.ranks / (tp * pp);
+      if (batch % dp != 0 || !allowed(k.dp, dp) || !allowed(k.tp, tp) || !allowed(k.pp, pp)) continue;
+      for (int mbs : divisors(batch / dp))
+        for (int zero : {0, 1, 2})
+          for (Checkpointing ck : {Checkpointing::none, Checkpointing::full})
+            for (PipelineSchedule sched : {PipelineSchedule::one_f_one_b, PipelineSchedule::gpipe}) {
+              if (dp == 1 && zero > 0 && !k.zero_stage) continue;  // ZeRO shards over dp: the same as 0
+              if (pp == 1 && sched == PipelineSchedule::gpipe && !k.schedule) continue;
+              if (!allowed(k.micro_batches, batch / dp / mbs) ||
+                  !allowed(k.zero_stage, zero) || !allowed(k.activation_checkpointing, ck) ||
+                  !allowed(k.schedule, sched))
+                continue;
+              RunConfig c = base;
+              c.runtime.backend = checked_as;
+              c.parallel.layout = LayoutChoice::manual;
+              c.parallel.dp = dp;
+              c.parallel.tp = tp;
+              c.parallel.pp = pp;
+              c.parallel.zero_stage = zero;
+              c.parallel.micro_batches = 0;
+              c.parallel.activation_checkpointing = ck;
+              c.parallel.schedule = sched;
+              if (pp != base.parallel.pp) c.parallel.stage_layers = {};
+              c.train.micro_batch_size = mbs;
+              try {
+                resolve_run_config(c, m.ranks);
+              } catch (const Error& e) {
+                // The reason without the source location.
+                std::string why = e.what();
+                if (const size_t at = why.rfind(" ("); at != std::string::npos && why.back() == ')')
+                  why.resize(at);
+                ++s.refused[why];
+                ++s.refused_count;
+                continue;
+              }
+              c.runtime.backend = m.backend;
+              PlannedLayout L = evaluate_layout(c, m);
+              (L.overflow.empty() ? s.fits : s.rejected).push_back(std::move(L));
+            }
+    }
+  auto faster = [](const PlannedLayout& a, const PlannedLayout& b) {
+    if (a.cost.total() != b.cost.total()) return a.cost.total() < b.cost.total();
+    return a.worst < b.worst;
+  };
+  std::stable_sort(s.fits.begin(), s.fits.end(), faster);
+  std::stable_sort(s.rejected.begin(), s.rejected.end(), faster);
+  return s;
+}
+
+std::string describe_layout(const RunConfig& c) {
+  const ParallelConfig& p = c.parallel;
+  std::string s = fmt::format("dp{} tp{} pp{} zero{} B{}x{}", p.dp, p.tp, p.pp, p.zero_stage,
+                              c.train.micro_batch_size, p.micro_batches);
+  if (p.activation_checkpointing == Checkpointing::full) s += " ckpt";
+  if (p.pp > 1) s += std::string(" ") + name_of(p.schedule);
+  return s;
+}
+
+double max_over_min(const std::vector<double>& v) {
+  if (v.empty()) return 1;
+  const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+  return *lo > 0 ? *hi / *lo : 1;
+}
+
+}  // namespace meshlm
