@@ -224,7 +224,7 @@ int cmd_plan(const std::vector<std::string>& args) {
   std::optional<RunConfig> as_configured;
   std::string configured_error;
   try {
-    as_configured = planned_for(parse_run_config(text, o.file, o.overrides, o.ranks, choose));
+    as_configured = parse_run_config(text, o.file, o.overrides, o.ranks, choose);
   } catch (const Error& e) {
     configured_error = e.what();
   }
@@ -260,7 +260,7 @@ int cmd_plan(const std::vector<std::string>& args) {
       configured_error = fmt::format("parallel.dp {} x tp {} x pp {} is not {} ranks", p.dp, p.tp,
                                      p.pp, o.ranks);
     else
-      configured = evaluate_layout(*as_configured, m);
+      configured = evaluate_layout(planned_for(*as_configured), m);
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -171,6 +171,14 @@ with tempfile.TemporaryDirectory() as scratch:
               "--cluster.gflops_per_rank=7"] + common)
     if r.returncode != 0 or " 7 GFLOP/s per rank" not in r.stdout:
         failures.append(f"cluster.gflops_per_rank: not in the plan's header: {r.stdout[:400]}")
+    # A plan for the CUDA backend from a CPU parameter file (and a build
+    # without CUDA): the layouts are checked as the file says and planned
+    # for the GPU, so they are there.
+    r = plan(["--ranks", "2", "--ranks-per-node", "2", "--backend", "cuda", "--json"] + common)
+    j = json.loads(r.stdout)
+    if j["backend"] != "cuda" or j["layouts_searched"] == 0 or "error" in j["configured"]:
+        failures.append(f"--backend cuda: {j['backend']}, {j['layouts_searched']} layouts, "
+                        f"refused {j['refused']}, configured {j['configured'].get('error')}")
     print("ok: bad arguments" if not any("plan [" in f or "missing" in f for f in failures) else "")
 
 if failures:
