@@ -1,6 +1,7 @@
 #include "plan/cost.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace meshlm {
 
@@ -8,6 +9,17 @@ bool on_one_node(int first, int count, int stride, int ranks_per_node) {
   if (ranks_per_node < 1 || count <= 1) return true;
   const int last = first + (count - 1) * stride;
   return first / ranks_per_node == last / ranks_per_node;
+}
+
+double gemm_efficiency(const ClusterRates& rates, double rows) {
+  const auto& t = rates.efficiency_by_rows;
+  if (t.empty()) return 1;
+  if (rows <= t.front().first) return t.front().second;
+  if (rows >= t.back().first) return t.back().second;
+  size_t i = 1;
+  while (t[i].first < rows) ++i;
+  const double x = std::log(rows / t[i - 1].first) / std::log(t[i].first / t[i - 1].first);
+  return t[i - 1].second + x * (t[i].second - t[i - 1].second);
 }
 
 namespace {
@@ -38,7 +50,7 @@ StepCost estimate_step(const GPTConfig& model, const ParallelConfig& p,
     if (p.activation_checkpointing == Checkpointing::full)
       flops += (2.0 * block_params * L * tokens + 4.0 * L * B * T * T * C);  // the forward again
     if (s + 1 == stage_layers.size()) flops += per_param * V * C * tokens;  // the classifier
-    c.stage_seconds.push_back(flops / p.tp / rates.flops_per_s);
+    c.stage_seconds.push_back(flops / p.tp / (rates.flops_per_s * gemm_efficiency(rates, tokens)));
   }
   const double slowest = *std::max_element(c.stage_seconds.begin(), c.stage_seconds.end());
   c.compute = m * slowest;

@@ -6,7 +6,7 @@
 //             parameter and token, the attention's 12 B T^2 C per layer, the
 //             classifier's 6 V C per token on the last stage), divided by tp,
 //             plus a forward again under activation checkpointing, at
-//             `flops_per_s` per rank;
+//             `flops_per_s` per rank times the efficiency of B x T rows;
 //   pipeline  (m + pp - 1) slots of the slowest stage's micro-batch (1F1B and
 //             GPipe alike: the same bubble, different memory);
 //   tp        4 all-reduces of the (B, T, C) activations per layer and
@@ -22,6 +22,7 @@
 #pragma once
 
 #include <span>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -68,7 +69,14 @@ struct ClusterRates {
   double inter_bytes_per_s = 10e9;  // between nodes
   double inter_latency_s = 5e-6;
   int ranks_per_node = 1;
+  // The GEMM rate's fraction by the rows of a micro-batch (B x T): (rows,
+  // fraction) pairs, rows increasing; between them the fraction follows
+  // log(rows) linearly, beyond them it is the nearest pair's. Empty: 1.
+  std::vector<std::pair<double, double>> efficiency_by_rows;
 };
+
+// The fraction of ClusterRates::flops_per_s that GEMMs of `rows` rows reach.
+double gemm_efficiency(const ClusterRates& rates, double rows);
 
 struct StepCost {
   double compute = 0, pipeline_bubble = 0, tp = 0, pp = 0, dp = 0;

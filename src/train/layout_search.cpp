@@ -29,7 +29,14 @@ constexpr Preset kCpuNode{40, 0, 5, 10, 2, 5, 40u << 20, 25u << 20, 600u << 20};
 // meshlm's own bf16 step on one H100 (docs/PERFORMANCE.md: 124M at 137 000
 // tokens/s, 6 x 124M FLOPs a token: 1.0e14 FLOP/s); NVLink 4 as NCCL's
 // all-reduce sees it; NDR InfiniBand, one 400 Gb/s port per GPU.
-constexpr Preset kH100Ib{0, 100e3, 300, 50, 3, 5, 512u << 20, 512u << 20, 600u << 20};
+constexpr Preset kH100Ib{0, 103e3, 300, 50, 3, 5, 512u << 20, 512u << 20, 600u << 20};
+// The rate's fraction by the rows of a micro-batch on one H100: meshlm's
+// bf16 step of GPT-2 124M with flash attention at B = 1 .. 32 sequences of
+// 1024 (meshlm_bench, 2026-11-24: 46.5, 63.9, 79.3, 90.9, 97.3 and 102.9
+// TFLOP/s; docs/PERFORMANCE.md); GPT-2 1.5B at B = 1 reaches 0.51 of its own
+// largest, the same curve.
+const std::vector<std::pair<double, double>> kH100Rows = {
+    {1024, 0.45}, {2048, 0.62}, {4096, 0.77}, {8192, 0.88}, {16384, 0.95}, {32768, 1.0}};
 
 double positive(const json& j, const char* key) {
   const double v = j.at(key).get<double>();
@@ -57,6 +64,7 @@ PlanMachine plan_machine(const ClusterConfig& k, ComputeBackend backend, int ran
   m.runtime_pss = p.runtime_pss;
   m.device_runtime = p.device_runtime;
   m.rates_source = std::string("preset ") + name_of(preset);
+  if (preset == ClusterPreset::h100_ib) m.rates.efficiency_by_rows = kH100Rows;
   if (!k.rates.empty()) {
     std::ifstream in(k.rates);
     if (!in) throw RankError("cluster.rates = '" + k.rates + "': cannot read it", MESHLM_HERE);
@@ -67,6 +75,20 @@ PlanMachine plan_machine(const ClusterConfig& k, ComputeBackend backend, int ran
       // A file of a CPU machine gives the CPU's figures; its MPI and memory
       // figures hold on either backend.
       if (!cuda) node_gflops = positive(j, "gflops_all_cores");
+      if (!cuda && j.contains("gflops_all_cores_by_rows")) {
+        // Relative to the largest: the fraction of the rate by rows.
+        std::vector<std::pair<double, double>> rows;
+        double best = 0;
+        for (const auto& [k, v] : j.at("gflops_all_cores_by_rows").items()) {
+          rows.emplace_back(std::stod(k), v.get<double>());
+          best = std::max(best, v.get<double>());
+          if (!(rows.back().first >= 1 && v.get<double>() > 0))
+            throw std::runtime_error("gflops_all_cores_by_rows has a bad entry " + k);
+        }
+        std::sort(rows.begin(), rows.end());
+        for (auto& r : rows) r.second /= best;
+        m.rates.efficiency_by_rows = rows;
+      }
       if (j.contains("intra_node_gbps")) intra = positive(j, "intra_node_gbps");
       if (j.contains("intra_node_latency_us")) intra_us = positive(j, "intra_node_latency_us");
       if (j.contains("inter_node_gbps")) inter = positive(j, "inter_node_gbps");

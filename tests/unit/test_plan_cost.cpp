@@ -53,6 +53,24 @@ TEST(PlanCost, OneRankIsTheFlopsOverTheRate) {
   EXPECT_NEAR(lora.compute, 2 * lflops / 1e12, 1e-9);
 }
 
+TEST(PlanCost, SmallMicroBatchesRunAtTheirRowsEfficiency) {
+  ClusterRates r;
+  r.flops_per_s = 1e12;
+  r.efficiency_by_rows = {{1024, 0.5}, {4096, 1.0}};
+  EXPECT_DOUBLE_EQ(gemm_efficiency(r, 512), 0.5);    // below the table: its first
+  EXPECT_DOUBLE_EQ(gemm_efficiency(r, 8192), 1.0);   // above: its last
+  EXPECT_NEAR(gemm_efficiency(r, 2048), 0.75, 1e-12);  // halfway in log(rows)
+  EXPECT_DOUBLE_EQ(gemm_efficiency(ClusterRates{}, 7), 1.0);
+  // B = 2 x T = 1024 rows at 0.75 of the rate: the same FLOPs take 4/3 as long
+  // as without the table.
+  const GPTConfig m = gpt2();
+  ClusterRates flat = r;
+  flat.efficiency_by_rows.clear();
+  const StepCost slow = estimate_step(m, layout(1, 1, 1, 4), {12}, 2, 1024, false, 0, r);
+  const StepCost fast = estimate_step(m, layout(1, 1, 1, 4), {12}, 2, 1024, false, 0, flat);
+  EXPECT_NEAR(slow.compute, fast.compute / 0.75, 1e-12 * fast.compute);
+}
+
 TEST(PlanCost, ParallelismDividesComputeAndAddsItsCosts) {
   ClusterRates r;
   r.ranks_per_node = 8;
