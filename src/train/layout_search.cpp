@@ -26,6 +26,10 @@ struct Preset {
 };
 
 constexpr Preset kCpuNode{40, 0, 5, 10, 2, 5, 40u << 20, 25u << 20, 600u << 20};
+// OpenBLAS's sgemm by rows on this project's 2-core development VM
+// (meshlm plan --calibrate, 2026-11-24: 125, 180 and 196 GFLOP/s at 64, 256
+// and 1024 rows of 1024 x 1024).
+const std::vector<std::pair<double, double>> kCpuRows = {{64, 0.64}, {256, 0.92}, {1024, 1.0}};
 // meshlm's own bf16 step on one H100 (docs/PERFORMANCE.md: 124M at 137 000
 // tokens/s, 6 x 124M FLOPs a token: 1.0e14 FLOP/s); NVLink 4 as NCCL's
 // all-reduce sees it; NDR InfiniBand, one 400 Gb/s port per GPU.
@@ -64,7 +68,7 @@ PlanMachine plan_machine(const ClusterConfig& k, ComputeBackend backend, int ran
   m.runtime_pss = p.runtime_pss;
   m.device_runtime = p.device_runtime;
   m.rates_source = std::string("preset ") + name_of(preset);
-  if (preset == ClusterPreset::h100_ib) m.rates.efficiency_by_rows = kH100Rows;
+  m.rates.efficiency_by_rows = preset == ClusterPreset::h100_ib ? kH100Rows : kCpuRows;
   if (!k.rates.empty()) {
     std::ifstream in(k.rates);
     if (!in) throw RankError("cluster.rates = '" + k.rates + "': cannot read it", MESHLM_HERE);
