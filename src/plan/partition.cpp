@@ -29,7 +29,8 @@ double stage_cost(int stage, int layers, int num_stages, const StageCosts& c) {
 
 }  // namespace
 
-std::vector<int> balance_stages(int n_layer, int num_stages, const StageCosts& costs) {
+std::vector<int> balance_stages(int n_layer, int num_stages, const StageCosts& costs,
+                                const StageFits& fits) {
   const int L = n_layer, p = num_stages;
   if (p < 1 || p > L)
     throw CollectiveError("parallel.pp = " + std::to_string(p) + " with model.n_layer = " +
@@ -43,6 +44,11 @@ std::vector<int> balance_stages(int n_layer, int num_stages, const StageCosts& c
   auto table = [&] {
     return std::vector<std::vector<double>>(p + 1, std::vector<double>(L + 1, inf));
   };
+  // allowed[k][n]: stage k may hold n layers.
+  std::vector<std::vector<char>> allowed(p, std::vector<char>(L + 1, 1));
+  if (fits)
+    for (int k = 0; k < p; ++k)
+      for (int n = 1; n <= L - (p - 1); ++n) allowed[k][n] = fits(k, n) ? 1 : 0;
 
   // Pass 1, worst[k][i]: the least possible largest stage cost. The whole
   // pipeline runs at the pace of worst[0][0].
@@ -53,9 +59,11 @@ std::vector<int> balance_stages(int n_layer, int num_stages, const StageCosts& c
   for (int k = p - 1; k >= 0; --k)
     for (int i = k; i <= last_start(k); ++i)
       for (int n = 1; i + n + (p - k - 1) <= L; ++n)
-        worst[k][i] = std::min(worst[k][i],
-                               std::max(stage_cost(k, n, p, costs), worst[k + 1][i + n]));
+        if (allowed[k][n])
+          worst[k][i] = std::min(worst[k][i],
+                                 std::max(stage_cost(k, n, p, costs), worst[k + 1][i + n]));
   const double limit = worst[0][0];
+  if (limit == inf) return {};  // no split where every stage fits
 
   // Pass 2, squares[k][i]: among splits whose stages all cost <= limit, the
   // least sum of squared stage costs. Many splits share the largest cost
@@ -68,7 +76,8 @@ std::vector<int> balance_stages(int n_layer, int num_stages, const StageCosts& c
     for (int i = k; i <= last_start(k); ++i)
       for (int n = 1; i + n + (p - k - 1) <= L; ++n) {
         const double c = stage_cost(k, n, p, costs);
-        if (c <= limit) squares[k][i] = std::min(squares[k][i], c * c + squares[k + 1][i + n]);
+        if (allowed[k][n] && c <= limit)
+          squares[k][i] = std::min(squares[k][i], c * c + squares[k + 1][i + n]);
       }
 
   // Walk forward giving each stage the most layers that keep the optimum:
@@ -81,7 +90,7 @@ std::vector<int> balance_stages(int n_layer, int num_stages, const StageCosts& c
     int n = L - i - (p - k - 1);
     for (; n >= 1; --n) {
       const double c = stage_cost(k, n, p, costs);
-      if (c <= limit && c * c + squares[k + 1][i + n] == squares[k][i]) break;
+      if (allowed[k][n] && c <= limit && c * c + squares[k + 1][i + n] == squares[k][i]) break;
     }
     MESHLM_CHECK(n >= 1, "balance_stages found no layers for stage " + std::to_string(k));
     layers[k] = n;

@@ -11,6 +11,7 @@
 // parallel.stage_layers = "3,3,2,2" overrides the computed split.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -44,7 +45,13 @@ StageCosts gpt_stage_costs(const GPTConfig& cfg, int seq_len);
 // earliest stages), so every rank computes the same split. Exact: two
 // O(p L^2) dynamic programs. CollectiveError naming parallel.pp and
 // model.n_layer when num_stages < 1 or num_stages > n_layer.
-std::vector<int> balance_stages(int n_layer, int num_stages, const StageCosts& costs);
+//
+// `fits` (when given): whether stage k may hold n layers (its memory); the
+// split then minimises the largest cost among those where every stage fits,
+// and is empty when none does. Asked once per (k, n).
+using StageFits = std::function<bool(int stage, int layers)>;
+std::vector<int> balance_stages(int n_layer, int num_stages, const StageCosts& costs,
+                                const StageFits& fits = {});
 
 // Parses parallel.stage_layers, e.g. "3,3,2,2" (spaces allowed). CollectiveError
 // naming parallel.stage_layers and the text when it is empty or malformed, an

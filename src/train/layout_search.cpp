@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "plan/memory.h"
+#include "plan/partition.h"
 #include "plan/rank_plan.h"
 #include "train/trainer.h"
 
@@ -125,24 +126,19 @@ PlanMachine plan_machine(const ClusterConfig& k, ComputeBackend backend, int ran
   return m;
 }
 
-PlannedLayout evaluate_layout(const RunConfig& cfg, const PlanMachine& o) {
-  PlannedLayout L;
-  L.cfg = cfg;
-  const ParallelConfig& p = cfg.parallel;
+namespace {
+
+// Rank r (coordinates c) of the layout `cfg` on `o`.
+PlannedRank plan_rank(const RunConfig& cfg, const PlanMachine& o, const MeshCoords& c, int r) {
   const bool cuda = o.backend == ComputeBackend::cuda;
-  L.stages = stage_layers(cfg.model, p, cfg.train.seq_len);
-  const MeshLayout mesh(p.dp, p.tp, p.pp);
-  std::map<int, size_t> node_sum;
-  size_t trained = 0;
-  for (int r = 0; r < o.ranks; ++r) {
-    PlannedRank m;
-    m.rank = r;
-    m.node = r / o.ranks_per_node;
-    m.c = mesh.coords(r);
-    const RankPlan shape = rank_plan_at(cfg, m.c, r, r % o.ranks_per_node);
-    const PhasedMemory phased = predict_run_phases(cfg, shape, o.windows);
-    m.table = predicted_categories(cfg, shape, phased);
-    trained = std::max(trained, at(m.table, MemCategory::grads));
+  PlannedRank m;
+  m.rank = r;
+  m.node = r / o.ranks_per_node;
+  m.c = c;
+  const RankPlan shape = rank_plan_at(cfg, m.c, r, r % o.ranks_per_node);
+  const PhasedMemory phased = predict_run_phases(cfg, shape, o.windows);
+  m.table = predicted_categories(cfg, shape, phased);
+  {
     if (cuda) {
       // Conservative: the table adds host and device; all of it is counted
       // against the device, and the host holds the runtime, the data's order,
@@ -164,6 +160,23 @@ PlannedLayout evaluate_layout(const RunConfig& cfg, const PlanMachine& o) {
       m.peak = o.runtime + best;
       m.node_part = o.runtime_pss + phased.peak();
     }
+  }
+  return m;
+}
+
+}  // namespace
+
+PlannedLayout evaluate_layout(const RunConfig& cfg, const PlanMachine& o) {
+  PlannedLayout L;
+  L.cfg = cfg;
+  const ParallelConfig& p = cfg.parallel;
+  L.stages = stage_layers(cfg.model, p, cfg.train.seq_len);
+  const MeshLayout mesh(p.dp, p.tp, p.pp);
+  std::map<int, size_t> node_sum;
+  size_t trained = 0;
+  for (int r = 0; r < o.ranks; ++r) {
+    const PlannedRank m = plan_rank(cfg, o, mesh.coords(r), r);
+    trained = std::max(trained, at(m.table, MemCategory::grads));
     node_sum[m.node] += m.node_part;
     if (m.peak > L.worst) {
       L.worst = m.peak;
@@ -218,6 +231,40 @@ std::vector<int> divisors(int n) {
   return d;
 }
 
+// The pipeline split of `c` (pp > 1, no stage_layers given) that minimises
+// the slowest stage among those whose every stage fits m.mem_per_rank, when
+// it is not the balanced one and the layout then fits.
+std::optional<PlannedLayout> split_under_memory(const RunConfig& c, const PlanMachine& m) {
+  const int L = c.model.n_layer, p = c.parallel.pp;
+  const MeshLayout mesh(c.parallel.dp, c.parallel.tp, p);
+  // Stage k with n layers: the largest peak of its ranks; the other stages
+  // share the rest (their layers do not change stage k's memory).
+  const StageFits fits = [&](int k, int n) {
+    RunConfig t = c;
+    std::vector<int>& layers = t.parallel.stage_layers.layers;
+    layers.assign(static_cast<size_t>(p), 0);
+    layers[static_cast<size_t>(k)] = n;
+    for (int j = 0, left = L - n; j < p; ++j)
+      if (j != k) {
+        const int others = p - 1 - (j > k ? j - 1 : j);
+        layers[static_cast<size_t>(j)] = (left + others - 1) / others;
+        left -= layers[static_cast<size_t>(j)];
+      }
+    for (int r = 0; r < m.ranks; ++r) {
+      const MeshCoords rc = mesh.coords(r);
+      if (rc.pp == k && plan_rank(t, m, rc, r).peak > m.mem_per_rank) return false;
+    }
+    return true;
+  };
+  const std::vector<int> split = balance_stages(L, p, gpt_stage_costs(c.model, c.train.seq_len), fits);
+  if (split.empty() || split == stage_layers(c.model, c.parallel, c.train.seq_len)) return std::nullopt;
+  RunConfig t = c;
+  t.parallel.stage_layers.layers = split;
+  PlannedLayout out = evaluate_layout(t, m);
+  if (!out.overflow.empty()) return std::nullopt;
+  return out;
+}
+
 template <typename T>
 bool allowed(const std::optional<T>& fixed, const T& v) {
   return !fixed || *fixed == v;
@@ -268,6 +315,10 @@ LayoutSearch search_layouts(const RunConfig& base, ComputeBackend checked_as, co
               }
               c.runtime.backend = m.backend;
               PlannedLayout L = evaluate_layout(c, m);
+              if (!L.overflow.empty() && pp > 1 && c.parallel.stage_layers.layers.empty() &&
+                  m.mem_per_rank > 0 && L.worst > m.mem_per_rank)
+                if (std::optional<PlannedLayout> split = split_under_memory(c, m))
+                  L = std::move(*split);
               (L.overflow.empty() ? s.fits : s.rejected).push_back(std::move(L));
             }
     }

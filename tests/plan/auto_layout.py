@@ -12,6 +12,9 @@ with a small model on 4 ranks:
     fits it (a different layout), and the run's own predicted peaks
     (memory/process/predicted_peak_bytes) stay under that limit;
   * a [parallel] key given with auto holds in the search (tp = 2);
+  * with pp 2 fixed and a limit the balanced stage split exceeds, the plan
+    and the run take the split that fits (a layer moved off the fuller
+    stage), and the ranks' VmHWM (tests/meshlm_memprobe) stays under it;
   * a limit nothing fits ends the run with an error naming
     parallel.layout, the limit and the nearest layout, before anything is
     written to output.dir; so does parallel.stage_layers with auto.
@@ -122,6 +125,56 @@ with tempfile.TemporaryDirectory() as scratch:
             failures.append(f"{extra}: exit {r.returncode}, no error naming {want}: {r.stderr[-600:]}")
         if os.path.exists(out4):
             failures.append(f"{extra}: {out4} was created")
+
+    # 5. Stages split under memory: on 2 ranks, pp 2, B 2 x 8, 1F1B, the
+    # balanced split (5 layers and 3 with the classifier) puts 203 MiB on
+    # stage 0, over a 190 MiB limit; the plan moves a layer to the last stage
+    # (4,4), which fits, and the run takes that split; its ranks' VmHWM
+    # (memprobe) stays under the limit.
+    model8 = ["--model.n_layer=8", "--model.n_head=4", "--model.n_embd=256", "--model.vocab_size=8192",
+              "--model.seq_len=128", "--model.max_seq_len=128", "--train.batch_size=16"]
+    fixed = ["--parallel.pp=2", "--parallel.micro_batches=8", "--parallel.activation_checkpointing=none",
+             "--parallel.schedule=1f1b", "--parallel.zero_stage=0"]
+    c8 = [f"--data.path={tokens}", "--train.steps=2", "--train.log_every=1", "--checkpoint.final=false",
+          "--parallel.layout=auto"] + model8 + fixed
+    limit = 190 << 20
+
+    def plan2(lim):
+        r = subprocess.run([meshlm, "plan", cfg, "--ranks", "2", "--ranks-per-node", "2", "--json",
+                            "--mem-per-rank", str(lim)] + c8, capture_output=True, text=True, timeout=120)
+        return json.loads(r.stdout)
+    free, capped = plan2(64 << 30)["fits"][0], plan2(limit)
+    if not capped["fits"]:
+        failures.append(f"split under memory: nothing fits {limit}: {capped['rejected'][:1]}")
+    else:
+        split = capped["fits"][0]
+        if split["stage_layers"] == free["stage_layers"] or split["peak_bytes_max"] > limit or \
+                free["peak_bytes_max"] <= limit:
+            failures.append(f"split under memory: balanced {free['stage_layers']} at {free['peak_bytes_max']}, "
+                            f"under {limit}: {split['stage_layers']} at {split['peak_bytes_max']}")
+        out5 = os.path.join(scratch, "split")
+        probe = os.path.join(scratch, "split_probe")
+        memprobe = os.path.join(os.path.dirname(meshlm), "tests", "meshlm_memprobe")
+        r = subprocess.run(mpiexec + ["-n", "2", memprobe, probe, "--", meshlm, "train", cfg,
+                                      f"--output.dir={out5}", f"--memory.limit_per_rank={limit}"] + c8,
+                           capture_output=True, text=True, timeout=300)
+        if r.returncode != 0:
+            failures.append(f"split under memory: exit {r.returncode}: {r.stderr[-600:]}")
+        else:
+            with h5py.File(os.path.join(out5, "run.h5"), "r") as f:
+                ini = f.attrs["config"]
+            c = configparser.ConfigParser(strict=False)
+            c.read_string(ini if isinstance(ini, str) else ini.decode())
+            got = [int(x) for x in c["parallel"]["stage_layers"].split(",")]
+            hwm = []
+            for rank in range(2):
+                with open(f"{probe}.{rank}.txt") as f:
+                    hwm += [int(l.split()[1]) * 1024 for l in f if l.startswith("hwm_kb ")]
+            if got != split["stage_layers"] or max(hwm) > limit:
+                failures.append(f"split under memory: the run split {got} (plan {split['stage_layers']}), "
+                                f"VmHWM {hwm} against {limit}")
+            print(f"ok: stages {free['stage_layers']} -> {got} under {limit >> 20} MiB, VmHWM "
+                  f"{[h >> 20 for h in hwm]} MiB")
 
 if failures:
     print("FAIL:\n" + "\n".join(failures))

@@ -45,13 +45,19 @@ double sum_of_squares(const std::vector<int>& layers, const StageCosts& c) {
 // Every composition of L into p parts >= 1; the one with the least largest
 // cost, then the least sum of squared costs, then the lexicographically
 // largest.
-std::vector<int> brute_force(int L, int p, const StageCosts& c) {
+std::vector<int> brute_force(int L, int p, const StageCosts& c, const StageFits& fits = {}) {
   std::vector<int> cur, best;
   double best_cost = 0, best_squares = 0;
   std::function<void(int)> rec = [&](int left) {
     const int k = static_cast<int>(cur.size());
     if (k == p - 1) {
       cur.push_back(left);
+      bool ok = true;
+      for (int j = 0; j < p && fits; ++j) ok = ok && fits(j, cur[j]);
+      if (!ok) {
+        cur.pop_back();
+        return;
+      }
       const double cost = largest_cost(cur, c), squares = sum_of_squares(cur, c);
       const bool tie = cost == best_cost && squares == best_squares;
       const bool better = best.empty() || cost < best_cost ||
@@ -251,4 +257,31 @@ TEST(Partition, StageBounds) {
   EXPECT_EQ(stage_bounds({3, 3, 2, 2}), (std::vector<int>{0, 3, 6, 8, 10}));
   EXPECT_EQ(stage_bounds({5}), (std::vector<int>{0, 5}));
   EXPECT_EQ(stage_bounds({}), (std::vector<int>{0}));
+}
+
+// Under memory: only the splits whose every stage fits, the best of those;
+// none when no split fits.
+TEST(Partition, UnderMemoryTakesTheBestSplitWhoseStagesAllFit) {
+  const StageCosts g = gpt_stage_costs(small_config(), 8);
+  for (int L = 2; L <= 10; ++L)
+    for (int p = 2; p <= std::min(L, 5); ++p)
+      for (unsigned mask_seed = 1; mask_seed < 40; ++mask_seed) {
+        // A deterministic pseudo-random set of (stage, layers) that fit,
+        // more of them the fewer layers.
+        const StageFits fits = [&](int k, int n) {
+          const unsigned h = (mask_seed * 2654435761u) ^ (unsigned(k) * 40503u) ^ (unsigned(n) * 2246822519u);
+          return n <= 2 || (h >> 7) % 5 != 0;
+        };
+        SCOPED_TRACE("L=" + std::to_string(L) + " p=" + std::to_string(p) + " seed " +
+                     std::to_string(mask_seed));
+        const std::vector<int> got = balance_stages(L, p, g, fits);
+        EXPECT_EQ(got, brute_force(L, p, g, fits));
+        for (int k = 0; k < int(got.size()); ++k) EXPECT_TRUE(fits(k, got[k]));
+      }
+  // The stage of the classifier may hold only one layer: the rest move forward.
+  const StageCosts heavy{1, 0, 4.5};
+  const std::vector<int> capped =
+      balance_stages(12, 4, heavy, [](int k, int n) { return k != 0 || n <= 2; });
+  EXPECT_EQ(capped, (std::vector<int>{2, 5, 4, 1}));
+  EXPECT_TRUE(balance_stages(12, 4, heavy, [](int, int n) { return n <= 2; }).empty());
 }
