@@ -29,16 +29,19 @@ MODELS = {
 }
 # ranks, overrides
 LAYOUTS = [
+    (1, ["--train.micro_batch_size=1"]),
     (1, ["--train.micro_batch_size=4"]),
     (1, ["--train.micro_batch_size=16"]),
     (1, ["--train.micro_batch_size=4", "--parallel.activation_checkpointing=full"]),
     (2, ["--parallel.dp=2", "--train.micro_batch_size=4"]),
     (2, ["--parallel.tp=2", "--train.micro_batch_size=4"]),
     (2, ["--parallel.pp=2", "--train.micro_batch_size=4"]),
+    (2, ["--parallel.tp=2", "--train.micro_batch_size=4", "--parallel.activation_checkpointing=full"]),
     (4, ["--parallel.dp=4", "--train.micro_batch_size=4", "--parallel.zero_stage=1"]),
     (4, ["--parallel.dp=2", "--parallel.tp=2", "--train.micro_batch_size=4"]),
     (4, ["--parallel.pp=4", "--train.micro_batch_size=2"]),
     (8, ["--parallel.dp=2", "--parallel.tp=2", "--parallel.pp=2", "--train.micro_batch_size=2"]),
+    (8, ["--parallel.dp=8", "--train.micro_batch_size=2", "--parallel.zero_stage=1"]),
 ]
 
 
@@ -63,7 +66,7 @@ def main():
                        capture_output=True)
     mpiexec = ["mpiexec", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
     rates = os.path.join(a.scratch, "rates.json")
-    subprocess.run([meshlm, "plan", "--calibrate", rates], check=True)
+    subprocess.run(mpiexec + ["-n", "2", meshlm, "plan", "--calibrate", rates], check=True)
     cores = os.cpu_count()
     print(f"| model | ranks | layout | predicted s | measured s (median) |")
     print("|---|---:|---|---:|---:|")
@@ -74,7 +77,7 @@ def main():
             common = [f"--data.path={tokens}", f"--train.steps={a.steps}", "--train.log_every=1",
                       "--checkpoint.final=false", "--train.warmup_steps=1"] + mo + lo
             p = subprocess.run([meshlm, "plan", os.path.join(ROOT, "inputs/tiny.cfg"), "--ranks", str(n),
-                                "--ranks-per-node", str(n), "--json", "--rates", rates] + common,
+                                "--ranks-per-node", str(n), "--json", f"--cluster.rates={rates}"] + common,
                                capture_output=True, text=True)
             c = json.loads(p.stdout)["configured"]
             if "step_seconds" not in c:
