@@ -3,16 +3,13 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "app/parameter_file.h"
 #include "comm/errors.h"
 #include "comm/mpi_comm.h"
-#include "core/alloc.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "io/tokens.h"
 #include "mesh/mesh.h"
 
 namespace meshlm {
@@ -25,23 +22,11 @@ using nlohmann::json;
 json choose_on_rank_zero(const RunConfig& base, const LayoutConstraints& k, int world,
                          int ranks_per_node) {
   PlanMachine m = plan_machine(base.cluster, base.runtime.backend, world, ranks_per_node);
-  const bool cuda = base.runtime.backend == ComputeBackend::cuda;
-  const uint64_t machine = physical_memory_bytes();
-  std::string limit_from = "memory.limit_per_rank";
-  m.mem_per_rank = base.memory.rank_limit_bytes;
-  if (m.mem_per_rank == 0 && !cuda) {
-    m.mem_per_rank = machine / static_cast<uint64_t>(ranks_per_node);
-    limit_from = fmt::format("this node's memory / its {} ranks", ranks_per_node);
-  }
-  if (m.mem_per_rank == 0) limit_from = "no limit: memory.limit_per_rank is not set";
-  m.host_mem_per_node = base.memory.node_limit_bytes > 0 ? base.memory.node_limit_bytes : machine;
-  if (!base.data.path.empty() && std::filesystem::exists(base.data.path)) {
-    try {
-      const io::TokenReader tokens = io::TokenReader::open(base.data.path);
-      m.windows = tokens.size() > 0 ? (tokens.size() - 1) / static_cast<uint64_t>(base.train.seq_len) : 0;
-    } catch (const Error&) {
-      // The run reports a bad token file itself.
-    }
+  const std::string limit_from = apply_memory_limits(m, base.memory);
+  try {
+    m.windows = data_windows(base.data, base.train.seq_len);
+  } catch (const Error&) {
+    // The run reports a bad token file itself.
   }
   const LayoutSearch s = search_layouts(base, base.runtime.backend, m, k);
   const size_t searched = s.fits.size() + s.rejected.size();
@@ -106,11 +91,7 @@ RunConfig choose_auto_layout(MPI_Comm job, const RunConfig& base, const LayoutCo
     }
   }
   check_all(job, ok, err, MESHLM_HERE);
-  uint64_t len = text.size();
-  all->broadcast(&len, sizeof(len), DType::u8, 0).wait();
-  text.resize(len);
-  all->broadcast(text.data(), len, DType::u8, 0).wait();
-  const json j = json::parse(text);
+  const json j = json::parse(comm::broadcast_string(*all, std::move(text)));
   RunConfig c = base;
   c.parallel.dp = j.at("dp").get<int>();
   c.parallel.tp = j.at("tp").get<int>();

@@ -526,10 +526,7 @@ RunConfig load_run_config(MPI_Comm job, const std::string& path,
   bool ok = true;
   if (all->rank() == 0) ok = read_parameter_text(path, text, why);
   check_all(job, ok, "cannot read parameter file '" + path + "'" + why, MESHLM_HERE);
-  uint64_t len = text.size();
-  all->broadcast(&len, sizeof(len), DType::u8, 0).wait();
-  text.resize(len);
-  all->broadcast(text.data(), len, DType::u8, 0).wait();
+  text = comm::broadcast_string(*all, std::move(text));
   LayoutChooser choose;
   if (choose_layout)
     choose = [job](const RunConfig& base, const LayoutConstraints& k) {

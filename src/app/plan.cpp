@@ -21,7 +21,6 @@
 #include "app/parameter_file.h"
 #include "core/enum_names.h"
 #include "core/error.h"
-#include "io/tokens.h"
 #include "mesh/mesh.h"
 #include "ops/blas.h"
 #include "plan/cost.h"
@@ -179,26 +178,16 @@ int cmd_plan(const std::vector<std::string>& args) {
   const auto t0 = std::chrono::steady_clock::now();
   Options o = parse_options(args);
   const std::string text = read_parameter_file(o.file);
-  const uint64_t machine = physical_memory_bytes();
   // The machine of a plan for the run `c` (its [cluster] and [memory], the
   // command line's limits first).
   std::string data_note;
   auto machine_for = [&](const RunConfig& c) {
     PlanMachine pm = plan_machine(c.cluster, c.runtime.backend, o.ranks, o.ranks_per_node);
-    pm.mem_per_rank = o.mem_per_rank ? o.mem_per_rank : c.memory.rank_limit_bytes;
-    if (pm.mem_per_rank == 0 && c.runtime.backend == ComputeBackend::cpu)
-      pm.mem_per_rank = machine / static_cast<uint64_t>(o.ranks_per_node);
-    pm.host_mem_per_node = o.host_mem_per_node ? o.host_mem_per_node : c.memory.node_limit_bytes;
-    if (pm.host_mem_per_node == 0) pm.host_mem_per_node = machine;
-    // The data's windows (the shuffled order is memory): from data.path
-    // when it is there.
-    data_note.clear();
-    if (!c.data.path.empty() && std::filesystem::exists(c.data.path)) {
-      const io::TokenReader tokens = io::TokenReader::open(c.data.path);
-      pm.windows = tokens.size() > 0 ? (tokens.size() - 1) / static_cast<uint64_t>(c.train.seq_len) : 0;
-    } else {
-      data_note = "data.path '" + c.data.path + "' is not there: its shuffled order (other) is not counted";
-    }
+    apply_memory_limits(pm, c.memory, o.mem_per_rank, o.host_mem_per_node);
+    pm.windows = data_windows(c.data, c.train.seq_len);
+    data_note = c.data.path.empty() || !std::filesystem::exists(c.data.path)
+                    ? "data.path '" + c.data.path + "' is not there: its shuffled order (other) is not counted"
+                    : "";
     return pm;
   };
   auto planned_for = [&](RunConfig c) {

@@ -46,4 +46,12 @@ bool Handle::test() {
   return true;
 }
 
+std::string broadcast_string(Communicator& c, std::string s, int root) {
+  uint64_t len = s.size();
+  c.broadcast(&len, sizeof(len), DType::u8, root).wait();
+  s.resize(len);
+  if (len > 0) c.broadcast(s.data(), len, DType::u8, root).wait();
+  return s;
+}
+
 }  // namespace meshlm::comm

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 
 #include "core/tensor.h"
 
@@ -103,5 +104,8 @@ public:
   // Collective: every rank of the group calls it. Blocking.
   virtual void barrier() = 0;
 };
+
+// Collective: `s` of rank `root` on every rank of `c` (its length first).
+std::string broadcast_string(Communicator& c, std::string s, int root = 0);
 
 }  // namespace meshlm::comm

@@ -128,14 +128,6 @@ std::pair<size_t, size_t> clip(const ParamSpec& p, std::pair<size_t, size_t> ran
 
 // ---- small collectives ------------------------------------------------------------
 
-std::string broadcast_string(comm::Communicator& c, std::string s, int root = 0) {
-  uint64_t len = s.size();
-  c.broadcast(&len, sizeof(len), DType::u8, root).wait();
-  s.resize(len);
-  if (len > 0) c.broadcast(s.data(), len, DType::u8, root).wait();
-  return s;
-}
-
 // Datasets shared out for hashing: the largest first, each to the rank with
 // the fewest elements so far (the lowest on a tie); the same on every rank.
 std::vector<int> hash_owners(const std::vector<uint64_t>& sizes, int ranks) {
@@ -422,7 +414,7 @@ Checkpointer::Checkpointer(const RunConfig& cfg, const ProcessMesh& mesh, Engine
     try_all(mesh.world(), "quant.base: ", [&] {
       if (mesh.rank() == 0) base_hash_ = io::xxh3_128_file(cfg.quant.base);
     }, MESHLM_HERE);
-    base_hash_ = broadcast_string(*c, base_hash_);
+    base_hash_ = comm::broadcast_string(*c, base_hash_);
   }
   if (cfg.checkpoint.async) {
     if (!comm::threads_may_call_mpi())
@@ -479,7 +471,7 @@ std::string Checkpointer::resume_path() const {
       throw RankError("'" + latest.string() + "' names '" + name + "', which does not exist",
                       MESHLM_HERE);
   }, MESHLM_HERE);
-  return broadcast_string(*c, path);
+  return comm::broadcast_string(*c, path);
 }
 
 namespace {
@@ -685,8 +677,8 @@ std::string Checkpointer::save(const TrainingState& st) {
     job->tmp = job->out->tmp_path();
     job->created = utc_timestamp();
   }, MESHLM_HERE);
-  job->tmp = broadcast_string(*c, job->tmp);
-  job->created = broadcast_string(*c, job->created);
+  job->tmp = comm::broadcast_string(*c, job->tmp);
+  job->created = comm::broadcast_string(*c, job->created);
 
   // Where the floats come from: the engine's buffers ...
   const RankView& v = job->view;

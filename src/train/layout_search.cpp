@@ -4,10 +4,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/alloc.h"
 #include "core/error.h"
+#include "io/tokens.h"
 #include "plan/memory.h"
 #include "plan/partition.h"
 #include "plan/rank_plan.h"
@@ -126,6 +129,27 @@ PlanMachine plan_machine(const ClusterConfig& k, ComputeBackend backend, int ran
   return m;
 }
 
+std::string apply_memory_limits(PlanMachine& m, const MemoryConfig& mem, uint64_t mem_per_rank,
+                                uint64_t host_mem_per_node) {
+  const uint64_t machine = physical_memory_bytes();
+  std::string from = mem_per_rank ? "--mem-per-rank" : "memory.limit_per_rank";
+  m.mem_per_rank = mem_per_rank ? mem_per_rank : mem.rank_limit_bytes;
+  if (m.mem_per_rank == 0 && m.backend == ComputeBackend::cpu) {
+    m.mem_per_rank = machine / static_cast<uint64_t>(m.ranks_per_node);
+    from = fmt::format("this node's memory / its {} ranks", m.ranks_per_node);
+  }
+  if (m.mem_per_rank == 0) from = "no limit: memory.limit_per_rank is not set";
+  m.host_mem_per_node = host_mem_per_node ? host_mem_per_node : mem.node_limit_bytes;
+  if (m.host_mem_per_node == 0) m.host_mem_per_node = machine;
+  return from;
+}
+
+uint64_t data_windows(const DataConfig& data, int seq_len) {
+  if (data.path.empty() || !std::filesystem::exists(data.path)) return 0;
+  const io::TokenReader tokens = io::TokenReader::open(data.path);
+  return tokens.size() > 0 ? (tokens.size() - 1) / static_cast<uint64_t>(seq_len) : 0;
+}
+
 namespace {
 
 // Rank r (coordinates c) of the layout `cfg` on `o`.
@@ -138,28 +162,26 @@ PlannedRank plan_rank(const RunConfig& cfg, const PlanMachine& o, const MeshCoor
   const RankPlan shape = rank_plan_at(cfg, m.c, r, r % o.ranks_per_node);
   const PhasedMemory phased = predict_run_phases(cfg, shape, o.windows);
   m.table = predicted_categories(cfg, shape, phased);
-  {
-    if (cuda) {
-      // Conservative: the table adds host and device; all of it is counted
-      // against the device, and the host holds the runtime, the data's order,
-      // the async snapshot and the node's quantized store.
-      m.peak = o.device_runtime + total(m.table);
-      m.node_part = o.runtime_pss + at(m.table, MemCategory::other) +
-                    at(m.table, MemCategory::checkpoint) + shape.quantized_bytes;
-    } else {
-      size_t best = 0;
-      for (int ph = 0; ph < kNumMemPhases; ++ph) {
-        const MemPhase phase = static_cast<MemPhase>(ph);
-        size_t t = phased.phase_total(phase);
-        if (phase == MemPhase::training) t += shape.shared_read_bytes;
-        if (t >= best) {
-          best = t;
-          m.peak_phase = phase;
-        }
+  if (cuda) {
+    // Conservative: the table adds host and device; all of it is counted
+    // against the device, and the host holds the runtime, the data's order,
+    // the async snapshot and the node's quantized store.
+    m.peak = o.device_runtime + total(m.table);
+    m.node_part = o.runtime_pss + at(m.table, MemCategory::other) +
+                  at(m.table, MemCategory::checkpoint) + shape.quantized_bytes;
+  } else {
+    size_t best = 0;
+    for (int ph = 0; ph < kNumMemPhases; ++ph) {
+      const MemPhase phase = static_cast<MemPhase>(ph);
+      size_t t = phased.phase_total(phase);
+      if (phase == MemPhase::training) t += shape.shared_read_bytes;
+      if (t >= best) {
+        best = t;
+        m.peak_phase = phase;
       }
-      m.peak = o.runtime + best;
-      m.node_part = o.runtime_pss + phased.peak();
     }
+    m.peak = o.runtime + best;
+    m.node_part = o.runtime_pss + phased.peak();
   }
   return m;
 }

@@ -42,6 +42,19 @@ struct PlanMachine {
 PlanMachine plan_machine(const ClusterConfig& cluster, ComputeBackend backend, int ranks,
                          int ranks_per_node);
 
+// The limits of a plan for a run with [memory] `mem`: `mem_per_rank` and
+// `host_mem_per_node` when nonzero, else memory.limit_per_rank and
+// limit_per_node, else on the CPU this node's physical memory / G per rank
+// (none per rank on CUDA) and the node's memory per node. Returns where the
+// limit per rank comes from, for the report.
+std::string apply_memory_limits(PlanMachine& m, const MemoryConfig& mem, uint64_t mem_per_rank = 0,
+                                uint64_t host_mem_per_node = 0);
+
+// The training windows of data.path (their shuffled order is memory); 0
+// when the file is not there. RankError naming it when it is not a token
+// file (io::TokenReader).
+uint64_t data_windows(const DataConfig& data, int seq_len);
+
 // `meshlm plan --calibrate`: the JSON it writes (one object) has
 // "what": kCalibrateWhat; anything else is not replaced.
 inline constexpr const char* kCalibrateWhat = "meshlm plan --calibrate";
