@@ -9,6 +9,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -100,14 +101,20 @@ int cmd_plan_calibrate(MPI_Comm job, const std::string& path) {
   ops::set_threads(std::max(1, cores / node_ranks));
   const ProcessMesh mesh(job, MeshLayout(size, 1, 1));  // a run's communicators
   {
-    // HDF5 started and a file written and read, as a run's token file and log.
-    const std::string probe = path + ".h5probe." + std::to_string(rank);
+    // HDF5 started and a file written and read, as a run's token file and
+    // log: in a directory of its own (mkdtemp), so that no file is replaced.
+    std::string dir = (std::filesystem::temp_directory_path() / "meshlm-calibrate-XXXXXX").string();
+    if (::mkdtemp(dir.data()) == nullptr)
+      throw RankError("meshlm plan --calibrate: cannot create a temporary directory in " +
+                          std::filesystem::temp_directory_path().string(),
+                      MESHLM_HERE);
+    const std::string probe = dir + "/probe.h5";
     {
       io::h5::File f = io::h5::create_file(probe);
       io::h5::write_dataset(f, "tokens", std::vector<uint16_t>(4096, 1));
     }
     { io::h5::File f = io::h5::open_file(probe); }
-    std::filesystem::remove(probe);
+    std::filesystem::remove_all(dir);
   }
   {
     Buffer scratch(ops::kGemmWarmUpFloats * sizeof(float), MemCategory::workspace, "OpenBLAS warm-up");
