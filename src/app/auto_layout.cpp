@@ -51,10 +51,10 @@ json choose_on_rank_zero(const RunConfig& base, const LayoutConstraints& k, int 
       describe_layout(L.cfg), fmt::join(L.stages, ","), s.fits.size(), world, ranks_per_node,
       searched, s.refused_count);
   why += fmt::format(
-      "# layout: its estimated step {:.4g} s (compute {:.3g}, bubble {:.3g}, tp {:.3g}, pp "
-      "{:.3g}, dp {:.3g}; rates: {}, {:.0f} GFLOP/s per rank); predicted peak {} on rank {} "
+      "# layout: its estimated step {:.4g} s (compute {:.3g}, pipeline {:.3g}, tp {:.3g}, pp "
+      "{:.3g}, optimizer {:.3g}, dp {:.3g}; rates: {}, {:.0f} GFLOP/s per rank); predicted peak {} on rank {} "
       "against {} per rank ({})\n",
-      c.total(), c.compute, c.pipeline_bubble, c.tp, c.pp, c.dp, m.rates_source,
+      c.total(), c.compute, c.pipeline, c.tp, c.pp, c.optimizer, c.dp, m.rates_source,
       m.rates.flops_per_s / 1e9, format_bytes(double(L.worst)), L.worst_rank,
       m.mem_per_rank ? format_bytes(double(m.mem_per_rank)) : "no limit", limit_from);
   if (s.fits.size() > 1)

@@ -24,6 +24,7 @@
 #include "io/h5.h"
 #include "mesh/mesh.h"
 #include "ops/blas.h"
+#include "ops/ops.h"
 #include "train/layout_search.h"
 
 namespace meshlm {
@@ -65,6 +66,200 @@ double triad_gbps(int threads) {
   }
   if (a[n / 2] != 7.0f) throw RankError("calibrate: the triad computed a wrong value", MESHLM_HERE);
   return 3.0 * n * sizeof(float) / best / 1e9;
+}
+
+// The best of 5 timings of `f` after one warm-up, in seconds.
+template <typename F>
+double best_of_5(F&& f) {
+  double best = 1e30;
+  for (int rep = 0; rep < 6; ++rep) {
+    const auto t0 = Clock::now();
+    f();
+    if (rep > 0) best = std::min(best, seconds_since(t0));
+  }
+  return best;
+}
+
+// The ops outside GEMMs on `threads` threads, as the step runs them on a
+// rank, at shapes whose buffers do not fit in cache: nanoseconds per element
+// of each op class (GELU per element of its (N, 4C) input, LayerNorm per
+// element of (N, C) with its residual, the cross-entropy per logit, AdamW per
+// parameter with the gradient norm's sum of squares), and the attention's
+// GFLOP/s on its nominal 4 B T^2 C forward and 8 B T^2 C backward FLOPs,
+// both kinds (probabilities and flash), by head size; and meshlm's linear
+// layer by rows and width.
+json op_rates(int threads) {
+  ops::set_threads(threads);
+  json r = json::object();
+  {
+    const size_t n = size_t(8192) * 1536;
+    std::vector<float> x(n), y(n), d(n, 0.1f);
+    for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(i % 601) * 0.01f - 3.0f;  // [-3, 3]
+    r["gelu_forward_ns"] = best_of_5([&] { ops::gelu_forward(y.data(), x.data(), n); }) / n * 1e9;
+    r["gelu_backward_ns"] =
+        best_of_5([&] { ops::gelu_backward(y.data(), x.data(), d.data(), n); }) / n * 1e9;
+  }
+  {
+    const int N = 8192, C = 768;
+    const size_t n = size_t(N) * C;
+    std::vector<float> a(n, 0.5f), b(n, 0.25f), res(n), out(n), dout(n, 0.1f), din(n);
+    std::vector<float> w(C, 1.0f), bias(C, 0.0f), dw(C), db(C), mean(N), rstd(N);
+    for (size_t i = 0; i < n; ++i) a[i] = static_cast<float>(i % 97) * 0.01f;
+    // Forward: one LayerNorm, and one residual with its LayerNorm (each
+    // layer has one of each, counted as two LayerNorms per layer).
+    r["norm_forward_ns"] = best_of_5([&] {
+                             ops::layernorm_forward(out.data(), mean.data(), rstd.data(), a.data(),
+                                                    w.data(), bias.data(), N, C);
+                             ops::residual_layernorm_forward(res.data(), out.data(), mean.data(),
+                                                             rstd.data(), a.data(), b.data(), w.data(),
+                                                             bias.data(), N, C);
+                           }) / (2.0 * n) * 1e9;
+    r["norm_backward_ns"] = best_of_5([&] {
+                              for (int k = 0; k < 2; ++k)
+                                ops::layernorm_backward(din.data(), dw.data(), db.data(), dout.data(),
+                                                        a.data(), w.data(), mean.data(), rstd.data(), N,
+                                                        C);
+                              ops::residual_backward(res.data(), out.data(), dout.data(), n);
+                            }) / (2.0 * n) * 1e9;
+  }
+  {
+    const int N = 1024, V = 8192;
+    const size_t n = size_t(N) * V;
+    std::vector<float> logits(n), rowmax(N), sums(2 * size_t(N)), losses(N), dl(N, 1.0f / N);
+    std::vector<int32_t> targets(N);
+    for (int i = 0; i < N; ++i) targets[size_t(i)] = (i * 131) % V;
+    for (size_t i = 0; i < n; ++i) logits[i] = static_cast<float>(i % 251) * 0.01f;
+    r["xent_forward_ns"] = best_of_5([&] {
+                             ops::xent_local_max(rowmax.data(), logits.data(), N, V, 0, V);
+                             ops::xent_local_sums(sums.data(), logits.data(), rowmax.data(),
+                                                  targets.data(), N, V, 0, V);
+                             ops::xent_losses(losses.data(), rowmax.data(), sums.data(), N);
+                           }) / n * 1e9;
+    // In place: each timing turns the previous one's gradient into the next.
+    r["xent_backward_ns"] = best_of_5([&] {
+                              ops::xent_local_backward(logits.data(), rowmax.data(), sums.data(),
+                                                       dl.data(), targets.data(), N, V, 0, V);
+                            }) / n * 1e9;
+  }
+  {
+    const size_t n = size_t(1) << 22;
+    std::vector<float> p(n, 0.1f), g(n, 0.01f), m(n, 0.0f), v(n, 0.0f);
+    const ops::AdamWSegment seg{0, n, true};
+    const ops::AdamWHyper h{1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f};
+    double sink = 0;
+    r["adamw_ns"] = best_of_5([&] {
+                      sink += ops::sum_of_squares(g.data(), n);
+                      ops::adamw_update(p.data(), g.data(), m.data(), v.data(), {&seg, 1}, h);
+                      std::fill(g.begin(), g.end(), 0.01f);
+                    }) / n * 1e9;
+    if (!(sink > 0)) throw RankError("calibrate: the gradient norm computed a wrong value", MESHLM_HERE);
+  }
+  // By head size (the inner dimension of the score products), at 2^19
+  // channels of sequence: T = 256, B = 4, 512 channels.
+  for (const int hs : {32, 64, 128}) {
+    const int B = 4, T = 256, C = 512, NH = C / hs;
+    const double fwd = 4.0 * B * T * T * C, bwd = 8.0 * B * T * T * C;
+    std::vector<float> qkv(size_t(B) * T * 3 * C), out(size_t(B) * T * C), dout(out.size(), 0.01f);
+    std::vector<float> dqkv(qkv.size()), att(size_t(B) * NH * T * T), datt(att.size());
+    std::vector<float> lse(size_t(B) * NH * T), delta(lse.size());
+    for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = static_cast<float>(i % 113) * 0.002f;
+    const std::string h = std::to_string(hs);
+    r["attention_forward_gflops_by_head_size"][h] =
+        fwd / best_of_5([&] { ops::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH); }) / 1e9;
+    r["attention_backward_gflops_by_head_size"][h] =
+        bwd / best_of_5([&] {
+          ops::attention_backward(dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), B, T,
+                                  C, NH);
+        }) / 1e9;
+    r["flash_attention_forward_gflops_by_head_size"][h] =
+        fwd / best_of_5([&] {
+          ops::flash_attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+        }) / 1e9;
+    r["flash_attention_backward_gflops_by_head_size"][h] =
+        bwd / best_of_5([&] {
+          ops::flash_attention_backward(dqkv.data(), delta.data(), dout.data(), out.data(),
+                                        qkv.data(), lse.data(), B, T, C, NH);
+        }) / 1e9;
+  }
+  // meshlm's linear layer (forward and backward, C -> 4C, the MLP's first)
+  // by rows and width, in GFLOP/s: the GEMMs' rate at the shapes of a run.
+  for (const int C : {256, 1024})
+    for (const int N : {128, 512, 2048}) {
+      std::vector<float> inp(size_t(N) * C, 0.01f), w(size_t(4) * C * C, 0.02f), bias(size_t(4) * C);
+      std::vector<float> out(size_t(N) * 4 * C), dout(out.size(), 0.001f), din(inp.size());
+      std::vector<float> dw(w.size()), db(bias.size());
+      const double s = best_of_5([&] {
+        ops::matmul_forward(out.data(), inp.data(), w.data(), bias.data(), N, C, 4 * C);
+        ops::matmul_backward(din.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N,
+                             C, 4 * C);
+      });
+      r["matmul_gflops_by_width_and_rows"][std::to_string(C)][std::to_string(N)] =
+          3.0 * 2.0 * N * C * 4.0 * C / s / 1e9;
+    }
+  return r;
+}
+
+// One rank's share of a step in small: meshlm's linear layer forward and
+// backward (512 rows, 512 -> 2048) and a GELU over its output, 16 times, on
+// one thread. Returns its seconds.
+double shared_work() {
+  ops::set_threads(1);
+  const int N = 512, C = 512;
+  std::vector<float> inp(size_t(N) * C, 0.01f), w(size_t(4) * C * C, 0.02f), bias(size_t(4) * C);
+  std::vector<float> out(size_t(N) * 4 * C), g(out.size()), dout(out.size(), 0.001f), din(inp.size());
+  std::vector<float> dw(w.size()), db(bias.size());
+  const auto t0 = Clock::now();
+  for (int rep = 0; rep < 16; ++rep) {
+    ops::matmul_forward(out.data(), inp.data(), w.data(), bias.data(), N, C, 4 * C);
+    ops::gelu_forward(g.data(), out.data(), out.size());
+    ops::matmul_backward(din.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N, C,
+                         4 * C);
+  }
+  return seconds_since(t0);
+}
+
+// Waits for a message of one byte from `peer` without taking a core (a
+// waiting MPI rank polls).
+void sleep_until_recv(comm::Communicator& c, int peer) {
+  uint8_t b = 0;
+  comm::Handle h = c.recv(&b, 1, DType::u8, peer);
+  while (!h.test()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+// How well a node's cores serve ranks that share them: for k = the cores,
+// twice, four times ... (up to the job's ranks, which must then all be on
+// one node), the first k ranks run shared_work() at once, one thread each;
+// the time from rank 0's start signal to the last one's end is set against
+// k / cores times one rank's alone: the efficiency by ranks per core (1:
+// the cores are shared without loss).
+json sharing_efficiency(comm::Communicator& c, int cores) {
+  const int rank = c.rank(), size = c.size();
+  uint8_t go = 1;
+  json r = json::object();
+  double alone = 0;
+  std::vector<int> ks = {1};
+  for (int k = std::max(cores, 2); k <= size; k *= 2) ks.push_back(k);
+  for (const int k : ks) {
+    if (rank == 0) {
+      const auto t0 = Clock::now();
+      for (int p = 1; p < k; ++p) c.send(&go, 1, DType::u8, p).wait();
+      shared_work();
+      for (int p = 1; p < k; ++p) sleep_until_recv(c, p);
+      const double all = seconds_since(t0);
+      if (k == 1) alone = all;
+      else r[fmt::format("{:g}", double(k) / cores)] = alone * k / cores / all;
+    } else if (rank < k) {
+      sleep_until_recv(c, 0);
+      shared_work();
+      c.send(&go, 1, DType::u8, 0).wait();
+    }
+  }
+  // The ranks left out of the last round wait here, asleep, not in MPI.
+  if (rank == 0)
+    for (int p = 1; p < size; ++p) c.send(&go, 1, DType::u8, p).wait();
+  else
+    sleep_until_recv(c, 0);
+  return r;
 }
 
 bool is_calibration_file(const std::string& path) {
@@ -165,10 +360,16 @@ int cmd_plan_calibrate(MPI_Comm job, const std::string& path) {
     j["gflops_all_cores_by_rows"] = rows;
     j["memory_gbps_one_core"] = triad_gbps(1);
     j["memory_gbps_all_cores"] = triad_gbps(cores);
+    j["ops_one_core"] = op_rates(1);
+    j["ops_all_cores"] = op_rates(cores);
     for (int r = 1; r < size; ++r) all->send(&go, 1, DType::u8, r).wait();
   } else {
-    comm::Handle h = all->recv(&go, 1, DType::u8, 0);
-    while (!h.test()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    sleep_until_recv(*all, 0);
+  }
+  // The cores shared by ranks: only when every rank is on rank 0's node.
+  if (node_ranks == size && size >= 2) {
+    const json shared = sharing_efficiency(*all, cores);
+    if (rank == 0 && !shared.empty()) j["sharing_efficiency_by_ranks_per_core"] = shared;
   }
 
   bool ok = true;

@@ -150,8 +150,9 @@ json layout_json(const PlannedLayout& L) {
             {"peak_bytes_max", L.worst}, {"peak_rank", L.worst_rank},
             {"node_bytes_max", L.node_worst},
             {"step_seconds", L.cost.total()},
-            {"cost", {{"compute", L.cost.compute}, {"pipeline_bubble", L.cost.pipeline_bubble},
-                      {"tp", L.cost.tp}, {"pp", L.cost.pp}, {"dp", L.cost.dp}}},
+            {"cost", {{"compute", L.cost.compute}, {"pipeline", L.cost.pipeline},
+                      {"tp", L.cost.tp}, {"pp", L.cost.pp}, {"optimizer", L.cost.optimizer},
+                      {"dp", L.cost.dp}}},
             {"stage_peak_bytes", L.stage_peak}, {"stage_seconds", L.cost.stage_seconds},
             {"stage_memory_max_over_min", spread(L.stage_peak)},
             {"stage_time_max_over_min", spread(L.cost.stage_seconds)},
@@ -338,15 +339,16 @@ int cmd_plan(const std::vector<std::string>& args) {
   }
   }
   auto table = [&](const std::vector<PlannedLayout>& v, bool fitting) {
-    fmt::print("# {:>3} {:<34} {:>9} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n", "#",
-               "layout", "stages", "peak GiB", "node GiB", "step s", "compute", "bubble", "tp",
-               "pp", "dp");
+    fmt::print("# {:>3} {:<34} {:>9} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+               "#", "layout", "stages", "peak GiB", "node GiB", "step s", "compute", "pipeline",
+               "tp", "pp", "optimizer", "dp");
     for (size_t i = 0; i < v.size() && i < static_cast<size_t>(o.top); ++i) {
       const PlannedLayout& L = v[i];
-      fmt::print("  {:>3} {:<34} {:>9} {:>10} {:>10} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f}\n",
+      fmt::print("  {:>3} {:<34} {:>9} {:>10} {:>10} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} "
+                 "{:>9.4f} {:>9.4f}\n",
                  i + 1, describe_layout(L.cfg), stages_text(L.stages), gib(L.worst), gib(L.node_worst),
-                 L.cost.total(), L.cost.compute, L.cost.pipeline_bubble, L.cost.tp, L.cost.pp,
-                 L.cost.dp);
+                 L.cost.total(), L.cost.compute, L.cost.pipeline, L.cost.tp, L.cost.pp,
+                 L.cost.optimizer, L.cost.dp);
       if (!fitting) fmt::print("        does not fit: {}\n", L.overflow);
     }
   };

@@ -2,18 +2,30 @@
 // layout, from the work each rank does and the bytes it sends, at stated
 // rates (docs/planner.md). Pure arithmetic: no MPI, nothing allocated.
 //
-//   compute   per micro-batch and stage: the stage's GEMM FLOPs (6 per
-//             parameter and token, the attention's 12 B T^2 C per layer, the
-//             classifier's 6 V C per token on the last stage), divided by tp,
-//             plus a forward again under activation checkpointing, at
-//             `flops_per_s` per rank times the efficiency of B x T rows;
-//   pipeline  (m + pp - 1) slots of the slowest stage's micro-batch (1F1B and
-//             GPipe alike: the same bubble, different memory);
-//   tp        4 all-reduces of the (B, T, C) activations per layer and
-//             micro-batch (2 forward, 2 backward), ring: 2 (tp - 1) / tp of
-//             the bytes at the group's bandwidth, 2 (tp - 1) latencies;
-//   pp        2 sends of (B, T, C) per micro-batch and stage boundary, on the
-//             path of each of the (m + pp - 1) slots;
+//   stage     a micro-batch's forward and backward on each stage, alone on
+//             its rank's compute units, op class by op class:
+//               GEMMs: 2 FLOPs per parameter and token forward, 4 backward
+//               (2 under LoRA), the classifier's V C per token on the last
+//               stage, divided by tp, at `flops_per_s` times the efficiency
+//               of B x T rows;
+//               attention: 4 B T^2 C forward and 8 backward per layer / tp, at
+//               its own rate by head size (or as GEMMs);
+//               GELU per element of (B T, 4C / tp), LayerNorm and residual
+//               per element of (B T, C) (two per layer, not divided by tp),
+//               the cross-entropy per logit of (B T, V / tp), at their
+//               nanoseconds per element (0: inside `flops_per_s`);
+//               under activation checkpointing the backward runs the
+//               blocks' forward again; tp's 2 all-reduces of (B, T, C) per
+//               layer each way (ring: 2 (tp - 1) / tp of the bytes at the
+//               group's bandwidth, 2 (tp - 1) latencies);
+//   pipeline  the schedule run as it runs (plan/pipeline_schedule.h): each
+//             stage's forwards and backwards in its order, each waiting for
+//             the neighbour's send (the (B, T, C / tp) activations at the
+//             group's bandwidth); ranks of a node share its units
+//             (`units_per_node`), each using at most its own
+//             (`units_per_rank`), so a rank that waits leaves its units to
+//             the node's busy ranks where they have threads to use them;
+//   optimizer AdamW and the gradient norm over the rank's updated elements;
 //   dp        the gradients' reduction once per step, 2 (dp - 1) / dp of the
 //             rank's trained elements (ZeRO 1 and 2 move the same bytes as a
 //             reduce-scatter and an all-gather), not overlapped.
@@ -28,6 +40,7 @@
 
 #include "core/enum_names.h"
 #include "model/gpt_config.h"
+#include "model/gpt_options.h"
 #include "plan/parallel_config.h"
 
 namespace meshlm {
@@ -61,36 +74,94 @@ struct ClusterConfig {
   uint64_t runtime_bytes = 0, runtime_pss_bytes = 0, device_runtime_bytes = 0;
 };
 
+// The ops outside GEMMs, per rank alone on its units: nanoseconds per
+// element (0: inside ClusterRates::flops_per_s, as on the GPU presets).
+struct OpClassRates {
+  double gelu_forward_ns = 0, gelu_backward_ns = 0;  // per element of (B T, 4C)
+  double norm_forward_ns = 0, norm_backward_ns = 0;  // per element of (B T, C), per LayerNorm
+  double xent_forward_ns = 0, xent_backward_ns = 0;  // per logit
+  double adamw_ns = 0;                               // per updated element, with the norm
+  // The attention's products' FLOP/s by head size, (head size, FLOP/s)
+  // increasing; between them linear in log(head size), beyond them the
+  // nearest. Empty: at the GEMMs' rate.
+  std::vector<std::pair<double, double>> attention_forward, attention_backward;
+  std::vector<std::pair<double, double>> flash_forward, flash_backward;
+};
+
 // What a cluster does per rank and between ranks.
 struct ClusterRates {
-  double flops_per_s = 50e9;      // one rank's GEMM rate (fp32 on the CPU, its threads)
+  double flops_per_s = 50e9;      // one rank's GEMM rate alone on its units
   double intra_bytes_per_s = 5e9;  // between two ranks of a node
   double intra_latency_s = 2e-6;
   double inter_bytes_per_s = 10e9;  // between nodes
   double inter_latency_s = 5e-6;
   int ranks_per_node = 1;
+  // The compute units a node's ranks share (a CPU's cores; one GPU per rank)
+  // and the most one rank uses (its threads): a rank with k busy ranks on
+  // its node runs at min(1, units_per_node / (k units_per_rank)) of its rate,
+  // times sharing_efficiency.
+  // units_per_node 0: one per rank, never shared.
+  int units_per_node = 0, units_per_rank = 1;
+  // The fraction of their share that two or more busy ranks of a node get,
+  // by busy ranks x units_per_rank / units_per_node: (ratio, fraction)
+  // pairs read as efficiency_by_rows. Empty: 1.
+  std::vector<std::pair<double, double>> sharing_efficiency;
+  // A rank that waits for a message keeps polling its share of the units
+  // (Open MPI's waits on the CPU spin): it counts as busy all step long.
+  bool waiting_ranks_poll = false;
   // The GEMM rate's fraction by the rows of a micro-batch (B x T): (rows,
   // fraction) pairs, rows increasing; between them the fraction follows
   // log(rows) linearly, beyond them it is the nearest pair's. Empty: 1.
   std::vector<std::pair<double, double>> efficiency_by_rows;
+  // Where known, the fraction by rows and width (the model's C): (width,
+  // (rows, fraction) pairs) pairs, widths increasing, read as
+  // efficiency_by_rows at each width and then between widths the same way.
+  std::vector<std::pair<double, std::vector<std::pair<double, double>>>> efficiency_by_width;
+  OpClassRates ops;
 };
 
-// The fraction of ClusterRates::flops_per_s that GEMMs of `rows` rows reach.
-double gemm_efficiency(const ClusterRates& rates, double rows);
+// The fraction of ClusterRates::flops_per_s that GEMMs of `rows` rows of a
+// model of width `width` reach.
+double gemm_efficiency(const ClusterRates& rates, double rows, double width);
+
+// A table of (x, y) pairs, x increasing, read at `x`: linear in log(x)
+// between pairs, the nearest pair's y beyond them; `empty` when there are none.
+double log_interpolate(const std::vector<std::pair<double, double>>& table, double x, double empty);
+
+// What a layout's ranks run in a step, besides its shape.
+struct StepWork {
+  int micro_batch = 1, seq_len = 1;
+  bool lora = false;  // the base is frozen: no weight gradients
+  Attention attention = Attention::probabilities;
+  double reduced_bytes = 0;   // the gradients a rank reduces over dp each step
+  double updated_elements = 0;  // the elements a rank's AdamW updates each step
+};
 
 struct StepCost {
-  double compute = 0, pipeline_bubble = 0, tp = 0, pp = 0, dp = 0;
-  std::vector<double> stage_seconds;  // each stage's compute for one micro-batch
-  double total() const { return compute + pipeline_bubble + tp + pp + dp; }
+  double compute = 0;   // the slowest stage's m forwards and backwards, its node's ranks all busy
+  double pipeline = 0;  // the schedule's length beyond compute, tp and pp: its bubble, less the
+                        // units waiting ranks give to busy ones (may be negative then)
+  double tp = 0;         // the slowest stage's all-reduces
+  double pp = 0;         // the sends of the first forward down the pipe and the last backward up
+  double optimizer = 0, dp = 0;
+  std::vector<double> stage_seconds;  // each stage's forward and backward of one micro-batch, alone
+  double total() const { return compute + pipeline + tp + pp + optimizer + dp; }
 };
 
-// The estimated step of `p` (micro_batches resolved) training micro-batches
-// of (micro_batch, seq_len) with `stage_layers` layers per stage; `lora`:
-// the base is frozen (no weight gradients); `reduced_bytes`: the gradients
-// a rank reduces over dp each step (its trained elements * 4).
+// The estimated step of `p` (micro_batches resolved) with `stage_layers`
+// layers per stage.
 StepCost estimate_step(const GPTConfig& model, const ParallelConfig& p,
-                       const std::vector<int>& stage_layers, int micro_batch, int seq_len,
-                       bool lora, double reduced_bytes, const ClusterRates& rates);
+                       const std::vector<int>& stage_layers, const StepWork& w,
+                       const ClusterRates& rates);
+
+// The length of one step's pipeline schedule: stage s's forward and backward
+// of a micro-batch take forward[s] and backward[s] at full speed, a send
+// between neighbours `send` seconds; `ranks_per_stage` ranks run stage s on
+// node `node[s]` (its replicas over dp and tp, in step with it), and the
+// ranks of a node share `rates`' units.
+double simulate_pipeline(PipelineSchedule kind, int micro_batches, const std::vector<double>& forward,
+                         const std::vector<double>& backward, double send,
+                         const std::vector<int>& node, int ranks_per_stage, const ClusterRates& rates);
 
 // True when the ranks [first, first + count * stride) by `stride` share a node.
 bool on_one_node(int first, int count, int stride, int ranks_per_node);

@@ -13,7 +13,7 @@
 
 namespace meshlm {
 
-// Pipeline schedules (train/pipeline_schedule.h has their action lists).
+// Pipeline schedules (plan/pipeline_schedule.h has their action lists).
 enum class PipelineSchedule { gpipe, one_f_one_b };
 inline constexpr EnumName<PipelineSchedule> kPipelineScheduleNames[] = {
     {PipelineSchedule::gpipe, "gpipe"},

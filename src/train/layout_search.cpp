@@ -23,13 +23,15 @@ namespace {
 using nlohmann::json;
 
 struct Preset {
-  double gflops_per_core = 0;  // cpu-node: per core, the node's cores shared by its ranks
+  double gflops_per_core = 0;  // cpu-node: one core's; a rank's threads add theirs
   double gflops_per_rank = 0;  // h100-ib: per GPU
   double intra_gbps, inter_gbps, intra_us, inter_us;
   uint64_t runtime, runtime_pss, device_runtime;
 };
 
-constexpr Preset kCpuNode{40, 0, 5, 10, 2, 5, 40u << 20, 25u << 20, 600u << 20};
+// This project's 2-core development VM (meshlm plan --calibrate, 2026-11-24:
+// sgemm 195 GFLOP/s on one core).
+constexpr Preset kCpuNode{195, 0, 5, 10, 2, 5, 40u << 20, 25u << 20, 600u << 20};
 // OpenBLAS's sgemm by rows on this project's 2-core development VM
 // (meshlm plan --calibrate, 2026-11-24: 125, 180 and 196 GFLOP/s at 64, 256
 // and 1024 rows of 1024 x 1024).
@@ -46,10 +48,92 @@ constexpr Preset kH100Ib{0, 103e3, 300, 50, 3, 5, 512u << 20, 512u << 20, 600u <
 const std::vector<std::pair<double, double>> kH100Rows = {
     {1024, 0.45}, {2048, 0.62}, {4096, 0.77}, {8192, 0.88}, {16384, 0.95}, {32768, 1.0}};
 
+// The ops outside GEMMs on one core of the same VM (meshlm plan --calibrate,
+// 2026-11-24): ns per element, and the attention's FLOP/s by head size.
+const OpClassRates kCpuOps = {9.68, 11.03, 1.35, 1.57, 2.13, 2.12, 1.74,
+                              {{32, 42.5e9}, {64, 63.5e9}, {128, 98.3e9}},
+                              {{32, 96.3e9}, {64, 119.6e9}, {128, 147.6e9}},
+                              {{32, 48.2e9}, {64, 75.2e9}, {128, 106.5e9}},
+                              {{32, 79.7e9}, {64, 104.5e9}, {128, 124.0e9}}};
+
+using Table = std::vector<std::pair<double, double>>;
+using WidthTable = std::vector<std::pair<double, Table>>;
+
+// A rate of `threads` of a node's `cores` from one core's and all cores'
+// (0: unknown, then `threads` times one core's): linear in the threads.
+double at_threads(double one, double all, int threads, int cores) {
+  if (all <= 0 || cores <= 1) return one * threads;
+  const int t = std::min(threads, cores);
+  return one + (all - one) * (t - 1) / (cores - 1);
+}
+
+// The same for the figures of the ops outside GEMMs (`all` null: unknown).
+OpClassRates ops_at_threads(const OpClassRates& one, const OpClassRates* all, int threads, int cores) {
+  OpClassRates r = one;
+  auto ns = [&](double OpClassRates::*f) {
+    r.*f = 1.0 / at_threads(1.0 / (one.*f), all ? 1.0 / (all->*f) : 0, threads, cores);
+  };
+  for (auto f : {&OpClassRates::gelu_forward_ns, &OpClassRates::gelu_backward_ns,
+                 &OpClassRates::norm_forward_ns, &OpClassRates::norm_backward_ns,
+                 &OpClassRates::xent_forward_ns, &OpClassRates::xent_backward_ns,
+                 &OpClassRates::adamw_ns})
+    ns(f);
+  for (auto f : {&OpClassRates::attention_forward, &OpClassRates::attention_backward,
+                 &OpClassRates::flash_forward, &OpClassRates::flash_backward})
+    for (size_t i = 0; i < (r.*f).size(); ++i)
+      (r.*f)[i].second = at_threads((one.*f)[i].second,
+                                    all && i < (all->*f).size() ? (all->*f)[i].second : 0, threads, cores);
+  return r;
+}
+
 double positive(const json& j, const char* key) {
   const double v = j.at(key).get<double>();
   if (!(v > 0)) throw std::runtime_error(std::string(key) + " is not positive");
   return v;
+}
+
+// An "ops_one_core" or "ops_all_cores" object of a --calibrate file.
+OpClassRates op_class_rates(const json& j) {
+  OpClassRates o;
+  o.gelu_forward_ns = positive(j, "gelu_forward_ns");
+  o.gelu_backward_ns = positive(j, "gelu_backward_ns");
+  o.norm_forward_ns = positive(j, "norm_forward_ns");
+  o.norm_backward_ns = positive(j, "norm_backward_ns");
+  o.xent_forward_ns = positive(j, "xent_forward_ns");
+  o.xent_backward_ns = positive(j, "xent_backward_ns");
+  o.adamw_ns = positive(j, "adamw_ns");
+  auto table = [&](const char* key) {
+    std::vector<std::pair<double, double>> t;
+    for (const auto& [hs, v] : j.at(key).items()) {
+      t.emplace_back(std::stod(hs), v.get<double>() * 1e9);
+      if (!(t.back().first >= 1 && t.back().second > 0))
+        throw std::runtime_error(std::string(key) + " has a bad entry " + hs);
+    }
+    std::sort(t.begin(), t.end());
+    return t;
+  };
+  o.attention_forward = table("attention_forward_gflops_by_head_size");
+  o.attention_backward = table("attention_backward_gflops_by_head_size");
+  o.flash_forward = table("flash_attention_forward_gflops_by_head_size");
+  o.flash_backward = table("flash_attention_backward_gflops_by_head_size");
+  return o;
+}
+
+// The "matmul_gflops_by_width_and_rows" object of a --calibrate file, FLOP/s.
+WidthTable matmul_rates(const json& j) {
+  WidthTable w;
+  for (const auto& [width, rows] : j.items()) {
+    Table t;
+    for (const auto& [n, v] : rows.items()) {
+      t.emplace_back(std::stod(n), v.get<double>() * 1e9);
+      if (!(t.back().first >= 1 && t.back().second > 0))
+        throw std::runtime_error("matmul_gflops_by_width_and_rows has a bad entry " + width + "/" + n);
+    }
+    std::sort(t.begin(), t.end());
+    w.emplace_back(std::stod(width), t);
+  }
+  std::sort(w.begin(), w.end());
+  return w;
 }
 
 }  // namespace
@@ -65,8 +149,12 @@ PlanMachine plan_machine(const ClusterConfig& k, ComputeBackend backend, int ran
                                    ? k.preset
                                    : (cuda ? ClusterPreset::h100_ib : ClusterPreset::cpu_node);
   const Preset& p = preset == ClusterPreset::h100_ib ? kH100Ib : kCpuNode;
-  const double cores = static_cast<double>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
-  double node_gflops = p.gflops_per_core * cores, rank_gflops = p.gflops_per_rank;
+  const int cores = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+  // The CPU's figures on one core, and on all (0 / empty: not known).
+  double gflops_one = p.gflops_per_core, gflops_all = 0, rank_gflops = p.gflops_per_rank;
+  OpClassRates ops_one = kCpuOps, ops_all;
+  bool has_ops_all = false;
+  WidthTable matmul_one, matmul_all;
   double intra = p.intra_gbps, inter = p.inter_gbps, intra_us = p.intra_us, inter_us = p.inter_us;
   m.runtime = p.runtime;
   m.runtime_pss = p.runtime_pss;
@@ -82,10 +170,13 @@ PlanMachine plan_machine(const ClusterConfig& k, ComputeBackend backend, int ran
         throw std::runtime_error("its \"what\" is not \"" + std::string(kCalibrateWhat) + "\"");
       // A file of a CPU machine gives the CPU's figures; its MPI and memory
       // figures hold on either backend.
-      if (!cuda) node_gflops = positive(j, "gflops_all_cores");
+      if (!cuda) {
+        gflops_one = positive(j, "gflops_per_core");
+        gflops_all = positive(j, "gflops_all_cores");
+      }
       if (!cuda && j.contains("gflops_all_cores_by_rows")) {
         // Relative to the largest: the fraction of the rate by rows.
-        std::vector<std::pair<double, double>> rows;
+        Table rows;
         double best = 0;
         for (const auto& [k, v] : j.at("gflops_all_cores_by_rows").items()) {
           rows.emplace_back(std::stod(k), v.get<double>());
@@ -101,6 +192,23 @@ PlanMachine plan_machine(const ClusterConfig& k, ComputeBackend backend, int ran
       if (j.contains("intra_node_latency_us")) intra_us = positive(j, "intra_node_latency_us");
       if (j.contains("inter_node_gbps")) inter = positive(j, "inter_node_gbps");
       if (j.contains("inter_node_latency_us")) inter_us = positive(j, "inter_node_latency_us");
+      if (!cuda && j.contains("ops_one_core") && j.contains("ops_all_cores")) {
+        ops_one = op_class_rates(j.at("ops_one_core"));
+        ops_all = op_class_rates(j.at("ops_all_cores"));
+        has_ops_all = true;
+        matmul_one = matmul_rates(j.at("ops_one_core").at("matmul_gflops_by_width_and_rows"));
+        matmul_all = matmul_rates(j.at("ops_all_cores").at("matmul_gflops_by_width_and_rows"));
+        if (matmul_one.size() != matmul_all.size())
+          throw std::runtime_error("its matmul tables of one core and all cores differ in shape");
+      }
+      if (!cuda && j.contains("sharing_efficiency_by_ranks_per_core")) {
+        for (const auto& [k, v] : j.at("sharing_efficiency_by_ranks_per_core").items()) {
+          m.rates.sharing_efficiency.emplace_back(std::stod(k), v.get<double>());
+          if (!(m.rates.sharing_efficiency.back().first > 0 && v.get<double>() > 0))
+            throw std::runtime_error("sharing_efficiency_by_ranks_per_core has a bad entry " + k);
+        }
+        std::sort(m.rates.sharing_efficiency.begin(), m.rates.sharing_efficiency.end());
+      }
       if (!cuda && j.contains("runtime_bytes")) m.runtime = j.at("runtime_bytes").get<uint64_t>();
       if (!cuda && j.contains("runtime_pss_bytes"))
         m.runtime_pss = j.at("runtime_pss_bytes").get<uint64_t>();
@@ -111,7 +219,28 @@ PlanMachine plan_machine(const ClusterConfig& k, ComputeBackend backend, int ran
     }
     m.rates_source += " and " + k.rates;
   }
-  if (!cuda) rank_gflops = node_gflops / m.ranks_per_node;
+  // A CPU rank runs on its threads (the node's cores / G, at least one):
+  // its rates alone are those of that many cores, between one core's and
+  // all cores'; the cost model shares the cores among the ranks busy at a
+  // time. A GPU is a rank's own.
+  const int threads = std::max(1, cores / m.ranks_per_node);
+  m.rates.units_per_node = cuda ? m.ranks_per_node : cores;
+  m.rates.units_per_rank = cuda ? 1 : threads;
+  m.rates.waiting_ranks_poll = !cuda;
+  if (!cuda) {
+    rank_gflops = at_threads(gflops_one, gflops_all, threads, cores);
+    m.rates.ops = ops_at_threads(ops_one, has_ops_all ? &ops_all : nullptr, threads, cores);
+    // The linear layer's rate by width and rows, as a fraction of the rank's.
+    for (size_t w = 0; w < matmul_one.size(); ++w) {
+      Table t = matmul_one[w].second;
+      for (size_t i = 0; i < t.size(); ++i)
+        t[i].second = at_threads(t[i].second,
+                                 i < matmul_all[w].second.size() ? matmul_all[w].second[i].second : 0,
+                                 threads, cores) /
+                      (rank_gflops * 1e9);
+      m.rates.efficiency_by_width.emplace_back(matmul_one[w].first, t);
+    }
+  }
   if (k.gflops_per_rank > 0) rank_gflops = k.gflops_per_rank;
   if (k.intra_node_gbps > 0) intra = k.intra_node_gbps;
   if (k.inter_node_gbps > 0) inter = k.inter_node_gbps;
@@ -214,17 +343,20 @@ PlannedLayout evaluate_layout(const RunConfig& cfg, const PlanMachine& o) {
       L.node_worst = bytes;
       L.worst_node = node;
     }
-  const bool lora = cfg.finetune.mode == FinetuneMode::lora;
   // The gradients a rank reduces: its trained elements (ZeRO 2 books a
-  // bucket, not the whole; the reduction still moves all of them).
-  double reduced = static_cast<double>(trained);
-  if (p.zero_stage == 2) {
-    reduced = 0;
-    for (const PlannedRank& m : L.ranks)
-      reduced = std::max(reduced, static_cast<double>(at(m.table, MemCategory::optimizer)) / 2 * p.dp);
-  }
-  L.cost = estimate_step(cfg.model, p, L.stages, cfg.train.micro_batch_size, cfg.train.seq_len,
-                         lora, reduced, o.rates);
+  // bucket, not the whole; the reduction still moves all of them); the
+  // elements its AdamW updates: its optimizer state / 2 floats.
+  StepWork w;
+  w.micro_batch = cfg.train.micro_batch_size;
+  w.seq_len = cfg.train.seq_len;
+  w.lora = cfg.finetune.mode == FinetuneMode::lora;
+  w.attention = cfg.train.attention;
+  w.reduced_bytes = static_cast<double>(trained);
+  for (const PlannedRank& m : L.ranks)
+    w.updated_elements =
+        std::max(w.updated_elements, static_cast<double>(at(m.table, MemCategory::optimizer)) / 8);
+  if (p.zero_stage == 2) w.reduced_bytes = w.updated_elements * 4 * p.dp;
+  L.cost = estimate_step(cfg.model, p, L.stages, w, o.rates);
   if (o.mem_per_rank > 0 && L.worst > o.mem_per_rank) {
     const PlannedRank& w = L.ranks[static_cast<size_t>(L.worst_rank)];
     int big = 0;

@@ -1,5 +1,5 @@
 // One pipeline stage's share of a step: walks the stage's action list
-// (train/pipeline_schedule.h) and maps each action to a forward or backward
+// (plan/pipeline_schedule.h) and maps each action to a forward or backward
 // of the model for one micro-batch, or to a send or receive of activations
 // (forward) or their gradients (backward) between neighbouring stages.
 //
@@ -18,7 +18,7 @@
 #include "core/alloc.h"
 #include "core/timer.h"
 #include "model/gpt.h"
-#include "train/pipeline_schedule.h"
+#include "plan/pipeline_schedule.h"
 
 namespace meshlm {
 

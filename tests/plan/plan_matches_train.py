@@ -151,7 +151,14 @@ with tempfile.TemporaryDirectory() as scratch:
     if not (cal["gflops_per_core"] > 0 and cal["gflops_all_cores"] > 0 and cal["cores"] >= 1 and
             cal["memory_gbps_one_core"] > 0 and 8 << 20 < cal["runtime_bytes"] < 256 << 20 and
             cal["intra_node_gbps"] > 0 and cal["intra_node_latency_us"] > 0 and
-            len(cal["gflops_all_cores_by_rows"]) == 4):
+            len(cal["gflops_all_cores_by_rows"]) == 4 and
+            all(v > 0 for k in ("ops_one_core", "ops_all_cores") for v in cal[k].values()
+                if not isinstance(v, dict)) and
+            len(cal["ops_all_cores"]["attention_forward_gflops_by_head_size"]) == 3 and
+            len(cal["ops_one_core"]["matmul_gflops_by_width_and_rows"]) == 2 and
+            # two ranks on one node: the cores shared by as many ranks as cores
+            # where there are at most two cores, nothing measured otherwise
+            (cal["cores"] > 2) == ("sharing_efficiency_by_ranks_per_core" not in cal)):
         failures.append(f"--calibrate wrote {cal}")
     # ... and never replaces a file it did not write.
     r = subprocess.run(calibrate + [bogus], capture_output=True, text=True, timeout=120)
@@ -163,7 +170,12 @@ with tempfile.TemporaryDirectory() as scratch:
     with open(rates) as f:
         cal = json.load(f)  # rewritten
     r = plan(["--ranks", "2", "--ranks-per-node", "2", f"--cluster.rates={rates}"] + common)
-    want = f"{cal['gflops_all_cores'] / 2:.0f} GFLOP/s per rank, {cal['intra_node_gbps']:.0f} / 10 GB/s"
+    # A rank of 2 on the node has cores / 2 threads: its rate lies between
+    # one core's and all cores', linear in the threads.
+    cores, threads = cal["cores"], max(1, cal["cores"] // 2)
+    one, every = cal["gflops_per_core"], cal["gflops_all_cores"]
+    rank_rate = one * threads if cores == 1 else one + (every - one) * (threads - 1) / (cores - 1)
+    want = f"{rank_rate:.0f} GFLOP/s per rank, {cal['intra_node_gbps']:.0f} / 10 GB/s"
     if r.returncode != 0 or want not in r.stdout:
         failures.append(f"cluster.rates: no '{want}' in the plan's header: {r.stdout[:400]}")
     # A key of [cluster] beats the file.

@@ -1,4 +1,4 @@
-// Pipeline schedules (train/pipeline_schedule.h): the action lists of every
+// Pipeline schedules (plan/pipeline_schedule.h): the action lists of every
 // stage for p = 1..8 stages and m = 1..16 micro-batches, and a discrete-event
 // simulation of all stages together that shows they never deadlock and idle
 // exactly the bubble the formula predicts.
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "train/pipeline_schedule.h"
+#include "plan/pipeline_schedule.h"
 
 using namespace meshlm;
 

@@ -1,7 +1,9 @@
 // The planner's cost model (plan/cost.h) against the same arithmetic written
 // out by hand for GPT-2 124M-sized layers, and the properties a ranking
-// relies on: tp divides the compute, pp adds (pp - 1) slots of bubble,
-// checkpointing adds a forward, groups within a node use its bandwidth.
+// relies on: tp divides the compute, the pipeline's schedule adds its bubble
+// (worked out by hand for small cases, shared cores included), checkpointing
+// adds a forward, groups within a node use its bandwidth, the ops outside
+// GEMMs count per element.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -22,6 +24,15 @@ GPTConfig gpt2() {
   return m;
 }
 
+StepWork work(int micro_batch, int seq_len, bool lora = false, double reduced = 0) {
+  StepWork w;
+  w.micro_batch = micro_batch;
+  w.seq_len = seq_len;
+  w.lora = lora;
+  w.reduced_bytes = reduced;
+  return w;
+}
+
 ParallelConfig layout(int dp, int tp, int pp, int m) {
   ParallelConfig p;
   p.dp = dp;
@@ -37,18 +48,19 @@ TEST(PlanCost, OneRankIsTheFlopsOverTheRate) {
   ClusterRates r;
   r.flops_per_s = 1e12;
   const GPTConfig m = gpt2();
-  const StepCost c = estimate_step(m, layout(1, 1, 1, 2), {12}, 4, 1024, false, 0, r);
+  const StepCost c = estimate_step(m, layout(1, 1, 1, 2), {12}, work(4, 1024, false, 0), r);
   // By hand: 6 x 12 C^2 x 12 layers x tokens + 12 x 12 x B T^2 C + 6 V C tokens,
   // V padded to 50304, per micro-batch of 4 x 1024 tokens, 2 micro-batches.
   const double C = 768, tokens = 4096, V = 50304;
   const double flops = 6 * 12 * C * C * 12 * tokens + 12.0 * 12 * 4 * 1024.0 * 1024 * C + 6 * V * C * tokens;
   EXPECT_NEAR(c.compute, 2 * flops / 1e12, 1e-9);
-  EXPECT_EQ(c.pipeline_bubble, 0);
+  EXPECT_NEAR(c.pipeline, 0, 1e-12);
+  EXPECT_EQ(c.optimizer, 0);  // no rate for AdamW: inside the GEMMs' rate
   EXPECT_EQ(c.tp, 0);
   EXPECT_EQ(c.pp, 0);
   EXPECT_EQ(c.dp, 0);
   // LoRA: 4 FLOPs per parameter and token instead of 6 (no weight gradient).
-  const StepCost lora = estimate_step(m, layout(1, 1, 1, 2), {12}, 4, 1024, true, 0, r);
+  const StepCost lora = estimate_step(m, layout(1, 1, 1, 2), {12}, work(4, 1024, true, 0), r);
   const double lflops = 4 * 12 * C * C * 12 * tokens + 12.0 * 12 * 4 * 1024.0 * 1024 * C + 4 * V * C * tokens;
   EXPECT_NEAR(lora.compute, 2 * lflops / 1e12, 1e-9);
 }
@@ -57,17 +69,23 @@ TEST(PlanCost, SmallMicroBatchesRunAtTheirRowsEfficiency) {
   ClusterRates r;
   r.flops_per_s = 1e12;
   r.efficiency_by_rows = {{1024, 0.5}, {4096, 1.0}};
-  EXPECT_DOUBLE_EQ(gemm_efficiency(r, 512), 0.5);    // below the table: its first
-  EXPECT_DOUBLE_EQ(gemm_efficiency(r, 8192), 1.0);   // above: its last
-  EXPECT_NEAR(gemm_efficiency(r, 2048), 0.75, 1e-12);  // halfway in log(rows)
-  EXPECT_DOUBLE_EQ(gemm_efficiency(ClusterRates{}, 7), 1.0);
+  EXPECT_DOUBLE_EQ(gemm_efficiency(r, 512, 768), 0.5);    // below the table: its first
+  EXPECT_DOUBLE_EQ(gemm_efficiency(r, 8192, 768), 1.0);   // above: its last
+  EXPECT_NEAR(gemm_efficiency(r, 2048, 768), 0.75, 1e-12);  // halfway in log(rows)
+  EXPECT_DOUBLE_EQ(gemm_efficiency(ClusterRates{}, 7, 768), 1.0);
+  // By width too: each width's rows, then between widths in log(width).
+  ClusterRates w = r;
+  w.efficiency_by_width = {{256, {{1024, 0.4}, {4096, 0.6}}}, {1024, {{1024, 0.8}}}};
+  EXPECT_NEAR(gemm_efficiency(w, 2048, 256), 0.5, 1e-12);
+  EXPECT_NEAR(gemm_efficiency(w, 2048, 512), 0.65, 1e-12);  // halfway between 0.5 and 0.8
+  EXPECT_NEAR(gemm_efficiency(w, 2048, 4096), 0.8, 1e-12);
   // B = 2 x T = 1024 rows at 0.75 of the rate: the same FLOPs take 4/3 as long
   // as without the table.
   const GPTConfig m = gpt2();
   ClusterRates flat = r;
   flat.efficiency_by_rows.clear();
-  const StepCost slow = estimate_step(m, layout(1, 1, 1, 4), {12}, 2, 1024, false, 0, r);
-  const StepCost fast = estimate_step(m, layout(1, 1, 1, 4), {12}, 2, 1024, false, 0, flat);
+  const StepCost slow = estimate_step(m, layout(1, 1, 1, 4), {12}, work(2, 1024, false, 0), r);
+  const StepCost fast = estimate_step(m, layout(1, 1, 1, 4), {12}, work(2, 1024, false, 0), flat);
   EXPECT_NEAR(slow.compute, fast.compute / 0.75, 1e-12 * fast.compute);
 }
 
@@ -75,25 +93,30 @@ TEST(PlanCost, ParallelismDividesComputeAndAddsItsCosts) {
   ClusterRates r;
   r.ranks_per_node = 8;
   const GPTConfig m = gpt2();
-  const StepCost one = estimate_step(m, layout(1, 1, 1, 8), {12}, 2, 1024, false, 0, r);
-  const StepCost tp2 = estimate_step(m, layout(1, 2, 1, 8), {12}, 2, 1024, false, 0, r);
+  const StepCost one = estimate_step(m, layout(1, 1, 1, 8), {12}, work(2, 1024, false, 0), r);
+  const StepCost tp2 = estimate_step(m, layout(1, 2, 1, 8), {12}, work(2, 1024, false, 0), r);
   EXPECT_NEAR(tp2.compute, one.compute / 2, 1e-12);
   EXPECT_GT(tp2.tp, 0);
   // 4 all-reduces per layer and micro-batch: ring 2 (tp-1)/tp of B T C floats.
   const double bytes = 2.0 * 1024 * 768 * 4;
   EXPECT_NEAR(tp2.tp, 8 * 4 * 12 * (bytes / r.intra_bytes_per_s + 2 * r.intra_latency_s), 1e-12);
-  // pp 2 of 6 + 6 layers: the slowest stage holds the classifier; a bubble
-  // of one slot.
-  const StepCost pp2 = estimate_step(m, layout(1, 1, 2, 8), {6, 6}, 2, 1024, false, 0, r);
-  EXPECT_NEAR(pp2.pipeline_bubble, pp2.compute / 8, 1e-12);
+  // pp 2 of 6 + 6 layers: the slowest stage (1) holds the classifier and
+  // runs its 8 micro-batches back to back; stage 0's first forward comes
+  // before them and its last backward after: the bubble is stage 0's
+  // forward and backward, and a send each way.
+  const StepCost pp2 = estimate_step(m, layout(1, 1, 2, 8), {6, 6}, work(2, 1024), r);
+  EXPECT_GT(pp2.stage_seconds[1], pp2.stage_seconds[0]);
+  EXPECT_NEAR(pp2.compute, 8 * pp2.stage_seconds[1], 1e-12);
+  EXPECT_NEAR(pp2.pipeline, pp2.stage_seconds[0], 1e-9);
+  EXPECT_NEAR(pp2.pp, 2 * (2048.0 * 768 * 4 / r.intra_bytes_per_s + r.intra_latency_s), 1e-12);
   EXPECT_LT(pp2.compute, one.compute);
   EXPECT_GT(pp2.pp, 0);
   // Checkpointing recomputes the blocks' forward.
   ParallelConfig ck = layout(1, 1, 1, 8);
   ck.activation_checkpointing = Checkpointing::full;
-  EXPECT_GT(estimate_step(m, ck, {12}, 2, 1024, false, 0, r).compute, one.compute);
+  EXPECT_GT(estimate_step(m, ck, {12}, work(2, 1024, false, 0), r).compute, one.compute);
   // dp: the gradients' ring all-reduce.
-  const StepCost dp4 = estimate_step(m, layout(4, 1, 1, 2), {12}, 2, 1024, false, 1e9, r);
+  const StepCost dp4 = estimate_step(m, layout(4, 1, 1, 2), {12}, work(2, 1024, false, 1e9), r);
   EXPECT_NEAR(dp4.dp, 2.0 * 3 / 4 * 1e9 / r.intra_bytes_per_s + 6 * r.intra_latency_s, 1e-12);
 }
 
@@ -107,8 +130,90 @@ TEST(PlanCost, GroupsAcrossNodesUseTheNetwork) {
   r.inter_bytes_per_s = 1e9;
   const GPTConfig m = gpt2();
   // dp 4 over nodes of 2: the reduction crosses the network.
-  const StepCost across = estimate_step(m, layout(4, 1, 1, 1), {12}, 1, 1024, false, 1e9, r);
+  const StepCost across = estimate_step(m, layout(4, 1, 1, 1), {12}, work(1, 1024, false, 1e9), r);
   r.ranks_per_node = 4;
-  const StepCost within = estimate_step(m, layout(4, 1, 1, 1), {12}, 1, 1024, false, 1e9, r);
+  const StepCost within = estimate_step(m, layout(4, 1, 1, 1), {12}, work(1, 1024, false, 1e9), r);
   EXPECT_GT(across.dp, 50 * within.dp);
+}
+
+TEST(PlanCost, ThePipelineScheduleRunsAsWorkedOutByHand) {
+  ClusterRates own;  // every rank on units of its own
+  // 1F1B, 4 stages of forward 1 and backward 2, 4 micro-batches: the
+  // textbook (m + p - 1) slots of forward + backward.
+  EXPECT_NEAR(simulate_pipeline(PipelineSchedule::one_f_one_b, 4, {1, 1, 1, 1}, {2, 2, 2, 2}, 0,
+                                {0, 1, 2, 3}, 1, own),
+              21, 1e-9);
+  // GPipe, 2 stages, 2 micro-batches, a send of 0.25: stage 0's F0 [0, 1]
+  // and F1 [1, 2]; stage 1's F0 [1.25, 2.25], F1 [2.25, 3.25], B0 [3.25,
+  // 5.25], B1 [5.25, 7.25]; stage 0's B0 [5.5, 7.5], B1 [7.5, 9.5].
+  EXPECT_NEAR(simulate_pipeline(PipelineSchedule::gpipe, 2, {1, 1}, {2, 2}, 0.25, {0, 1}, 1, own),
+              9.5, 1e-9);
+  // The same two stages on one core of one node: stage 0's F1 and stage
+  // 1's F0 share it ([1, 3]), stage 1's F1 and B0 run alone ([3, 6]), then
+  // stage 1's B1 and stage 0's B0 share it ([6, 10]), stage 0's B1 alone:
+  // 12, the whole work, as the core is never idle.
+  ClusterRates one_core;
+  one_core.units_per_node = 1;
+  EXPECT_NEAR(simulate_pipeline(PipelineSchedule::gpipe, 2, {1, 1}, {2, 2}, 0, {0, 0}, 1, one_core),
+              12, 1e-9);
+  // Two cores and a rank of one thread per stage: nothing shared, as own.
+  ClusterRates two_cores = one_core;
+  two_cores.units_per_node = 2;
+  EXPECT_NEAR(simulate_pipeline(PipelineSchedule::gpipe, 2, {1, 1}, {2, 2}, 0, {0, 0}, 1, two_cores), 9,
+              1e-9);
+  // Sharing at a measured loss: two busy ranks on one core each get 0.8 of
+  // half of it.
+  one_core.sharing_efficiency = {{2, 0.8}};
+  EXPECT_NEAR(simulate_pipeline(PipelineSchedule::gpipe, 2, {1, 1}, {2, 2}, 0, {0, 0}, 1, one_core),
+              1 + 2 / 0.8 + 3 + 4 / 0.8 + 2, 1e-9);
+  // Ranks that poll while they wait (MPI on the CPU) keep their share: both
+  // stages always take half of the core, twice the unshared schedule.
+  ClusterRates polling;
+  polling.units_per_node = 1;
+  polling.waiting_ranks_poll = true;
+  EXPECT_NEAR(simulate_pipeline(PipelineSchedule::gpipe, 2, {1, 1}, {2, 2}, 0, {0, 0}, 1, polling),
+              18, 1e-9);
+  // One stage: its micro-batches one after another.
+  EXPECT_NEAR(simulate_pipeline(PipelineSchedule::gpipe, 5, {1}, {2}, 0, {0}, 1, own), 15, 1e-9);
+}
+
+TEST(PlanCost, OpsOutsideGemmsCountPerElement) {
+  const GPTConfig m = gpt2();
+  ClusterRates r;
+  r.flops_per_s = 1e12;
+  const StepCost base = estimate_step(m, layout(1, 1, 1, 1), {12}, work(4, 1024), r);
+  // GELU at 1 ns forward and 2 backward per element of (B T, 4C), 12 layers.
+  ClusterRates g = r;
+  g.ops.gelu_forward_ns = 1;
+  g.ops.gelu_backward_ns = 2;
+  const StepCost gelu = estimate_step(m, layout(1, 1, 1, 1), {12}, work(4, 1024), g);
+  EXPECT_NEAR(gelu.compute - base.compute, 3e-9 * 4096 * 4 * 768 * 12, 1e-12);
+  // LayerNorm is not divided by tp (each rank normalises the whole C); GELU is.
+  ClusterRates n = r;
+  n.ops.norm_forward_ns = 1;
+  ParallelConfig tp2 = layout(1, 2, 1, 1);
+  const StepCost norm2 = estimate_step(m, tp2, {12}, work(4, 1024), n);
+  const StepCost base2 = estimate_step(m, tp2, {12}, work(4, 1024), r);
+  EXPECT_NEAR(norm2.compute - base2.compute, 1e-9 * 4096 * 768 * 25, 1e-12);
+  const StepCost gelu2 = estimate_step(m, tp2, {12}, work(4, 1024), g);
+  EXPECT_NEAR(gelu2.compute - base2.compute, (gelu.compute - base.compute) / 2, 1e-12);
+  // Under checkpointing the backward runs the forward's GELU again.
+  ParallelConfig ck = layout(1, 1, 1, 1);
+  ck.activation_checkpointing = Checkpointing::full;
+  const StepCost ckb = estimate_step(m, ck, {12}, work(4, 1024), r);
+  const StepCost ckg = estimate_step(m, ck, {12}, work(4, 1024), g);
+  EXPECT_NEAR(ckg.compute - ckb.compute, 4e-9 * 4096 * 4 * 768 * 12, 1e-12);
+  // AdamW per updated element, once per step.
+  ClusterRates a = r;
+  a.ops.adamw_ns = 2;
+  StepWork w = work(4, 1024);
+  w.updated_elements = 1e6;
+  EXPECT_NEAR(estimate_step(m, layout(1, 1, 1, 1), {12}, w, a).optimizer, 2e-3, 1e-15);
+  // The attention at its own rate by head size (64 here) when it has one.
+  ClusterRates at = r;
+  at.ops.attention_forward = {{32, 1e11}, {128, 4e11}};  // 2.5e11 at 64, halfway in log
+  at.ops.attention_backward = {{64, 1e11}};
+  const StepCost att = estimate_step(m, layout(1, 1, 1, 1), {12}, work(4, 1024), at);
+  const double fwd = 4.0 * 12 * 4 * 1024.0 * 1024 * 768, bwd = 2 * fwd;
+  EXPECT_NEAR(att.compute - base.compute, fwd / 2.5e11 + bwd / 1e11 - (fwd + bwd) / 1e12, 1e-9);
 }
