@@ -131,7 +131,12 @@ StepCost estimate_step(const GPTConfig& model, const ParallelConfig& p,
   const double att_b_rate = log_interpolate(flash ? o.flash_backward : o.attention_backward, head, gemm_rate);
 
   const int rpn = rates.ranks_per_node;
-  auto bw = [&](bool one_node) { return one_node ? rates.intra_bytes_per_s : rates.inter_bytes_per_s; };
+  const int node_ranks = std::min(std::max(rpn, 1), p.dp * p.tp * p.pp);
+  const double intra = rates.node_memory_bytes_per_s > 0
+                           ? std::min(rates.intra_bytes_per_s,
+                                      rates.node_memory_bytes_per_s / (4.0 * node_ranks))
+                           : rates.intra_bytes_per_s;
+  auto bw = [&](bool one_node) { return one_node ? intra : rates.inter_bytes_per_s; };
   auto lat = [&](bool one_node) { return one_node ? rates.intra_latency_s : rates.inter_latency_s; };
   // Groups of rank 0: tp consecutive ranks, dp by a stride of tp, pp by tp * dp.
   const bool tp_node = on_one_node(0, p.tp, 1, rpn), dp_node = on_one_node(0, p.dp, p.tp, rpn),

@@ -30,7 +30,8 @@
 //             rank's trained elements (ZeRO 1 and 2 move the same bytes as a
 //             reduce-scatter and an all-gather), not overlapped.
 // A group's bandwidth is the node's when all its ranks share a node (ranks
-// are numbered tp fastest, then dp, then pp), the network's otherwise.
+// are numbered tp fastest, then dp, then pp; at most the node's memory
+// bandwidth shared by its ranks' copies), the network's otherwise.
 #pragma once
 
 #include <span>
@@ -96,6 +97,12 @@ struct ClusterRates {
   double inter_bytes_per_s = 10e9;  // between nodes
   double inter_latency_s = 5e-6;
   int ranks_per_node = 1;
+  // A node's memory bandwidth (bytes read and written per second, all its
+  // cores): within a node a message is copied twice through shared memory,
+  // 4 bytes of traffic per byte sent, and the node's ranks reduce at once,
+  // so a group within a node gets at most this / (4 x its node's ranks).
+  // 0: no bound (a GPU's links are its own).
+  double node_memory_bytes_per_s = 0;
   // The compute units a node's ranks share (a CPU's cores; one GPU per rank)
   // and the most one rank uses (its threads): a rank with k busy ranks on
   // its node runs at min(1, units_per_node / (k units_per_rank)) of its rate,

@@ -201,6 +201,8 @@ PlanMachine plan_machine(const ClusterConfig& k, ComputeBackend backend, int ran
         if (matmul_one.size() != matmul_all.size())
           throw std::runtime_error("its matmul tables of one core and all cores differ in shape");
       }
+      if (!cuda && j.contains("memory_gbps_all_cores"))
+        m.rates.node_memory_bytes_per_s = positive(j, "memory_gbps_all_cores") * 1e9;
       if (!cuda && j.contains("sharing_efficiency_by_ranks_per_core")) {
         for (const auto& [k, v] : j.at("sharing_efficiency_by_ranks_per_core").items()) {
           m.rates.sharing_efficiency.emplace_back(std::stod(k), v.get<double>());

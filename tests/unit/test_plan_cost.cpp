@@ -118,6 +118,13 @@ TEST(PlanCost, ParallelismDividesComputeAndAddsItsCosts) {
   // dp: the gradients' ring all-reduce.
   const StepCost dp4 = estimate_step(m, layout(4, 1, 1, 2), {12}, work(2, 1024, false, 1e9), r);
   EXPECT_NEAR(dp4.dp, 2.0 * 3 / 4 * 1e9 / r.intra_bytes_per_s + 6 * r.intra_latency_s, 1e-12);
+  // Within a node of 8 GB/s of memory, 4 ranks reducing at once each copy
+  // at most 8 / (4 x 4) GB/s (two copies, each read and written).
+  ClusterRates shm = r;
+  shm.ranks_per_node = 4;
+  shm.node_memory_bytes_per_s = 8e9;
+  const StepCost dp4m = estimate_step(m, layout(4, 1, 1, 2), {12}, work(2, 1024, false, 1e9), shm);
+  EXPECT_NEAR(dp4m.dp, 2.0 * 3 / 4 * 1e9 / 0.5e9 + 6 * r.intra_latency_s, 1e-12);
 }
 
 TEST(PlanCost, GroupsAcrossNodesUseTheNetwork) {
