@@ -177,7 +177,7 @@ StepCost estimate_step(const GPTConfig& model, const ParallelConfig& p,
   const double makespan = simulate_pipeline(pp > 1 ? p.schedule : PipelineSchedule::gpipe, m, fwd, bwd,
                                             send, node, stage_on_node, rates);
   // The whole node busy: every rank's speed in the step's other parts.
-  const double all_busy = shared_speed(rates, std::min(rpn, per_stage * pp));
+  const double all_busy = shared_speed(rates, node_ranks);
   size_t slow = 0;
   for (size_t s = 0; s < c.stage_seconds.size(); ++s)
     if (c.stage_seconds[s] + comm[s] > c.stage_seconds[slow] + comm[slow]) slow = s;

@@ -92,6 +92,20 @@ double positive(const json& j, const char* key) {
   return v;
 }
 
+// A --calibrate object `j` (named `what` in errors) of number keys, each at
+// least `least_key` and above 0, to positive values: its (key, value x
+// scale) pairs, keys increasing.
+Table number_table(const json& j, const std::string& what, double least_key, double scale = 1) {
+  Table t;
+  for (const auto& [k, v] : j.items()) {
+    t.emplace_back(std::stod(k), v.get<double>() * scale);
+    if (!(t.back().first >= least_key && t.back().first > 0 && t.back().second > 0))
+      throw std::runtime_error(what + " has a bad entry " + k);
+  }
+  std::sort(t.begin(), t.end());
+  return t;
+}
+
 // An "ops_one_core" or "ops_all_cores" object of a --calibrate file.
 OpClassRates op_class_rates(const json& j) {
   OpClassRates o;
@@ -102,16 +116,7 @@ OpClassRates op_class_rates(const json& j) {
   o.xent_forward_ns = positive(j, "xent_forward_ns");
   o.xent_backward_ns = positive(j, "xent_backward_ns");
   o.adamw_ns = positive(j, "adamw_ns");
-  auto table = [&](const char* key) {
-    std::vector<std::pair<double, double>> t;
-    for (const auto& [hs, v] : j.at(key).items()) {
-      t.emplace_back(std::stod(hs), v.get<double>() * 1e9);
-      if (!(t.back().first >= 1 && t.back().second > 0))
-        throw std::runtime_error(std::string(key) + " has a bad entry " + hs);
-    }
-    std::sort(t.begin(), t.end());
-    return t;
-  };
+  auto table = [&](const char* key) { return number_table(j.at(key), key, 1, 1e9); };
   o.attention_forward = table("attention_forward_gflops_by_head_size");
   o.attention_backward = table("attention_backward_gflops_by_head_size");
   o.flash_forward = table("flash_attention_forward_gflops_by_head_size");
@@ -123,14 +128,8 @@ OpClassRates op_class_rates(const json& j) {
 WidthTable matmul_rates(const json& j) {
   WidthTable w;
   for (const auto& [width, rows] : j.items()) {
-    Table t;
-    for (const auto& [n, v] : rows.items()) {
-      t.emplace_back(std::stod(n), v.get<double>() * 1e9);
-      if (!(t.back().first >= 1 && t.back().second > 0))
-        throw std::runtime_error("matmul_gflops_by_width_and_rows has a bad entry " + width + "/" + n);
-    }
-    std::sort(t.begin(), t.end());
-    w.emplace_back(std::stod(width), t);
+    w.emplace_back(std::stod(width),
+                   number_table(rows, "matmul_gflops_by_width_and_rows/" + width, 1, 1e9));
   }
   std::sort(w.begin(), w.end());
   return w;
@@ -176,15 +175,9 @@ PlanMachine plan_machine(const ClusterConfig& k, ComputeBackend backend, int ran
       }
       if (!cuda && j.contains("gflops_all_cores_by_rows")) {
         // Relative to the largest: the fraction of the rate by rows.
-        Table rows;
+        Table rows = number_table(j.at("gflops_all_cores_by_rows"), "gflops_all_cores_by_rows", 1);
         double best = 0;
-        for (const auto& [k, v] : j.at("gflops_all_cores_by_rows").items()) {
-          rows.emplace_back(std::stod(k), v.get<double>());
-          best = std::max(best, v.get<double>());
-          if (!(rows.back().first >= 1 && v.get<double>() > 0))
-            throw std::runtime_error("gflops_all_cores_by_rows has a bad entry " + k);
-        }
-        std::sort(rows.begin(), rows.end());
+        for (const auto& r : rows) best = std::max(best, r.second);
         for (auto& r : rows) r.second /= best;
         m.rates.efficiency_by_rows = rows;
       }
@@ -203,14 +196,9 @@ PlanMachine plan_machine(const ClusterConfig& k, ComputeBackend backend, int ran
       }
       if (!cuda && j.contains("memory_gbps_all_cores"))
         m.rates.node_memory_bytes_per_s = positive(j, "memory_gbps_all_cores") * 1e9;
-      if (!cuda && j.contains("sharing_efficiency_by_ranks_per_core")) {
-        for (const auto& [k, v] : j.at("sharing_efficiency_by_ranks_per_core").items()) {
-          m.rates.sharing_efficiency.emplace_back(std::stod(k), v.get<double>());
-          if (!(m.rates.sharing_efficiency.back().first > 0 && v.get<double>() > 0))
-            throw std::runtime_error("sharing_efficiency_by_ranks_per_core has a bad entry " + k);
-        }
-        std::sort(m.rates.sharing_efficiency.begin(), m.rates.sharing_efficiency.end());
-      }
+      if (!cuda && j.contains("sharing_efficiency_by_ranks_per_core"))
+        m.rates.sharing_efficiency = number_table(j.at("sharing_efficiency_by_ranks_per_core"),
+                                                  "sharing_efficiency_by_ranks_per_core", 0);
       if (!cuda && j.contains("runtime_bytes")) m.runtime = j.at("runtime_bytes").get<uint64_t>();
       if (!cuda && j.contains("runtime_pss_bytes"))
         m.runtime_pss = j.at("runtime_pss_bytes").get<uint64_t>();
