@@ -150,14 +150,22 @@ set_tests_properties(cli_injected_rank_failure_lora PROPERTIES LABELS cli TIMEOU
   ENVIRONMENT "OMP_NUM_THREADS=1")
 
 # The issue's acceptance run: 8 ranks as dp=2 x tp=2 x pp=2 log the losses
-# of one rank.
+# of one rank (with waits that poll; the next test's sleep).
 string(JOIN " " _mpiexec8 ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 8 ${MESHLM_MPIEXEC_PREFLAGS})
 string(JOIN " " _mpiexec1 ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 ${MESHLM_MPIEXEC_PREFLAGS})
 add_test(NAME cli_3d_parallel_same_losses
   COMMAND bash ${_cli}/same_losses.sh "${_mpiexec1}" "${_mpiexec8}" $<TARGET_FILE:meshlm> ${_tiny}
-          --parallel.dp=2 --parallel.tp=2 --parallel.pp=2)
+          --parallel.dp=2 --parallel.tp=2 --parallel.pp=2 --comm.wait=poll)
 set_tests_properties(cli_3d_parallel_same_losses PROPERTIES LABELS cli TIMEOUT 120
-  ENVIRONMENT "OMP_NUM_THREADS=1")
+  ENVIRONMENT "OMP_NUM_THREADS=1;EXPECT_IN_LOG=| waits poll")
+# comm.wait = sleep (what auto takes where a node's ranks share cores): the
+# pipeline's messages and dp's ring reductions waited for by testing and
+# sleeping change no loss.
+add_test(NAME cli_sleeping_waits_same_losses
+  COMMAND bash ${_cli}/same_losses.sh "${_mpiexec1}" "${_mpiexec4}" $<TARGET_FILE:meshlm> ${_tiny}
+          --parallel.dp=2 --parallel.pp=2 --comm.wait=sleep --comm.bucket_mb=1)
+set_tests_properties(cli_sleeping_waits_same_losses PROPERTIES LABELS cli TIMEOUT 120
+  ENVIRONMENT "OMP_NUM_THREADS=1;EXPECT_IN_LOG=| waits sleep")
 
 # train.attention = flash (one log-sum-exp per row kept, the probabilities
 # recomputed in backward) logs the losses of the kept probabilities, here

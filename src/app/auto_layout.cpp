@@ -21,7 +21,7 @@ using nlohmann::json;
 // Rank 0's search: the chosen layout as JSON, with the lines saying why.
 json choose_on_rank_zero(const RunConfig& base, const LayoutConstraints& k, int world,
                          int ranks_per_node) {
-  PlanMachine m = plan_machine(base.cluster, base.runtime.backend, world, ranks_per_node);
+  PlanMachine m = plan_machine(base.cluster, base.runtime.backend, world, ranks_per_node, base.comm.wait);
   const std::string limit_from = apply_memory_limits(m, base.memory);
   try {
     m.windows = data_windows(base.data, base.train.seq_len);

@@ -83,6 +83,9 @@ using meshlm::validate;  // for QuantType and ShareMode, which live here
 namespace ops {
 using meshlm::validate;  // for Precision
 }
+namespace comm {
+using meshlm::validate;  // for WaitPolicy
+}
 
 namespace {
 
@@ -273,6 +276,7 @@ void make_options(RunConfig& c, OptionTable& t) {
   auto& comm = t.section("[comm] how ranks exchange data");
   t.add(comm, "comm.bucket_mb", &c.comm.bucket_mb, "reductions over ranks (gradients over dp, activations over tp, the tied embedding over pp) of more than 1 MiB run in meshlm's own ring of point-to-point messages, in pieces through one scratch buffer of at most this many MiB per rank (the comm row of the memory table); 0 = MPI's own collectives, whose temporaries (up to the message size, and more on a root) no prediction sees",
         Range::ints(0, 65536));
+  t.add(comm, "comm.wait", &c.comm.wait, enum_choices<comm::WaitPolicy>() + ": how a CPU rank waits for its messages: poll keeps its core busy (Open MPI's MPI_Wait, the lowest latency); sleep tests and sleeps between tests (20 us doubling to 0.5 ms), giving its core to the ranks that share it; auto = sleep where a node's ranks share cores (ranks x runtime.threads above the cores of their affinity masks), poll otherwise. The planner's pipeline times assume the same");
   auto& memory = t.section("[memory] limits, checked against the prediction before anything large is allocated");
   t.add(memory, "memory.limit_per_rank", &c.memory.limit_per_rank, "the most a rank may use (its predicted peak: the runtime's part plus its largest phase; e.g. 80GiB, 512M, 4e9; K M G T and KiB MiB GiB TiB are powers of 1024, kB MB GB TB of 1000); a rank predicted above it refuses to start, naming the rank and its bytes per category; empty = no limit");
   t.add(memory, "memory.limit_per_node", &c.memory.limit_per_node, "the most the ranks of one node may use together: the node's predicted peak of its ranks' summed PSS (the node's shared quantized base and the libraries counted once); empty = no limit");

@@ -183,7 +183,7 @@ int cmd_plan(const std::vector<std::string>& args) {
   // command line's limits first).
   std::string data_note;
   auto machine_for = [&](const RunConfig& c) {
-    PlanMachine pm = plan_machine(c.cluster, c.runtime.backend, o.ranks, o.ranks_per_node);
+    PlanMachine pm = plan_machine(c.cluster, c.runtime.backend, o.ranks, o.ranks_per_node, c.comm.wait);
     apply_memory_limits(pm, c.memory, o.mem_per_rank, o.host_mem_per_node);
     pm.windows = data_windows(c.data, c.train.seq_len);
     data_note = c.data.path.empty() || !std::filesystem::exists(c.data.path)

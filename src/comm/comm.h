@@ -13,8 +13,10 @@
 
 #include <cstddef>
 #include <memory>
+#include <span>
 #include <string>
 
+#include "core/enum_names.h"
 #include "core/tensor.h"
 
 namespace meshlm::comm {
@@ -107,5 +109,21 @@ public:
 
 // Collective: `s` of rank `root` on every rank of `c` (its length first).
 std::string broadcast_string(Communicator& c, std::string s, int root = 0);
+
+// How a rank waits for its messages on the MPI backend (comm.wait). Open
+// MPI's MPI_Wait polls: a rank waiting for its pipeline neighbour keeps its
+// core busy. Where a node's ranks share cores (more ranks x threads than the
+// cores of their affinity masks), that core is taken from a rank with work
+// to do, by an amount the scheduler decides anew each time. `sleep` gives
+// it away (comm/mpi_comm.h). `automatic` is resolved by the run
+// (train/trainer.cpp: sleep where the node's ranks share cores, poll
+// otherwise); the Communicators take poll or sleep.
+enum class WaitPolicy { automatic, poll, sleep };
+inline constexpr EnumName<WaitPolicy> kWaitPolicyNames[] = {
+    {WaitPolicy::automatic, "auto"},
+    {WaitPolicy::poll, "poll"},
+    {WaitPolicy::sleep, "sleep"},
+};
+constexpr std::span<const EnumName<WaitPolicy>> enum_names(WaitPolicy) { return kWaitPolicyNames; }
 
 }  // namespace meshlm::comm

@@ -1,6 +1,8 @@
 #include "comm/mpi_comm.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <climits>
 #include <cstdint>
 #include <cstring>
@@ -8,6 +10,7 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "core/alloc.h"
@@ -54,6 +57,25 @@ MPI_Op mpi_op(ReduceOp op) {
   throw RankError("comm: unknown ReduceOp", MESHLM_HERE);
 }
 
+std::atomic<WaitPolicy> g_wait_policy{WaitPolicy::poll};
+
+// Completes `n` requests under the process's wait policy (mpi_comm.h).
+void wait_requests(int n, MPI_Request* reqs, const char* op, const char* call) {
+  if (g_wait_policy.load(std::memory_order_relaxed) == WaitPolicy::poll) {
+    check(n == 1 ? MPI_Wait(reqs, MPI_STATUS_IGNORE) : MPI_Waitall(n, reqs, MPI_STATUSES_IGNORE),
+          op, call);
+    return;
+  }
+  int pause_us = kWaitSleepFirstUs;
+  for (;;) {
+    int flag = 0;
+    check(MPI_Testall(n, reqs, &flag, MPI_STATUSES_IGNORE), op, call);
+    if (flag) return;
+    std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
+    pause_us = std::min(2 * pause_us, kWaitSleepMostUs);
+  }
+}
+
 // The pending requests of one Communicator, oldest first. Completing request
 // `seq` completes every older one first: that is the issue-order guarantee.
 // `done` runs on completion (the in-place reduce_scatter moves its result).
@@ -68,7 +90,7 @@ public:
     while (!pending_.empty() && pending_.front().seq <= seq) {
       Pending p = std::move(pending_.front());
       pending_.pop_front();
-      check(MPI_Wait(&p.req, MPI_STATUS_IGNORE), p.op, "MPI_Wait");
+      wait_requests(1, &p.req, p.op, "MPI_Wait");
       if (p.done) p.done();
     }
   }
@@ -284,7 +306,11 @@ public:
     return enqueue(req, name);
   }
 
-  void barrier() override { check(MPI_Barrier(comm_), "barrier", "MPI_Barrier"); }
+  void barrier() override {
+    MPI_Request req;
+    check(MPI_Ibarrier(comm_, &req), "barrier", "MPI_Ibarrier");
+    wait_requests(1, &req, "barrier", "MPI_Wait");
+  }
 
 private:
   // One tag for all point-to-point traffic: MPI keeps messages with the same
@@ -305,9 +331,24 @@ private:
   void ring_exchange(const char* out, size_t n_send, char* in, size_t n_recv, MPI_Datatype t,
                      const char* name) {
     const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
-    check(MPI_Sendrecv(out, to_int(n_send, name), t, next, kRingTag, in, to_int(n_recv, name), t,
-                       prev, kRingTag, comm_, MPI_STATUS_IGNORE),
-          name, "MPI_Sendrecv");
+    MPI_Request reqs[2];
+    check(MPI_Irecv(in, to_int(n_recv, name), t, prev, kRingTag, comm_, &reqs[0]), name,
+          "MPI_Irecv");
+    check(MPI_Isend(out, to_int(n_send, name), t, next, kRingTag, comm_, &reqs[1]), name,
+          "MPI_Isend");
+    wait_requests(2, reqs, name, "MPI_Waitall");
+  }
+
+  // A blocking send or receive of the ring, waited for under the policy.
+  void ring_send(const char* buf, int n, MPI_Datatype t, int to, const char* name) {
+    MPI_Request req;
+    check(MPI_Isend(buf, n, t, to, kRingTag, comm_, &req), name, "MPI_Isend");
+    wait_requests(1, &req, name, "MPI_Wait");
+  }
+  void ring_recv(char* buf, int n, MPI_Datatype t, int from, const char* name) {
+    MPI_Request req;
+    check(MPI_Irecv(buf, n, t, from, kRingTag, comm_, &req), name, "MPI_Irecv");
+    wait_requests(1, &req, name, "MPI_Wait");
   }
 
   // Reduce-scatter in a ring: block j of `src` is [begin(j), begin(j) +
@@ -383,15 +424,15 @@ private:
       const size_t n = std::min(piece, count - k);
       const int ni = to_int(n, name);
       if (pos == 0) {
-        check(MPI_Send(send + k * es, ni, t, next, kRingTag, comm_), name, "MPI_Send");
+        ring_send(send + k * es, ni, t, next, name);
         continue;
       }
-      check(MPI_Recv(a, ni, t, prev, kRingTag, comm_, MPI_STATUS_IGNORE), name, "MPI_Recv");
+      ring_recv(a, ni, t, prev, name);
       check(MPI_Reduce_local(send + k * es, a, ni, t, mop), name, "MPI_Reduce_local");
       if (rank_ == root)
         std::memmove(recv + k * es, a, n * es);
       else
-        check(MPI_Send(a, ni, t, next, kRingTag, comm_), name, "MPI_Send");
+        ring_send(a, ni, t, next, name);
     }
   }
 
@@ -421,6 +462,14 @@ void set_bucket_bytes(size_t bytes, size_t ring_min_bytes) {
   g_ring_min_bytes = ring_min_bytes;
 }
 size_t bucket_bytes() { return g_bucket_bytes; }
+
+void set_wait_policy(WaitPolicy policy) {
+  if (policy == WaitPolicy::automatic)
+    throw RankError("comm::set_wait_policy: auto must be resolved to poll or sleep first",
+                    MESHLM_HERE);
+  g_wait_policy.store(policy, std::memory_order_relaxed);
+}
+WaitPolicy wait_policy() { return g_wait_policy.load(std::memory_order_relaxed); }
 
 size_t ring_scratch_bytes_of(Reduction kind, size_t count, DType type, int ranks, int rank,
                              int root) {

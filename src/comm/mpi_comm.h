@@ -34,7 +34,7 @@ std::unique_ptr<Communicator> make_mpi_communicator(
 // and MPI_Reduce_scatter_block up to (ranks - 1) times it on the root.
 // Reductions (all_reduce, reduce, reduce_scatter) of more than kRingMinBytes
 // over two or more ranks therefore run in meshlm's own ring of point-to-point
-// messages (MPI_Sendrecv, which allocates nothing of the message's size), in
+// messages (MPI_Isend / MPI_Irecv, which allocate nothing of the message's size), in
 // pieces of at most half the bucket, through one scratch Buffer per process
 // in the comm category (grown to the largest need, then kept):
 //   ring_scratch_bytes = 2 * min(bucket / 2, block) rounded to elements,
@@ -66,6 +66,18 @@ size_t ring_scratch_bytes_of(Reduction kind, size_t count, DType type, int ranks
                              int root = 0);
 // Frees the scratch (the next large reduction makes it again).
 void release_ring_scratch();
+
+// comm.wait (WaitPolicy, comm/comm.h) for every wait of an MPI
+// Communicator: Handles, the ring reductions' messages and barrier. `sleep`
+// tests the requests (MPI_Testall, which also progresses them) and sleeps
+// between tests, from kWaitSleepFirstUs doubling to kWaitSleepMostUs: a
+// waiting rank gives its core away, at the cost of up to kWaitSleepMostUs
+// of latency per wait.
+inline constexpr int kWaitSleepFirstUs = 20;
+inline constexpr int kWaitSleepMostUs = 500;
+// automatic is a RankError: the caller resolves it.
+void set_wait_policy(WaitPolicy policy);
+WaitPolicy wait_policy();
 
 // f32 -> MPI_FLOAT, f64 -> MPI_DOUBLE, i32 -> MPI_INT32_T, u8 -> MPI_UINT8_T,
 // u16 -> MPI_UINT16_T, u32 -> MPI_UINT32_T; bf16 -> RankError.

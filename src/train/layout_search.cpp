@@ -138,7 +138,7 @@ WidthTable matmul_rates(const json& j) {
 }  // namespace
 
 PlanMachine plan_machine(const ClusterConfig& k, ComputeBackend backend, int ranks,
-                         int ranks_per_node) {
+                         int ranks_per_node, comm::WaitPolicy wait) {
   PlanMachine m;
   m.ranks = ranks;
   m.ranks_per_node = std::max(ranks_per_node, 1);
@@ -216,7 +216,9 @@ PlanMachine plan_machine(const ClusterConfig& k, ComputeBackend backend, int ran
   const int threads = std::max(1, cores / m.ranks_per_node);
   m.rates.units_per_node = cuda ? m.ranks_per_node : cores;
   m.rates.units_per_rank = cuda ? 1 : threads;
-  m.rates.waiting_ranks_poll = !cuda;
+  // comm.wait = auto sleeps wherever the cores are shared, and where they
+  // are not, polling takes nothing from anyone.
+  m.rates.waiting_ranks_poll = !cuda && wait == comm::WaitPolicy::poll;
   if (!cuda) {
     rank_gflops = at_threads(gflops_one, gflops_all, threads, cores);
     m.rates.ops = ops_at_threads(ops_one, has_ops_all ? &ops_all : nullptr, threads, cores);

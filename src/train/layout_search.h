@@ -39,8 +39,10 @@ struct PlanMachine {
 // section's nonzero keys. A CPU rank's GEMM rate is the node's (cores x the
 // per-core rate, or the file's all-core rate) / G. RankError naming
 // cluster.rates when that file cannot be read or is not one of --calibrate.
+// `wait` is the run's comm.wait: a CPU pipeline's waiting ranks keep their
+// cores under poll, and give them away under sleep and auto.
 PlanMachine plan_machine(const ClusterConfig& cluster, ComputeBackend backend, int ranks,
-                         int ranks_per_node);
+                         int ranks_per_node, comm::WaitPolicy wait);
 
 // The limits of a plan for a run with [memory] `mem`: `mem_per_rank` and
 // `host_mem_per_node` when nonzero, else memory.limit_per_rank and

@@ -10,6 +10,7 @@
 #include <span>
 #include <string>
 
+#include "comm/comm.h"
 #include "core/enum_names.h"
 
 #include "model/gpt_config.h"
@@ -95,6 +96,9 @@ struct CommConfig {
   // of at most this many MiB (comm/mpi_comm.h); 0 = MPI's own collectives,
   // whose temporaries no prediction sees.
   int bucket_mb = 32;
+  // How a rank waits for its messages (comm/mpi_comm.h); auto = sleep where
+  // the node's ranks share cores, poll otherwise.
+  comm::WaitPolicy wait = comm::WaitPolicy::automatic;
 };
 
 // [memory] what a rank and a node may use: before anything large is

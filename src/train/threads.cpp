@@ -12,6 +12,10 @@
 
 namespace meshlm {
 
+bool shares_cores(const RankThreads& t) {
+  return static_cast<long>(t.threads) * t.sharers > t.cores.count();
+}
+
 RankThreads threads_for(int requested, const CpuSet& mine, const std::vector<CpuSet>& host_masks) {
   RankThreads t;
   t.cores = mine;

@@ -30,6 +30,11 @@ struct RankThreads {
   int sharers = 1;  // ranks of the host whose mask overlaps this one's, itself included
 };
 
+// True when the ranks whose masks overlap this one's run more threads than
+// its mask has cores (threads x sharers > |mask|): they take turns on them.
+// comm.wait = auto sleeps in its waits then (comm/comm.h).
+bool shares_cores(const RankThreads& t);
+
 // The rule above, for the masks of every rank of one host (pure arithmetic).
 RankThreads threads_for(int requested, const CpuSet& mine, const std::vector<CpuSet>& host_masks);
 

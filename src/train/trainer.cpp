@@ -439,12 +439,18 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
   const int rank = mesh.rank();
   std::unique_ptr<comm::Communicator> world = comm::make_mpi_communicator(mesh.world());
   const RankThreads threads = configure_threads(cfg.runtime.threads, mesh);
+  const comm::WaitPolicy wait =
+      cfg.comm.wait != comm::WaitPolicy::automatic ? cfg.comm.wait
+      : shares_cores(threads)                      ? comm::WaitPolicy::sleep
+                                                   : comm::WaitPolicy::poll;
+  comm::set_wait_policy(wait);
   log::info("# meshlm {} | {} rank(s) = dp {} x tp {} x pp {} on {} node(s) | parameter file {}",
             MESHLM_VERSION, mesh.layout().world(), pc.dp, pc.tp, pc.pp, mesh.node_count(),
             cfg.source);
   const Backend backend(cfg.runtime.backend, mesh, tc.precision, cfg.runtime.op_timings);
-  mesh.print_rank_lines(fmt::format("device {} | cores {} | threads {}", backend.describe(),
-                                    threads.cores.text(), threads.threads));
+  mesh.print_rank_lines(fmt::format("device {} | cores {} | threads {} | waits {}",
+                                    backend.describe(), threads.cores.text(), threads.threads,
+                                    name_of(wait)));
 
   check_run_files(cfg, mesh.world(), rank);
   io::TokenReader data = open_training_data(cfg.data, cfg.model.vocab_size, mesh.world(), rank);

@@ -45,6 +45,17 @@ LAYOUTS = [
 ]
 
 
+def run_env(shared):
+    """The environment of a run, as jobscripts/local.sh makes it: idle OpenMP
+    threads sleep (OMP_WAIT_POLICY=PASSIVE) where the ranks' threads share
+    cores, and spin a while first (libgomp's default) where they do not."""
+    env = dict(os.environ)
+    env.pop("OMP_WAIT_POLICY", None)
+    if shared:
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+    return env
+
+
 def spearman(a, b):
     ra = np.argsort(np.argsort(a)).astype(float)
     rb = np.argsort(np.argsort(b)).astype(float)
@@ -69,7 +80,8 @@ def main():
     # As many ranks as the largest layout: the calibration measures how the
     # cores serve ranks that share them.
     most = max(n for n, _ in LAYOUTS)
-    subprocess.run(mpiexec + ["-n", str(most), meshlm, "plan", "--calibrate", rates], check=True)
+    subprocess.run(mpiexec + ["-n", str(most), meshlm, "plan", "--calibrate", rates], check=True,
+                   env=run_env(False))
     cores = os.cpu_count()
     print(f"| model | ranks | layout | predicted s | measured s (median) |")
     print("|---|---:|---|---:|---:|")
@@ -87,10 +99,11 @@ def main():
                 print(f"plan: {c}", file=sys.stderr)
                 continue
             out = os.path.join(a.scratch, f"{model}_{n}_{abs(hash(' '.join(lo)))}")
+            threads = max(1, cores // n)
             t = subprocess.run(mpiexec + ["-n", str(n), meshlm, "train", os.path.join(ROOT, "inputs/tiny.cfg")] +
                                common + [f"--output.dir={out}", "--output.overwrite=true",
-                                         f"--runtime.threads={max(1, cores // n)}"],
-                               capture_output=True, text=True, env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
+                                         f"--runtime.threads={threads}"],
+                               capture_output=True, text=True, env=run_env(n * threads > cores))
             if t.returncode != 0:
                 print(t.stdout[-1500:], t.stderr[-1500:], file=sys.stderr)
                 continue

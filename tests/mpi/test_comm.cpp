@@ -10,7 +10,11 @@
 #include <cmath>
 #include <cstring>
 #include <cstdint>
+#include <chrono>
+#include <ctime>
 #include <memory>
+#include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -95,7 +99,8 @@ TYPED_TEST_SUITE(CommTyped, Types);
 
 // Runs `body` once per way a reduction can go (mpi_comm.h): MPI's own
 // collective; the ring in pieces of 24 bytes (many pieces, the last one
-// short, blocks of unequal length); the ring in one piece per block.
+// short, blocks of unequal length); the ring in one piece per block; each
+// with waits that poll and waits that sleep (comm.wait).
 template <typename F>
 void for_each_reduction_path(F body) {
   const struct {
@@ -103,12 +108,24 @@ void for_each_reduction_path(F body) {
     size_t bucket, ring_min;
   } paths[] = {{"MPI collective", 0, kRingMinBytes}, {"ring, 24-byte pieces", 48, 0},
                {"ring, whole blocks", size_t{1} << 20, 0}};
-  for (const auto& p : paths) {
-    SCOPED_TRACE(p.name);
-    set_bucket_bytes(p.bucket, p.ring_min);
-    body();
+  for (WaitPolicy wait : {WaitPolicy::poll, WaitPolicy::sleep}) {
+    SCOPED_TRACE(std::string("comm.wait = ") + name_of(wait));
+    set_wait_policy(wait);
+    for (const auto& p : paths) {
+      SCOPED_TRACE(p.name);
+      set_bucket_bytes(p.bucket, p.ring_min);
+      body();
+    }
   }
   set_bucket_bytes(kDefaultBucketBytes);
+  set_wait_policy(WaitPolicy::poll);
+}
+
+// This thread's CPU seconds.
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
 }
 
 }  // namespace
@@ -321,13 +338,45 @@ TEST_F(CommTest, BroadcastInPieces) {
 TEST_F(CommTest, SendRecvRing) {
   const size_t n = size_t(1) << 20;
   const int next = (rank_ + 1) % size_, prev = (rank_ - 1 + size_) % size_;
-  std::vector<float> out(n), in(n, float(kUnset));
-  for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(value(rank_, i));
-  Handle s = comm_->send(out.data(), n, DType::f32, next);
-  Handle r = comm_->recv(in.data(), n, DType::f32, prev);
-  r.wait();
-  s.wait();
-  EXPECT_TRUE(matches(in.data(), n, [&](size_t i) { return value(prev, i); }));
+  for (WaitPolicy wait : {WaitPolicy::poll, WaitPolicy::sleep}) {
+    SCOPED_TRACE(std::string("comm.wait = ") + name_of(wait));
+    set_wait_policy(wait);
+    std::vector<float> out(n), in(n, float(kUnset));
+    for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(value(rank_ + int(wait), i));
+    Handle s = comm_->send(out.data(), n, DType::f32, next);
+    Handle r = comm_->recv(in.data(), n, DType::f32, prev);
+    r.wait();
+    s.wait();
+    EXPECT_TRUE(matches(in.data(), n, [&](size_t i) { return value(prev + int(wait), i); }));
+    comm_->barrier();
+  }
+  set_wait_policy(WaitPolicy::poll);
+}
+
+// comm.wait = sleep: rank 1 waits 0.3 s for a message that rank 0 sends
+// late, and spends on it a small part of its CPU, where a polling wait
+// would spend what the scheduler gives it; the message arrives whole.
+TEST_F(CommTest, ASleepingWaitGivesItsCoreAway) {
+  EXPECT_THROW(set_wait_policy(WaitPolicy::automatic), RankError) << "auto is the run's to resolve";
+  set_wait_policy(WaitPolicy::sleep);
+  EXPECT_EQ(wait_policy(), WaitPolicy::sleep);
+  const size_t n = size_t(1) << 18;
+  std::vector<float> buf(n, float(kUnset));
+  if (rank_ == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    for (size_t i = 0; i < n; ++i) buf[i] = static_cast<float>(value(0, i));
+    comm_->send(buf.data(), n, DType::f32, 1).wait();
+  } else if (rank_ == 1) {
+    const double wall0 = MPI_Wtime(), cpu0 = thread_cpu_seconds();
+    comm_->recv(buf.data(), n, DType::f32, 0).wait();
+    const double wall = MPI_Wtime() - wall0, cpu = thread_cpu_seconds() - cpu0;
+    EXPECT_GE(wall, 0.2);
+    EXPECT_LT(cpu, 0.25 * wall) << "the waiting rank used " << cpu << " s of CPU in " << wall
+                                << " s";
+    EXPECT_TRUE(matches(buf.data(), n, [](size_t i) { return value(0, i); }));
+  }
+  comm_->barrier();
+  set_wait_policy(WaitPolicy::poll);
 }
 
 TEST_F(CommTest, MessagesBetweenTwoRanksArriveInOrder) {

@@ -59,11 +59,19 @@ def chosen(out):
     c.read_string(ini if isinstance(ini, str) else ini.decode())
     got = {k: c["parallel"][k] for k in KEYS + ["layout"]}
     got["micro_batch_size"] = c["train"]["micro_batch_size"]
+    got["stage_layers"] = c["parallel"].get("stage_layers", "")
     return got, (why if isinstance(why, str) else why.decode()), peaks
 
 
 def same(got, planned):
-    return all(str(planned[k]) == got[k] for k in KEYS) and str(planned["micro_batch_size"]) == got["micro_batch_size"]
+    """The run's layout is the plan's: its keys, and the stage split the plan
+    chose where auto wrote one (a split under memory; two layouts may differ
+    in that alone). An empty parallel.stage_layers is the split balanced by
+    cost, the plan's own where it did not split under memory."""
+    split = ",".join(str(n) for n in planned.get("stage_layers", []))
+    return (all(str(planned[k]) == got[k] for k in KEYS) and
+            str(planned["micro_batch_size"]) == got["micro_batch_size"] and
+            (int(planned["pp"]) == 1 or got["stage_layers"] in ("", split)))
 
 
 with tempfile.TemporaryDirectory() as scratch:

@@ -75,3 +75,17 @@ TEST(Threads, ExplicitCountWins) {
   EXPECT_EQ(t.threads, 3);
   EXPECT_EQ(t.cores.text(), "0");
 }
+
+// comm.wait = auto sleeps in its waits exactly where the cores are shared.
+TEST(Threads, SharedCoresAreThoseWithMoreThreadsThanCores) {
+  const std::vector<CpuSet> tight(4, range(0, 1));  // 4 unbound ranks on 2 cores
+  EXPECT_TRUE(shares_cores(threads_for(0, tight[0], tight)));
+  const std::vector<CpuSet> two(2, range(0, 1));  // 2 unbound ranks, one thread each
+  EXPECT_FALSE(shares_cores(threads_for(0, two[0], two)));
+  EXPECT_TRUE(shares_cores(threads_for(2, two[0], two))) << "2 ranks x 2 threads on 2 cores";
+  const std::vector<CpuSet> own = {cores({0}), cores({1})};
+  EXPECT_FALSE(shares_cores(threads_for(0, own[0], own)));
+  EXPECT_TRUE(shares_cores(threads_for(3, own[0], own))) << "3 threads on one core";
+  const std::vector<CpuSet> sixteen(4, range(0, 15));
+  EXPECT_FALSE(shares_cores(threads_for(0, sixteen[0], sixteen)));
+}
