@@ -6,8 +6,11 @@ layout (its configured layout) beside the median step time of a short
 planner's rates from `meshlm plan --calibrate` on this machine (with as many ranks as the largest layout). Prints a
 Markdown table and the Spearman rank correlation, and whether the layout
 the planner ranks first among them is within 10% of the fastest measured.
+Every layout runs --rounds times, in rounds over all layouts (a slow spell
+of the machine then touches one run of a layout); the median of its runs'
+medians is compared, and each round's own Spearman is printed beside.
 
-  tests/bench/plan_accuracy.py BUILD SCRATCH [--steps 12] [--skip 4]
+  tests/bench/plan_accuracy.py BUILD SCRATCH [--steps 12] [--skip 4] [--rounds 3]
 """
 import argparse
 import json
@@ -68,6 +71,8 @@ def main():
     ap.add_argument("scratch")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--skip", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="runs of every layout, in rounds over all of them; the median is compared")
     a = ap.parse_args()
     meshlm = os.path.join(a.build, "meshlm")
     os.makedirs(a.scratch, exist_ok=True)
@@ -83,26 +88,34 @@ def main():
     subprocess.run(mpiexec + ["-n", str(most), meshlm, "plan", "--calibrate", rates], check=True,
                    env=run_env(False))
     cores = os.cpu_count()
-    print(f"| model | ranks | layout | predicted s | measured s (median) |")
-    print("|---|---:|---|---:|---:|")
-    summary = []
+
+    def common_args(mo, lo):
+        return [f"--data.path={tokens}", f"--train.steps={a.steps}", "--train.log_every=1",
+                "--checkpoint.final=false", "--train.warmup_steps=1"] + mo + lo
+
+    # The planner's estimate of every layout (no MPI, nothing run).
+    cases = []
     for model, mo in MODELS.items():
-        pred, meas = [], []
         for n, lo in LAYOUTS:
-            common = [f"--data.path={tokens}", f"--train.steps={a.steps}", "--train.log_every=1",
-                      "--checkpoint.final=false", "--train.warmup_steps=1"] + mo + lo
             p = subprocess.run([meshlm, "plan", os.path.join(ROOT, "inputs/tiny.cfg"), "--ranks", str(n),
-                                "--ranks-per-node", str(n), "--json", f"--cluster.rates={rates}"] + common,
-                               capture_output=True, text=True)
+                                "--ranks-per-node", str(n), "--json", f"--cluster.rates={rates}"] +
+                               common_args(mo, lo), capture_output=True, text=True)
             c = json.loads(p.stdout)["configured"]
             if "step_seconds" not in c:
                 print(f"plan: {c}", file=sys.stderr)
                 continue
-            out = os.path.join(a.scratch, f"{model}_{n}_{abs(hash(' '.join(lo)))}")
+            cases.append({"model": model, "mo": mo, "n": n, "lo": lo, "pred": c["step_seconds"], "runs": []})
+
+    # Every layout once per round, the rounds one after the other, so that
+    # a slow spell of the machine touches one run of a layout, not all.
+    for r in range(a.rounds):
+        for case in cases:
+            n, mo, lo = case["n"], case["mo"], case["lo"]
+            out = os.path.join(a.scratch, f"{case['model']}_{n}_{abs(hash(' '.join(lo)))}")
             threads = max(1, cores // n)
             t = subprocess.run(mpiexec + ["-n", str(n), meshlm, "train", os.path.join(ROOT, "inputs/tiny.cfg")] +
-                               common + [f"--output.dir={out}", "--output.overwrite=true",
-                                         f"--runtime.threads={threads}"],
+                               common_args(mo, lo) + [f"--output.dir={out}", "--output.overwrite=true",
+                                                      f"--runtime.threads={threads}"],
                                capture_output=True, text=True, env=run_env(n * threads > cores))
             if t.returncode != 0:
                 print(t.stdout[-1500:], t.stderr[-1500:], file=sys.stderr)
@@ -110,19 +123,31 @@ def main():
             with h5py.File(os.path.join(out, "run.h5"), "r") as f:
                 tps = f["metrics/tokens_per_s"][a.skip:]
             batch = 16 * int([x for x in mo if "seq_len=" in x and "max" not in x][0].split("=")[1])
-            step = float(np.median(batch / tps))
-            pred.append(c["step_seconds"])
-            meas.append(step)
-            print(f"| {model} | {n} | {' '.join(x[2:] for x in lo)} | {c['step_seconds']:.4f} | {step:.4f} |")
-            sys.stdout.flush()
+            case["runs"].append(float(np.median(batch / tps)))
+        print(f"# round {r + 1} of {a.rounds} done", file=sys.stderr)
+
+    print(f"| model | ranks | layout | predicted s | measured s (median of {a.rounds} runs' medians) | runs |")
+    print("|---|---:|---|---:|---:|---|")
+    summary = []
+    for model in MODELS:
+        done = [c for c in cases if c["model"] == model and c["runs"]]
+        pred = [c["pred"] for c in done]
+        meas = [float(np.median(c["runs"])) for c in done]
+        for c, m in zip(done, meas):
+            runs = ", ".join(f"{x:.3f}" for x in c["runs"])
+            print(f"| {model} | {c['n']} | {' '.join(x[2:] for x in c['lo'])} | {c['pred']:.4f} | {m:.4f} | {runs} |")
         rho = spearman(pred, meas)
         best = int(np.argmin(pred))
         within = meas[best] <= 1.10 * min(meas)
-        summary.append((model, len(pred), rho, meas[best] / min(meas), within))
+        # Each round on its own, for the spread of the figure.
+        per_round = [spearman(pred, [c["runs"][r] for c in done]) for r in range(a.rounds)
+                     if all(len(c["runs"]) > r for c in done)]
+        summary.append((model, len(pred), rho, meas[best] / min(meas), within, per_round))
     print()
-    for model, n, rho, ratio, within in summary:
-        print(f"{model}: {n} layouts, Spearman {rho:.2f}; the planner's first at {ratio:.2f}x the "
-              f"fastest measured ({'within' if within else 'not within'} 10%)")
+    for model, n, rho, ratio, within, per_round in summary:
+        rounds = ", ".join(f"{x:.2f}" for x in per_round)
+        print(f"{model}: {n} layouts, Spearman {rho:.2f} (each round alone: {rounds}); the planner's first at "
+              f"{ratio:.2f}x the fastest measured ({'within' if within else 'not within'} 10%)")
 
 
 if __name__ == "__main__":
