@@ -12,9 +12,12 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
+#include "comm/stall_watchdog.h"
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/heartbeat.h"
 
 namespace meshlm::comm {
 
@@ -59,21 +62,32 @@ MPI_Op mpi_op(ReduceOp op) {
 
 std::atomic<WaitPolicy> g_wait_policy{WaitPolicy::poll};
 
-// Completes `n` requests under the process's wait policy (mpi_comm.h).
-void wait_requests(int n, MPI_Request* reqs, const char* op, const char* call) {
+// Where a wait waits: the world ranks of the group, and the group rank it
+// waits for (-1: all of them). The stall watchdog reports it.
+struct WaitSite {
+  const std::vector<int>* members = nullptr;
+  int peer = -1;
+};
+
+// Completes `n` requests under the process's wait policy (mpi_comm.h); each
+// completion is progress (core/heartbeat.h).
+void wait_requests(int n, MPI_Request* reqs, const char* op, const char* call, WaitSite site) {
+  note_wait(op, site.members, site.peer);
   if (g_wait_policy.load(std::memory_order_relaxed) == WaitPolicy::poll) {
     check(n == 1 ? MPI_Wait(reqs, MPI_STATUS_IGNORE) : MPI_Waitall(n, reqs, MPI_STATUSES_IGNORE),
           op, call);
-    return;
+  } else {
+    int pause_us = kWaitSleepFirstUs;
+    for (;;) {
+      int flag = 0;
+      check(MPI_Testall(n, reqs, &flag, MPI_STATUSES_IGNORE), op, call);
+      if (flag) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
+      pause_us = std::min(2 * pause_us, kWaitSleepMostUs);
+    }
   }
-  int pause_us = kWaitSleepFirstUs;
-  for (;;) {
-    int flag = 0;
-    check(MPI_Testall(n, reqs, &flag, MPI_STATUSES_IGNORE), op, call);
-    if (flag) return;
-    std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
-    pause_us = std::min(2 * pause_us, kWaitSleepMostUs);
-  }
+  note_wait_done();
+  heartbeat::beat();
 }
 
 // The pending requests of one Communicator, oldest first. Completing request
@@ -81,8 +95,11 @@ void wait_requests(int n, MPI_Request* reqs, const char* op, const char* call) {
 // `done` runs on completion (the in-place reduce_scatter moves its result).
 class RequestQueue {
 public:
-  uint64_t push(MPI_Request req, const char* op, std::function<void()> done) {
-    pending_.push_back({next_, req, op, std::move(done)});
+  explicit RequestQueue(std::vector<int> members) : members_(std::move(members)) {}
+  const std::vector<int>* members() const { return &members_; }
+
+  uint64_t push(MPI_Request req, const char* op, std::function<void()> done, int peer = -1) {
+    pending_.push_back({next_, req, op, std::move(done), peer});
     return next_++;
   }
 
@@ -90,7 +107,7 @@ public:
     while (!pending_.empty() && pending_.front().seq <= seq) {
       Pending p = std::move(pending_.front());
       pending_.pop_front();
-      wait_requests(1, &p.req, p.op, "MPI_Wait");
+      wait_requests(1, &p.req, p.op, "MPI_Wait", {&members_, p.peer});
       if (p.done) p.done();
     }
   }
@@ -105,6 +122,7 @@ public:
       int flag = 0;
       check(MPI_Test(&p.req, &flag, MPI_STATUS_IGNORE), p.op, "MPI_Test");
       if (!flag) return false;
+      heartbeat::beat();
       std::function<void()> done = std::move(p.done);
       pending_.pop_front();
       if (done) done();
@@ -118,7 +136,9 @@ private:
     MPI_Request req;
     const char* op;
     std::function<void()> done;
+    int peer;  // the group rank waited for; -1: all (a collective)
   };
+  std::vector<int> members_;  // the group's world ranks
   std::deque<Pending> pending_;
   uint64_t next_ = 0;
 };
@@ -175,6 +195,7 @@ public:
                       MESHLM_HERE);
     check(MPI_Comm_rank(comm, &rank_), "make_mpi_communicator", "MPI_Comm_rank");
     check(MPI_Comm_size(comm, &size_), "make_mpi_communicator", "MPI_Comm_size");
+    queue_ = std::make_shared<RequestQueue>(world_ranks(comm, size_));
   }
 
   int rank() const override { return rank_; }
@@ -293,7 +314,7 @@ public:
     MPI_Request req;
     check(MPI_Isend(buf, to_int(count, name), mpi_type(type), peer, kTag, comm_, &req), name,
           "MPI_Isend");
-    return enqueue(req, name);
+    return enqueue(req, name, {}, peer);
   }
 
   Handle recv(void* buf, size_t count, DType type, int peer, Stream stream) override {
@@ -303,13 +324,13 @@ public:
     MPI_Request req;
     check(MPI_Irecv(buf, to_int(count, name), mpi_type(type), peer, kTag, comm_, &req), name,
           "MPI_Irecv");
-    return enqueue(req, name);
+    return enqueue(req, name, {}, peer);
   }
 
   void barrier() override {
     MPI_Request req;
     check(MPI_Ibarrier(comm_, &req), "barrier", "MPI_Ibarrier");
-    wait_requests(1, &req, "barrier", "MPI_Wait");
+    wait_requests(1, &req, "barrier", "MPI_Wait", site());
   }
 
 private:
@@ -336,19 +357,19 @@ private:
           "MPI_Irecv");
     check(MPI_Isend(out, to_int(n_send, name), t, next, kRingTag, comm_, &reqs[1]), name,
           "MPI_Isend");
-    wait_requests(2, reqs, name, "MPI_Waitall");
+    wait_requests(2, reqs, name, "MPI_Waitall", site(prev));
   }
 
   // A blocking send or receive of the ring, waited for under the policy.
   void ring_send(const char* buf, int n, MPI_Datatype t, int to, const char* name) {
     MPI_Request req;
     check(MPI_Isend(buf, n, t, to, kRingTag, comm_, &req), name, "MPI_Isend");
-    wait_requests(1, &req, name, "MPI_Wait");
+    wait_requests(1, &req, name, "MPI_Wait", site(to));
   }
   void ring_recv(char* buf, int n, MPI_Datatype t, int from, const char* name) {
     MPI_Request req;
     check(MPI_Irecv(buf, n, t, from, kRingTag, comm_, &req), name, "MPI_Irecv");
-    wait_requests(1, &req, name, "MPI_Wait");
+    wait_requests(1, &req, name, "MPI_Wait", site(from));
   }
 
   // Reduce-scatter in a ring: block j of `src` is [begin(j), begin(j) +
@@ -443,8 +464,25 @@ private:
                       MESHLM_HERE);
   }
 
-  Handle enqueue(MPI_Request req, const char* op, std::function<void()> done = {}) {
-    const uint64_t seq = queue_->push(req, op, std::move(done));
+  // The world ranks of `comm`'s ranks, in its order (for the stall
+  // watchdog's reports).
+  static std::vector<int> world_ranks(MPI_Comm comm, int size) {
+    std::vector<int> mine(static_cast<size_t>(size)), world(static_cast<size_t>(size));
+    for (int i = 0; i < size; ++i) mine[static_cast<size_t>(i)] = i;
+    MPI_Group g = MPI_GROUP_NULL, wg = MPI_GROUP_NULL;
+    check(MPI_Comm_group(comm, &g), "make_mpi_communicator", "MPI_Comm_group");
+    check(MPI_Comm_group(MPI_COMM_WORLD, &wg), "make_mpi_communicator", "MPI_Comm_group");
+    check(MPI_Group_translate_ranks(g, size, mine.data(), wg, world.data()), "make_mpi_communicator",
+          "MPI_Group_translate_ranks");
+    MPI_Group_free(&g);
+    MPI_Group_free(&wg);
+    return world;
+  }
+
+  WaitSite site(int peer = -1) const { return {queue_->members(), peer}; }
+
+  Handle enqueue(MPI_Request req, const char* op, std::function<void()> done = {}, int peer = -1) {
+    const uint64_t seq = queue_->push(req, op, std::move(done), peer);
     return Handle(std::make_unique<MpiHandle>(queue_, seq));
   }
 
@@ -452,7 +490,7 @@ private:
   size_t piece_bytes_;
   int rank_ = 0;
   int size_ = 1;
-  std::shared_ptr<RequestQueue> queue_ = std::make_shared<RequestQueue>();
+  std::shared_ptr<RequestQueue> queue_;
 };
 
 }  // namespace

@@ -88,6 +88,9 @@ struct RuntimeConfig {
   int threads = 0;  // OpenMP threads per rank; 0 = from the CPU affinity mask (train/threads.h)
   ComputeBackend backend = ComputeBackend::cpu;
   bool op_timings = false;  // time every op, waiting for the backend around each (ops/timed_kernels.h)
+  // No progress of training for this long (seconds) ends the job, naming
+  // what was waited for (comm/stall_watchdog.h); 0 = off.
+  double stall_timeout_s = 600;
 };
 
 // [comm] how ranks exchange data.

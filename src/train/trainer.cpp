@@ -11,7 +11,9 @@
 
 #include "comm/errors.h"
 #include "comm/mpi_comm.h"
+#include "comm/stall_watchdog.h"
 #include "core/error.h"
+#include "core/heartbeat.h"
 #include "core/files.h"
 #include "core/progress.h"
 #include "core/log.h"
@@ -444,6 +446,9 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
       : shares_cores(threads)                      ? comm::WaitPolicy::sleep
                                                    : comm::WaitPolicy::poll;
   comm::set_wait_policy(wait);
+  // Armed from the first step to the last checkpoint (collective over the
+  // machine's ranks when on: their table).
+  comm::StallWatchdog watchdog(mesh.world(), mesh.host(), cfg.runtime.stall_timeout_s);
   log::info("# meshlm {} | {} rank(s) = dp {} x tp {} x pp {} on {} node(s) | parameter file {}",
             MESHLM_VERSION, mesh.layout().world(), pc.dp, pc.tp, pc.pp, mesh.node_count(),
             cfg.source);
@@ -661,9 +666,14 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
   if (kc.every_minutes > 0) log::info("# checkpoint: also every {:g} minutes", kc.every_minutes);
   log::info("# {:>6} {:>9} {:>10} {:>10} {:>10} {:>11}", "step", "loss", "lr", "grad_norm",
             "ms/step", "tokens/s");
+  if (watchdog.on())
+    log::info("# stall watchdog: no progress for {:g} s ends the job (runtime.stall_timeout_s)",
+              cfg.runtime.stall_timeout_s);
   tracker.enter(MemPhase::training);
+  watchdog.arm();
   for (int step = static_cast<int>(state.step); step < tc.steps; ++step) {
     train_one_step(step);
+    heartbeat::beat();
     // What every rank must agree on after the step: [stop signal, minutes due].
     std::array<int32_t, 2> mine{StopSignals::received(), 0}, any{};
     if (kc.every_minutes > 0 && rank == 0 &&
@@ -689,6 +699,7 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_
     ScopedTimer st(timers, Section::checkpoint);
     checkpointer.finish();  // a background write still going on (checkpoint.async)
   }
+  watchdog.disarm();
 
   summary.seconds = now_seconds() - t_start;
   if (engine.loss_scaler().enabled()) {
