@@ -23,7 +23,11 @@ struct StepRecord {
 };
 
 struct TrainSummary {
-  std::vector<StepRecord> steps;  // every step, logged or not, but the skipped ones
+  // Every step, logged or not, but the skipped ones, when run_training was
+  // asked for them (tests); a long run keeps none (it would grow by a
+  // record a step: run.h5 has the logged ones).
+  std::vector<StepRecord> steps;
+  int trained_steps = 0;          // the steps trained, skipped ones not counted
   int skipped_steps = 0;          // train.on_nonfinite = skip: steps dropped
   int overflow_steps = 0;         // train.precision = fp16: steps skipped as overflowed
   int stopped_by_signal = 0;      // SIGTERM / SIGUSR1 ended training early (a checkpoint was written)
@@ -41,7 +45,8 @@ struct TrainSummary {
 // checkpoint and writes checkpoints as [checkpoint] says (train/checkpoint.h);
 // a SIGTERM or SIGUSR1 ends training after the current step with one. A [parallel] layout
 // whose dp * tp * pp is not the size of `job` is a CollectiveError.
-TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool gather_final_params = false);
+// `for_tests`: keep every step's record and gather the final parameters.
+TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool for_tests = false);
 
 // What this rank of `mesh` will hold, as the planner predicts it: its shard
 // and, under LoRA, the quantized store where this rank holds it (the node's

@@ -195,6 +195,31 @@ TEST_F(ParallelTraining, SameLayoutSameBits) {
   EXPECT_EQ(a.params, b.params);
 }
 
+// A long run kept one record a step (the soak benchmark, tests/bench/soak.py,
+// saw its memory grow by 44 bytes a step); only tests ask for them now.
+TEST_F(ParallelTraining, OnlyTestsKeepARecordPerStep) {
+  MPI_Comm one;
+  MPI_Comm_split(MPI_COMM_WORLD, world_rank() == 0 ? 0 : MPI_UNDEFINED, 0, &one);
+  if (one != MPI_COMM_NULL) {
+    const RunConfig cfg = parse_run_config(
+        kConfig, "t",
+        {"--data.path=" + (dir_ / "tokens.h5").string(), "--output.dir=" + (dir_ / "records").string(),
+         "--output.overwrite=true", "--checkpoint.final=false"},
+        1);
+    const int saved = log::rank();
+    log::set_rank(1);
+    const TrainSummary plain = run_training(cfg, one);
+    const TrainSummary kept = run_training(cfg, one, /*for_tests=*/true);
+    log::set_rank(saved);
+    EXPECT_TRUE(plain.steps.empty());
+    EXPECT_EQ(plain.trained_steps, cfg.train.steps);
+    ASSERT_EQ(kept.steps.size(), static_cast<size_t>(cfg.train.steps));
+    EXPECT_EQ(kept.steps.back().step, cfg.train.steps);
+    MPI_Comm_free(&one);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 TEST_F(ParallelTraining, MemoryPerRankIsPredictedExactly) {
   for (const Layout& l : {Layout{2, 2, 2, 0, "1f1b", "none"}, Layout{2, 2, 2, 2, "gpipe", "full"},
                           Layout{4, 1, 2, 1, "1f1b", "full"}}) {
