@@ -5,7 +5,9 @@
 # newer): compiler, CMake, Open MPI, parallel HDF5, Boost.Program_options,
 # OpenBLAS (OpenMP flavour), {fmt}, nlohmann-json, xxHash, GoogleTest.
 # --tests adds the Python cross-check references: python3-torch, python3-h5py,
-# python3-xxhash, and python3-matplotlib for tests/tools/plot_run.py.
+# python3-xxhash, and python3-matplotlib for tests/tools/plot_run.py; and
+# munge, slurmctld, slurmd and slurm-client for the one-node SLURM cluster
+# of tests/slurm (its daemons run only while a test runs; docs/slurm.md).
 # --fuzz adds clang with libFuzzer and the sanitizer runtimes, its OpenMP
 # (libomp) and llvm-symbolizer, for the fuzz targets (README: "Fuzzing and
 # sanitizers"; the sanitizer build of the tests needs only GCC).
@@ -27,7 +29,8 @@ packages=(
 )
 for arg in "$@"; do
   case "$arg" in
-    --tests) packages+=(python3 python3-numpy python3-h5py python3-torch python3-xxhash python3-matplotlib) ;;
+    --tests) packages+=(python3 python3-numpy python3-h5py python3-torch python3-xxhash python3-matplotlib
+                        munge slurmctld slurmd slurm-client) ;;
     --fuzz) packages+=(clang libclang-rt-dev libomp-dev llvm) ;;
     *) echo "usage: $0 [--tests] [--fuzz]" >&2; exit 2 ;;
   esac
