@@ -267,6 +267,20 @@ wait_job() {
   done
 }
 
+# Every state a job ends in (for wait_job).
+JOB_ENDED='COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY'
+
+# cluster_work MESHLM: makes the jobs' directory, $CLUSTER_DIR/work, with
+# tokens.h5 (the GPL-3 text, tokenized byte-level), and prints its path;
+# exits 1 when tokenize fails (call it as work=$(cluster_work ...) || exit 1).
+cluster_work() {
+  local work=$CLUSTER_DIR/work
+  mkdir -p "$work"
+  "$1" tokenize /usr/share/common-licenses/GPL-3 "$work/tokens.h5" > /dev/null \
+    || { echo "FAIL: meshlm tokenize" >&2; exit 1; }
+  echo "$work"
+}
+
 # Alone: up, one two-task step, down.
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   cluster_up

@@ -16,21 +16,17 @@ meshlm=$(realpath "$1"); src=$(realpath "$2"); python=$3
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/cluster.sh"
 cluster_up
-work=$CLUSTER_DIR/work
-mkdir -p "$work"
-"$meshlm" tokenize /usr/share/common-licenses/GPL-3 "$work/tokens.h5" > /dev/null \
-  || { echo "FAIL: meshlm tokenize"; exit 1; }
+work=$(cluster_work "$meshlm") || exit 1
 export MESHLM=$meshlm
 submit=(sbatch --parsable -N1 --ntasks-per-node=2 -n2 -c1 --chdir="$work")
 train=("$src/inputs/tiny.cfg" --data.path="$work/tokens.h5" --train.steps=40 --train.log_every=1)
 fail=0
-ended='COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY'
 step_line='^ +[0-9]+ +[0-9]+\.[0-9]+ +[0-9.]+e[-+][0-9]+ '  # step loss lr ...
 
 # check_job ID LAUNCHER: COMPLETED, 0:0, the output file and run.h5.
 check_job() {
   local id=$1 launcher=$2 f="$work/meshlm-$1.out" state code
-  wait_job "$id" "$ended" 60 || return 1
+  wait_job "$id" "$JOB_ENDED" 60 || return 1
   state=$(job_field "$id" JobState); code=$(job_field "$id" ExitCode)
   if [ "$state" != COMPLETED ] || [ "$code" != 0:0 ]; then
     tail -20 "$f"; echo "FAIL [$launcher]: job $id ended $state, exit code $code (not COMPLETED, 0:0)"; return 1
@@ -60,12 +56,12 @@ after=$(sbatch --parsable -N1 -n1 --chdir="$work" --output="$work/after.out" --d
 reason=$(job_field "$after" Reason)
 sweep_fail() { echo "FAIL [sweep]: $1"; fail=1; scancel "$after" 2> /dev/null; exit $fail; }
 for t in 0 1; do
-  wait_job "${jid}_$t" "$ended" 60 || sweep_fail "array task ${jid}_$t did not end"
+  wait_job "${jid}_$t" "$JOB_ENDED" 60 || sweep_fail "array task ${jid}_$t did not end"
   [ "$(job_field "${jid}_$t" JobState)" = COMPLETED ] \
     || { tail -5 "$work/meshlm-$(job_field "${jid}_$t" JobId).out"; sweep_fail "array task ${jid}_$t did not complete"; }
 done
 [ "$reason" = Dependency ] || sweep_fail "the afterok job was '$reason' at submission, not Dependency"
-wait_job "$after" "$ended" 30 || sweep_fail "the afterok job did not end"
+wait_job "$after" "$JOB_ENDED" 30 || sweep_fail "the afterok job did not end"
 [ "$(job_field "$after" JobState)" = COMPLETED ] || { cat "$work/after.out"; sweep_fail "the afterok job did not complete"; }
 "$python" - "$work/out/${jid}_0/run.h5" 1e-3 "$work/out/${jid}_1/run.h5" 2e-3 << 'PY' || sweep_fail "learning rates"
 import sys, h5py

@@ -22,19 +22,15 @@ meshlm=$(realpath "$1"); src=$(realpath "$2"); python=$3
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/cluster.sh"
 cluster_up
-work=$CLUSTER_DIR/work
-mkdir -p "$work"
-"$meshlm" tokenize /usr/share/common-licenses/GPL-3 "$work/tokens.h5" > /dev/null \
-  || { echo "FAIL: meshlm tokenize"; exit 1; }
+work=$(cluster_work "$meshlm") || exit 1
 export MESHLM=$meshlm
 steps=2000
 submit=(sbatch --parsable -N1 --ntasks-per-node=2 -n2 -c1 --chdir="$work" "$src/jobscripts/slurm.sbatch"
         "$src/inputs/tiny.cfg" --data.path="$work/tokens.h5" --train.steps="$steps" --train.log_every=1)
-ended='COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY'
 fail=0
 
 ref=$("${submit[@]}") || { echo "FAIL: sbatch"; exit 1; }
-wait_job "$ref" "$ended" 60 || exit 1
+wait_job "$ref" "$JOB_ENDED" 60 || exit 1
 if [ "$(job_field "$ref" JobState) $(job_field "$ref" ExitCode)" != "COMPLETED 0:0" ]; then
   tail -20 "$work/meshlm-$ref.out"; echo "FAIL [reference]: job $ref did not end COMPLETED 0:0"; exit 1
 fi
@@ -67,7 +63,7 @@ for how in usr1-batch:srun usr1-batch:mpiexec usr1-steps:srun; do
   if [ "$(job_field "$id" Restarts)" != 1 ]; then
     tail -20 "$f"; echo "FAIL [$how]: job $id was not requeued within 30 s"; fail=1; continue
   fi
-  wait_job "$id" "$ended" 60 || { tail -20 "$f"; echo "FAIL [$how]: the requeued job $id did not end"; fail=1; continue; }
+  wait_job "$id" "$JOB_ENDED" 60 || { tail -20 "$f"; echo "FAIL [$how]: the requeued job $id did not end"; fail=1; continue; }
   state="$(job_field "$id" JobState) $(job_field "$id" ExitCode) restarts $(job_field "$id" Restarts)"
   [ "$state" = "COMPLETED 0:0 restarts 1" ] \
     || { tail -30 "$f"; echo "FAIL [$how]: job $id ended $state, not COMPLETED 0:0 restarts 1"; fail=1; continue; }
@@ -85,7 +81,7 @@ for how in usr1-batch:srun usr1-batch:mpiexec usr1-steps:srun; do
     || { echo "FAIL [$how]: checkpoints of job $id"; fail=1; continue; }
   "$python" "$here/compare_runs.py" "$work/out/$ref/run.h5" "$work/out/$id/run.h5" $steps --resumed-at "$stop" \
     || { fail=1; continue; }
-  wait_job "$after" "$ended" 30 && [ "$(job_field "$after" JobState)" = COMPLETED ] \
+  wait_job "$after" "$JOB_ENDED" 30 && [ "$(job_field "$after" JobState)" = COMPLETED ] \
     || { echo "FAIL [$how]: the afterok job $after ran before the requeued job $id had ended"; fail=1; continue; }
   t0=$(date -d "$(sed -nE "s/^# meshlm job $id: stopped .*requeued \((.*)\)$/\1/p" "$f")" +%s)
   t1=$(date -d "$(sed -nE "s/^# meshlm job $id: (.*), start 1: .*/\1/p" "$f")" +%s)
@@ -98,7 +94,7 @@ id=$("${submit[@]}") || { echo "FAIL: sbatch"; exit 1; }
 f=$work/meshlm-$id.out
 if started "$id"; then
   scancel "$id"
-  wait_job "$id" "$ended" 30 || fail=1
+  wait_job "$id" "$JOB_ENDED" 30 || fail=1
   sleep $((CLUSTER_CRED_EXPIRE + 2))  # past the begin time a requeue would have set
   state="$(job_field "$id" JobState) restarts $(job_field "$id" Restarts)"
   line=$(grep -E "^# SIG(TERM|USR1) received: stopped after step [0-9]+ of $steps; checkpoint .* written" "$f")
