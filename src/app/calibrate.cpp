@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -94,7 +95,12 @@ json op_rates(int threads) {
   {
     const size_t n = size_t(8192) * 1536;
     std::vector<float> x(n), y(n), d(n, 0.1f);
-    for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(i % 601) * 0.01f - 3.0f;  // [-3, 3]
+    // Pre-activations as a layer's are: normal, in no order a branch
+    // predictor could learn (a ramp makes tanhf about 25% faster than a
+    // step's GELU runs).
+    std::mt19937 gen(12345);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (float& v : x) v = normal(gen);
     r["gelu_forward_ns"] = best_of_5([&] { ops::gelu_forward(y.data(), x.data(), n); }) / n * 1e9;
     r["gelu_backward_ns"] =
         best_of_5([&] { ops::gelu_backward(y.data(), x.data(), d.data(), n); }) / n * 1e9;

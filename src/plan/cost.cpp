@@ -144,6 +144,7 @@ StepCost estimate_step(const GPTConfig& model, const ParallelConfig& p,
   const double act_bytes = tokens * C * 4.0;
   const double tp_one = all_reduce(act_bytes, p.tp, bw(tp_node), lat(tp_node));
 
+  const bool zero2_blocks = p.zero_stage == 2 && !w.lora;
   StepCost c;
   std::vector<double> fwd, bwd, comm;
   for (int s = 0; s < pp; ++s) {
@@ -161,6 +162,10 @@ StepCost estimate_step(const GPTConfig& model, const ParallelConfig& p,
     double b = (w.lora ? 1.0 : 2.0) * (gemm + cls) + att_b + gelu * o.gelu_backward_ns +
                norm * o.norm_backward_ns + (last ? logits * o.xent_backward_ns : 0);
     if (recompute) b += block_f;
+    // ZeRO 2 keeps no whole gradient of wte: its classifier part comes in
+    // blocks of vocabulary rows after the rows' backward, each block's
+    // logits computed again (GPT::head_wte_grad_blocks).
+    if (zero2_blocks && last) b += cls + logits * o.xent_backward_ns;
     // tp: 2 all-reduces per layer each way, 2 more for the recomputed forward.
     const double ar_f = 2.0 * L * tp_one, ar_b = (recompute ? 4.0 : 2.0) * L * tp_one;
     c.stage_seconds.push_back(f + b);
@@ -186,7 +191,18 @@ StepCost estimate_step(const GPTConfig& model, const ParallelConfig& p,
   c.pp = 2.0 * (pp - 1) * send;  // the first forward down the pipe, the last backward up
   c.pipeline = makespan - c.compute - c.tp - c.pp;
   c.optimizer = w.updated_elements * o.adamw_ns * 1e-9 / all_busy;
-  c.dp = all_reduce(w.reduced_bytes, p.dp, bw(dp_node), lat(dp_node));
+  if (p.zero_stage == 2) {
+    // Each micro-batch's gradients go to their owners as its backward makes
+    // them, a layer (or a block of wte's rows) at a time, waited for in the
+    // backward (Zero::reduce_to_owners): m reduce-scatters' bytes and a
+    // reduction's latencies for each layer and the edges; the parameters'
+    // all-gather once.
+    const double calls = *std::max_element(stage_layers.begin(), stage_layers.end()) + 2.0;
+    const double half = all_reduce(w.reduced_bytes, p.dp, bw(dp_node), 0) / 2;
+    c.dp = (m + 1) * half + m * calls * (p.dp - 1) * lat(dp_node) + (p.dp - 1) * lat(dp_node);
+  } else {
+    c.dp = all_reduce(w.reduced_bytes, p.dp, bw(dp_node), lat(dp_node));
+  }
   return c;
 }
 

@@ -15,7 +15,9 @@
 //               the cross-entropy per logit of (B T, V / tp), at their
 //               nanoseconds per element (0: inside `flops_per_s`);
 //               under activation checkpointing the backward runs the
-//               blocks' forward again; tp's 2 all-reduces of (B, T, C) per
+//               blocks' forward again; under ZeRO 2 the last stage runs
+//               the classifier's forward and the cross-entropy's backward
+//               again (wte's gradient in blocks of rows); tp's 2 all-reduces of (B, T, C) per
 //               layer each way (ring: 2 (tp - 1) / tp of the bytes at the
 //               group's bandwidth, 2 (tp - 1) latencies);
 //   pipeline  the schedule run as it runs (plan/pipeline_schedule.h): each
@@ -26,9 +28,13 @@
 //             (`units_per_rank`), so a rank that waits leaves its units to
 //             the node's busy ranks where they have threads to use them;
 //   optimizer AdamW and the gradient norm over the rank's updated elements;
-//   dp        the gradients' reduction once per step, 2 (dp - 1) / dp of the
-//             rank's trained elements (ZeRO 1 and 2 move the same bytes as a
-//             reduce-scatter and an all-gather), not overlapped.
+//   dp        ZeRO 0 and 1: the gradients' reduction once per step, 2 (dp -
+//             1) / dp of the rank's trained elements (ZeRO 1 as a
+//             reduce-scatter and an all-gather), not overlapped; ZeRO 2: a
+//             reduce-scatter's bytes for every micro-batch (each layer's
+//             gradients to their owners as the backward makes them, waited
+//             for there, a reduction's latency per layer and edge) and the
+//             all-gather once.
 // A group's bandwidth is the node's when all its ranks share a node (ranks
 // are numbered tp fastest, then dp, then pp; at most the node's memory
 // bandwidth shared by its ranks' copies), the network's otherwise.

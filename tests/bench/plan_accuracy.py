@@ -10,7 +10,16 @@ Every layout runs --rounds times, in rounds over all layouts (a slow spell
 of the machine then touches one run of a layout); the median of its runs'
 medians is compared, and each round's own Spearman is printed beside.
 
-  tests/bench/plan_accuracy.py BUILD SCRATCH [--steps 12] [--skip 4] [--rounds 3]
+Two sets of layouts (--set):
+  fixed   13 hand-chosen layouts per model, most of them near the best (their
+          step times lie within about 35% of each other);
+  spread  the planner's own candidates: for 1, 2, 4 and 8 ranks, `meshlm plan
+          --top 100000` lists every layout that fits, fastest first; those that
+          differ only in the ZeRO stage count once, and the first, the last and
+          the ones a third and two thirds down the list are run. This checks
+          the ranking over the range of layouts the planner chooses from.
+
+  tests/bench/plan_accuracy.py BUILD SCRATCH [--steps 12] [--skip 4] [--rounds 3] [--set fixed|spread|both]
 """
 import argparse
 import json
@@ -20,6 +29,9 @@ import sys
 
 import h5py
 import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "plan"))
+from layouts import layout_args, run_env, spearman  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODELS = {
@@ -48,21 +60,27 @@ LAYOUTS = [
 ]
 
 
-def run_env(shared):
-    """The environment of a run, as jobscripts/local.sh makes it: idle OpenMP
-    threads sleep (OMP_WAIT_POLICY=PASSIVE) where the ranks' threads share
-    cores, and spin a while first (libgomp's default) where they do not."""
-    env = dict(os.environ)
-    env.pop("OMP_WAIT_POLICY", None)
-    if shared:
-        env["OMP_WAIT_POLICY"] = "PASSIVE"
-    return env
-
-
-def spearman(a, b):
-    ra = np.argsort(np.argsort(a)).astype(float)
-    rb = np.argsort(np.argsort(b)).astype(float)
-    return float(np.corrcoef(ra, rb)[0, 1])
+def spread_layouts(meshlm, rates, mo, common):
+    """For 1, 2, 4 and 8 ranks: the first, a third down, two thirds down and
+    the last of the planner's distinct candidates (ZeRO stages of one layout
+    count once: the first of them, as the planner ranks them)."""
+    picked = []
+    for n in (1, 2, 4, 8):
+        p = subprocess.run([meshlm, "plan", os.path.join(ROOT, "inputs/tiny.cfg"), "--ranks", str(n),
+                            "--ranks-per-node", str(n), "--json", "--top", "100000",
+                            f"--cluster.rates={rates}"] + common + mo, capture_output=True, text=True)
+        if p.returncode != 0:
+            sys.exit(f"plan --ranks {n}: {p.stderr}")
+        seen, distinct = set(), []
+        for c in json.loads(p.stdout)["fits"]:
+            key = (c["dp"], c["tp"], c["pp"], c["micro_batch_size"], c["micro_batches"],
+                   c["activation_checkpointing"], c["schedule"] if c["pp"] > 1 else "")
+            if key not in seen:
+                seen.add(key)
+                distinct.append(c)
+        at = sorted({int(round(x)) for x in np.linspace(0, len(distinct) - 1, 4)})
+        picked += [(n, layout_args(distinct[i])) for i in at]
+    return picked
 
 
 def main():
@@ -73,6 +91,8 @@ def main():
     ap.add_argument("--skip", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3,
                     help="runs of every layout, in rounds over all of them; the median is compared")
+    ap.add_argument("--set", choices=["fixed", "spread", "both"], default="both",
+                    help="which layouts: the hand-chosen ones, the planner's spread, or both")
     a = ap.parse_args()
     meshlm = os.path.join(a.build, "meshlm")
     os.makedirs(a.scratch, exist_ok=True)
@@ -84,7 +104,7 @@ def main():
     rates = os.path.join(a.scratch, "rates.json")
     # As many ranks as the largest layout: the calibration measures how the
     # cores serve ranks that share them.
-    most = max(n for n, _ in LAYOUTS)
+    most = 8  # the most ranks of any layout of either set
     subprocess.run(mpiexec + ["-n", str(most), meshlm, "plan", "--calibrate", rates], check=True,
                    env=run_env(False))
     cores = os.cpu_count()
@@ -95,8 +115,10 @@ def main():
 
     # The planner's estimate of every layout (no MPI, nothing run).
     cases = []
-    for model, mo in MODELS.items():
-        for n, lo in LAYOUTS:
+    sets = ["fixed", "spread"] if a.set == "both" else [a.set]
+    for kind, (model, mo) in [(k, m) for k in sets for m in MODELS.items()]:
+        chosen = LAYOUTS if kind == "fixed" else spread_layouts(meshlm, rates, mo, common_args([], []))
+        for n, lo in chosen:
             p = subprocess.run([meshlm, "plan", os.path.join(ROOT, "inputs/tiny.cfg"), "--ranks", str(n),
                                 "--ranks-per-node", str(n), "--json", f"--cluster.rates={rates}"] +
                                common_args(mo, lo), capture_output=True, text=True)
@@ -104,14 +126,14 @@ def main():
             if "step_seconds" not in c:
                 print(f"plan: {c}", file=sys.stderr)
                 continue
-            cases.append({"model": model, "mo": mo, "n": n, "lo": lo, "pred": c["step_seconds"], "runs": []})
+            cases.append({"set": kind, "model": model, "mo": mo, "n": n, "lo": lo, "pred": c["step_seconds"], "runs": []})
 
     # Every layout once per round, the rounds one after the other, so that
     # a slow spell of the machine touches one run of a layout, not all.
     for r in range(a.rounds):
         for case in cases:
             n, mo, lo = case["n"], case["mo"], case["lo"]
-            out = os.path.join(a.scratch, f"{case['model']}_{n}_{abs(hash(' '.join(lo)))}")
+            out = os.path.join(a.scratch, f"{case['model']}_{n}_{abs(hash(' '.join(lo))) % 10**8}")
             threads = max(1, cores // n)
             t = subprocess.run(mpiexec + ["-n", str(n), meshlm, "train", os.path.join(ROOT, "inputs/tiny.cfg")] +
                                common_args(mo, lo) + [f"--output.dir={out}", "--output.overwrite=true",
@@ -126,23 +148,23 @@ def main():
             case["runs"].append(float(np.median(batch / tps)))
         print(f"# round {r + 1} of {a.rounds} done", file=sys.stderr)
 
-    print(f"| model | ranks | layout | predicted s | measured s (median of {a.rounds} runs' medians) | runs |")
-    print("|---|---:|---|---:|---:|---|")
+    print(f"| set | model | ranks | layout | predicted s | measured s (median of {a.rounds} runs' medians) | runs |")
+    print("|---|---|---:|---|---:|---:|---|")
     summary = []
-    for model in MODELS:
-        done = [c for c in cases if c["model"] == model and c["runs"]]
+    for kind, model in [(k, m) for k in sets for m in MODELS]:
+        done = [c for c in cases if c["set"] == kind and c["model"] == model and c["runs"]]
         pred = [c["pred"] for c in done]
         meas = [float(np.median(c["runs"])) for c in done]
         for c, m in zip(done, meas):
             runs = ", ".join(f"{x:.3f}" for x in c["runs"])
-            print(f"| {model} | {c['n']} | {' '.join(x[2:] for x in c['lo'])} | {c['pred']:.4f} | {m:.4f} | {runs} |")
+            print(f"| {kind} | {model} | {c['n']} | {' '.join(x[2:] for x in c['lo'])} | {c['pred']:.4f} | {m:.4f} | {runs} |")
         rho = spearman(pred, meas)
         best = int(np.argmin(pred))
         within = meas[best] <= 1.10 * min(meas)
         # Each round on its own, for the spread of the figure.
         per_round = [spearman(pred, [c["runs"][r] for c in done]) for r in range(a.rounds)
                      if all(len(c["runs"]) > r for c in done)]
-        summary.append((model, len(pred), rho, meas[best] / min(meas), within, per_round))
+        summary.append((f"{kind} {model}", len(pred), rho, meas[best] / min(meas), within, per_round))
     print()
     for model, n, rho, ratio, within, per_round in summary:
         rounds = ", ".join(f"{x:.2f}" for x in per_round)

@@ -127,6 +127,43 @@ TEST(PlanCost, ParallelismDividesComputeAndAddsItsCosts) {
   EXPECT_NEAR(dp4m.dp, 2.0 * 3 / 4 * 1e9 / 0.5e9 + 6 * r.intra_latency_s, 1e-12);
 }
 
+// ZeRO 2 (Zero::reduce_to_owners, GPT::head_wte_grad_blocks): every
+// micro-batch's gradients go to their owners in the backward, a layer at a
+// time, and wte's gradient comes in blocks of rows whose logits are computed
+// again. Worked out by hand against ZeRO 1 on the same layout.
+TEST(PlanCost, ZeroTwoReducesEachMicroBatchAndRecomputesTheLogits) {
+  ClusterRates r;
+  r.flops_per_s = 1e12;
+  r.ops.xent_backward_ns = 0.5;
+  r.ranks_per_node = 8;  // the dp group within a node
+  const GPTConfig m = gpt2();
+  const double bytes = 1e9, bw = r.intra_bytes_per_s, lat = r.intra_latency_s;
+  ParallelConfig z1 = layout(4, 1, 1, 3), z2 = layout(4, 1, 1, 3);
+  z1.zero_stage = 1;
+  z2.zero_stage = 2;
+  const StepCost one = estimate_step(m, z1, {12}, work(2, 1024, false, bytes), r);
+  const StepCost two = estimate_step(m, z2, {12}, work(2, 1024, false, bytes), r);
+  // ZeRO 1: one ring all-reduce's bytes and latencies per step.
+  EXPECT_NEAR(one.dp, 2.0 * 3 / 4 * bytes / bw + 6 * lat, 1e-12);
+  // ZeRO 2: 3 reduce-scatters and one all-gather of 3/4 of the bytes; per
+  // micro-batch 12 layers + 2 edges reductions of 3 latencies; the gather's 3.
+  EXPECT_NEAR(two.dp, 4 * 3.0 / 4 * bytes / bw + 3 * 14 * 3 * lat + 3 * lat, 1e-12);
+  // The classifier's forward (2 V C per token) and the cross-entropy's
+  // backward (per logit) again, per micro-batch of 2048 tokens.
+  const double V = 50304, C = 768, tokens = 2048;
+  EXPECT_NEAR(two.compute - one.compute, 3 * (2 * V * C * tokens / 1e12 + tokens * V * 0.5e-9), 1e-9);
+  // Under LoRA no wte gradient: no blocks, the compute of ZeRO 1.
+  EXPECT_NEAR(estimate_step(m, z2, {12}, work(2, 1024, true, bytes), r).compute,
+              estimate_step(m, z1, {12}, work(2, 1024, true, bytes), r).compute, 1e-12);
+  // Only the stage with the classifier recomputes it.
+  ParallelConfig p1 = layout(1, 1, 2, 4), p2 = layout(1, 1, 2, 4);
+  p2.zero_stage = 2;
+  const StepCost s1 = estimate_step(m, p1, {6, 6}, work(2, 1024), r);
+  const StepCost s2 = estimate_step(m, p2, {6, 6}, work(2, 1024), r);
+  EXPECT_DOUBLE_EQ(s2.stage_seconds[0], s1.stage_seconds[0]);
+  EXPECT_GT(s2.stage_seconds[1], s1.stage_seconds[1]);
+}
+
 TEST(PlanCost, GroupsAcrossNodesUseTheNetwork) {
   EXPECT_TRUE(on_one_node(0, 4, 1, 8));
   EXPECT_FALSE(on_one_node(0, 4, 4, 8));  // ranks 0, 4, 8, 12

@@ -1,0 +1,39 @@
+"""What tests/plan/plan_orders_layouts.py and tests/bench/plan_accuracy.py
+share: a layout of `meshlm plan --json` as meshlm train overrides, the
+environment a run of it gets, and the rank correlation they report."""
+import os
+
+import numpy as np
+
+
+def layout_args(c):
+    """The overrides that make meshlm train run the layout `c` of plan --json
+    (its stage split included)."""
+    args = [f"--parallel.dp={c['dp']}", f"--parallel.tp={c['tp']}", f"--parallel.pp={c['pp']}",
+            f"--parallel.zero_stage={c['zero_stage']}", f"--train.micro_batch_size={c['micro_batch_size']}",
+            f"--parallel.micro_batches={c['micro_batches']}",
+            f"--parallel.activation_checkpointing={c['activation_checkpointing']}"]
+    if c["pp"] > 1:
+        args += [f"--parallel.schedule={c['schedule']}",
+                 "--parallel.stage_layers=" + ",".join(str(x) for x in c["stage_layers"])]
+    return args
+
+
+def run_env(shared):
+    """The environment of a run, as jobscripts/local.sh makes it: idle OpenMP
+    threads sleep (OMP_WAIT_POLICY=PASSIVE) where the ranks' threads share
+    cores, and spin a while first (libgomp's default) where they do not; the
+    thread count is runtime.threads's."""
+    env = dict(os.environ)
+    env.pop("OMP_WAIT_POLICY", None)
+    env.pop("OMP_NUM_THREADS", None)
+    if shared:
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+    return env
+
+
+def spearman(a, b):
+    """Spearman's rank correlation (no ties expected among step times)."""
+    ra = np.argsort(np.argsort(a)).astype(float)
+    rb = np.argsort(np.argsort(b)).astype(float)
+    return float(np.corrcoef(ra, rb)[0, 1])
