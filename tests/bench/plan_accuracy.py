@@ -31,7 +31,7 @@ import h5py
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "plan"))
-from layouts import layout_args, run_env, spearman  # noqa: E402
+from layouts import layout_args, plan_fits, run_env, spearman  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODELS = {
@@ -66,13 +66,8 @@ def spread_layouts(meshlm, rates, mo, common):
     count once: the first of them, as the planner ranks them)."""
     picked = []
     for n in (1, 2, 4, 8):
-        p = subprocess.run([meshlm, "plan", os.path.join(ROOT, "inputs/tiny.cfg"), "--ranks", str(n),
-                            "--ranks-per-node", str(n), "--json", "--top", "100000",
-                            f"--cluster.rates={rates}"] + common + mo, capture_output=True, text=True)
-        if p.returncode != 0:
-            sys.exit(f"plan --ranks {n}: {p.stderr}")
         seen, distinct = set(), []
-        for c in json.loads(p.stdout)["fits"]:
+        for c in plan_fits(meshlm, os.path.join(ROOT, "inputs/tiny.cfg"), n, rates, common + mo):
             key = (c["dp"], c["tp"], c["pp"], c["micro_batch_size"], c["micro_batches"],
                    c["activation_checkpointing"], c["schedule"] if c["pp"] > 1 else "")
             if key not in seen:

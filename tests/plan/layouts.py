@@ -1,7 +1,10 @@
 """What tests/plan/plan_orders_layouts.py and tests/bench/plan_accuracy.py
 share: a layout of `meshlm plan --json` as meshlm train overrides, the
 environment a run of it gets, and the rank correlation they report."""
+import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 
@@ -37,3 +40,14 @@ def spearman(a, b):
     ra = np.argsort(np.argsort(a)).astype(float)
     rb = np.argsort(np.argsort(b)).astype(float)
     return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def plan_fits(meshlm, cfg, n, rates, args):
+    """Every layout of `n` ranks (one node) that `meshlm plan` says fits,
+    fastest first, under the rates of a calibration file."""
+    p = subprocess.run([meshlm, "plan", cfg, "--ranks", str(n), "--ranks-per-node", str(n), "--json",
+                        "--top", "100000", f"--cluster.rates={rates}"] + args,
+                       capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        sys.exit(f"FAIL: meshlm plan --ranks {n}: {p.stderr}")
+    return json.loads(p.stdout)["fits"]

@@ -23,7 +23,6 @@ apart; the noise of a shared 2-core machine (about 7% between runs) does not.
 
   plan_orders_layouts.py MPIEXEC MESHLM CFG
 """
-import json
 import os
 import shlex
 import subprocess
@@ -34,7 +33,7 @@ import h5py
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from layouts import layout_args, run_env, spearman  # noqa: E402
+from layouts import layout_args, plan_fits, run_env, spearman  # noqa: E402
 
 mpiexec, meshlm, cfg = shlex.split(sys.argv[1]), sys.argv[2], sys.argv[3]
 GAP = 1.1
@@ -58,12 +57,7 @@ def main():
 
         candidates, counts = [], []
         for n in [n for n in (1, 2, 4, 8) if n <= cores]:
-            p = subprocess.run([meshlm, "plan", cfg, "--ranks", str(n), "--ranks-per-node", str(n), "--json",
-                                "--top", "100000", f"--cluster.rates={rates}"] + common,
-                               capture_output=True, text=True, timeout=120)
-            if p.returncode != 0:
-                sys.exit(f"FAIL: meshlm plan --ranks {n}: {p.stderr}")
-            fits = json.loads(p.stdout)["fits"]
+            fits = plan_fits(meshlm, cfg, n, rates, common)
             counts.append(f"{len(fits)} on {n} ranks")
             candidates += [(c["step_seconds"], n, c) for c in fits]
         candidates.sort(key=lambda x: x[0])
