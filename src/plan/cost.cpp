@@ -116,64 +116,133 @@ double simulate_pipeline(PipelineSchedule kind, int micro_batches, const std::ve
   return end;
 }
 
-StepCost estimate_step(const GPTConfig& model, const ParallelConfig& p,
-                       const std::vector<int>& stage_layers, const StepWork& w,
-                       const ClusterRates& rates) {
-  const double B = w.micro_batch, T = w.seq_len, C = model.n_embd;
-  const double V = model.padded_vocab_size(), tp = p.tp;
-  const double tokens = B * T, head = C / model.n_head;
-  const int m = std::max(p.micro_batches, 1), pp = static_cast<int>(stage_layers.size());
-  const OpClassRates& o = rates.ops;
-  const bool recompute = p.activation_checkpointing == Checkpointing::full;
-  const double gemm_rate = rates.flops_per_s * gemm_efficiency(rates, tokens, C);
-  const bool flash = w.attention == Attention::flash;
-  const double att_f_rate = log_interpolate(flash ? o.flash_forward : o.attention_forward, head, gemm_rate);
-  const double att_b_rate = log_interpolate(flash ? o.flash_backward : o.attention_backward, head, gemm_rate);
+namespace {
 
-  const int rpn = rates.ranks_per_node;
-  const int node_ranks = std::min(std::max(rpn, 1), p.dp * p.tp * p.pp);
-  const double intra = rates.node_memory_bytes_per_s > 0
-                           ? std::min(rates.intra_bytes_per_s,
-                                      rates.node_memory_bytes_per_s / (4.0 * node_ranks))
-                           : rates.intra_bytes_per_s;
-  auto bw = [&](bool one_node) { return one_node ? intra : rates.inter_bytes_per_s; };
-  auto lat = [&](bool one_node) { return one_node ? rates.intra_latency_s : rates.inter_latency_s; };
-  // Groups of rank 0: tp consecutive ranks, dp by a stride of tp, pp by tp * dp.
-  const bool tp_node = on_one_node(0, p.tp, 1, rpn), dp_node = on_one_node(0, p.dp, p.tp, rpn),
-             pp_node = on_one_node(0, p.pp, p.tp * p.dp, rpn);
-  const double act_bytes = tokens * C * 4.0;
-  const double tp_one = all_reduce(act_bytes, p.tp, bw(tp_node), lat(tp_node));
+// What a stage's forward and backward of one micro-batch cost, alone on its
+// rank's units: compute, and tp's all-reduces.
+struct StagePass {
+  double forward = 0, backward = 0;   // compute
+  double ar_forward = 0, ar_backward = 0;  // tp's all-reduces
+};
 
-  const bool zero2_blocks = p.zero_stage == 2 && !w.lora;
-  StepCost c;
-  std::vector<double> fwd, bwd, comm;
-  for (int s = 0; s < pp; ++s) {
-    const double L = stage_layers[size_t(s)];
-    const bool last = s + 1 == pp;
-    const double gemm = 2.0 * 12.0 * C * C * L * tokens / tp / gemm_rate;
-    const double cls = last ? 2.0 * V * C * tokens / tp / gemm_rate : 0;
-    const double att_f = 4.0 * L * B * T * T * C / tp / att_f_rate;
-    const double att_b = 8.0 * L * B * T * T * C / tp / att_b_rate;
+// The rates and shapes every stage of a layout shares.
+class StageModel {
+ public:
+  StageModel(const GPTConfig& model, const ParallelConfig& p, const StepWork& w, const ClusterRates& rates,
+             double tp_one)
+      : p_(p), w_(w), o_(rates.ops), B_(w.micro_batch), T_(w.seq_len), C_(model.n_embd),
+        V_(model.padded_vocab_size()), tp_(p.tp), tokens_(B_ * T_), tp_one_(tp_one) {
+    gemm_rate_ = rates.flops_per_s * gemm_efficiency(rates, tokens_, C_);
+    const double head = C_ / model.n_head;
+    const bool flash = w.attention == Attention::flash;
+    att_f_rate_ = log_interpolate(flash ? o_.flash_forward : o_.attention_forward, head, gemm_rate_);
+    att_b_rate_ = log_interpolate(flash ? o_.flash_backward : o_.attention_backward, head, gemm_rate_);
+  }
+
+  // A stage of L layers, the classifier's when `last`. Linear in L: what
+  // balance_stages needs (stage_time_costs).
+  StagePass pass(double L, bool last) const {
+    const double B = B_, T = T_, C = C_, tp = tp_, tokens = tokens_;
+    const bool recompute = p_.activation_checkpointing == Checkpointing::full;
+    const double gemm = 2.0 * 12.0 * C * C * L * tokens / tp / gemm_rate_;
+    const double cls = last ? 2.0 * V_ * C * tokens / tp / gemm_rate_ : 0;
+    const double att_f = 4.0 * L * B * T * T * C / tp / att_f_rate_;
+    const double att_b = 8.0 * L * B * T * T * C / tp / att_b_rate_;
     const double gelu = 4.0 * C * tokens * L / tp * 1e-9;
-    const double norm = C * tokens * (2.0 * L + (last ? 1 : 0)) * 1e-9;
-    const double logits = tokens * V / tp * 1e-9;
-    const double block_f = gemm + att_f + gelu * o.gelu_forward_ns + norm * o.norm_forward_ns;
-    double f = block_f + cls + (last ? logits * o.xent_forward_ns : 0);
-    double b = (w.lora ? 1.0 : 2.0) * (gemm + cls) + att_b + gelu * o.gelu_backward_ns +
-               norm * o.norm_backward_ns + (last ? logits * o.xent_backward_ns : 0);
-    if (recompute) b += block_f;
+    // The blocks' two LayerNorms each, and the final one before the classifier.
+    const double norm_blocks = C * tokens * 2.0 * L * 1e-9, norm_final = last ? C * tokens * 1e-9 : 0;
+    const double logits = tokens * V_ / tp * 1e-9;
+    const double block_f = gemm + att_f + gelu * o_.gelu_forward_ns + norm_blocks * o_.norm_forward_ns;
+    StagePass s;
+    s.forward = block_f + cls + norm_final * o_.norm_forward_ns + (last ? logits * o_.xent_forward_ns : 0);
+    s.backward = (w_.lora ? 1.0 : 2.0) * (gemm + cls) + att_b + gelu * o_.gelu_backward_ns +
+                 (norm_blocks + norm_final) * o_.norm_backward_ns + (last ? logits * o_.xent_backward_ns : 0);
+    // Checkpointing runs the blocks' forward again, not the final LayerNorm's.
+    if (recompute) s.backward += block_f;
     // ZeRO 2 keeps no whole gradient of wte: its classifier part comes in
     // blocks of vocabulary rows after the rows' backward, each block's
     // logits computed again (GPT::head_wte_grad_blocks).
-    if (zero2_blocks && last) b += cls + logits * o.xent_backward_ns;
+    if (p_.zero_stage == 2 && !w_.lora && last) s.backward += cls + logits * o_.xent_backward_ns;
     // tp: 2 all-reduces per layer each way, 2 more for the recomputed forward.
-    const double ar_f = 2.0 * L * tp_one, ar_b = (recompute ? 4.0 : 2.0) * L * tp_one;
-    c.stage_seconds.push_back(f + b);
-    fwd.push_back(f + ar_f);
-    bwd.push_back(b + ar_b);
-    comm.push_back(ar_f + ar_b);
+    s.ar_forward = 2.0 * L * tp_one_;
+    s.ar_backward = (recompute ? 4.0 : 2.0) * L * tp_one_;
+    return s;
   }
-  const double send = pp > 1 ? act_bytes / tp / bw(pp_node) + lat(pp_node) : 0;
+
+ private:
+  const ParallelConfig& p_;
+  const StepWork& w_;
+  const OpClassRates& o_;
+  double B_, T_, C_, V_, tp_, tokens_, tp_one_;
+  double gemm_rate_ = 0, att_f_rate_ = 0, att_b_rate_ = 0;
+};
+
+// The bandwidth and latency of a layout's groups.
+struct Links {
+  double intra = 0;
+  const ClusterRates* r = nullptr;
+  double bw(bool one_node) const { return one_node ? intra : r->inter_bytes_per_s; }
+  double lat(bool one_node) const { return one_node ? r->intra_latency_s : r->inter_latency_s; }
+};
+
+Links links_of(const ParallelConfig& p, const ClusterRates& rates) {
+  const int node_ranks = std::min(std::max(rates.ranks_per_node, 1), p.dp * p.tp * p.pp);
+  Links l;
+  l.r = &rates;
+  l.intra = rates.node_memory_bytes_per_s > 0
+                ? std::min(rates.intra_bytes_per_s, rates.node_memory_bytes_per_s / (4.0 * node_ranks))
+                : rates.intra_bytes_per_s;
+  return l;
+}
+
+// One tp all-reduce of a micro-batch's (B, T, C) activations.
+double tp_all_reduce(const GPTConfig& model, const ParallelConfig& p, const StepWork& w,
+                     const ClusterRates& rates) {
+  const Links l = links_of(p, rates);
+  const bool tp_node = on_one_node(0, p.tp, 1, rates.ranks_per_node);
+  return all_reduce(double(w.micro_batch) * w.seq_len * model.n_embd * 4.0, p.tp, l.bw(tp_node),
+                    l.lat(tp_node));
+}
+
+}  // namespace
+
+StageCosts stage_time_costs(const GPTConfig& model, const ParallelConfig& p, const StepWork& w,
+                            const ClusterRates& rates) {
+  const StageModel sm(model, p, w, rates, tp_all_reduce(model, p, w, rates));
+  const StagePass layer = sm.pass(1, false), head = sm.pass(0, true);
+  StageCosts c;
+  c.layer = layer.forward + layer.backward + layer.ar_forward + layer.ar_backward;
+  c.embedding = 0;  // a lookup and an add per token: outside the model
+  c.head = head.forward + head.backward + head.ar_forward + head.ar_backward;
+  return c;
+}
+
+StepCost estimate_step(const GPTConfig& model, const ParallelConfig& p,
+                       const std::vector<int>& stage_layers, const StepWork& w,
+                       const ClusterRates& rates) {
+  const double tokens = double(w.micro_batch) * w.seq_len, C = model.n_embd;
+  const int m = std::max(p.micro_batches, 1), pp = static_cast<int>(stage_layers.size());
+  const OpClassRates& o = rates.ops;
+  const int rpn = rates.ranks_per_node;
+  const int node_ranks = std::min(std::max(rpn, 1), p.dp * p.tp * p.pp);
+  const Links links = links_of(p, rates);
+  auto bw = [&](bool one_node) { return links.bw(one_node); };
+  auto lat = [&](bool one_node) { return links.lat(one_node); };
+  // Groups of rank 0: tp consecutive ranks, dp by a stride of tp, pp by tp * dp.
+  const bool dp_node = on_one_node(0, p.dp, p.tp, rpn), pp_node = on_one_node(0, p.pp, p.tp * p.dp, rpn);
+  const double act_bytes = tokens * C * 4.0;
+  const StageModel sm(model, p, w, rates, tp_all_reduce(model, p, w, rates));
+
+  StepCost c;
+  std::vector<double> fwd, bwd, comm;
+  for (int s = 0; s < pp; ++s) {
+    const StagePass sp = sm.pass(stage_layers[size_t(s)], s + 1 == pp);
+    c.stage_seconds.push_back(sp.forward + sp.backward);
+    fwd.push_back(sp.forward + sp.ar_forward);
+    bwd.push_back(sp.backward + sp.ar_backward);
+    comm.push_back(sp.ar_forward + sp.ar_backward);
+  }
+  const double send = pp > 1 ? act_bytes / p.tp / bw(pp_node) + lat(pp_node) : 0;
   // The node of each stage (of its first rank) and the ranks it has there.
   const int per_stage = p.tp * p.dp;
   std::vector<int> node;

@@ -49,6 +49,7 @@
 #include "model/gpt_config.h"
 #include "model/gpt_options.h"
 #include "plan/parallel_config.h"
+#include "plan/partition.h"
 
 namespace meshlm {
 
@@ -166,6 +167,17 @@ struct StepCost {
 StepCost estimate_step(const GPTConfig& model, const ParallelConfig& p,
                        const std::vector<int>& stage_layers, const StepWork& w,
                        const ClusterRates& rates);
+
+// The seconds of one micro-batch's forward and backward on a stage, alone on
+// its units, as estimate_step counts them (tp's all-reduces included), split
+// the way balance_stages reads a stage: per layer, and the classifier's part
+// on the last stage (its LayerNorm, logits and cross-entropy; under ZeRO 2
+// its second pass). The embedding's lookup is not in the model: 0. The
+// planner balances stages by these where the FLOPs of gpt_stage_costs leave
+// out what is not a GEMM (on a CPU the GELU, LayerNorms and softmax take
+// as long as a third of a layer's GEMMs).
+StageCosts stage_time_costs(const GPTConfig& model, const ParallelConfig& p, const StepWork& w,
+                            const ClusterRates& rates);
 
 // The length of one step's pipeline schedule: stage s's forward and backward
 // of a micro-batch take forward[s] and backward[s] at full speed, a send

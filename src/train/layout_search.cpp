@@ -307,6 +307,16 @@ PlannedRank plan_rank(const RunConfig& cfg, const PlanMachine& o, const MeshCoor
   return m;
 }
 
+// What a step of `cfg` computes per micro-batch, without its memory.
+StepWork step_shape(const RunConfig& cfg) {
+  StepWork w;
+  w.micro_batch = cfg.train.micro_batch_size;
+  w.seq_len = cfg.train.seq_len;
+  w.lora = cfg.finetune.mode == FinetuneMode::lora;
+  w.attention = cfg.train.attention;
+  return w;
+}
+
 }  // namespace
 
 PlannedLayout evaluate_layout(const RunConfig& cfg, const PlanMachine& o) {
@@ -338,11 +348,7 @@ PlannedLayout evaluate_layout(const RunConfig& cfg, const PlanMachine& o) {
   // The gradients a rank reduces: its trained elements (ZeRO 2 books a
   // bucket, not the whole; the reduction still moves all of them); the
   // elements its AdamW updates: its optimizer state / 2 floats.
-  StepWork w;
-  w.micro_batch = cfg.train.micro_batch_size;
-  w.seq_len = cfg.train.seq_len;
-  w.lora = cfg.finetune.mode == FinetuneMode::lora;
-  w.attention = cfg.train.attention;
+  StepWork w = step_shape(cfg);
   w.reduced_bytes = static_cast<double>(trained);
   for (const PlannedRank& m : L.ranks)
     w.updated_elements =
@@ -377,11 +383,32 @@ std::vector<int> divisors(int n) {
   return d;
 }
 
+// The stage costs the planner splits `c`'s pipeline by: the cost model's
+// seconds (plan/cost.h stage_time_costs), at its micro-batch and rates.
+StageCosts planned_stage_costs(const RunConfig& c, const PlanMachine& m) {
+  return stage_time_costs(c.model, c.parallel, step_shape(c), m.rates);
+}
+
+// `c` (pp > 1, no stage_layers given) with the split that minimises its
+// slowest stage's estimated time, when that is not the split meshlm train
+// makes by FLOPs alone, and the layout then fits as well and is estimated
+// faster.
+std::optional<PlannedLayout> split_by_time(const RunConfig& c, const PlanMachine& m, const PlannedLayout& L) {
+  const std::vector<int> split = balance_stages(c.model.n_layer, c.parallel.pp, planned_stage_costs(c, m));
+  if (split == L.stages) return std::nullopt;
+  RunConfig t = c;
+  t.parallel.stage_layers.layers = split;
+  PlannedLayout out = evaluate_layout(t, m);
+  if (out.overflow.empty() < L.overflow.empty() || out.cost.total() >= L.cost.total()) return std::nullopt;
+  return out;
+}
+
 // The pipeline split of `c` (pp > 1, no stage_layers given) that minimises
 // the slowest stage among those whose every stage fits m.mem_per_rank, when
-// it is not the balanced one and the layout then fits.
-std::optional<PlannedLayout> split_under_memory(const RunConfig& c, const PlanMachine& m) {
-  const int L = c.model.n_layer, p = c.parallel.pp;
+// it is not the split `L` has and the layout then fits.
+std::optional<PlannedLayout> split_under_memory(const RunConfig& c, const PlanMachine& m,
+                                                const PlannedLayout& L) {
+  const int n_layer = c.model.n_layer, p = c.parallel.pp;
   const MeshLayout mesh(c.parallel.dp, c.parallel.tp, p);
   // Stage k with n layers: the largest peak of its ranks; the other stages
   // share the rest (their layers do not change stage k's memory).
@@ -390,7 +417,7 @@ std::optional<PlannedLayout> split_under_memory(const RunConfig& c, const PlanMa
     std::vector<int>& layers = t.parallel.stage_layers.layers;
     layers.assign(static_cast<size_t>(p), 0);
     layers[static_cast<size_t>(k)] = n;
-    for (int j = 0, left = L - n; j < p; ++j)
+    for (int j = 0, left = n_layer - n; j < p; ++j)
       if (j != k) {
         const int others = p - 1 - (j > k ? j - 1 : j);
         layers[static_cast<size_t>(j)] = (left + others - 1) / others;
@@ -402,8 +429,8 @@ std::optional<PlannedLayout> split_under_memory(const RunConfig& c, const PlanMa
     }
     return true;
   };
-  const std::vector<int> split = balance_stages(L, p, gpt_stage_costs(c.model, c.train.seq_len), fits);
-  if (split.empty() || split == stage_layers(c.model, c.parallel, c.train.seq_len)) return std::nullopt;
+  const std::vector<int> split = balance_stages(n_layer, p, planned_stage_costs(c, m), fits);
+  if (split.empty() || split == L.stages) return std::nullopt;
   RunConfig t = c;
   t.parallel.stage_layers.layers = split;
   PlannedLayout out = evaluate_layout(t, m);
@@ -461,9 +488,11 @@ LayoutSearch search_layouts(const RunConfig& base, ComputeBackend checked_as, co
               }
               c.runtime.backend = m.backend;
               PlannedLayout L = evaluate_layout(c, m);
-              if (!L.overflow.empty() && pp > 1 && c.parallel.stage_layers.layers.empty() &&
-                  m.mem_per_rank > 0 && L.worst > m.mem_per_rank)
-                if (std::optional<PlannedLayout> split = split_under_memory(c, m))
+              const bool free_split = pp > 1 && c.parallel.stage_layers.layers.empty();
+              if (free_split)
+                if (std::optional<PlannedLayout> split = split_by_time(c, m, L)) L = std::move(*split);
+              if (!L.overflow.empty() && free_split && m.mem_per_rank > 0 && L.worst > m.mem_per_rank)
+                if (std::optional<PlannedLayout> split = split_under_memory(c, m, L))
                   L = std::move(*split);
               (L.overflow.empty() ? s.fits : s.rejected).push_back(std::move(L));
             }

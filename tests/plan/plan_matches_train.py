@@ -17,7 +17,12 @@
     --calibrate under mpiexec -n 2 writes (and rewrites) this machine's GEMM
     rates, memory bandwidth, a rank's runtime and the MPI figures between two
     ranks, and cluster.rates gives each of G ranks the node's rate / G and
-    the measured MPI bandwidth.
+    the measured MPI bandwidth;
+  * the pipeline split the planner gives a layout is, of every split of its
+    layers, the one it estimates fastest (each split planned on its own as
+    parallel.stage_layers), also where that is not the split by FLOPs that
+    meshlm train makes without one (rates whose GELU is 10x slower than
+    measured make a layer cost more against the classifier).
 
   plan_matches_train.py MPIEXEC MESHLM CFG
 """
@@ -183,6 +188,47 @@ with tempfile.TemporaryDirectory() as scratch:
               "--cluster.gflops_per_rank=7"] + common)
     if r.returncode != 0 or " 7 GFLOP/s per rank" not in r.stdout:
         failures.append(f"cluster.gflops_per_rank: not in the plan's header: {r.stdout[:400]}")
+    # The pipeline split by estimated time: 6 layers over 2 stages under
+    # the calibrated rates with a GELU 10x slower. Every split is planned
+    # fixed; the planner's own pick must be the fastest of them. The
+    # configured layout (no stage_layers) has the split meshlm train makes.
+    slow = dict(cal)
+    for k in ("ops_one_core", "ops_all_cores"):
+        slow[k] = dict(cal[k], gelu_forward_ns=10 * cal[k]["gelu_forward_ns"],
+                       gelu_backward_ns=10 * cal[k]["gelu_backward_ns"])
+    slow_rates = os.path.join(scratch, "slow_gelu.json")
+    with open(slow_rates, "w") as f:
+        json.dump(slow, f)
+    pinned = ["--ranks", "2", "--ranks-per-node", "2", "--json", "--top", "100000", f"--cluster.rates={slow_rates}",
+              "--parallel.pp=2", "--parallel.dp=1", "--parallel.tp=1", "--parallel.zero_stage=0",
+              "--parallel.micro_batches=8", "--parallel.activation_checkpointing=full",
+              "--parallel.schedule=1f1b", "--model.n_layer=6", "--model.n_head=12", "--model.n_embd=384",
+              "--model.vocab_size=8192", "--model.seq_len=256", "--model.max_seq_len=256"] + common
+    def pinned_layout(j):
+        """The layout of `pinned` among those the planner searched."""
+        want = {"pp": 2, "dp": 1, "tp": 1, "zero_stage": 0, "micro_batches": 8,
+                "activation_checkpointing": "full", "schedule": "1f1b"}
+        found = [c for c in j["fits"] if all(c[k] == v for k, v in want.items())]
+        if len(found) != 1:
+            raise SystemExit(f"FAIL: {len(found)} layouts of {want} in the plan")
+        return found[0]
+
+    whole = json.loads(plan(pinned).stdout)
+    free, flops_split = pinned_layout(whole), whole["configured"]["stage_layers"]
+    each = {}
+    for first in range(1, 6):
+        j = json.loads(plan(pinned + [f"--parallel.stage_layers={first},{6 - first}"]).stdout)
+        each[(first, 6 - first)] = pinned_layout(j)["step_seconds"]
+    best = min(each, key=each.get)
+    if tuple(free["stage_layers"]) != best or free["step_seconds"] > each[best] * (1 + 1e-9):
+        failures.append(f"pipeline split: the planner gave {free['stage_layers']} "
+                        f"({free['step_seconds']:.4f} s), the fastest of {each} is {best}")
+    elif tuple(flops_split) == best:
+        failures.append(f"pipeline split: a GELU 10x slower left the split at {best}, as by FLOPs")
+    else:
+        print(f"ok: pipeline split by time {list(best)} (by FLOPs {flops_split}); every split: "
+              + ", ".join(f"{a},{b} {t:.4f} s" for (a, b), t in each.items()))
+
     # A plan for the CUDA backend from a CPU parameter file (and a build
     # without CUDA): the layouts are checked as the file says and planned
     # for the GPU, so they are there.

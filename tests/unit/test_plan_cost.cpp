@@ -261,3 +261,59 @@ TEST(PlanCost, OpsOutsideGemmsCountPerElement) {
   const double fwd = 4.0 * 12 * 4 * 1024.0 * 1024 * 768, bwd = 2 * fwd;
   EXPECT_NEAR(att.compute - base.compute, fwd / 2.5e11 + bwd / 1e11 - (fwd + bwd) / 1e12, 1e-9);
 }
+
+TEST(PlanCost, StageTimeCostsAreTheStagesEstimatesPerLayerAndClassifier) {
+  const GPTConfig m = gpt2();
+  ClusterRates r;
+  r.flops_per_s = 1e12;
+  r.ops.gelu_forward_ns = 1;
+  r.ops.gelu_backward_ns = 2;
+  r.ops.norm_forward_ns = 1;
+  r.ops.xent_forward_ns = 1;
+  r.ops.xent_backward_ns = 2;
+  const double C = 768, V = 50304, tokens = 4096, B = 4, T = 1024;
+  // By hand, one micro-batch of 4 x 1024 forward and backward: a layer's
+  // GEMMs and attention products, GELU over (B T, 4C), two LayerNorms'
+  // forward; the classifier's GEMMs, the cross-entropy per logit, the final
+  // LayerNorm's forward.
+  const double layer = 6 * 12 * C * C * tokens / 1e12 + 12 * B * T * T * C / 1e12 + 3e-9 * tokens * 4 * C +
+                       2e-9 * tokens * C;
+  const double head = 6 * V * C * tokens / 1e12 + 3e-9 * tokens * V + 1e-9 * tokens * C;
+  ParallelConfig p = layout(1, 1, 2, 4);
+  const StageCosts c = stage_time_costs(m, p, work(4, 1024), r);
+  EXPECT_NEAR(c.layer, layer, 1e-9 * layer);
+  EXPECT_NEAR(c.head, head, 1e-9 * head);
+  EXPECT_EQ(c.embedding, 0);
+  // The estimate's stages are these sums, whatever the split.
+  for (const std::vector<int>& split : {std::vector<int>{9, 3}, std::vector<int>{6, 6}, std::vector<int>{11, 1}}) {
+    const StepCost s = estimate_step(m, p, split, work(4, 1024), r);
+    EXPECT_NEAR(s.stage_seconds[0], split[0] * c.layer, 1e-9 * s.stage_seconds[0]);
+    EXPECT_NEAR(s.stage_seconds[1], split[1] * c.layer + c.head, 1e-9 * s.stage_seconds[1]);
+  }
+  // ZeRO 2 runs the classifier's forward and the cross-entropy's backward
+  // again; a layer is unchanged.
+  ParallelConfig z = p;
+  z.zero_stage = 2;
+  const StageCosts cz = stage_time_costs(m, z, work(4, 1024), r);
+  EXPECT_NEAR(cz.layer, c.layer, 1e-9 * layer);
+  EXPECT_NEAR(cz.head - c.head, 2 * V * C * tokens / 1e12 + 2e-9 * tokens * V, 1e-9 * head);
+  // Checkpointing adds a layer's forward to each layer, not to the classifier.
+  ParallelConfig ck = p;
+  ck.activation_checkpointing = Checkpointing::full;
+  const StageCosts cc = stage_time_costs(m, ck, work(4, 1024), r);
+  EXPECT_NEAR(cc.layer - c.layer,
+              2 * 12 * C * C * tokens / 1e12 + 4 * B * T * T * C / 1e12 + 1e-9 * tokens * 4 * C +
+                  2e-9 * tokens * C,
+              1e-9 * layer);
+  EXPECT_NEAR(cc.head, c.head, 1e-9 * head);
+  // tp halves the compute and adds each layer's four all-reduces of (B, T, C).
+  r.intra_bytes_per_s = 1e10;
+  r.intra_latency_s = 1e-6;
+  r.ranks_per_node = 8;
+  ParallelConfig t = layout(1, 2, 2, 4);
+  const StageCosts ct = stage_time_costs(m, t, work(4, 1024), r);
+  const double ar = 2.0 * 1 / 2 * tokens * C * 4 / 1e10 + 2 * 1e-6;
+  // LayerNorms are not divided by tp.
+  EXPECT_NEAR(ct.layer, (layer - 2e-9 * tokens * C) / 2 + 2e-9 * tokens * C + 4 * ar, 1e-9 * layer);
+  EXPECT_NEAR(ct.head, (head - 1e-9 * tokens * C) / 2 + 1e-9 * tokens * C, 1e-9 * head);
+}
