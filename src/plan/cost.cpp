@@ -195,20 +195,18 @@ Links links_of(const ParallelConfig& p, const ClusterRates& rates) {
   return l;
 }
 
-// One tp all-reduce of a micro-batch's (B, T, C) activations.
-double tp_all_reduce(const GPTConfig& model, const ParallelConfig& p, const StepWork& w,
-                     const ClusterRates& rates) {
-  const Links l = links_of(p, rates);
-  const bool tp_node = on_one_node(0, p.tp, 1, rates.ranks_per_node);
-  return all_reduce(double(w.micro_batch) * w.seq_len * model.n_embd * 4.0, p.tp, l.bw(tp_node),
-                    l.lat(tp_node));
+// One tp all-reduce of a micro-batch's (B, T, C) activations over `links`.
+double tp_all_reduce(const GPTConfig& model, const ParallelConfig& p, const StepWork& w, const Links& links) {
+  const bool tp_node = on_one_node(0, p.tp, 1, links.r->ranks_per_node);
+  return all_reduce(double(w.micro_batch) * w.seq_len * model.n_embd * 4.0, p.tp, links.bw(tp_node),
+                    links.lat(tp_node));
 }
 
 }  // namespace
 
 StageCosts stage_time_costs(const GPTConfig& model, const ParallelConfig& p, const StepWork& w,
                             const ClusterRates& rates) {
-  const StageModel sm(model, p, w, rates, tp_all_reduce(model, p, w, rates));
+  const StageModel sm(model, p, w, rates, tp_all_reduce(model, p, w, links_of(p, rates)));
   const StagePass layer = sm.pass(1, false), head = sm.pass(0, true);
   StageCosts c;
   c.layer = layer.forward + layer.backward + layer.ar_forward + layer.ar_backward;
@@ -226,12 +224,10 @@ StepCost estimate_step(const GPTConfig& model, const ParallelConfig& p,
   const int rpn = rates.ranks_per_node;
   const int node_ranks = std::min(std::max(rpn, 1), p.dp * p.tp * p.pp);
   const Links links = links_of(p, rates);
-  auto bw = [&](bool one_node) { return links.bw(one_node); };
-  auto lat = [&](bool one_node) { return links.lat(one_node); };
   // Groups of rank 0: tp consecutive ranks, dp by a stride of tp, pp by tp * dp.
   const bool dp_node = on_one_node(0, p.dp, p.tp, rpn), pp_node = on_one_node(0, p.pp, p.tp * p.dp, rpn);
   const double act_bytes = tokens * C * 4.0;
-  const StageModel sm(model, p, w, rates, tp_all_reduce(model, p, w, rates));
+  const StageModel sm(model, p, w, rates, tp_all_reduce(model, p, w, links));
 
   StepCost c;
   std::vector<double> fwd, bwd, comm;
@@ -242,7 +238,7 @@ StepCost estimate_step(const GPTConfig& model, const ParallelConfig& p,
     bwd.push_back(sp.backward + sp.ar_backward);
     comm.push_back(sp.ar_forward + sp.ar_backward);
   }
-  const double send = pp > 1 ? act_bytes / p.tp / bw(pp_node) + lat(pp_node) : 0;
+  const double send = pp > 1 ? act_bytes / p.tp / links.bw(pp_node) + links.lat(pp_node) : 0;
   // The node of each stage (of its first rank) and the ranks it has there.
   const int per_stage = p.tp * p.dp;
   std::vector<int> node;
@@ -267,10 +263,10 @@ StepCost estimate_step(const GPTConfig& model, const ParallelConfig& p,
     // reduction's latencies for each layer and the edges; the parameters'
     // all-gather once.
     const double calls = *std::max_element(stage_layers.begin(), stage_layers.end()) + 2.0;
-    const double half = all_reduce(w.reduced_bytes, p.dp, bw(dp_node), 0) / 2;
-    c.dp = (m + 1) * half + m * calls * (p.dp - 1) * lat(dp_node) + (p.dp - 1) * lat(dp_node);
+    const double half = all_reduce(w.reduced_bytes, p.dp, links.bw(dp_node), 0) / 2;
+    c.dp = (m + 1) * half + m * calls * (p.dp - 1) * links.lat(dp_node) + (p.dp - 1) * links.lat(dp_node);
   } else {
-    c.dp = all_reduce(w.reduced_bytes, p.dp, bw(dp_node), lat(dp_node));
+    c.dp = all_reduce(w.reduced_bytes, p.dp, links.bw(dp_node), links.lat(dp_node));
   }
   return c;
 }

@@ -399,7 +399,8 @@ std::optional<PlannedLayout> split_by_time(const RunConfig& c, const PlanMachine
   RunConfig t = c;
   t.parallel.stage_layers.layers = split;
   PlannedLayout out = evaluate_layout(t, m);
-  if (out.overflow.empty() < L.overflow.empty() || out.cost.total() >= L.cost.total()) return std::nullopt;
+  const bool loses_fit = L.overflow.empty() && !out.overflow.empty();
+  if (loses_fit || out.cost.total() >= L.cost.total()) return std::nullopt;
   return out;
 }
 
