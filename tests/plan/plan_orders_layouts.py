@@ -15,8 +15,12 @@ two rounds over the whole chain, and compares the faster of its two median
 steps with the estimate (the noise of a shared machine only ever adds time,
 and a slow spell in one round does not decide the order):
 
+  * the chain holds at least MIN_CHAIN layouts, so it spans at least
+    GAP**5 = 1.6x (how many it holds depends on the machine's rates: 8 here,
+    7 on a machine whose collectives are cheaper and whose range is narrower);
   * the Spearman rank correlation of estimate and measurement is at least
-    0.9 (for 9 layouts, up to 6 neighbouring pairs may swap);
+    0.9 (one neighbouring pair may swap among 6 layouts, two among 7, up to 6
+    among 9);
   * the layout estimated fastest is within 10% of the fastest measured.
 
 A planner that left out recomputation, the pipeline bubble, tensor-parallel
@@ -39,6 +43,7 @@ from layouts import layout_args, plan_fits, run_env, spearman  # noqa: E402
 
 mpiexec, meshlm, cfg = shlex.split(sys.argv[1]), sys.argv[2], sys.argv[3]
 GAP = 1.1
+MIN_CHAIN = 6
 STEPS, SKIP = 6, 2
 ROUNDS = 2
 MODEL = ["--model.n_layer=4", "--model.n_head=4", "--model.n_embd=256", "--model.vocab_size=8192",
@@ -83,7 +88,7 @@ def main():
                 chain.append(cand)
         print(f"{', '.join(counts)} fit, estimated {candidates[0][0]:.3f}-{candidates[-1][0]:.3f} s; "
               f"{len(chain)} of them each >= {GAP}x the one before")
-        if len(chain) < 8:
+        if len(chain) < MIN_CHAIN:
             sys.exit(f"FAIL: only {len(chain)} layouts {GAP}x apart")
 
         runs = [[] for _ in chain]
