@@ -56,11 +56,16 @@ void fatal_one(const std::string& msg, const char* file, int line) {
   std::fprintf(stderr, "ERROR on rank %d: %s (%s:%d)\n", world_rank(), msg.c_str(), file, line);
   std::fflush(stderr);
   std::fflush(stdout);
-  int init = 0, fin = 0;
+  int init = 0, fin = 0, size = 1;
   MPI_Initialized(&init);
   MPI_Finalized(&fin);
-  if (init && !fin) MPI_Abort(MPI_COMM_WORLD, 1);
-  std::exit(1);
+  if (init && !fin) MPI_Comm_size(MPI_COMM_WORLD, &size);
+  // A job of one process (meshlm plan, the ckpt tools, a singleton run) has
+  // no rank to take down: it exits 1 without MPI_Abort's banner. It does not
+  // finalize either, which would let libraries flush what the error left
+  // half-done.
+  if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);
 }
 
 }  // namespace meshlm

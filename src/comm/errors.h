@@ -7,7 +7,8 @@
 //  * fatal_all: the answer to a CollectiveError. Rank 0 prints, every rank
 //    finalizes MPI and exits 1.
 //  * fatal_one: the answer to anything else. This rank prints its number and
-//    aborts the job (MPI_Abort), so no other rank waits in a collective.
+//    aborts the job (MPI_Abort), so no other rank waits in a collective; a
+//    job of one process just exits 1.
 #pragma once
 
 #include <mpi.h>
@@ -53,7 +54,8 @@ void try_all(MPI_Comm comm, const std::string& context, F&& fn, const char* file
 // and exit with status 1.
 [[noreturn]] void fatal_all(MPI_Comm comm, const std::string& msg, const char* file, int line);
 
-// Any one rank: prints "ERROR on rank R: msg" and aborts the whole job.
+// Any one rank: prints "ERROR on rank R: msg" and aborts the whole job (a
+// job of one process exits 1, without MPI_Abort's banner or any cleanup).
 [[noreturn]] void fatal_one(const std::string& msg, const char* file, int line);
 
 }  // namespace meshlm

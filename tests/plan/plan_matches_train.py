@@ -11,7 +11,8 @@
     every one it rejects exceeds it, naming a rank and a category; the ones
     that fit come fastest first; with a limit nothing meets, it exits 1;
   * bad arguments (no --ranks, --ranks 0, an unknown option, --backend gpu,
-    a bad size, a missing parameter file, an unknown key) exit non-zero with
+    a bad size, a missing parameter file, an unknown key) exit non-zero (1,
+    with one ERROR line and no MPI_Abort banner, for a plan's one process) with
     a line naming them, and write nothing; so does cluster.rates of a file
     that --calibrate did not write, and --calibrate over such a file;
     --calibrate under mpiexec -n 2 writes (and rewrites) this machine's GEMM
@@ -134,6 +135,9 @@ with tempfile.TemporaryDirectory() as scratch:
         r = plan(args, check=False)
         if r.returncode == 0 or want not in r.stdout + r.stderr:
             failures.append(f"plan {args}: exit {r.returncode}, no error naming {want}: {r.stderr[-300:]}")
+        # One process: one ERROR line and exit 1, not MPI_Abort's banner.
+        if r.returncode != 1 or "MPI_ABORT" in r.stderr or r.stderr.count("ERROR") != 1:
+            failures.append(f"plan {args}: exit {r.returncode}, want 1 and one ERROR line: {r.stderr[-600:]}")
     r = subprocess.run([meshlm, "plan", os.path.join(scratch, "missing.cfg"), "--ranks", "1",
                         "--ranks-per-node", "1"], capture_output=True, text=True, timeout=60)
     if r.returncode == 0 or "missing.cfg" not in r.stderr:
