@@ -281,6 +281,16 @@ cluster_work() {
   echo "$work"
 }
 
+# cluster_test MESHLM SOURCE_DIR PYTHON: the start of a job test. Sets
+# meshlm and src (absolute) and python, brings the cluster up, makes $work
+# (cluster_work) and exports MESHLM for jobscripts/slurm.sbatch.
+cluster_test() {
+  meshlm=$(realpath "$1"); src=$(realpath "$2"); python=$3
+  cluster_up
+  work=$(cluster_work "$meshlm") || exit 1
+  export MESHLM=$meshlm
+}
+
 # Alone: up, one two-task step, down.
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   cluster_up

@@ -12,12 +12,9 @@
 #    that depends on it (afterok) and starts only after both tasks.
 # Exit status 77 (skipped) where the cluster cannot start.
 set -u
-meshlm=$(realpath "$1"); src=$(realpath "$2"); python=$3
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/cluster.sh"
-cluster_up
-work=$(cluster_work "$meshlm") || exit 1
-export MESHLM=$meshlm
+cluster_test "$@"
 submit=(sbatch --parsable -N1 --ntasks-per-node=2 -n2 -c1 --chdir="$work")
 train=("$src/inputs/tiny.cfg" --data.path="$work/tokens.h5" --train.steps=40 --train.log_every=1)
 fail=0

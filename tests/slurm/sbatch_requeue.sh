@@ -18,12 +18,9 @@
 # Last, scancel (SIGTERM): a checkpoint, and the job stays CANCELLED.
 # Exit status 77 (skipped) where the cluster cannot start.
 set -u
-meshlm=$(realpath "$1"); src=$(realpath "$2"); python=$3
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/cluster.sh"
-cluster_up
-work=$(cluster_work "$meshlm") || exit 1
-export MESHLM=$meshlm
+cluster_test "$@"
 steps=2000
 submit=(sbatch --parsable -N1 --ntasks-per-node=2 -n2 -c1 --chdir="$work" "$src/jobscripts/slurm.sbatch"
         "$src/inputs/tiny.cfg" --data.path="$work/tokens.h5" --train.steps="$steps" --train.log_every=1)
