@@ -153,16 +153,21 @@ class StageModel {
     const double norm_blocks = C * tokens * 2.0 * L * 1e-9, norm_final = last ? C * tokens * 1e-9 : 0;
     const double logits = tokens * V_ / tp * 1e-9;
     const double block_f = gemm + att_f + gelu * o_.gelu_forward_ns + norm_blocks * o_.norm_forward_ns;
+    // The classifier's backward runs in the last stage's forward, a chunk of
+    // rows at a time as its logits are made (GPT::forward), so that a
+    // pipeline's last stage sends nothing back until its backward proper.
+    const double cls_b = last ? (w_.lora ? 1.0 : 2.0) * cls + logits * o_.xent_backward_ns : 0;
     StagePass s;
-    s.forward = block_f + cls + norm_final * o_.norm_forward_ns + (last ? logits * o_.xent_forward_ns : 0);
-    s.backward = (w_.lora ? 1.0 : 2.0) * (gemm + cls) + att_b + gelu * o_.gelu_backward_ns +
-                 (norm_blocks + norm_final) * o_.norm_backward_ns + (last ? logits * o_.xent_backward_ns : 0);
+    s.forward = block_f + cls + norm_final * o_.norm_forward_ns + (last ? logits * o_.xent_forward_ns : 0) +
+                cls_b;
+    s.backward = (w_.lora ? 1.0 : 2.0) * gemm + att_b + gelu * o_.gelu_backward_ns +
+                 (norm_blocks + norm_final) * o_.norm_backward_ns;
     // Checkpointing runs the blocks' forward again, not the final LayerNorm's.
     if (recompute) s.backward += block_f;
     // ZeRO 2 keeps no whole gradient of wte: its classifier part comes in
     // blocks of vocabulary rows after the rows' backward, each block's
-    // logits computed again (GPT::head_wte_grad_blocks).
-    if (p_.zero_stage == 2 && !w_.lora && last) s.backward += cls + logits * o_.xent_backward_ns;
+    // logits computed again (GPT::head_wte_grad_blocks), in the forward too.
+    if (p_.zero_stage == 2 && !w_.lora && last) s.forward += cls + logits * o_.xent_backward_ns;
     // tp: 2 all-reduces per layer each way, 2 more for the recomputed forward.
     s.ar_forward = 2.0 * L * tp_one_;
     s.ar_backward = (recompute ? 4.0 : 2.0) * L * tp_one_;

@@ -7,7 +7,9 @@
 //               GEMMs: 2 FLOPs per parameter and token forward, 4 backward
 //               (2 under LoRA), the classifier's V C per token on the last
 //               stage, divided by tp, at `flops_per_s` times the efficiency
-//               of B x T rows;
+//               of B x T rows; the classifier's backward (and the
+//               cross-entropy's) runs in the last stage's forward, a chunk
+//               of rows at a time as the logits are made;
 //               attention: 4 B T^2 C forward and 8 backward per layer / tp, at
 //               its own rate by head size (or as GEMMs);
 //               GELU per element of (B T, 4C / tp), LayerNorm and residual

@@ -317,3 +317,34 @@ TEST(PlanCost, StageTimeCostsAreTheStagesEstimatesPerLayerAndClassifier) {
   EXPECT_NEAR(ct.layer, (layer - 2e-9 * tokens * C) / 2 + 2e-9 * tokens * C + 4 * ar, 1e-9 * layer);
   EXPECT_NEAR(ct.head, (head - 1e-9 * tokens * C) / 2 + 1e-9 * tokens * C, 1e-9 * head);
 }
+
+TEST(PlanCost, TheLastStagesForwardCarriesTheClassifiersBackward) {
+  // GPT::forward runs the classifier's backward (and the cross-entropy's) as
+  // it makes each chunk of logits, so a pipeline's last stage spends it in
+  // its forwards: under GPipe its backwards start that much later.
+  const GPTConfig m = gpt2();
+  ClusterRates r;
+  r.flops_per_s = 1e12;
+  r.intra_bytes_per_s = r.inter_bytes_per_s = 1e30;  // sends that cost nothing
+  r.intra_latency_s = r.inter_latency_s = 0;
+  const double C = 768, V = 50304, tokens = 4096, B = 4, T = 1024;
+  const double layer_f = (2 * 12 * C * C * tokens + 4 * B * T * T * C) / 1e12;
+  const double layer_b = (4 * 12 * C * C * tokens + 8 * B * T * T * C) / 1e12;
+  const double head_f = 2 * V * C * tokens / 1e12, head_b = 4 * V * C * tokens / 1e12;
+  ParallelConfig p = layout(1, 1, 2, 4);
+  p.schedule = PipelineSchedule::gpipe;
+  // Stages 9, 3: stage 0's forward f0 is shorter than stage 1's (three
+  // layers and the classifier both ways), its backward b0 longer than
+  // stage 1's b1. Stage 1's forwards end at f0 + 4 f1, its backwards follow
+  // one b1 apart, and stage 0's four backwards run from the first of them.
+  const double f0 = 9 * layer_f, b0 = 9 * layer_b;
+  const double f1 = 3 * layer_f + head_f + head_b, b1 = 3 * layer_b;
+  ASSERT_GT(f1, f0);
+  ASSERT_GT(b0, b1);
+  const StepCost s = estimate_step(m, p, {9, 3}, work(4, 1024), r);
+  EXPECT_NEAR(s.total(), f0 + 4 * f1 + b1 + 4 * b0, 1e-9 * s.total());
+  // Counted in stage 1's backward instead, the classifier would let stage
+  // 1's forwards keep pace with stage 0's: 4 f0 + (f1 - head_b) + (b1 +
+  // head_b) + 4 b0, about 15% shorter.
+  EXPECT_GT(s.total(), 1.1 * (4 * f0 + f1 + b1 + 4 * b0));
+}
