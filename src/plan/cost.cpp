@@ -153,14 +153,17 @@ class StageModel {
     const double norm_blocks = C * tokens * 2.0 * L * 1e-9, norm_final = last ? C * tokens * 1e-9 : 0;
     const double logits = tokens * V_ / tp * 1e-9;
     const double block_f = gemm + att_f + gelu * o_.gelu_forward_ns + norm_blocks * o_.norm_forward_ns;
+    // A backward's GEMMs per forward one: the input's gradient and the
+    // weight's, or only the input's under LoRA (its base is frozen).
+    const double backward_gemms = w_.lora ? 1.0 : 2.0;
     // The classifier's backward runs in the last stage's forward, a chunk of
     // rows at a time as its logits are made (GPT::forward), so that a
     // pipeline's last stage sends nothing back until its backward proper.
-    const double cls_b = last ? (w_.lora ? 1.0 : 2.0) * cls + logits * o_.xent_backward_ns : 0;
+    const double cls_b = last ? backward_gemms * cls + logits * o_.xent_backward_ns : 0;
     StagePass s;
     s.forward = block_f + cls + norm_final * o_.norm_forward_ns + (last ? logits * o_.xent_forward_ns : 0) +
                 cls_b;
-    s.backward = (w_.lora ? 1.0 : 2.0) * gemm + att_b + gelu * o_.gelu_backward_ns +
+    s.backward = backward_gemms * gemm + att_b + gelu * o_.gelu_backward_ns +
                  (norm_blocks + norm_final) * o_.norm_backward_ns;
     // Checkpointing runs the blocks' forward again, not the final LayerNorm's.
     if (recompute) s.backward += block_f;
