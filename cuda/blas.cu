@@ -170,6 +170,10 @@ std::string dims(int N, int IC, int OC) {
 
 }  // namespace
 
+std::array<void*, 3> inputs_16bit(cudaStream_t stream, size_t a, size_t b, size_t c) {
+  return inputs16().reserve(stream, a, b, c);
+}
+
 void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int IC,
                     int OC, cudaStream_t stream, ops::Precision p) {
   if (N == 0 || OC == 0) return;

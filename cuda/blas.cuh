@@ -3,6 +3,9 @@
 
 #include <cuda_runtime.h>
 
+#include <array>
+#include <cstddef>
+
 #include "ops/precision.h"
 
 namespace meshlm::cuda {
@@ -18,5 +21,13 @@ void gemm_strided_batched_rm(cudaStream_t stream, ops::Precision p, bool ta, boo
                              int K, float alpha, const float* A, int lda, long long strideA,
                              const float* B, int ldb, long long strideB, float beta, float* C,
                              int ldc, long long strideC, int batch);
+
+
+// The stream's buffer of 16-bit GEMM inputs (ops/gpu_workspace.h) with room
+// for a, b and c elements of 2 bytes, each copy 256-byte aligned; the third
+// pointer is null when c = 0. Valid until the next GEMM or call on the same
+// stream: the fused attention rounds its inputs into it as a GEMM would,
+// asking for no more than the block's largest GEMM does.
+std::array<void*, 3> inputs_16bit(cudaStream_t stream, size_t a, size_t b, size_t c = 0);
 
 }  // namespace meshlm::cuda

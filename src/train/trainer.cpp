@@ -83,9 +83,12 @@ size_t gpu_gemm_copies_bytes(const GPTConfig& m, const RankPlan& shape, ops::Pre
   linear(N, 4 * C, C, lora && o.lora.targets.has(LinearSlot::mlp_down));
   // The classifier, a chunk of rows at a time (tied to wte, no adapter).
   linear(classifier_rows(m, shape.shard, o, size_t(N)), C, Vp, false);
+  // Flash attention (cuda/flash_attention.cu) rounds qkv(N, 3C) into the
+  // same buffer, and dout(N, C) beside it in the backward.
+  if (o.attention == Attention::flash)
+    most = std::max(most, ops::gemm_16bit_copies_bytes(size_t(N) * 3 * C, size_t(N) * C));
   // Attention keeping the probabilities (cuda/attention.cu), one sequence
-  // at a time, strided-batched over the heads; flash multiplies in its own
-  // kernels and copies nothing.
+  // at a time, strided-batched over the heads.
   if (o.attention == Attention::probabilities) {
     const long long TT = static_cast<long long>(T) * T;
     gemm(false, true, T, T, HS, 3 * C, 3 * C, HS, HS, NH);   // S = Q K^T

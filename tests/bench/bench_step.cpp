@@ -4,14 +4,19 @@
 //
 //   meshlm_bench --n_layer 12 --n_head 12 --n_embd 768 --vocab_size 50304
 //                --seq_len 64 --batch 4 --threads 2 [--steps 5] [--warmup 2] [--cuda 1]
-//                [--bf16 1] [--flash 1]
+//                [--bf16 1] [--flash 1] [--lora R]
 //
 // --cuda 1 runs the step on GPU 0 (runtime.backend = cuda, fp32), timed to
 // the end of the device's work, and adds the device memory to the line: the
 // tracked Buffers' peak, the caching allocator's reservation, and what
 // cudaMemGetInfo reports in use. --bf16 1 computes at train.precision = bf16
 // (emulated on the CPU). --flash 1 sets train.attention = flash (on a GPU:
-// the fused kernels, which need --bf16 1).
+// the fused kernels, which need --bf16 1). --lora R trains LoRA adapters of
+// rank R (alpha 2R) on every linear layer of a frozen NF4 base, quantized
+// once from GPT-2's initialisation (finetune.mode = lora, quant.type = nf4;
+// on a GPU the base's bytes are uploaded once and dequantized in tiles).
+// On a GPU the classifier's chunks and the base's tiles are those of
+// `meshlm train` (train/engine.cpp).
 //
 // Prints one JSON line (same keys as torch_step.py). Training FLOPs per step
 // (docs/PERFORMANCE.md):
@@ -30,6 +35,8 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "load/base_loader.h"
+#include "ops/gpu_workspace.h"
 #include "core/timer.h"
 #include "model/gpt.h"
 #include "train/adamw.h"
@@ -44,7 +51,7 @@ int main(int argc, char** argv) {
   std::map<std::string, long> f = {{"n_layer", 12}, {"n_head", 12},   {"n_embd", 768},
                                    {"vocab_size", 50304}, {"seq_len", 64}, {"batch", 4},
                                    {"threads", 1},  {"steps", 5},     {"warmup", 2}, {"cuda", 0},
-                                   {"bf16", 0}, {"flash", 0}};
+                                   {"bf16", 0}, {"flash", 0}, {"lora", 0}};
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     if (k.rfind("--", 0) != 0 || !f.count(k.substr(2))) {
@@ -85,7 +92,32 @@ int main(int argc, char** argv) {
   GPTOptions opts;
   opts.kernels = kernels;
   opts.attention = f["flash"] != 0 ? Attention::flash : Attention::probabilities;
+  if (f["cuda"] != 0) {
+    opts.qtile_rows = ops::kGpuQTileRows;
+    opts.classifier_rows = static_cast<int>(
+        std::max<size_t>(1, ops::kGpuClassifierChunkFloats / size_t(cfg.padded_vocab_size())));
+  }
+  std::unique_ptr<Buffer> store;
+  load::StoreManifest manifest;
+  if (f["lora"] > 0) {
+    opts.lora.enabled = true;
+    opts.lora.rank = static_cast<int>(f["lora"]);
+    opts.lora.alpha = 2.0f * static_cast<float>(opts.lora.rank);
+    quant::QuantConfig q;
+    q.type = quant::QuantType::nf4;
+    manifest = load::make_manifest(cfg, q.type);
+    store = std::make_unique<Buffer>(manifest.bytes, MemCategory::quantized, "bench.store");
+    load::fill_store(cfg, q, 0, manifest, store->as<uint8_t>(), /*use_cache=*/false);
+  }
+#ifdef MESHLM_HAVE_CUDA
+  if (gpu) opts.dequantizer = &gpu->dequantizer();
+#endif
   GPT model(cfg, {}, opts);
+  if (store)
+    model.attach_base([&](const ParamSpec& p) {
+      const load::StoreEntry& e = manifest.at(p.name);
+      return quant::qtensor_at(e.layout, store->as<uint8_t>() + e.offset);
+    });
   model.init_weights(0);
   AdamW opt(model.table(), {0.9f, 0.95f, 1e-8f, 0.1f}, 0, SIZE_MAX, *kernels);
   std::vector<int32_t> tok(static_cast<size_t>(B) * T), tgt(tok.size());
@@ -119,11 +151,12 @@ int main(int argc, char** argv) {
              ", \"reserved_gib\": " + std::to_string(gpu->reserved_bytes() / 1073741824.0) +
              ", \"device_in_use_gib\": " + std::to_string(gpu->used_bytes() / 1073741824.0);
 #endif
+  const std::string mode = f["lora"] > 0 ? "lora-nf4" : "full";
   std::printf(
-      "{\"impl\": \"meshlm\", \"device\": \"%s\", \"precision\": \"%s\", \"attention\": \"%s\", \"threads\": %d, \"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d, "
+      "{\"impl\": \"meshlm\", \"mode\": \"%s\", \"device\": \"%s\", \"precision\": \"%s\", \"attention\": \"%s\", \"threads\": %d, \"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d, "
       "\"vocab_size\": %d, \"seq_len\": %d, \"batch\": %d, \"ms_per_step\": %.3f, "
       "\"tokens_per_s\": %.1f, \"gflops\": %.2f, \"loss\": %.4f%s}\n",
-      device.c_str(), name_of(precision), name_of(opts.attention), threads, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, T, B, 1e3 * med, B * T / med,
+      mode.c_str(), device.c_str(), name_of(precision), name_of(opts.attention), threads, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, T, B, 1e3 * med, B * T / med,
       flops / med / 1e9, loss, memory.c_str());
   MPI_Finalize();
   return 0;

@@ -4,7 +4,7 @@
 Usage:
   torch_gpu_step.py --n_layer L --n_head NH --n_embd C [--vocab_size 50257] [--seq_len 1024]
                     [--batch B[,B...] | --batch auto] [--steps 20] [--warmup 5] [--no-compile]
-                    [--peak-tflops 989.4] [--fp32]
+                    [--peak-tflops 989.4] [--fp32] [--lora R]
 
 GPT-2 (learned positions, pre-LayerNorm, tanh GELU, tied lm_head, vocabulary
 padded to a multiple of 64 rows, logits over the V real rows) trained the way
@@ -21,6 +21,12 @@ PyTorch's own performance guides set it up on a GPU:
 the same arithmetic as meshlm's fp32 CUDA backend, for a like-for-like
 figure beside the bf16 one.
 
+--lora R fine-tunes instead, as peft's own guides do on a GPU: the base in
+bf16, frozen, with peft LoRA adapters of rank R (alpha 2R, fp32, peft's
+default autocast of adapters) on every linear layer (c_attn, both c_proj,
+c_fc), under bf16 autocast and torch.compile, AdamW(fused=True) over the
+adapters: the peer of meshlm's LoRA rows (mode "lora-bf16").
+
 A step is zero_grad(set_to_none) + forward + backward + clip + optimizer step;
 steps are timed with CUDA events after `warmup` untimed ones (the first ones
 include compilation), and the median is reported. `--batch auto` tries
@@ -29,7 +35,8 @@ out of device memory; a comma-separated list is tried the same way, in its
 order. Prints one JSON line per configuration:
 
   {"impl": "pytorch-gpu", "device": ..., "torch": ..., "n_layer": ..., "n_head": ...,
-   "n_embd": ..., "vocab_size": ..., "seq_len": ..., "batch": ..., "compile": bool,
+   "n_embd": ..., "vocab_size": ..., "seq_len": ..., "batch": ..., "mode": "full"|"lora-bf16",
+   "compile": bool,
    "ms_per_step": ..., "tokens_per_s": ..., "tflops": ..., "mfu": ..., "peak_mem_gib": ...,
    "final_loss": ...}
 
@@ -118,8 +125,19 @@ def run(args, B):
     torch.manual_seed(args.seed)
     dev = torch.device("cuda")
     model = GPT(L, NH, C, V, T).to(dev)
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    if args.lora:
+        from peft import LoraConfig, inject_adapter_in_model
+        model = model.to(torch.bfloat16)
+        cfg = LoraConfig(r=args.lora, lora_alpha=2 * args.lora, lora_dropout=0.0,
+                         target_modules=["c_attn", "c_proj", "c_fc"])
+        model = inject_adapter_in_model(cfg, model)
+        for name, p in model.named_parameters():
+            p.requires_grad_("lora_" in name)
+            if "lora_" in name:
+                p.data = p.data.float()
+    trained = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in trained if p.ndim >= 2]
+    no_decay = [p for p in trained if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=3e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
@@ -127,7 +145,7 @@ def run(args, B):
     g = torch.Generator(device=dev).manual_seed(args.seed + 1)
     tokens = torch.randint(0, V, (B, T), device=dev, generator=g)
     targets = torch.randint(0, V, (B, T), device=dev, generator=g)
-    params = list(model.parameters())
+    params = trained
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -155,6 +173,7 @@ def run(args, B):
     return {
         "impl": "pytorch-gpu", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
         "n_layer": L, "n_head": NH, "n_embd": C, "vocab_size": V, "seq_len": T, "batch": B,
+        "mode": "lora-bf16" if args.lora else "full",
         "precision": "fp32" if args.fp32 else "bf16-autocast", "compile": args.compile, "ms_per_step": med * 1e3, "tokens_per_s": B * T / med,
         "tflops": flops / 1e12, "mfu": flops / (args.peak_tflops * 1e12),
         "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30, "final_loss": loss.item(),
@@ -175,6 +194,7 @@ def main():
     ap.add_argument("--peak-tflops", type=float, default=989.4)
     ap.add_argument("--no-compile", dest="compile", action="store_false")
     ap.add_argument("--fp32", action="store_true")
+    ap.add_argument("--lora", type=int, default=0)
     args = ap.parse_args()
     if args.fp32:
         args.compile = False

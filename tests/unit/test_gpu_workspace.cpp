@@ -2,7 +2,8 @@
 // the memory prediction writes them down (gpu_gemm_copies_bytes), against
 // the GEMMs the model really issues: a backend that runs the CPU ops and
 // records, for each call, the spans the CUDA backend would copy (as
-// cuda/blas.cu and cuda/attention.cu call cuBLAS). Every layout the CUDA
+// cuda/blas.cu and cuda/attention.cu call cuBLAS, and as
+// cuda/flash_attention.cu rounds its inputs). Every layout the CUDA
 // backend trains (one rank: full training or LoRA, probabilities or flash,
 // the classifier in chunks) gives the prediction exactly. The scratch of the
 // reductions over rows (gpu_reduction_scratch_bytes) likewise.
@@ -64,6 +65,20 @@ public:
     record(false, false, Tn, HS, Tn, Tn, 3 * C, TT, HS, NH);
     record(true, false, Tn, HS, Tn, Tn, 3 * C, TT, HS, NH);
     TimedKernels::attention_backward(dqkv, datt, dout, qkv, att, B, Tn, C, NH);
+  }
+  // The fused attention rounds qkv (and dout in the backward) into the same
+  // buffer (cuda/flash_attention.cu).
+  void flash_attention_forward(float* out, float* lse, const float* qkv, int B, int Tn, int C,
+                               int NH) const override {
+    most_ = std::max(most_, ops::gemm_16bit_copies_bytes(size_t(B) * Tn * 3 * C, 0));
+    TimedKernels::flash_attention_forward(out, lse, qkv, B, Tn, C, NH);
+  }
+  void flash_attention_backward(float* dqkv, float* delta, const float* dout, const float* out,
+                                const float* qkv, const float* lse, int B, int Tn, int C,
+                                int NH) const override {
+    most_ = std::max(most_, ops::gemm_16bit_copies_bytes(size_t(B) * Tn * 3 * C,
+                                                         size_t(B) * Tn * C));
+    TimedKernels::flash_attention_backward(dqkv, delta, dout, out, qkv, lse, B, Tn, C, NH);
   }
   void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
             const float* B, int ldb, float beta, float* C, int ldc) const override {

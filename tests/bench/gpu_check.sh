@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# gpu_check.sh OUT_DIR [BASELINE_TREE]
+#
+# One call to a GPU machine (../shared/device/README.md: run it after
+# `source .devkit/setup.sh`, from the repository root): builds the CUDA
+# targets in build-gpu, runs the `cuda` tests, compute-sanitizer (memcheck
+# and racecheck) on the fused attention's tests, and the attention benchmark
+# beside PyTorch's scaled_dot_product_attention at GPT-2 124M's and 1.5B's
+# shapes; then meshlm_bench's GPT-2 124M step (bf16, flash, B = 16). With
+# BASELINE_TREE (a copy of an earlier commit's sources), that tree's
+# meshlm_bench is built too, in the background while the tests run, and
+# timed on the same GPU right before this tree's. Logs and JSON lines go to
+# OUT_DIR; a summary is printed last.
+set -u
+out=$1
+base=${2:-}
+mkdir -p "$out"
+root=$(pwd)
+cuda_tests=$(cd tests/cuda && ls test_*.cpp | sed 's/\.cpp$//')
+gen=""; command -v ninja >/dev/null && gen="-G Ninja"
+t0=$SECONDS
+# shellcheck disable=SC2086
+cmake -S . -B build-gpu $gen $DEVKIT_CMAKE_ARGS -DMESHLM_CUDA=ON >"$out/configure.log" 2>&1 &&
+  cmake --build build-gpu -j"$(nproc)" --target meshlm meshlm_bench meshlm_attention_bench \
+    $cuda_tests >"$out/build.log" 2>&1 ||
+  { echo "build failed after $((SECONDS - t0)) s:"; grep -E "error|Error" "$out/build.log" | head -20; exit 1; }
+echo "# build: $((SECONDS - t0)) s"
+old_pid=""
+if [ -n "$base" ]; then
+  # shellcheck disable=SC2086
+  (cd "$base" && cmake -S . -B build-old $gen $DEVKIT_CMAKE_ARGS -DMESHLM_CUDA=ON &&
+     cmake --build build-old -j8 --target meshlm_bench) >"$out/build_old.log" 2>&1 &
+  old_pid=$!
+fi
+
+t0=$SECONDS
+ctest --test-dir build-gpu -L cuda --output-on-failure >"$out/ctest.log" 2>&1
+echo "# ctest -L cuda: $((SECONDS - t0)) s: $(grep -E 'tests passed|tests failed' "$out/ctest.log")"
+grep -E "^ *[0-9]+/[0-9]+ Test|Failed|FAILED" "$out/ctest.log" | grep -v " Passed" | head -20
+
+t0=$SECONDS
+for tool in memcheck racecheck; do
+  timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 9 build-gpu/tests/test_cuda_ops \
+    --gtest_filter='*Flash*' >"$out/sanitizer_$tool.log" 2>&1
+  echo "# compute-sanitizer $tool (flash tests): exit $? ($(grep -E 'ERROR SUMMARY' "$out/sanitizer_$tool.log" | tail -1))"
+done
+echo "# sanitizers: $((SECONDS - t0)) s"
+
+jsonl=$out/bench.jsonl
+: >"$jsonl"
+for shape in "16 768 12" "8 1600 25"; do
+  set -- $shape
+  build-gpu/tests/bench/meshlm_attention_bench --batch "$1" --n_embd "$2" --n_head "$3" \
+    >>"$jsonl" 2>>"$out/attention.log"
+  python3 tests/bench/torch_attention.py --batch "$1" --n_embd "$2" --n_head "$3" \
+    >>"$jsonl" 2>>"$out/attention.log"
+done
+step=(--n_layer 12 --n_head 12 --n_embd 768 --vocab_size 50257 --seq_len 1024 --batch 16
+      --steps 5 --warmup 2 --cuda 1 --bf16 1 --flash 1)
+if [ -n "$old_pid" ]; then
+  wait "$old_pid" && "$base/build-old/tests/bench/meshlm_bench" "${step[@]}" 2>>"$out/step.log" |
+    sed 's/"impl": "meshlm"/"impl": "meshlm-baseline"/' >>"$jsonl" ||
+    { echo "# baseline build or run failed:"; tail -5 "$out/build_old.log"; }
+fi
+build-gpu/tests/bench/meshlm_bench "${step[@]}" >>"$jsonl" 2>>"$out/step.log"
+# Op timings (each op waited for) of meshlm train on GPT-2 124M, bf16, flash,
+# B = 16: full training and LoRA r = 16 on an NF4 base, 3 steps each.
+scratch=$(mktemp -d)
+cat src/*/*.cpp src/*/*.h cuda/* >"$scratch/corpus.txt"
+build-gpu/meshlm tokenize "$scratch/corpus.txt" "$scratch/corpus.h5" >"$out/tokenize.log" 2>&1
+run=(--runtime.backend=cuda --train.precision=bf16 --train.attention=flash --train.steps=3
+     --data.path="$scratch/corpus.h5" --train.batch_size=16 --train.micro_batch_size=16
+     --train.log_every=1 --train.warmup_steps=1 --runtime.op_timings=true)
+for mode in full nf4; do
+  extra=()
+  [ "$mode" = nf4 ] && extra=(--finetune.mode=lora --finetune.lora_rank=16 --quant.type=nf4)
+  build-gpu/meshlm train inputs/gpt2-124m.cfg "${run[@]}" "${extra[@]}" \
+    --output.dir="$scratch/$mode" >"$out/ops_$mode.log" 2>&1 || echo "# op timings ($mode) failed"
+done
+rm -rf "$scratch"
+cd "$root" || exit 1
+python3 - "$jsonl" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if r.get("op") == "attention":
+        print(f"attention {r['impl']:8} B={r['batch']:2} C={r['n_embd']:4} NH={r['n_head']:2}: "
+              f"fwd {r['fwd_ms']:.3f} ms ({r['fwd_tflops']} TFLOP/s), "
+              f"bwd {r['bwd_ms']:.3f} ms ({r['bwd_tflops']} TFLOP/s)")
+    else:
+        print(f"step {r['impl']:16} B={r['batch']} {r['ms_per_step']:.1f} ms "
+              f"{r['tokens_per_s']:.0f} tokens/s {r['gflops'] / 1e3:.1f} TFLOP/s "
+              f"device {r.get('device_in_use_gib', 0):.1f} GiB")
+PY
+for mode in full nf4; do
+  echo "---- op timings, $mode (slowest first)"
+  sed -n '/^# Time per op/,/all ops/p' "$out/ops_$mode.log" | tail -n +3 | grep -v "all ops" |
+    sort -k6 -n -r | head -12
+  grep "all ops" "$out/ops_$mode.log"
+done
