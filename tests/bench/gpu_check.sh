@@ -40,7 +40,7 @@ grep -E "^ *[0-9]+/[0-9]+ Test|Failed|FAILED" "$out/ctest.log" | grep -v " Passe
 
 t0=$SECONDS
 for tool in memcheck racecheck; do
-  timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 9 build-gpu/tests/test_cuda_ops \
+  timeout 60 compute-sanitizer --tool "$tool" --error-exitcode 9 build-gpu/tests/test_cuda_ops \
     --gtest_filter='*Flash*' >"$out/sanitizer_$tool.log" 2>&1
   echo "# compute-sanitizer $tool (flash tests): exit $? ($(grep -E 'ERROR SUMMARY' "$out/sanitizer_$tool.log" | tail -1))"
 done
@@ -48,7 +48,7 @@ echo "# sanitizers: $((SECONDS - t0)) s"
 
 jsonl=$out/bench.jsonl
 : >"$jsonl"
-for shape in "16 768 12" "8 1600 25"; do
+for shape in "16 768 12" "8 1600 25" "4 1024 8"; do
   set -- $shape
   build-gpu/tests/bench/meshlm_attention_bench --batch "$1" --n_embd "$2" --n_head "$3" \
     >>"$jsonl" 2>>"$out/attention.log"
@@ -63,6 +63,7 @@ if [ -n "$old_pid" ]; then
     { echo "# baseline build or run failed:"; tail -5 "$out/build_old.log"; }
 fi
 build-gpu/tests/bench/meshlm_bench "${step[@]}" >>"$jsonl" 2>>"$out/step.log"
+build-gpu/tests/bench/meshlm_bench "${step[@]}" --lora 16 >>"$jsonl" 2>>"$out/step.log"
 # Op timings (each op waited for) of meshlm train on GPT-2 124M, bf16, flash,
 # B = 16: full training and LoRA r = 16 on an NF4 base, 3 steps each.
 scratch=$(mktemp -d)
@@ -88,7 +89,7 @@ for line in open(sys.argv[1]):
               f"fwd {r['fwd_ms']:.3f} ms ({r['fwd_tflops']} TFLOP/s), "
               f"bwd {r['bwd_ms']:.3f} ms ({r['bwd_tflops']} TFLOP/s)")
     else:
-        print(f"step {r['impl']:16} B={r['batch']} {r['ms_per_step']:.1f} ms "
+        print(f"step {r['impl']:16} {r.get('mode', 'full'):8} B={r['batch']} {r['ms_per_step']:.1f} ms "
               f"{r['tokens_per_s']:.0f} tokens/s {r['gflops'] / 1e3:.1f} TFLOP/s "
               f"device {r.get('device_in_use_gib', 0):.1f} GiB")
 PY
