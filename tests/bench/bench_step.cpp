@@ -4,7 +4,7 @@
 //
 //   meshlm_bench --n_layer 12 --n_head 12 --n_embd 768 --vocab_size 50304
 //                --seq_len 64 --batch 4 --threads 2 [--steps 5] [--warmup 2] [--cuda 1]
-//                [--bf16 1] [--flash 1] [--lora R]
+//                [--bf16 1] [--flash 1] [--lora R] [--op_timings 1]
 //
 // --cuda 1 runs the step on GPU 0 (runtime.backend = cuda, fp32), timed to
 // the end of the device's work, and adds the device memory to the line: the
@@ -16,7 +16,10 @@
 // once from GPT-2's initialisation (finetune.mode = lora, quant.type = nf4;
 // on a GPU the base's bytes are uploaded once and dequantized in tiles).
 // On a GPU the classifier's chunks and the base's tiles are those of
-// `meshlm train` (train/engine.cpp).
+// `meshlm train` (train/engine.cpp). --op_timings 1 times every op as
+// runtime.op_timings does (ops/timed_kernels.h: each op waited for) and adds
+// "op_ms", the milliseconds per timed step of each op, to the line; the
+// step itself is then slower than a plain one.
 //
 // Prints one JSON line (same keys as torch_step.py). Training FLOPs per step
 // (docs/PERFORMANCE.md):
@@ -37,6 +40,7 @@
 #include "core/rng.h"
 #include "load/base_loader.h"
 #include "ops/gpu_workspace.h"
+#include "ops/timed_kernels.h"
 #include "core/timer.h"
 #include "model/gpt.h"
 #include "train/adamw.h"
@@ -51,7 +55,7 @@ int main(int argc, char** argv) {
   std::map<std::string, long> f = {{"n_layer", 12}, {"n_head", 12},   {"n_embd", 768},
                                    {"vocab_size", 50304}, {"seq_len", 64}, {"batch", 4},
                                    {"threads", 1},  {"steps", 5},     {"warmup", 2}, {"cuda", 0},
-                                   {"bf16", 0}, {"flash", 0}, {"lora", 0}};
+                                   {"bf16", 0}, {"flash", 0}, {"lora", 0}, {"op_timings", 0}};
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     if (k.rfind("--", 0) != 0 || !f.count(k.substr(2))) {
@@ -89,6 +93,11 @@ int main(int argc, char** argv) {
     return 2;
   }
 #endif
+  std::unique_ptr<ops::TimedKernels> timed;
+  if (f["op_timings"] != 0) {
+    timed = std::make_unique<ops::TimedKernels>(*kernels);
+    kernels = timed.get();
+  }
   GPTOptions opts;
   opts.kernels = kernels;
   opts.attention = f["flash"] != 0 ? Attention::flash : Attention::probabilities;
@@ -127,7 +136,11 @@ int main(int argc, char** argv) {
 
   std::vector<double> times;
   float loss = 0;
+  constexpr int kOps = static_cast<int>(ops::KernelOp::count);
+  std::vector<double> warm_seconds(kOps, 0.0);
   for (long s = 0; s < f["warmup"] + f["steps"]; ++s) {
+    if (timed && s == f["warmup"])
+      for (int i = 0; i < kOps; ++i) warm_seconds[i] = timed->seconds(ops::KernelOp(i));
     const double t0 = now_seconds();
     model.zero_grads();
     loss = model.forward(tok.data(), tgt.data(), B, T);
@@ -151,6 +164,19 @@ int main(int argc, char** argv) {
              ", \"reserved_gib\": " + std::to_string(gpu->reserved_bytes() / 1073741824.0) +
              ", \"device_in_use_gib\": " + std::to_string(gpu->used_bytes() / 1073741824.0);
 #endif
+  if (timed) {
+    memory += ", \"op_ms\": {";
+    const char* sep = "";
+    for (int i = 0; i < kOps; ++i) {
+      const double ms = 1e3 * (timed->seconds(ops::KernelOp(i)) - warm_seconds[i]) /
+                        static_cast<double>(f["steps"]);
+      if (ms <= 0) continue;
+      memory += sep + std::string("\"") + ops::kernel_op_name(ops::KernelOp(i)) +
+                "\": " + std::to_string(ms);
+      sep = ", ";
+    }
+    memory += "}";
+  }
   const std::string mode = f["lora"] > 0 ? "lora-nf4" : "full";
   std::printf(
       "{\"impl\": \"meshlm\", \"mode\": \"%s\", \"device\": \"%s\", \"precision\": \"%s\", \"attention\": \"%s\", \"threads\": %d, \"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d, "

@@ -62,8 +62,8 @@ if [ -n "$old_pid" ]; then
     sed 's/"impl": "meshlm"/"impl": "meshlm-baseline"/' >>"$jsonl" ||
     { echo "# baseline build or run failed:"; tail -5 "$out/build_old.log"; }
 fi
-build-gpu/tests/bench/meshlm_bench "${step[@]}" >>"$jsonl" 2>>"$out/step.log"
-build-gpu/tests/bench/meshlm_bench "${step[@]}" --lora 16 >>"$jsonl" 2>>"$out/step.log"
+build-gpu/tests/bench/meshlm_bench "${step[@]}" 2>>"$out/step.log" | grep '^{' >>"$jsonl"
+build-gpu/tests/bench/meshlm_bench "${step[@]}" --lora 16 2>>"$out/step.log" | grep '^{' >>"$jsonl"
 # Op timings (each op waited for) of meshlm train on GPT-2 124M, bf16, flash,
 # B = 16: full training and LoRA r = 16 on an NF4 base, 3 steps each.
 scratch=$(mktemp -d)
