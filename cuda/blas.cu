@@ -64,15 +64,34 @@ cublasOperation_t op(bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_O
 
 // ---- 16-bit copies of GEMM inputs --------------------------------------------
 
-__global__ void round_to_bf16_kernel(__nv_bfloat16* out, const float* in, size_t n) {
-  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x)
-    out[i] = __float2bfloat16_rn(in[i]);
+template <typename Out>
+__device__ __forceinline__ uint32_t pack_16bit(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack_16bit<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
 }
-__global__ void round_to_fp16_kernel(__half* out, const float* in, size_t n) {
-  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x)
-    out[i] = __float2half_rn(in[i]);  // beyond 65504 (after rounding): infinity
+template <>
+__device__ __forceinline__ uint32_t pack_16bit<__half>(float lo, float hi) {
+  const __half2 v = __floats2half2_rn(lo, hi);  // beyond 65504 (after rounding): infinity
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// out(n) = in(n) rounded to nearest even: four at a time where `by4` (in
+// 16-byte aligned; out, a 16-bit copy, is 256-byte aligned), then one.
+template <typename Out>
+__global__ void round_to_16bit_kernel(Out* out, const float* in, size_t n, bool by4) {
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t n4 = by4 ? n / 4 : 0;
+  for (size_t i = first; i < n4; i += stride) {
+    const float4 x = reinterpret_cast<const float4*>(in)[i];
+    reinterpret_cast<uint2*>(out)[i] = make_uint2(pack_16bit<Out>(x.x, x.y), pack_16bit<Out>(x.z, x.w));
+  }
+  for (size_t i = 4 * n4 + first; i < n; i += stride) {
+    const uint32_t two = pack_16bit<Out>(in[i], 0.0f);
+    out[i] = *reinterpret_cast<const Out*>(&two);
+  }
 }
 
 // The 16-bit copies of the two inputs of the GEMMs queued on one stream
@@ -108,15 +127,6 @@ private:
 Inputs16& inputs16() {
   thread_local Inputs16* copies = new Inputs16;
   return *copies;
-}
-
-// Rounds x[0, n) into `dst` at precision p (bf16 or fp16).
-void round_span(ops::Precision p, void* dst, const float* x, size_t n, cudaStream_t stream) {
-  if (p == ops::Precision::bf16)
-    round_to_bf16_kernel<<<grid_for(n), kThreads, 0, stream>>>(static_cast<__nv_bfloat16*>(dst), x, n);
-  else
-    round_to_fp16_kernel<<<grid_for(n), kThreads, 0, stream>>>(static_cast<__half*>(dst), x, n);
-  CUDA_CHECK(cudaGetLastError());
 }
 
 // The 16-bit copies of A[0, a) and B[0, b), queued on `stream`.
@@ -163,12 +173,134 @@ void gemm_rm_16(cudaStream_t stream, ops::Precision p, bool ta, bool tb, int M, 
                                 ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
+// ---- cuBLASLt: out = inp w^T + bias with the bias in the GEMM's epilogue ------
+//
+// At bf16 and fp16 matmul_forward's GEMM adds the bias as it writes out
+// (CUBLASLT_EPILOGUE_BIAS), where the fp32 path first writes the bias into
+// every row and lets the GEMM read it back (beta = 1): 8 bytes less per
+// output element. In cuBLASLt's column-major terms out^T(OC, N) = W(OC, IC)
+// inp^T(IC, N), A = w stored (IC, OC) and transposed, B = inp stored (IC, N),
+// the bias one value per row of out^T. No workspace: the memory prediction
+// knows none. Where cuBLASLt offers no algorithm (heuristics for the shape and
+// the pointers' alignment), matmul_forward takes the fp32 path's two steps.
+
+// The largest power of two (at most 256) that divides the address.
+uint32_t alignment_of(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t align = 256;
+  while (align > 1 && a % align != 0) align /= 2;
+  return align;
+}
+
+struct LtPlan {
+  bool ok = false;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+// Per host thread: a cuBLASLt handle per device and the plan of every shape
+// seen (descriptors and the heuristic's algorithm), kept for the process.
+class LtPlans {
+public:
+  // The plan for out(N, OC) = inp(N, IC) w(OC, IC)^T + bias at precision p,
+  // for pointers of these alignments; ok = false where there is none.
+  const LtPlan& get(int device, ops::Precision p, int N, int IC, int OC,
+                    const std::array<uint32_t, 4>& align, const float* bias) {
+    const Key key{device, static_cast<int>(p), N, IC, OC, align};
+    auto it = plans_.find(key);
+    if (it != plans_.end()) return it->second;
+    LtPlan& plan = plans_[key];
+    const CublasLtApi& lt = cublaslt();
+    cublasLtHandle_t& h = handles_[device];
+    if (h == nullptr) CUBLAS_CHECK(lt.create(&h));
+    const cudaDataType_t in = data_type(p);
+    CUBLAS_CHECK(lt.desc_create(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const int32_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    const uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    const int32_t bias_type = CUDA_R_32F;
+    CUBLAS_CHECK(lt.desc_set(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    CUBLAS_CHECK(lt.desc_set(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    CUBLAS_CHECK(lt.desc_set(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    CUBLAS_CHECK(lt.desc_set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                             sizeof(bias_type)));
+    CUBLAS_CHECK(lt.desc_set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    CUBLAS_CHECK(lt.layout_create(&plan.a, in, IC, OC, IC));
+    CUBLAS_CHECK(lt.layout_create(&plan.b, in, IC, N, IC));
+    CUBLAS_CHECK(lt.layout_create(&plan.d, CUDA_R_32F, OC, N, OC));
+    cublasLtMatmulPreference_t pref = nullptr;
+    CUBLAS_CHECK(lt.pref_create(&pref));
+    const uint64_t workspace = 0;
+    CUBLAS_CHECK(lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                             sizeof(workspace)));
+    const cublasLtMatmulPreferenceAttributes_t aligns[] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; ++i)
+      CUBLAS_CHECK(lt.pref_set(pref, aligns[i], &align[i], sizeof(uint32_t)));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t st = lt.heuristic(h, plan.desc, plan.a, plan.b, plan.d, plan.d, pref, 1,
+                                           &result, &found);
+    lt.pref_destroy(pref);
+    plan.ok = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+    if (plan.ok) plan.algo = result.algo;
+    return plan;
+  }
+  cublasLtHandle_t handle(int device) { return handles_[device]; }
+
+private:
+  struct Key {
+    int device, p, N, IC, OC;
+    std::array<uint32_t, 4> align;
+    auto operator<=>(const Key&) const = default;
+  };
+  std::map<Key, LtPlan> plans_;
+  std::map<int, cublasLtHandle_t> handles_;
+};
+
+LtPlans& lt_plans() {
+  thread_local LtPlans* plans = new LtPlans;  // kept for the process, as the handles
+  return *plans;
+}
+
+// out = inp16 w16^T + bias through cuBLASLt; false (nothing queued) where it
+// offers no algorithm.
+bool lt_bias_gemm(cudaStream_t stream, ops::Precision p, const void* inp16, const void* w16,
+                  const float* bias, float* out, int N, int IC, int OC) {
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  // The bias pointer's alignment counts as well (the heuristic reads its value).
+  const std::array<uint32_t, 4> align{alignment_of(w16), alignment_of(inp16), alignment_of(out),
+                                      std::min(alignment_of(out), alignment_of(bias))};
+  LtPlans& plans = lt_plans();
+  const LtPlan& plan = plans.get(device, p, N, IC, OC, align, bias);
+  if (!plan.ok) return false;
+  const CublasLtApi& lt = cublaslt();
+  CUBLAS_CHECK(lt.desc_set(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  const float alpha = 1.0f, beta = 0.0f;
+  CUBLAS_CHECK(lt.matmul(plans.handle(device), plan.desc, &alpha, w16, plan.a, inp16, plan.b,
+                         &beta, out, plan.d, out, plan.d, &plan.algo, nullptr, 0, stream));
+  return true;
+}
+
 std::string dims(int N, int IC, int OC) {
   return "N = " + std::to_string(N) + ", IC = " + std::to_string(IC) + ", OC = " +
          std::to_string(OC);
 }
 
 }  // namespace
+
+void round_span(ops::Precision p, void* dst, const float* x, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  const bool by4 = reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  const unsigned grid = grid_for(by4 ? n / 4 + 1 : n);
+  if (p == ops::Precision::bf16)
+    round_to_16bit_kernel<<<grid, kThreads, 0, stream>>>(static_cast<__nv_bfloat16*>(dst), x, n, by4);
+  else
+    round_to_16bit_kernel<<<grid, kThreads, 0, stream>>>(static_cast<__half*>(dst), x, n, by4);
+  CUDA_CHECK(cudaGetLastError());
+}
 
 std::array<void*, 3> inputs_16bit(cudaStream_t stream, size_t a, size_t b, size_t c) {
   return inputs16().reserve(stream, a, b, c);
@@ -179,6 +311,16 @@ void matmul_forward(float* out, const float* inp, const float* w, const float* b
   if (N == 0 || OC == 0) return;
   MESHLM_CHECK(out && inp && w && N > 0 && IC > 0 && OC > 0,
                "cuda::matmul_forward with " + dims(N, IC, OC));
+  if (bias != nullptr && p != ops::Precision::fp32) {
+    const auto copies = inputs16().reserve(stream, size_t(N) * IC, size_t(OC) * IC);
+    round_span(p, copies[0], inp, size_t(N) * IC, stream);
+    round_span(p, copies[1], w, size_t(OC) * IC, stream);
+    if (lt_bias_gemm(stream, p, copies[0], copies[1], bias, out, N, IC, OC)) return;
+    broadcast_bias_kernel<<<grid_for(size_t(N) * OC), kThreads, 0, stream>>>(out, bias, N, OC);
+    CUDA_CHECK(cudaGetLastError());
+    gemm_rm_16(stream, p, false, true, N, OC, IC, 1.0f, copies[0], IC, copies[1], IC, 1.0f, out, OC);
+    return;
+  }
   float beta = 0.0f;
   if (bias != nullptr) {
     // Start from the bias and let the GEMM accumulate onto it (beta = 1).

@@ -23,6 +23,10 @@ void gemm_strided_batched_rm(cudaStream_t stream, ops::Precision p, bool ta, boo
                              int ldc, long long strideC, int batch);
 
 
+// dst(n) = x(n) rounded to precision p (bf16 or fp16; to nearest even, as
+// the CPU emulates it), queued on `stream`; dst holds 2-byte elements.
+void round_span(ops::Precision p, void* dst, const float* x, size_t n, cudaStream_t stream);
+
 // The stream's buffer of 16-bit GEMM inputs (ops/gpu_workspace.h) with room
 // for a, b and c elements of 2 bytes, each copy 256-byte aligned; the third
 // pointer is null when c = 0. Valid until the next GEMM or call on the same

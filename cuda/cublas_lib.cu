@@ -17,34 +17,36 @@ namespace meshlm::cuda {
 namespace {
 
 const std::string kLibrary = "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
+const std::string kLtLibrary = "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
 
-void* open_library() {
+void* open_library(const std::string& library) {
   std::string errors;
-  for (const std::string& path : {kLibrary,
+  for (const std::string& path : {library,
 #ifdef MESHLM_CUBLAS_DIR
-                                  std::string(MESHLM_CUBLAS_DIR) + "/" + kLibrary
+                                  std::string(MESHLM_CUBLAS_DIR) + "/" + library
 #endif
        }) {
     if (void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) return h;
     const char* e = dlerror();
     errors += std::string(errors.empty() ? "" : "; ") + (e ? e : path);
   }
-  throw RankError("runtime.backend = cuda: cannot load cuBLAS (" + errors + ")", MESHLM_HERE);
+  throw RankError("runtime.backend = cuda: cannot load " + library + " (" + errors + ")",
+                  MESHLM_HERE);
 }
 
 template <class F>
-void resolve(void* lib, F& f, const char* name) {
+void resolve(void* lib, const std::string& library, F& f, const char* name) {
   f = reinterpret_cast<F>(dlsym(lib, name));
   if (f == nullptr)
-    throw RankError("runtime.backend = cuda: " + kLibrary + " has no " + name +
+    throw RankError("runtime.backend = cuda: " + library + " has no " + name +
                         " (a cuBLAS older than the one meshlm was built against?)",
                     MESHLM_HERE);
 }
 
 CublasApi load() {
-  void* lib = open_library();
+  void* lib = open_library(kLibrary);
   CublasApi a{};
-#define MESHLM_RESOLVE(field, fn) resolve(lib, a.field, MESHLM_CUBLAS_STR(fn))
+#define MESHLM_RESOLVE(field, fn) resolve(lib, kLibrary, a.field, MESHLM_CUBLAS_STR(fn))
   MESHLM_RESOLVE(create, cublasCreate);
   MESHLM_RESOLVE(destroy, cublasDestroy);
   MESHLM_RESOLVE(set_stream, cublasSetStream);
@@ -59,7 +61,34 @@ CublasApi load() {
   return a;  // the library stays open for the life of the process
 }
 
+CublasLtApi load_lt() {
+  void* lib = open_library(kLtLibrary);
+  CublasLtApi a{};
+#define MESHLM_RESOLVE(field, fn) resolve(lib, kLtLibrary, a.field, #fn)
+  MESHLM_RESOLVE(create, cublasLtCreate);
+  MESHLM_RESOLVE(destroy, cublasLtDestroy);
+  MESHLM_RESOLVE(desc_create, cublasLtMatmulDescCreate);
+  MESHLM_RESOLVE(desc_destroy, cublasLtMatmulDescDestroy);
+  MESHLM_RESOLVE(desc_set, cublasLtMatmulDescSetAttribute);
+  MESHLM_RESOLVE(layout_create, cublasLtMatrixLayoutCreate);
+  MESHLM_RESOLVE(layout_destroy, cublasLtMatrixLayoutDestroy);
+  MESHLM_RESOLVE(pref_create, cublasLtMatmulPreferenceCreate);
+  MESHLM_RESOLVE(pref_destroy, cublasLtMatmulPreferenceDestroy);
+  MESHLM_RESOLVE(pref_set, cublasLtMatmulPreferenceSetAttribute);
+  MESHLM_RESOLVE(heuristic, cublasLtMatmulAlgoGetHeuristic);
+  MESHLM_RESOLVE(matmul, cublasLtMatmul);
+#undef MESHLM_RESOLVE
+  return a;
+}
+
 }  // namespace
+
+const CublasLtApi& cublaslt() {
+  static std::once_flag once;
+  static CublasLtApi api{};
+  std::call_once(once, [] { api = load_lt(); });
+  return api;
+}
 
 const CublasApi& cublas() {
   static std::once_flag once;

@@ -14,6 +14,7 @@
 // versioned symbols cublasCreate_v2 the library exports).
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 
 namespace meshlm::cuda {
@@ -45,5 +46,23 @@ struct CublasApi {
 // Opens the library at the first call (thread-safe); the table lives for
 // the process. Throws RankError when it cannot be opened.
 const CublasApi& cublas();
+
+// cuBLASLt (libcublasLt.so.<major>, which libcublas itself loads), for the
+// GEMMs whose epilogue adds the bias (cuda/blas.cu), opened the same way.
+struct CublasLtApi {
+  decltype(&::cublasLtCreate) create;
+  decltype(&::cublasLtDestroy) destroy;
+  decltype(&::cublasLtMatmulDescCreate) desc_create;
+  decltype(&::cublasLtMatmulDescDestroy) desc_destroy;
+  decltype(&::cublasLtMatmulDescSetAttribute) desc_set;
+  decltype(&::cublasLtMatrixLayoutCreate) layout_create;
+  decltype(&::cublasLtMatrixLayoutDestroy) layout_destroy;
+  decltype(&::cublasLtMatmulPreferenceCreate) pref_create;
+  decltype(&::cublasLtMatmulPreferenceDestroy) pref_destroy;
+  decltype(&::cublasLtMatmulPreferenceSetAttribute) pref_set;
+  decltype(&::cublasLtMatmulAlgoGetHeuristic) heuristic;
+  decltype(&::cublasLtMatmul) matmul;
+};
+const CublasLtApi& cublaslt();
 
 }  // namespace meshlm::cuda

@@ -50,6 +50,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "core/error.h"
 #include "cuda/blas.cuh"
@@ -576,31 +577,9 @@ void launch(Kernel kernel, dim3 grid, size_t smem, cudaStream_t stream, const au
   CUDA_CHECK(cudaGetLastError());
 }
 
-// dst(n) = src(n) rounded to In (to nearest even): four at a time when src
-// is 16-byte aligned (dst, the 16-bit buffer, is 256-byte aligned), else one.
 template <typename In>
-__global__ void round_to_16bit_kernel(In* dst, const float* src, size_t n, bool by4) {
-  const size_t stride = size_t(gridDim.x) * blockDim.x;
-  const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const size_t n4 = by4 ? n / 4 : 0;
-  for (size_t i = first; i < n4; i += stride) {
-    const float4 x = reinterpret_cast<const float4*>(src)[i];
-    uint2 packed;
-    packed.x = pack2<In>(x.x, x.y);
-    packed.y = pack2<In>(x.z, x.w);
-    reinterpret_cast<uint2*>(dst)[i] = packed;
-  }
-  for (size_t i = 4 * n4 + first; i < n; i += stride) {
-    const uint32_t two = pack2<In>(src[i], 0.0f);
-    dst[i] = *reinterpret_cast<const In*>(&two);
-  }
-}
-
-template <typename In>
-void round_to_16bit(In* dst, const float* src, size_t n, cudaStream_t stream) {
-  const bool by4 = reinterpret_cast<uintptr_t>(src) % 16 == 0;
-  round_to_16bit_kernel<In><<<grid_for(by4 ? n / 4 + 1 : n), kThreads, 0, stream>>>(dst, src, n, by4);
-  CUDA_CHECK(cudaGetLastError());
+constexpr ops::Precision precision_of() {
+  return std::is_same_v<In, __nv_bfloat16> ? ops::Precision::bf16 : ops::Precision::fp16;
 }
 
 template <typename In, int HS>
@@ -608,7 +587,7 @@ void forward_as(float* out, float* lse, const float* qkv, int B, int Tn, int C, 
                 cudaStream_t stream) {
   const size_t n = size_t(B) * Tn * 3 * C;
   In* qkv16 = static_cast<In*>(inputs_16bit(stream, n, 0)[0]);
-  round_to_16bit(qkv16, qkv, n, stream);
+  round_span(precision_of<In>(), qkv16, qkv, n, stream);
   const dim3 grid((Tn + kFlashRows - 1) / kFlashRows, B * NH);
   launch(flash_forward_kernel<In, HS>, grid, forward_smem<HS>(), stream, out, lse,
          static_cast<const In*>(qkv16), Tn, C, NH,
@@ -622,8 +601,8 @@ void backward_as(float* dqkv, const float* dout, const float* qkv, const float* 
   const auto copies = inputs_16bit(stream, n, nd);
   In* qkv16 = static_cast<In*>(copies[0]);
   In* dout16 = static_cast<In*>(copies[1]);
-  round_to_16bit(qkv16, qkv, n, stream);
-  round_to_16bit(dout16, dout, nd, stream);
+  round_span(precision_of<In>(), qkv16, qkv, n, stream);
+  round_span(precision_of<In>(), dout16, dout, nd, stream);
   const dim3 grid((Tn + kFlashRows - 1) / kFlashRows, B * NH);
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS)), scale_log2 = scale * kLog2e;
   launch(flash_backward_dkdv_kernel<In, HS>, grid, dkdv_smem<HS>(), stream, dqkv,

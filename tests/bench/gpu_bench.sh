@@ -1,101 +1,94 @@
 #!/usr/bin/env bash
-# gpu_bench.sh BUILD_DIR OUT_DIR [train|124m|1.5b|all]
+# gpu_bench.sh BUILD_DIR OUT_DIR [SECTION ...]
 #
-# The GPU benchmark of docs/PERFORMANCE.md, in sections that each fit one
-# 10-minute call of a GPU machine (all: every section, in this order):
-#   train  meshlm train on inputs/gpt2-124m.cfg at bf16 (6 optimizer steps
-#          of 16 x 1024 tokens, on a corpus of meshlm's own sources): LoRA on
-#          an NF4 base against LoRA on an f32 base and full training, and the
-#          time of each op of the full training step, probabilities and
-#          flash (runtime.op_timings);
-#   124m   meshlm's training step (meshlm_bench) on GPU 0 for GPT-2 124M at
-#          bf16, the attention probabilities kept and train.attention =
-#          flash, and the same GPT-2 in PyTorch at its best
-#          (tests/bench/torch_gpu_step.py);
-#   1.5b   the same for GPT-2 1.5B (its initialisation alone takes minutes).
-# Every JSON line goes to OUT_DIR/bench.jsonl (appended), every log to
-# OUT_DIR; a table of what ran is printed last.
+# The GPU benchmark of docs/PERFORMANCE.md: meshlm's training step
+# (meshlm_bench, bf16, train.attention = flash, T = 1024, median of 5 steps
+# after 2 warm-up ones) beside PyTorch at its best on the same GPU in the
+# same call (tests/bench/torch_gpu_step.py: bf16 autocast, SDPA, fused AdamW,
+# torch.compile; peft LoRA on a bf16 base for the LoRA rows). Sections, run
+# in the order given (default: 124m lora ops 1.5b):
+#   124m  GPT-2 124M full training: meshlm at B = 16 and 64, PyTorch at
+#         B = 16 and 64;
+#   lora  GPT-2 124M, LoRA r = 16 on every linear layer, B = 16: meshlm on
+#         an NF4 base (mode lora-nf4), peft on a bf16 base (lora-bf16);
+#   ops   meshlm's 124M step at B = 16 with every op timed (op_ms; each op
+#         waited for), full training and LoRA;
+#   1.5b  GPT-2 1.5B full training at B = 8, meshlm and PyTorch.
+# Every JSON line goes to OUT_DIR/bench.jsonl as it is made (appended), logs
+# to OUT_DIR/*.log; then OUT_DIR/gpu.json (the format of docs/bench/gpu.json)
+# is made from all lines of bench.jsonl and a table is printed. The commit
+# is $MESHLM_COMMIT, else git's HEAD.
 set -u
 build=$1
 out=$2
-section=${3:-all}
-case "$section" in train|124m|1.5b|all) ;; *) echo "gpu_bench.sh: unknown section '$section' (train, 124m, 1.5b or all)" >&2; exit 2 ;; esac
+shift 2
+sections=("$@")
+[ ${#sections[@]} -eq 0 ] && sections=(124m lora ops 1.5b)
 mkdir -p "$out"
-bench=$build/tests/bench/meshlm_bench
-meshlm=$build/meshlm
 here=$(cd "$(dirname "$0")" && pwd)
+bench=$build/tests/bench/meshlm_bench
 jsonl=$out/bench.jsonl
 touch "$jsonl"
 G=(--n_layer 12 --n_head 12 --n_embd 768)
 X=(--n_layer 48 --n_head 25 --n_embd 1600)
-want() { [ "$section" = all ] || [ "$section" = "$1" ]; }
-step() {  # meshlm_bench ARGS...: one JSON line, or a note on stderr
+meshlm() {  # meshlm_bench ARGS...: its JSON line, or a note on stderr
   "$bench" "$@" --vocab_size 50257 --seq_len 1024 --steps 5 --warmup 2 --cuda 1 --bf16 1 \
-    >"$out/step.log" 2>&1
-  grep '^{"impl"' "$out/step.log" >>"$jsonl" || { echo "meshlm_bench $* failed:" >&2; tail -3 "$out/step.log" >&2; }
+    --flash 1 >"$out/meshlm.log" 2>&1
+  grep '^{"impl"' "$out/meshlm.log" >>"$jsonl" ||
+    { echo "meshlm_bench $* failed:" >&2; tail -3 "$out/meshlm.log" >&2; }
 }
-# LoRA (rank 16 on every linear layer) against full training, bf16, flash.
-if want train; then
-scratch=$(mktemp -d)
-cat "$here"/../../src/*/*.cpp "$here"/../../src/*/*.h "$here"/../../cuda/* >"$scratch/corpus.txt"
-"$meshlm" tokenize "$scratch/corpus.txt" "$scratch/corpus.h5" >"$out/tokenize.log" 2>&1
-run=(--runtime.backend=cuda --train.precision=bf16 --train.attention=flash
-     --data.path="$scratch/corpus.h5" --train.steps=6 --train.batch_size=16
-     --train.micro_batch_size=16 --train.log_every=1 --train.warmup_steps=1)
-for mode in full nf4 f32; do
-  extra=()
-  [ "$mode" != full ] && extra=(--finetune.mode=lora --finetune.lora_rank=16 --quant.type="$mode")
-  "$meshlm" train "$here/../../inputs/gpt2-124m.cfg" "${run[@]}" "${extra[@]}" \
-    --output.dir="$scratch/$mode" >"$out/train_$mode.log" 2>&1 ||
-    { echo "meshlm train ($mode) failed:" >&2; tail -5 "$out/train_$mode.log" >&2; }
+torch() {  # torch_gpu_step.py ARGS...
+  python3 "$here/torch_gpu_step.py" "$@" --steps 10 --warmup 3 2>>"$out/torch.log" |
+    grep '^{' >>"$jsonl" || echo "torch_gpu_step.py $* failed (torch.log)" >&2
+}
+for section in "${sections[@]}"; do
+  case "$section" in
+    124m) meshlm "${G[@]}" --batch 16; meshlm "${G[@]}" --batch 64
+          torch "${G[@]}" --batch 16; torch "${G[@]}" --batch 64 ;;
+    lora) meshlm "${G[@]}" --batch 16 --lora 16; torch "${G[@]}" --batch 16 --lora 16 ;;
+    ops)  meshlm "${G[@]}" --batch 16 --op_timings 1
+          meshlm "${G[@]}" --batch 16 --lora 16 --op_timings 1 ;;
+    1.5b) meshlm "${X[@]}" --batch 8; torch "${X[@]}" --batch 8 ;;
+    *) echo "gpu_bench.sh: unknown section '$section' (124m, lora, ops, 1.5b)" >&2; exit 2 ;;
+  esac
 done
-for att in probabilities flash; do
-  "$meshlm" train "$here/../../inputs/gpt2-124m.cfg" "${run[@]}" --train.attention=$att \
-    --train.steps=3 --runtime.op_timings=true --output.dir="$scratch/ops_$att" \
-    >"$out/ops_$att.log" 2>&1 || { echo "op timings ($att) failed:" >&2; tail -5 "$out/ops_$att.log" >&2; }
-done
-rm -rf "$scratch"
-fi
 
-if want 124m; then
-  step "${G[@]}" --batch 16
-  for b in 16 32 64; do step "${G[@]}" --batch "$b" --flash 1; done
-  python3 "$here/torch_gpu_step.py" "${G[@]}" --batch 16 2>"$out/torch124.log" | tail -1 >>"$jsonl"
-fi
-if want 1.5b; then
-  step "${X[@]}" --batch 2
-  for b in 2 4 8; do step "${X[@]}" --batch "$b" --flash 1; done
-  python3 "$here/torch_gpu_step.py" "${X[@]}" --batch 8 2>"$out/torch1558.log" | tail -1 >>"$jsonl"
-fi
-
-echo "---- training step (median of 5 after 2 warm-up steps)"
-python3 - "$jsonl" <<'PY'
-import json, sys
-peak = 989.4e12  # H100 SXM dense bf16
-print(f"{'impl':8} {'model':6} {'attention':13} {'B':>3} {'ms/step':>9} {'tokens/s':>10} {'MFU':>6} {'device GiB':>10}")
+commit=${MESHLM_COMMIT:-$(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown)}
+python3 - "$jsonl" "$out/gpu.json" "$commit" <<'PY'
+import datetime, json, sys
+# Dense bf16 peak (datasheet, SXM): the H100 and the H200 share the chip.
+PEAK = {"H100": 989.4e12, "H200": 989.4e12}
+rows, device = [], "?"
 for line in open(sys.argv[1]):
     r = json.loads(line)
-    model = "124M" if r["n_layer"] == 12 else "1.5B"
-    if r["impl"] == "meshlm":
-        mfu = r["gflops"] * 1e9 / peak
-        mem = r.get("device_in_use_gib", float("nan"))
-        att = r.get("attention", "?")
-    else:
-        mfu, mem, att = r["mfu"], r["peak_mem_gib"], "sdpa"
-    print(f"{r['impl'][:8]:8} {model:6} {att:13} {r['batch']:>3} {r['ms_per_step']:>9.1f} "
-          f"{r['tokens_per_s']:>10.0f} {100 * mfu:>5.1f}% {mem:>10.2f}")
+    L, C, T, B = r["n_layer"], r["n_embd"], r["seq_len"], r["batch"]
+    V = r.get("vocab_size", 50257)
+    flops = 3 * B * T * (2 * (12 * L * C * C + V * C) + 4 * L * T * C)  # PERFORMANCE.md
+    device = r["device"]
+    peak = next((v for k, v in PEAK.items() if k in device), float("nan"))
+    s = r["ms_per_step"] / 1e3
+    meshlm = r["impl"] == "meshlm"
+    row = {"model": "124M" if L == 12 else "1.5B", "impl": "meshlm" if meshlm else "pytorch",
+           "mode": r.get("mode", "full"), "batch": B, "seq_len": T,
+           "ms_per_step": round(r["ms_per_step"], 2), "tokens_per_s": round(B * T / s),
+           "mfu": round(flops / s / peak, 4),
+           "peak_device_bytes": int((r["peak_tracked_gib"] if meshlm else r["peak_mem_gib"]) * 2**30)}
+    if meshlm:
+        row["device_in_use_bytes"] = int(r["device_in_use_gib"] * 2**30)
+    if "op_ms" in r:
+        row["op_timings"] = True
+        row["op_ms"] = {k: round(v, 3) for k, v in r["op_ms"].items()}
+    rows.append(row)
+doc = {"device": device, "date": datetime.date.today().isoformat(), "commit": sys.argv[3],
+       "peak_bf16_flops": next((v for k, v in PEAK.items() if k in device), None),
+       "rows": rows}
+json.dump(doc, open(sys.argv[2], "w"), indent=1)
+print(f"# {device}, commit {sys.argv[3]}")
+print(f"{'model':5} {'impl':7} {'mode':9} {'B':>3} {'ms/step':>8} {'tokens/s':>9} {'MFU':>6} {'peak GiB':>8}")
+for w in rows:
+    mark = " (ops timed)" if w.get("op_timings") else ""
+    print(f"{w['model']:5} {w['impl']:7} {w['mode']:9} {w['batch']:>3} {w['ms_per_step']:>8.1f} "
+          f"{w['tokens_per_s']:>9} {100 * w['mfu']:>5.1f}% {w['peak_device_bytes'] / 2**30:>8.2f}{mark}")
+    for k, v in sorted(w.get("op_ms", {}).items(), key=lambda x: -x[1])[:12]:
+        print(f"      {k:28} {v:8.3f} ms")
 PY
-if want train; then
-echo "---- meshlm train inputs/gpt2-124m.cfg, bf16, flash, B = 16: full, LoRA NF4, LoRA f32"
-for mode in full nf4 f32; do
-  echo "[$mode]"
-  grep -E "^# (device memory|memory|base)|tokens/s|^ +[0-9]+ " "$out/train_$mode.log" | tail -8
-done
-for att in probabilities flash; do
-  echo "---- op timings, full training, attention $att (each op waited for; slowest first)"
-  table=$(sed -n '/^# Time per op/,/all ops/p' "$out/ops_$att.log")
-  echo "$table" | head -2
-  echo "$table" | tail -n +3 | grep -v "all ops" | sort -k6 -n -r | head -16
-  echo "$table" | grep "all ops"
-done
-fi

@@ -18,6 +18,7 @@
 #include "cuda_test.h"
 #include "load/base_loader.h"
 #include "model/gpt.h"
+#include "ops/gpu_workspace.h"
 #include "quant/formats.h"
 #include "quant/quantize.h"
 #include "train/adamw.h"
@@ -264,52 +265,57 @@ TEST_F(CudaGPT, QLoraOnAnNf4BaseMatchesTheCpu) {
     for (size_t i = 0; i < static_cast<size_t>(nrows) * rf; ++i)
       x[i] = static_cast<float>(0.05 * rng.normal());
   };
+  // The GPU's tiles both ways: the CPU's 64 rows (many tiles per matrix)
+  // and meshlm train's on a GPU (ops::kGpuQTileRows: every matrix in one).
   for (const auto& [p, tol] : {std::pair{ops::Precision::fp32, kGradTol},
-                               std::pair{ops::Precision::bf16, 1e-2}}) {
-    SCOPED_TRACE(name_of(p));
-    const cuda::DeviceContext ctx(0, 0, p);
-    GPTOptions cpu_opts = o, gpu_opts = o;
-    cpu_opts.kernels = &ops::Kernels::cpu(p);
-    gpu_opts.kernels = &ctx.kernels();
-    gpu_opts.dequantizer = &ctx.dequantizer();
-    const size_t before = MemTracker::get().current(MemCategory::quantized, Device::cuda);
-    GPT cpu(cfg, {}, cpu_opts), gpu(cfg, {}, gpu_opts);
-    cpu.attach_base(tensor_of);
-    gpu.attach_base(tensor_of);
-    const size_t on_device = MemTracker::get().current(MemCategory::quantized, Device::cuda) - before;
-    EXPECT_EQ(on_device, matrix_bytes);
-    EXPECT_LE(on_device, nf4_bound);
-    EXPECT_LT(double(on_device) / double(matrix_params), 0.55);  // against 4 bytes in f32
-    cpu.set_weights(adapters);
-    gpu.set_weights(adapters);
+                               std::pair{ops::Precision::bf16, 1e-2}})
+    for (int tile_rows : {0, ops::kGpuQTileRows}) {
+      SCOPED_TRACE(std::string(name_of(p)) + ", tiles of " +
+                   std::to_string(tile_rows > 0 ? tile_rows : quant::kQLinearTileRows) + " rows");
+      const cuda::DeviceContext ctx(0, 0, p);
+      GPTOptions cpu_opts = o, gpu_opts = o;
+      gpu_opts.qtile_rows = tile_rows;
+      cpu_opts.kernels = &ops::Kernels::cpu(p);
+      gpu_opts.kernels = &ctx.kernels();
+      gpu_opts.dequantizer = &ctx.dequantizer();
+      const size_t before = MemTracker::get().current(MemCategory::quantized, Device::cuda);
+      GPT cpu(cfg, {}, cpu_opts), gpu(cfg, {}, gpu_opts);
+      cpu.attach_base(tensor_of);
+      gpu.attach_base(tensor_of);
+      const size_t on_device = MemTracker::get().current(MemCategory::quantized, Device::cuda) - before;
+      EXPECT_EQ(on_device, matrix_bytes);
+      EXPECT_LE(on_device, nf4_bound);
+      EXPECT_LT(double(on_device) / double(matrix_params), 0.55);  // against 4 bytes in f32
+      cpu.set_weights(adapters);
+      gpu.set_weights(adapters);
 
-    const int B = 2, T = 40;
-    const size_t N = size_t(B) * T;
-    const auto tokens = random_ids(N, cfg.vocab_size, 41), targets = random_ids(N, cfg.vocab_size, 42);
-    cpu.zero_grads();
-    gpu.zero_grads();
-    const float lc = cpu.forward(tokens.data(), targets.data(), B, T);
-    const float lg = gpu.forward(tokens.data(), targets.data(), B, T);
-    EXPECT_TRUE(std::isfinite(lg));
-    EXPECT_NEAR(lg, lc, tol * std::fabs(lc));
-    EXPECT_GT(lc, 0.5 * std::log(double(cfg.vocab_size)));
-    cpu.backward(0.7f);
-    gpu.backward(0.7f);
-    std::vector<float> g(gpu.padded_params());
-    gpu.kernels().download(g.data(), gpu.grads(), g.size() * sizeof(float));
-    ASSERT_EQ(cpu.table().size(), size_t(2 * 4 * cfg.n_layer));  // A and B, 4 slots, 2 layers
-    for (const ParamSpec& s : cpu.table()) {
-      const std::vector<float> mine(g.begin() + s.offset, g.begin() + s.offset + s.numel());
-      double norm = 0;
-      for (size_t i = 0; i < s.numel(); ++i) norm += std::pow(double(cpu.grads()[s.offset + i]), 2);
-      EXPECT_GT(norm, 0.0) << s.name << ": a zero gradient proves nothing";
-      EXPECT_LE(rel_l2(mine, cpu.grads() + s.offset, s.numel()), tol) << s.name;
+      const int B = 2, T = 40;
+      const size_t N = size_t(B) * T;
+      const auto tokens = random_ids(N, cfg.vocab_size, 41), targets = random_ids(N, cfg.vocab_size, 42);
+      cpu.zero_grads();
+      gpu.zero_grads();
+      const float lc = cpu.forward(tokens.data(), targets.data(), B, T);
+      const float lg = gpu.forward(tokens.data(), targets.data(), B, T);
+      EXPECT_TRUE(std::isfinite(lg));
+      EXPECT_NEAR(lg, lc, tol * std::fabs(lc));
+      EXPECT_GT(lc, 0.5 * std::log(double(cfg.vocab_size)));
+      cpu.backward(0.7f);
+      gpu.backward(0.7f);
+      std::vector<float> g(gpu.padded_params());
+      gpu.kernels().download(g.data(), gpu.grads(), g.size() * sizeof(float));
+      ASSERT_EQ(cpu.table().size(), size_t(2 * 4 * cfg.n_layer));  // A and B, 4 slots, 2 layers
+      for (const ParamSpec& s : cpu.table()) {
+        const std::vector<float> mine(g.begin() + s.offset, g.begin() + s.offset + s.numel());
+        double norm = 0;
+        for (size_t i = 0; i < s.numel(); ++i) norm += std::pow(double(cpu.grads()[s.offset + i]), 2);
+        EXPECT_GT(norm, 0.0) << s.name << ": a zero gradient proves nothing";
+        EXPECT_LE(rel_l2(mine, cpu.grads() + s.offset, s.numel()), tol) << s.name;
+      }
+      std::printf("%s, tiles of %d rows: QLoRA loss CPU %.7f GPU %.7f; base on the device %zu "
+                  "bytes for %zu parameters (%.4f B/param)\n",
+                  name_of(p), tile_rows > 0 ? tile_rows : quant::kQLinearTileRows, lc, lg,
+                  on_device, matrix_params, double(on_device) / double(matrix_params));
     }
-    std::printf("%s: QLoRA loss CPU %.7f GPU %.7f; base on the device %zu bytes for %zu "
-                "parameters (%.4f B/param)\n",
-                name_of(p), lc, lg, on_device, matrix_params,
-                double(on_device) / double(matrix_params));
-  }
 }
 
 // Bad token ids are refused on the host before anything is uploaded.

@@ -589,6 +589,72 @@ TEST_F(CudaMatmul, BackwardWithANullGradient) {
   }
 }
 
+// At bf16 and fp16 the forward rounds inp and w as the CPU emulates it and
+// adds the bias in cuBLASLt's epilogue (cuda/blas.cu), and the backward
+// rounds dout, w and inp once: only the order of the fp32 sums differs from
+// the CPU's. Each case once with arrays that start 4 bytes past an aligned
+// address (the copies' one-at-a-time path, cuBLASLt's alignment), and the
+// forward with and without the bias. Without rounding, the results would
+// differ by far more than kRoundedTol (checked by the last assertion).
+constexpr double kRoundedTol = 1e-5;
+
+TEST_F(CudaMatmul, Bf16AndFp16RoundAsTheCpu) {
+  for (ops::Precision p : {ops::Precision::bf16, ops::Precision::fp16}) {
+    for (const MatmulCase& k : kMatmulCases) {
+      for (size_t skew : {size_t(0), size_t(1)}) {
+        SCOPED_TRACE(k.str() + " at " + std::string(meshlm::name_of(p)) + (skew ? ", skewed" : ""));
+        const size_t nin = size_t(k.N) * k.IC, nw = size_t(k.OC) * k.IC, nout = size_t(k.N) * k.OC;
+        Both<float> inp = input(nin + skew, -2.0, 2.0), w = input(nw + skew), bias = input(k.OC + skew);
+        Both<float> out = output(nout + skew), out_nobias = output(nout + skew);
+        run_both(
+            [&] {
+              ops::matmul_forward<float>(out.c() + skew, inp.c() + skew, w.c() + skew,
+                                         bias.c() + skew, k.N, k.IC, k.OC, p);
+              ops::matmul_forward<float>(out_nobias.c() + skew, inp.c() + skew, w.c() + skew,
+                                         nullptr, k.N, k.IC, k.OC, p);
+            },
+            [&] {
+              cuda::matmul_forward(out.g() + skew, inp.g() + skew, w.g() + skew, bias.g() + skew,
+                                   k.N, k.IC, k.OC, stream_, p);
+              cuda::matmul_forward(out_nobias.g() + skew, inp.g() + skew, w.g() + skew, nullptr,
+                                   k.N, k.IC, k.OC, stream_, p);
+            });
+        const std::vector<float> got = out.gpu(), got_nobias = out_nobias.gpu();
+        EXPECT_TRUE(close({got.begin() + skew, got.end()}, {out.cpu.begin() + skew, out.cpu.end()},
+                          kRoundedTol))
+            << "with the bias";
+        EXPECT_TRUE(close({got_nobias.begin() + skew, got_nobias.end()},
+                          {out_nobias.cpu.begin() + skew, out_nobias.cpu.end()}, kRoundedTol))
+            << "without the bias";
+
+        Both<float> dout = input(nout + skew), dinp = gradient(nin + skew), dw = gradient(nw + skew);
+        Both<float> dbias = gradient(k.OC + skew);
+        run_both(
+            [&] {
+              ops::matmul_backward<float>(dinp.c() + skew, dw.c() + skew, dbias.c() + skew,
+                                          dout.c() + skew, inp.c() + skew, w.c() + skew, k.N, k.IC,
+                                          k.OC, p);
+            },
+            [&] {
+              cuda::matmul_backward(dinp.g() + skew, dw.g() + skew, dbias.g() + skew,
+                                    dout.g() + skew, inp.g() + skew, w.g() + skew, k.N, k.IC, k.OC,
+                                    stream_, p);
+            });
+        EXPECT_TRUE(matches(dinp, kRoundedTol)) << "dinp";
+        EXPECT_TRUE(matches(dw, kRoundedTol)) << "dw";
+        EXPECT_TRUE(matches(dbias, kTol)) << "dbias";
+      }
+    }
+    // The rounding is there to see: fp32 products of the same inputs differ.
+    const MatmulCase k{64, 768, 2304};
+    Both<float> inp = input(size_t(k.N) * k.IC), w = input(size_t(k.OC) * k.IC), bias = input(k.OC);
+    Both<float> out = output(size_t(k.N) * k.OC);
+    run_both([&] { ops::matmul_forward<float>(out.c(), inp.c(), w.c(), bias.c(), k.N, k.IC, k.OC); },
+             [&] { cuda::matmul_forward(out.g(), inp.g(), w.g(), bias.g(), k.N, k.IC, k.OC, stream_, p); });
+    EXPECT_FALSE(matches(out, kRoundedTol)) << meshlm::name_of(p) << ": no rounding seen";
+  }
+}
+
 // ---- attention ------------------------------------------------------------------------
 
 struct AttentionCase {
