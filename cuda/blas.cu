@@ -32,6 +32,7 @@
 #include "cuda/cublas_lib.h"
 #include "cuda/cuda_check.cuh"
 #include "cuda/launch.cuh"
+#include "cuda/pack16.cuh"
 #include "cuda/ops_cuda.h"
 #include "cuda/scratch.cuh"
 #include "ops/gpu_workspace.h"
@@ -63,19 +64,6 @@ cublasHandle_t blas_handle(cudaStream_t stream) {
 cublasOperation_t op(bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
 // ---- 16-bit copies of GEMM inputs --------------------------------------------
-
-template <typename Out>
-__device__ __forceinline__ uint32_t pack_16bit(float lo, float hi);
-template <>
-__device__ __forceinline__ uint32_t pack_16bit<__nv_bfloat16>(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-template <>
-__device__ __forceinline__ uint32_t pack_16bit<__half>(float lo, float hi) {
-  const __half2 v = __floats2half2_rn(lo, hi);  // beyond 65504 (after rounding): infinity
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
 
 // out(n) = in(n) rounded to nearest even: four at a time where `by4` (in
 // 16-byte aligned; out, a 16-bit copy, is 256-byte aligned), then one.

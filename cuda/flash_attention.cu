@@ -56,6 +56,7 @@
 #include "cuda/blas.cuh"
 #include "cuda/cuda_check.cuh"
 #include "cuda/launch.cuh"
+#include "cuda/pack16.cuh"
 #include "cuda/ops_cuda.h"
 
 namespace meshlm::cuda {
@@ -78,19 +79,6 @@ struct Tile {
   static constexpr int elems = kFlashRows * ld;
   static constexpr size_t bytes = size_t(elems) * 2;
 };
-
-template <typename In>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi);
-template <>
-__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-template <>
-__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
-  const __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -152,6 +140,24 @@ __device__ __forceinline__ void load_tile_async(In* dst, const In* src, int ld, 
     cp_async16(dst + r * Tile<HS>::ld + c, src + static_cast<size_t>(in ? t : 0) * ld + c,
                in ? 16 : 0);
   }
+}
+
+// Key block kb's K and V tiles (buffer kb % 2) ready for every warp: block
+// kb + 1's queued first into the other buffer when kb < last, so that its
+// copy runs during block kb's products. Every thread of the block calls it.
+template <int HS, typename In>
+__device__ __forceinline__ void next_kv(In* sK, In* sV, const In* k, const In* v, int ld, int kb,
+                                        int last, int Tn) {
+  if (kb < last) {
+    const int nb = (kb + 1) % 2;
+    load_tile_async<HS>(sK + nb * Tile<HS>::elems, k, ld, (kb + 1) * kFlashRows, Tn);
+    load_tile_async<HS>(sV + nb * Tile<HS>::elems, v, ld, (kb + 1) * kFlashRows, Tn);
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+  __syncthreads();
 }
 
 // The operand of the warp's 16 rows starting at `rows`, columns [k0, k0 + 16):
@@ -225,8 +231,8 @@ __device__ __forceinline__ void accumulate_px(float (&acc)[HS / 8][4],
 template <typename In>
 __device__ __forceinline__ void to_operand(uint32_t (&p)[kFlashRows / 16][4], int n, float c0,
                                            float c1, float c2, float c3) {
-  p[n / 2][(n % 2) * 2] = pack2<In>(c0, c1);
-  p[n / 2][(n % 2) * 2 + 1] = pack2<In>(c2, c3);
+  p[n / 2][(n % 2) * 2] = pack_16bit<In>(c0, c1);
+  p[n / 2][(n % 2) * 2 + 1] = pack_16bit<In>(c2, c3);
 }
 
 // dst rows [r, r + 8) ... of a matrix with rows ld floats apart += the
@@ -283,16 +289,7 @@ __global__ void __launch_bounds__(kFlashThreads)
     for (int i = 0; i < 4; ++i) o[n][i] = 0.0f;
 
   for (int kb = 0; kb <= qb; ++kb) {
-    if (kb < qb) {  // the next key block's copy in flight during this one's work
-      const int nb = (kb + 1) % 2;
-      load_tile_async<HS>(sK + nb * L::elems, k, C3, (kb + 1) * kFlashRows, Tn);
-      load_tile_async<HS>(sV + nb * L::elems, v, C3, (kb + 1) * kFlashRows, Tn);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    next_kv<HS>(sK, sV, k, v, C3, kb, qb, Tn);
     const In* cK = sK + (kb % 2) * L::elems;
     const In* cV = sV + (kb % 2) * L::elems;
     float s[kNTiles][4];
@@ -508,16 +505,7 @@ __global__ void __launch_bounds__(kFlashThreads)
     for (int i = 0; i < 4; ++i) dq[n][i] = 0.0f;
 
   for (int kb = 0; kb <= qb; ++kb) {
-    if (kb < qb) {
-      const int nb = (kb + 1) % 2;
-      load_tile_async<HS>(sK + nb * L::elems, k, C3, (kb + 1) * kFlashRows, Tn);
-      load_tile_async<HS>(sV + nb * L::elems, v, C3, (kb + 1) * kFlashRows, Tn);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    next_kv<HS>(sK, sV, k, v, C3, kb, qb, Tn);
     const In* cK = sK + (kb % 2) * L::elems;
     const In* cV = sV + (kb % 2) * L::elems;
     // S (16 queries x 64 keys) = Q_w K^T ; dP = dO_w V^T
