@@ -361,6 +361,11 @@ struct PoTexts : po::error_with_option_name {
     return e.*(&PoTexts::m_substitutions);  // a protected member, through a pointer to it
   }
 };
+// The value a message quotes is cut to this many bytes before the message is
+// made, so that the key named after it ("... for option 'train.lr' is
+// invalid") survives the cut of the whole message (kMaxMessage).
+constexpr size_t kMaxQuotedValue = 64;
+
 std::string message_of(const po::error& e) {
   const auto* named = dynamic_cast<const po::error_with_option_name*>(&e);
   if (!named) return e.what();
@@ -375,7 +380,10 @@ std::string message_of(const po::error& e) {
   };
   po::error_with_option_name copy(*named);
   copy.m_error_template = escape(copy.m_error_template, false);  // its own tokens stay
-  for (auto& [name, text] : PoTexts::of(copy)) text = escape(text, true);
+  for (auto& [name, text] : PoTexts::of(copy)) {
+    if (name == "value" || name == "original_token") text = log::printable(text, kMaxQuotedValue);
+    text = escape(text, true);
+  }
   const std::string escaped = copy.what();
   std::string msg;
   for (size_t i = 0; i < escaped.size(); ++i)

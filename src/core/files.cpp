@@ -53,6 +53,35 @@ std::string non_regular_kind(const std::string& path) {
   return "something that is not a regular file";
 }
 
+std::string unwritable_dir_reason(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path p = fs::absolute(fs::path(dir), ec);
+  if (ec) return "cannot be resolved (" + ec.message() + ")";
+  // The deepest part of the path that exists.
+  fs::path existing = p;
+  while (!existing.empty() && !fs::exists(fs::symlink_status(existing, ec))) {
+    if (existing == existing.parent_path()) break;
+    existing = existing.parent_path();
+  }
+  const std::string kind = non_regular_kind(existing.string());
+  if (kind.empty() && !fs::exists(existing, ec))
+    return existing == p ? "is a broken symbolic link"
+                         : "is below '" + existing.string() + "', a broken symbolic link";
+  if (kind != "a directory") {
+    const std::string what = kind.empty() ? "a regular file" : kind;
+    if (existing == p) return "is " + what;
+    return "is below '" + existing.string() + "', which is " + what;
+  }
+  // A directory made and removed where the run would make its own.
+  std::string probe = (existing / ".meshlm-probe-XXXXXX").string();
+  if (::mkdtemp(probe.data()) == nullptr)
+    return "cannot be written: making a directory in '" + existing.string() + "' failed (" +
+           std::strerror(errno) + ")";
+  ::rmdir(probe.c_str());
+  return "";
+}
+
 }  // namespace meshlm
 
 // ---- temporary files --------------------------------------------------------

@@ -249,6 +249,11 @@ void check_run_files(const RunConfig& cfg, MPI_Comm job, int rank) {
                           "': the tokens would be written over the text",
                       MESHLM_HERE);
     io::check_output_dir(cfg.output.dir, reuses_output_dir(cfg));
+    // Any step may write a checkpoint (checkpoint.every, a stop signal, the
+    // end): a directory that cannot hold one is refused before step 1.
+    if (const std::string why = unwritable_dir_reason(cfg.checkpoint.resolved_dir); !why.empty())
+      throw RankError("checkpoint.dir: '" + cfg.checkpoint.resolved_dir + "' " + why,
+                      MESHLM_HERE);
     for (const auto& [key, path] : {std::pair<const char*, std::string>{"data.path", cfg.data.path},
                                     {"quant.base", cfg.quant.base}}) {
       if (path.empty() || (std::string(key) == "quant.base" && path == "init")) continue;

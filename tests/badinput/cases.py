@@ -178,6 +178,8 @@ P("seq_len_zero", r"model\.seq_len = 0: must lie in", set={"model.seq_len": "0"}
 P("seq_len_beyond_max", r"model\.seq_len \(33\) is longer than the position table, model\.max_seq_len \(32\)",
   set={"model.seq_len": "33"})
 P("n_layer_100000", r"model\.n_layer", set={"model.n_layer": "100000"}, timeout=15)
+P("n_embd_10000_digits", r"option 'model\.n_embd' is invalid", set={"model.n_embd": "9" * 10000},
+  max_output=16 << 10, doc="a value too long to quote whole still names its key")
 P("model_far_beyond_memory", r"(?i)memory", forbid=r"out of host memory allocating|" + CRASH,
   set={"model.n_layer": "48", "model.n_embd": "16384", "model.n_head": "64", "model.vocab_size": "50257",
        "model.max_seq_len": "2048"}, timeout=15,
@@ -266,6 +268,12 @@ CL("override_last_value_is_bad", r"model\.n_layer", TRAIN + ["--model.n_layer=2"
 CL("override_last_value_wins", r"# run log: out/run\.h5", TRAIN + ["--train.steps=x", "--train.steps=1"],
    **OUT_OK, doc="a key given twice takes its last value (docs/formats.md)")
 CL("override_int_overflow", r"train\.batch_size", TRAIN + ["--train.batch_size=4294967296"])
+# A value too long to quote whole is cut before the message is made: the key
+# named after it in Program_options' sentence is still there.
+CL("override_10000_digit_number", r"option '--train\.lr' is invalid", TRAIN + ["--train.lr=" + "9" * 10000],
+   max_output=16 << 10)
+CL("override_10000_digit_int", r"option '--train\.steps' is invalid", TRAIN + ["--train.steps=" + "9" * 10000],
+   max_output=16 << 10)
 CL("override_bad_bool", r"data\.shuffle", TRAIN + ["--data.shuffle=2"])
 CL("override_lr_inf", r"train\.lr", TRAIN + ["--train.lr=inf"])
 CL("override_bad_value_three_ranks", r"model\.n_layer", TRAIN + ["--model.n_layer=x"], ranks=3)
@@ -649,3 +657,23 @@ O("run_h5_symlink_to_other_file", r"out/run\.h5", "out", [blob("notes.txt", "not
   symlink("out/run.h5", "../notes.txt")], doc="the file behind out/run.h5 must not be overwritten")
 O("two_runs_at_once_same_output_dir", r"output\.dir.*out", "out", concurrent=2, expect="one_ok",
   may_change=("out",), timeout=60)
+
+
+# checkpoint.dir: a directory that could never hold a checkpoint is refused
+# before step 1 (any step may write one: checkpoint.every, a stop signal, the
+# end), with nothing written, where it was found only at the first save.
+def K(name, regex, ckdir, setup_steps=(), **kw):
+    setup = [tokens(), cfg(set={"output.dir": "out", "checkpoint.dir": ckdir})] + list(setup_steps)
+    add(name, "output_dir", TRAIN + list(kw.pop("args", [])), regex, setup=setup, **kw)
+
+
+K("checkpoint_dir_is_a_file", r"checkpoint\.dir: 'notes\.txt' is a regular file", "notes.txt",
+  [blob("notes.txt", "notes\n")])
+K("checkpoint_dir_under_a_file", r"checkpoint\.dir: 'notes\.txt/ckpt' is below '.*notes\.txt', which is a "
+  r"regular file", "notes.txt/ckpt", [blob("notes.txt", "notes\n")])
+K("checkpoint_dir_under_a_file_four_ranks", r"checkpoint\.dir: 'notes\.txt/ckpt' is below", "notes.txt/ckpt",
+  [blob("notes.txt", "notes\n")], ranks=4)
+K("checkpoint_dir_in_proc", r"checkpoint\.dir: '/proc/meshlm-badinput/ckpt' cannot be written: making a "
+  r"directory in '/proc' failed", "/proc/meshlm-badinput/ckpt")
+K("checkpoint_dir_dangling_symlink", r"checkpoint\.dir: 'ckpt' is a broken symbolic link", "ckpt",
+  [symlink("ckpt", "nowhere")])
