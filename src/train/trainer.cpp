@@ -37,6 +37,7 @@
 #include "train/zero.h"
 #include "train/lr_schedule.h"
 
+#include <optional>
 #include <utility>
 
 namespace meshlm {
@@ -432,61 +433,92 @@ void check_memory_limits(const RankDemand& mine, const ProcessPrediction& expect
                      host.size, format_bytes(host.bytes), format_bytes(physical)));
 }
 
-}  // namespace
+// ---- run_training's phases ------------------------------------------------------
 
-TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool for_tests) {
-  const double t_start = now_seconds();
-  SectionTimers timers;
-  const TrainConfig& tc = cfg.train;
-  const ParallelConfig& pc = cfg.parallel;
-
-  MemTracker& tracker = MemTracker::get();
-  tracker.reset_peaks();
-  tracker.enter(MemPhase::startup);
-  comm::set_bucket_bytes(static_cast<size_t>(cfg.comm.bucket_mb) << 20);
-  const ProcessMesh mesh(job, MeshLayout(pc.dp, pc.tp, pc.pp), pc.ranks_per_node);
-  const MeshCoords me = mesh.coords();
-  const int rank = mesh.rank();
-  std::unique_ptr<comm::Communicator> world = comm::make_mpi_communicator(mesh.world());
-  const RankThreads threads = configure_threads(cfg.runtime.threads, mesh);
-  const comm::WaitPolicy wait =
-      cfg.comm.wait != comm::WaitPolicy::automatic ? cfg.comm.wait
-      : shares_cores(threads)                      ? comm::WaitPolicy::sleep
-                                                   : comm::WaitPolicy::poll;
+// Every rank's choice of how to wait for messages: polling, or sleeping
+// where the node's ranks share cores (comm.wait = auto); set for the process.
+comm::WaitPolicy apply_wait_policy(comm::WaitPolicy asked, const RankThreads& threads) {
+  const comm::WaitPolicy wait = asked != comm::WaitPolicy::automatic ? asked
+                                : shares_cores(threads)              ? comm::WaitPolicy::sleep
+                                                                     : comm::WaitPolicy::poll;
   comm::set_wait_policy(wait);
-  // Armed from the first step to the last checkpoint (collective over the
-  // machine's ranks when on: their table).
-  comm::StallWatchdog watchdog(mesh.world(), mesh.host(), cfg.runtime.stall_timeout_s);
+  return wait;
+}
+
+// Prepare the run (collective): the process mesh, the threads and the wait
+// policy, the stall watchdog, the backend; the run's files checked, the
+// token data opened and its loader made; the rank's plan and its predicted
+// memory, checked against the limits before anything large is allocated.
+// Made in this order and torn down in the reverse, after everything the run
+// builds on it.
+class RunContext {
+public:
+  RunContext(const RunConfig& cfg, MPI_Comm job);
+  RunContext(const RunContext&) = delete;
+  RunContext& operator=(const RunContext&) = delete;
+
+  const ProcessMesh mesh;
+  const std::unique_ptr<comm::Communicator> world;
+  const RankThreads threads;
+  std::unique_ptr<comm::StallWatchdog> watchdog;  // armed from the first step to the last checkpoint
+  std::unique_ptr<Backend> backend;
+  std::optional<io::TokenReader> data;  // the loader reads it
+  std::unique_ptr<io::BatchLoader> loader;
+  RankPlan shape;
+  PhasedMemory phased;
+  MemoryByCategory predicted{};
+  ProcessPrediction expected;
+
+private:
+  void predict_memory(const RunConfig& cfg);
+};
+
+RunContext::RunContext(const RunConfig& cfg, MPI_Comm job)
+    : mesh(job, MeshLayout(cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp),
+           cfg.parallel.ranks_per_node),
+      world(comm::make_mpi_communicator(mesh.world())),
+      threads(configure_threads(cfg.runtime.threads, mesh)) {
+  const ParallelConfig& pc = cfg.parallel;
+  const TrainConfig& tc = cfg.train;
+  const comm::WaitPolicy wait = apply_wait_policy(cfg.comm.wait, threads);
+  // Collective over the machine's ranks when on: their table.
+  watchdog = std::make_unique<comm::StallWatchdog>(mesh.world(), mesh.host(),
+                                                   cfg.runtime.stall_timeout_s);
   log::info("# meshlm {} | {} rank(s) = dp {} x tp {} x pp {} on {} node(s) | parameter file {}",
             MESHLM_VERSION, mesh.layout().world(), pc.dp, pc.tp, pc.pp, mesh.node_count(),
             cfg.source);
-  const Backend backend(cfg.runtime.backend, mesh, tc.precision, cfg.runtime.op_timings);
+  backend = std::make_unique<Backend>(cfg.runtime.backend, mesh, tc.precision,
+                                      cfg.runtime.op_timings);
   mesh.print_rank_lines(fmt::format("device {} | cores {} | threads {} | waits {}",
-                                    backend.describe(), threads.cores.text(), threads.threads,
+                                    backend->describe(), threads.cores.text(), threads.threads,
                                     name_of(wait)));
 
+  const int rank = mesh.rank();
   check_run_files(cfg, mesh.world(), rank);
-  io::TokenReader data = open_training_data(cfg.data, cfg.model.vocab_size, mesh.world(), rank);
-  const int B = tc.micro_batch_size, T = tc.seq_len, m = pc.micro_batches;
-  std::unique_ptr<io::BatchLoader> loader;
+  data.emplace(open_training_data(cfg.data, cfg.model.vocab_size, mesh.world(), rank));
+  const MeshCoords me = mesh.coords();
   try_all(mesh.world(), "data.path: ", [&] {
-    loader = std::make_unique<io::BatchLoader>(data, B, T, cfg.data.shuffle, tc.seed,
-                                               cfg.model.vocab_size, me.dp, pc.dp);
+    loader = std::make_unique<io::BatchLoader>(*data, tc.micro_batch_size, tc.seq_len,
+                                               cfg.data.shuffle, tc.seed, cfg.model.vocab_size,
+                                               me.dp, pc.dp);
   }, MESHLM_HERE);
-  log::info("# data: {} ({} tokens, {} sequences of {} per epoch)", cfg.data.path, data.size(),
-            loader->windows_per_epoch(), T);
+  log::info("# data: {} ({} tokens, {} sequences of {} per epoch)", cfg.data.path, data->size(),
+            loader->windows_per_epoch(), tc.seq_len);
 
-  const RankPlan shape = planned_rank_plan(cfg, mesh);
-  const bool lora = shape.model.lora.enabled;
-  if (!lora && !cfg.quant.cache.empty())
+  shape = planned_rank_plan(cfg, mesh);
+  if (!shape.model.lora.enabled && !cfg.quant.cache.empty())
     log::warn("quant.cache = {} is not used: finetune.mode = full quantizes nothing", cfg.quant.cache);
-  const PhasedMemory phased = predict_run_phases(cfg, shape, loader->windows_per_epoch());
-  const MemoryByCategory predicted = predicted_categories(cfg, shape, phased);
+  predict_memory(cfg);
+}
+
+// The categories by phase, printed; on the CPU the runtime's part (what is
+// resident now outside the tracked buffers: code, libraries, MPI, the heap,
+// OpenBLAS's buffer once a GEMM of the largest panel has filled it); then
+// the limits checked.
+void RunContext::predict_memory(const RunConfig& cfg) {
+  phased = predict_run_phases(cfg, shape, loader->windows_per_epoch());
+  predicted = predicted_categories(cfg, shape, phased);
   print_predicted_memory(predicted, *world);
-  // The runtime's part: what is resident now outside the tracked buffers
-  // (code, libraries, MPI, the heap, OpenBLAS's buffer once a GEMM of the
-  // largest panel has filled it).
-  ProcessPrediction expected;
   if (cfg.runtime.backend == ComputeBackend::cpu) {
     {
       Buffer scratch(ops::kGemmWarmUpFloats * sizeof(float), MemCategory::workspace,
@@ -494,7 +526,7 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool for_tests) {
       ops::warm_up_gemm(scratch.as<float>());
     }
     const ProcessMemory now = read_process_memory();
-    const size_t tracked = tracker.current_total(Device::cpu);
+    const size_t tracked = MemTracker::get().current_total(Device::cpu);
     expected.runtime = now.rss > tracked ? now.rss - tracked : 0;
     expected.runtime_pss = now.pss > tracked ? now.pss - tracked : 0;
     for (int p = 0; p < kNumMemPhases; ++p)
@@ -503,29 +535,37 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool for_tests) {
   }
   expected.node = mesh.node_index();
   check_memory_limits(rank_demand(phased, predicted, expected), expected, mesh, cfg.memory);
+}
 
-  std::unique_ptr<load::FrozenBase> base;
-  if (lora) {
-    ScopedTimer st(timers, Section::checkpoint);
-    tracker.enter(MemPhase::base_loading);
-    const std::string base_name =
-        cfg.quant.base.empty() ? "GPT-2 initialisation, train.seed" : cfg.quant.base;
-    log::info("# base loading: {} into {} ({} of {})", base_name,
-              cfg.quant.share == quant::ShareMode::per_rank ? "a private copy per rank"
-                                                            : "one node-shared window per node",
-              name_of(cfg.quant.type),
-              format_bytes(static_cast<double>(load::make_manifest(cfg.model, cfg.quant.type).bytes)));
-    base = load::FrozenBase::load(cfg.model, cfg.quant, cfg.train.seed, mesh);
-    log::info("# base: {} | {} {} in {} ({} per {}) | cache {} | {:.2f} s", base_name,
-              name_of(cfg.quant.type), format_bytes(static_cast<double>(base->manifest().bytes)),
-              cfg.quant.share == quant::ShareMode::per_rank ? "private copies" : "node-shared windows",
-              format_bytes(static_cast<double>(base->manifest().bytes)),
-              cfg.quant.share == quant::ShareMode::per_rank ? "rank" : "node", base->report().cache, base->seconds());
-  }
+// Load the base (LoRA, collective): the frozen model quantized once per node
+// into its shared window (quant.share), or null in full training.
+std::unique_ptr<load::FrozenBase> load_frozen_base(const RunConfig& cfg, const RunContext& run,
+                                                   SectionTimers& timers) {
+  if (!run.shape.model.lora.enabled) return nullptr;
+  ScopedTimer st(timers, Section::checkpoint);
+  MemTracker::get().enter(MemPhase::base_loading);
+  const std::string base_name =
+      cfg.quant.base.empty() ? "GPT-2 initialisation, train.seed" : cfg.quant.base;
+  const bool private_copies = cfg.quant.share == quant::ShareMode::per_rank;
+  log::info("# base loading: {} into {} ({} of {})", base_name,
+            private_copies ? "a private copy per rank" : "one node-shared window per node",
+            name_of(cfg.quant.type),
+            format_bytes(static_cast<double>(load::make_manifest(cfg.model, cfg.quant.type).bytes)));
+  std::unique_ptr<load::FrozenBase> base =
+      load::FrozenBase::load(cfg.model, cfg.quant, cfg.train.seed, run.mesh);
+  log::info("# base: {} | {} {} in {} ({} per {}) | cache {} | {:.2f} s", base_name,
+            name_of(cfg.quant.type), format_bytes(static_cast<double>(base->manifest().bytes)),
+            private_copies ? "private copies" : "node-shared windows",
+            format_bytes(static_cast<double>(base->manifest().bytes)),
+            private_copies ? "rank" : "node", base->report().cache, base->seconds());
+  return base;
+}
 
-  tracker.enter(MemPhase::initialisation);
-  Engine engine(cfg, mesh, timers, base.get(), backend.kernels(), backend.dequantizer());
-  const LRSchedule sched{tc.lr, tc.lr_min_ratio, tc.warmup_steps, tc.steps};
+// The lines that say what is trained and how: the model, the precision, the
+// parallel layout, the adapters, the batch.
+void print_run_lines(const RunConfig& cfg, const RankPlan& shape, const Backend& backend) {
+  const TrainConfig& tc = cfg.train;
+  const ParallelConfig& pc = cfg.parallel;
   const size_t n_full = table_numel(gpt_param_table(cfg.model));
   log::info("# model: GPT-2 L={} NH={} C={} V={} (padded {}) | {} parameters ({})",
             cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.vocab_size,
@@ -551,8 +591,8 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool for_tests) {
   log::info("# parallel: layers per stage {} | schedule {} | activation checkpointing {} | "
             "attention {} | ZeRO stage {} | pipeline bubble {:.1f}%",
             layers, name_of(pc.schedule), name_of(pc.activation_checkpointing),
-            name_of(tc.attention), pc.zero_stage, 100.0 * bubble_fraction(pc.pp, m));
-  if (lora) {
+            name_of(tc.attention), pc.zero_stage, 100.0 * bubble_fraction(pc.pp, pc.micro_batches));
+  if (shape.model.lora.enabled) {
     const size_t n_lora = table_numel(trainable_table(cfg.model, {}, shape.model));
     log::info("# lora: rank {} alpha {} on {} | {} trainable parameters ({:.2f}% of the base, "
               "which is frozen: no gradients, no optimizer state)",
@@ -560,29 +600,30 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool for_tests) {
               100.0 * static_cast<double>(n_lora) / static_cast<double>(n_full));
   }
   log::info("# batch: {} sequences x {} tokens = dp {} x {} micro-batch(es) of {} | {} steps",
-            tc.batch_size, T, pc.dp, m, B, tc.steps);
+            tc.batch_size, tc.seq_len, pc.dp, pc.micro_batches, tc.micro_batch_size, tc.steps);
+}
 
-  // Where training starts: a checkpoint, given adapters, or step 0.
-  Checkpointer checkpointer(cfg, mesh, engine, loader->windows_per_epoch(), timers);
-  TrainingState state;
-  TrainSummary summary;
+// Resume (collective): where training starts (a checkpoint, given adapters,
+// or step 0) into `state` and the loader's cursor; then the run log, made
+// once the starting point is known to be good (rank 0; null elsewhere).
+std::unique_ptr<io::RunLog> resume(const RunConfig& cfg, const RunContext& run,
+                                   Checkpointer& checkpointer, TrainingState& state,
+                                   TrainSummary& summary) {
   int64_t resumed_at = -1;  // the step of the checkpoint resumed from
   if (!cfg.checkpoint.adapters_from.empty()) checkpointer.load_adapters(cfg.checkpoint.adapters_from);
   if (const std::string from = checkpointer.resume_path(); !from.empty()) {
     state = checkpointer.load(from);
     resumed_at = state.step;
-    loader->set_cursor(state.cursor);
+    run.loader->set_cursor(state.cursor);
     summary.skipped_steps = static_cast<int>(state.skipped_steps);
     summary.overflow_steps = static_cast<int>(state.overflow_steps);
-    if (state.step >= tc.steps)
+    if (state.step >= cfg.train.steps)
       log::info("# checkpoint: step {} is at or past train.steps = {}: nothing left to train",
-                state.step, tc.steps);
+                state.step, cfg.train.steps);
   }
-
-  // The run log is made once the starting point is known to be good.
   std::unique_ptr<io::RunLog> runlog;
-  try_all(mesh.world(), "output.dir: ", [&] {
-    if (rank != 0) return;
+  try_all(run.mesh.world(), "output.dir: ", [&] {
+    if (run.mesh.rank() != 0) return;
     runlog = std::make_unique<io::RunLog>(cfg.output.dir, cfg.resolved, reuses_output_dir(cfg),
                                           resumed_at);
     if (!cfg.layout_choice.empty()) runlog->write_layout_choice(cfg.layout_choice);
@@ -590,81 +631,123 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool for_tests) {
       log::info("# run log: {} rows of the earlier run (steps up to {}) carried over",
                 runlog->carried_rows(), resumed_at);
   }, MESHLM_HERE);
+  return runlog;
+}
 
-  const size_t BT = static_cast<size_t>(B) * T;
-  std::vector<int32_t> inputs(m * BT), targets(inputs.size());
-  int skipped_in_a_row = 0;
-  // One optimizer step: its data, the step, its line and its record.
-  auto train_one_step = [&](int step) {
-    const double t0 = now_seconds();
-    {
-      ScopedTimer st(timers, Section::data);
-      for (int micro = 0; micro < m; ++micro)
-        loader->next(inputs.data() + micro * BT, targets.data() + micro * BT);
-    }
-    const double lr = sched.at(step);
-    const StepResult res = engine.step(inputs.data(), targets.data(), static_cast<float>(lr), step + 1);
-    const double dt = now_seconds() - t0;
-    if (res.overflow && !res.nonfinite) {
-      // fp16: nothing was updated; the scale has halved (train/loss_scaler.h).
-      ++summary.overflow_steps;
-      log::warn("step {}: fp16 gradients overflowed at loss scale {:g} (loss {:.6g}, scaled "
-                "gradient norm {:.6g}): step skipped, nothing updated; loss scale now {:g} ({} "
-                "overflowing step(s) in all)",
-                step + 1, res.loss_scale, res.loss, res.grad_norm * res.loss_scale,
-                engine.loss_scaler().scale(), summary.overflow_steps);
-      return;
-    }
-    if (res.nonfinite) {
-      // Nothing was updated from this step (the engine checks before AdamW).
-      ++summary.skipped_steps;
-      ++skipped_in_a_row;
-      const std::string what = fmt::format(
-          "step {}: the loss is {:.6g} and the gradient norm is {:.6g}{}{}", step + 1, res.loss,
-          res.grad_norm,
-          res.overflow ? fmt::format(" at every fp16 loss scale down to {:g}", res.loss_scale)
-                       : std::string(),
-          res.nonfinite_tensor.empty()
-              ? std::string("; every gradient is finite")
-              : "; the first tensor whose gradient is not finite is " + res.nonfinite_tensor);
-      if (tc.on_nonfinite == NonFinite::stop)
-        throw CollectiveError(what + " (train.on_nonfinite = stop)", MESHLM_HERE);
-      log::warn("{}: step skipped, nothing updated ({} in a row, {} in all)", what,
-                skipped_in_a_row, summary.skipped_steps);
-      if (skipped_in_a_row >= tc.max_skipped)
-        throw CollectiveError(fmt::format("{} steps in a row skipped (train.max_skipped = {}); the "
-                                          "last: {}",
-                                          skipped_in_a_row, tc.max_skipped, what),
-                              MESHLM_HERE);
-      return;
-    }
-    skipped_in_a_row = 0;
-    StepRecord r{step + 1, res.loss, lr, res.grad_norm, dt, static_cast<double>(tc.batch_size) * T / dt};
-    ++summary.trained_steps;
-    if (for_tests) summary.steps.push_back(r);
-    if ((step + 1) % tc.log_every == 0 || step + 1 == tc.steps || step == 0) {
-      log::info("  {:>6} {:>9.4f} {:>10.3e} {:>10.4f} {:>10.1f} {:>11.0f}", r.step, r.loss, r.lr,
-                r.grad_norm, 1e3 * r.seconds, r.tokens_per_s);
-      if (runlog) runlog->append(r.step, r.loss, r.lr, r.grad_norm, r.tokens_per_s);
-    }
-  };
-  // After a step: a stop signal on any rank, or checkpoint.every_minutes
-  // passed on rank 0's clock, makes every rank write a checkpoint.
-  const StopSignals stop_signals;
-  double last_save = now_seconds();
-  int64_t saved_step = -1;
-  auto save = [&](int64_t steps_done) {
-    state.step = steps_done;
-    state.tokens_seen = steps_done * static_cast<int64_t>(tc.batch_size) * T;
-    state.cursor = loader->cursor();
-    state.skipped_steps = summary.skipped_steps;
-    state.overflow_steps = summary.overflow_steps;
-    const std::string path = checkpointer.save(state);
-    saved_step = steps_done;
-    last_save = now_seconds();
-    return path;
-  };
-  const CheckpointConfig& kc = cfg.checkpoint;
+// Train (collective): the steps from `state.step` to train.steps, each
+// followed by the checkpoints it calls for (checkpoint.every, every_minutes,
+// a stop signal on any rank), then the final one.
+class TrainingLoop {
+public:
+  TrainingLoop(const RunConfig& cfg, RunContext& run, Engine& engine, Checkpointer& checkpointer,
+               io::RunLog* runlog, TrainingState& state, TrainSummary& summary,
+               SectionTimers& timers, bool for_tests)
+      : cfg_(cfg), tc_(cfg.train), run_(run), engine_(engine), checkpointer_(checkpointer),
+        runlog_(runlog), state_(state), summary_(summary), timers_(timers), for_tests_(for_tests),
+        sched_{tc_.lr, tc_.lr_min_ratio, tc_.warmup_steps, tc_.steps},
+        bt_(static_cast<size_t>(tc_.micro_batch_size) * tc_.seq_len),
+        inputs_(cfg.parallel.micro_batches * bt_), targets_(inputs_.size()) {}
+
+  void run();
+
+private:
+  void print_header() const;
+  void train_one_step(int step);
+  // A step the engine skipped (nothing updated), counted and reported;
+  // throws under train.on_nonfinite = stop or past train.max_skipped.
+  void skipped(const StepResult& res, int step);
+  std::string save(int64_t steps_done);
+
+  const RunConfig& cfg_;
+  const TrainConfig& tc_;
+  RunContext& run_;
+  Engine& engine_;
+  Checkpointer& checkpointer_;
+  io::RunLog* runlog_;
+  TrainingState& state_;
+  TrainSummary& summary_;
+  SectionTimers& timers_;
+  const bool for_tests_;
+  const LRSchedule sched_;
+  const size_t bt_;
+  std::vector<int32_t> inputs_, targets_;
+  int skipped_in_a_row_ = 0;
+  double last_save_ = 0;
+  int64_t saved_step_ = -1;
+};
+
+// One optimizer step: its data, the step, its line and its record.
+void TrainingLoop::train_one_step(int step) {
+  const double t0 = now_seconds();
+  {
+    ScopedTimer st(timers_, Section::data);
+    for (int micro = 0; micro < cfg_.parallel.micro_batches; ++micro)
+      run_.loader->next(inputs_.data() + micro * bt_, targets_.data() + micro * bt_);
+  }
+  const double lr = sched_.at(step);
+  const StepResult res =
+      engine_.step(inputs_.data(), targets_.data(), static_cast<float>(lr), step + 1);
+  const double dt = now_seconds() - t0;
+  if (res.overflow || res.nonfinite) return skipped(res, step);
+  skipped_in_a_row_ = 0;
+  const int T = tc_.seq_len;
+  StepRecord r{step + 1, res.loss, lr, res.grad_norm, dt, static_cast<double>(tc_.batch_size) * T / dt};
+  ++summary_.trained_steps;
+  if (for_tests_) summary_.steps.push_back(r);
+  if ((step + 1) % tc_.log_every == 0 || step + 1 == tc_.steps || step == 0) {
+    log::info("  {:>6} {:>9.4f} {:>10.3e} {:>10.4f} {:>10.1f} {:>11.0f}", r.step, r.loss, r.lr,
+              r.grad_norm, 1e3 * r.seconds, r.tokens_per_s);
+    if (runlog_) runlog_->append(r.step, r.loss, r.lr, r.grad_norm, r.tokens_per_s);
+  }
+}
+
+void TrainingLoop::skipped(const StepResult& res, int step) {
+  if (res.overflow && !res.nonfinite) {
+    // fp16: nothing was updated; the scale has halved (train/loss_scaler.h).
+    ++summary_.overflow_steps;
+    log::warn("step {}: fp16 gradients overflowed at loss scale {:g} (loss {:.6g}, scaled "
+              "gradient norm {:.6g}): step skipped, nothing updated; loss scale now {:g} ({} "
+              "overflowing step(s) in all)",
+              step + 1, res.loss_scale, res.loss, res.grad_norm * res.loss_scale,
+              engine_.loss_scaler().scale(), summary_.overflow_steps);
+    return;
+  }
+  // Nothing was updated from this step (the engine checks before AdamW).
+  ++summary_.skipped_steps;
+  ++skipped_in_a_row_;
+  const std::string what = fmt::format(
+      "step {}: the loss is {:.6g} and the gradient norm is {:.6g}{}{}", step + 1, res.loss,
+      res.grad_norm,
+      res.overflow ? fmt::format(" at every fp16 loss scale down to {:g}", res.loss_scale)
+                   : std::string(),
+      res.nonfinite_tensor.empty()
+          ? std::string("; every gradient is finite")
+          : "; the first tensor whose gradient is not finite is " + res.nonfinite_tensor);
+  if (tc_.on_nonfinite == NonFinite::stop)
+    throw CollectiveError(what + " (train.on_nonfinite = stop)", MESHLM_HERE);
+  log::warn("{}: step skipped, nothing updated ({} in a row, {} in all)", what,
+            skipped_in_a_row_, summary_.skipped_steps);
+  if (skipped_in_a_row_ >= tc_.max_skipped)
+    throw CollectiveError(fmt::format("{} steps in a row skipped (train.max_skipped = {}); the "
+                                      "last: {}",
+                                      skipped_in_a_row_, tc_.max_skipped, what),
+                          MESHLM_HERE);
+}
+
+std::string TrainingLoop::save(int64_t steps_done) {
+  state_.step = steps_done;
+  state_.tokens_seen = steps_done * static_cast<int64_t>(tc_.batch_size) * tc_.seq_len;
+  state_.cursor = run_.loader->cursor();
+  state_.skipped_steps = summary_.skipped_steps;
+  state_.overflow_steps = summary_.overflow_steps;
+  const std::string path = checkpointer_.save(state_);
+  saved_step_ = steps_done;
+  last_save_ = now_seconds();
+  return path;
+}
+
+void TrainingLoop::print_header() const {
+  const CheckpointConfig& kc = cfg_.checkpoint;
   log::info("# checkpoint: {} | every {} | keep last {} | final {}{} | SIGTERM or SIGUSR1: "
             "checkpoint and stop",
             kc.resolved_dir,
@@ -675,114 +758,164 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool for_tests) {
   if (kc.every_minutes > 0) log::info("# checkpoint: also every {:g} minutes", kc.every_minutes);
   log::info("# {:>6} {:>9} {:>10} {:>10} {:>10} {:>11}", "step", "loss", "lr", "grad_norm",
             "ms/step", "tokens/s");
-  if (watchdog.on())
+  if (run_.watchdog->on())
     log::info("# stall watchdog: no progress for {:g} s ends the job (runtime.stall_timeout_s)",
-              cfg.runtime.stall_timeout_s);
-  tracker.enter(MemPhase::training);
-  watchdog.arm();
-  for (int step = static_cast<int>(state.step); step < tc.steps; ++step) {
+              cfg_.runtime.stall_timeout_s);
+}
+
+void TrainingLoop::run() {
+  // After a step: a stop signal on any rank (StopSignals, installed by the
+  // caller), or checkpoint.every_minutes passed on rank 0's clock, makes
+  // every rank write a checkpoint.
+  last_save_ = now_seconds();
+  const CheckpointConfig& kc = cfg_.checkpoint;
+  print_header();
+  MemTracker::get().enter(MemPhase::training);
+  run_.watchdog->arm();
+  for (int step = static_cast<int>(state_.step); step < tc_.steps; ++step) {
     train_one_step(step);
     heartbeat::beat();
     // What every rank must agree on after the step: [stop signal, minutes due].
     std::array<int32_t, 2> mine{StopSignals::received(), 0}, any{};
-    if (kc.every_minutes > 0 && rank == 0 &&
-        now_seconds() - last_save >= 60.0 * kc.every_minutes)
+    if (kc.every_minutes > 0 && run_.mesh.rank() == 0 &&
+        now_seconds() - last_save_ >= 60.0 * kc.every_minutes)
       mine[1] = 1;
-    world->all_reduce(mine.data(), any.data(), 2, DType::i32, comm::ReduceOp::max).wait();
+    run_.world->all_reduce(mine.data(), any.data(), 2, DType::i32, comm::ReduceOp::max).wait();
     const int done = step + 1;
     if (any[0] != 0) {
       const std::string path = save(done);
-      checkpointer.finish();  // on disk before the job ends (checkpoint.async)
+      checkpointer_.finish();  // on disk before the job ends (checkpoint.async)
       log::info("# {} received: stopped after step {} of {}; checkpoint {} written. Resume with "
                 "checkpoint.resume = auto (or = {})",
-                StopSignals::name(any[0]), done, tc.steps, path, path);
-      summary.stopped_by_signal = any[0];
+                StopSignals::name(any[0]), done, tc_.steps, path, path);
+      summary_.stopped_by_signal = any[0];
       break;
     }
     if ((kc.every > 0 && done % kc.every == 0) || any[1] != 0) save(done);
   }
-  if (kc.final && summary.stopped_by_signal == 0 && saved_step != tc.steps &&
-      state.step < tc.steps)
-    save(tc.steps);
+  if (kc.final && summary_.stopped_by_signal == 0 && saved_step_ != tc_.steps &&
+      state_.step < tc_.steps)
+    save(tc_.steps);
   {
-    ScopedTimer st(timers, Section::checkpoint);
-    checkpointer.finish();  // a background write still going on (checkpoint.async)
+    ScopedTimer st(timers_, Section::checkpoint);
+    checkpointer_.finish();  // a background write still going on (checkpoint.async)
   }
-  watchdog.disarm();
+  run_.watchdog->disarm();
+}
 
-  summary.seconds = now_seconds() - t_start;
+// The run log's memory tables: predicted, current and peak categories, the
+// process prediction against what /proc saw, per rank and per node.
+void write_run_log_memory(io::RunLog& runlog, const std::vector<RankMemory>& mem) {
+  std::vector<MemoryByCategory> pred, cur, peak;
+  std::vector<ProcessMemory> proc;
+  std::vector<size_t> runtime, runtime_pss, peak_pred;
+  std::vector<int> node;
+  std::vector<double> error;
+  std::vector<std::array<size_t, kNumMemPhases>> phase_pred, phase_peak;
+  for (const RankMemory& r : mem) {
+    pred.push_back(r.predicted);
+    cur.push_back(r.current);
+    peak.push_back(r.peak);
+    proc.push_back(r.process);
+    runtime.push_back(r.expected.runtime);
+    runtime_pss.push_back(r.expected.runtime_pss);
+    node.push_back(r.expected.node);
+    peak_pred.push_back(r.expected.peak());
+    error.push_back(r.error());
+    phase_pred.push_back(r.expected.phases);
+    phase_peak.push_back(r.phase_peak);
+  }
+  runlog.write_memory(pred, cur, peak, proc);
+  runlog.write_process_prediction(runtime, peak_pred, error, phase_pred, phase_peak);
+  std::vector<size_t> node_peaks, node_pss;
+  for (const NodeMemory& n : node_memory(mem)) {
+    node_peaks.push_back(n.predicted);
+    node_pss.push_back(n.pss);
+  }
+  runlog.write_node_prediction(runtime_pss, node, node_peaks, node_pss);
+}
+
+// A GPU's memory (one rank): the tracked Buffers by category, and what the
+// driver reports in use on the device.
+void print_device_memory(const Backend& backend) {
+  const MemTracker& t = MemTracker::get();
+  std::string cats;
+  for (int c = 0; c < kNumMemCategories; ++c) {
+    const size_t peak = t.peak(static_cast<MemCategory>(c), Device::cuda);
+    if (peak > 0)
+      cats += fmt::format(" | {} {}", mem_category_name(static_cast<MemCategory>(c)),
+                          format_bytes(static_cast<double>(peak)));
+  }
+  log::info("# device memory, {}: tracked peak {}{} | in use on the device now {} of {} "
+            "(cudaMemGetInfo)",
+            backend.describe(), format_bytes(static_cast<double>(t.peak_total(Device::cuda))),
+            cats, format_bytes(static_cast<double>(backend.device_used_bytes())),
+            format_bytes(static_cast<double>(backend.device_total_bytes())));
+}
+
+// Report (collective): the loss scale, the memory table (predicted against
+// measured, per rank), the device's memory, the timing tables; the run log's
+// tables and its close.
+void report_run(const RunConfig& cfg, RunContext& run, Engine& engine, SectionTimers& timers,
+                io::RunLog* runlog, TrainSummary& summary, bool for_tests) {
   if (engine.loss_scaler().enabled()) {
     summary.loss_scale = engine.loss_scaler().scale();
     log::info("# fp16 loss scaling: {} overflowing step(s) skipped | loss scale at the end {:g}",
               summary.overflow_steps, summary.loss_scale);
   }
   timers.account_rest_as_other(summary.seconds);
-  const std::vector<RankMemory> mem = gather_memory(predicted, expected, *world);
+  const std::vector<RankMemory> mem = gather_memory(run.predicted, run.expected, *run.world);
   comm::release_ring_scratch();  // a run leaves nothing behind for the next
   std::vector<std::string> labels;
   for (int r = 0; r < static_cast<int>(mem.size()); ++r) {
-    const MeshCoords c = mesh.layout().coords(r);
+    const MeshCoords c = run.mesh.layout().coords(r);
     labels.push_back(fmt::format("dp {} tp {} pp {}", c.dp, c.tp, c.pp));
   }
   print_memory_table(mem, labels);
-  if (backend.kind() == ComputeBackend::cuda) {
-    // Device memory (one rank): the tracked Buffers by category, and what the
-    // driver reports in use on the device.
-    const MemTracker& t = MemTracker::get();
-    std::string cats;
-    for (int c = 0; c < kNumMemCategories; ++c) {
-      const size_t peak = t.peak(static_cast<MemCategory>(c), Device::cuda);
-      if (peak > 0)
-        cats += fmt::format(" | {} {}", mem_category_name(static_cast<MemCategory>(c)),
-                            format_bytes(static_cast<double>(peak)));
-    }
-    log::info("# device memory, {}: tracked peak {}{} | in use on the device now {} of {} "
-              "(cudaMemGetInfo)",
-              backend.describe(), format_bytes(static_cast<double>(t.peak_total(Device::cuda))),
-              cats, format_bytes(static_cast<double>(backend.device_used_bytes())),
-              format_bytes(static_cast<double>(backend.device_total_bytes())));
-  }
-  print_timing_table(timers, summary.seconds, *world);
-  if (backend.op_timer() != nullptr) {
-    const int ran = summary.trained_steps + summary.skipped_steps +
-                    summary.overflow_steps;
-    print_op_timing_table(*backend.op_timer(), ran, *world);
+  if (run.backend->kind() == ComputeBackend::cuda) print_device_memory(*run.backend);
+  print_timing_table(timers, summary.seconds, *run.world);
+  if (run.backend->op_timer() != nullptr) {
+    const int ran = summary.trained_steps + summary.skipped_steps + summary.overflow_steps;
+    print_op_timing_table(*run.backend->op_timer(), ran, *run.world);
   }
   if (for_tests) summary.final_params = engine.gather_params();
   if (runlog) {
-    std::vector<MemoryByCategory> pred, cur, peak;
-    std::vector<ProcessMemory> proc;
-    for (const RankMemory& r : mem) {
-      pred.push_back(r.predicted);
-      cur.push_back(r.current);
-      peak.push_back(r.peak);
-      proc.push_back(r.process);
-    }
-    runlog->write_memory(pred, cur, peak, proc);
-    std::vector<size_t> runtime, runtime_pss, peak_pred;
-    std::vector<int> node;
-    std::vector<double> error;
-    std::vector<std::array<size_t, kNumMemPhases>> phase_pred, phase_peak;
-    for (const RankMemory& r : mem) {
-      runtime.push_back(r.expected.runtime);
-      runtime_pss.push_back(r.expected.runtime_pss);
-      node.push_back(r.expected.node);
-      peak_pred.push_back(r.expected.peak());
-      error.push_back(r.error());
-      phase_pred.push_back(r.expected.phases);
-      phase_peak.push_back(r.phase_peak);
-    }
-    runlog->write_process_prediction(runtime, peak_pred, error, phase_pred, phase_peak);
-    std::vector<size_t> node_peaks, node_pss;
-    for (const NodeMemory& n : node_memory(mem)) {
-      node_peaks.push_back(n.predicted);
-      node_pss.push_back(n.pss);
-    }
-    runlog->write_node_prediction(runtime_pss, node, node_peaks, node_pss);
+    write_run_log_memory(*runlog, mem);
     runlog->write_timing(timers);
     runlog->close();
     log::info("# run log: {}/run.h5", cfg.output.dir);
   }
+}
+
+}  // namespace
+
+TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool for_tests) {
+  const double t_start = now_seconds();
+  SectionTimers timers;
+  MemTracker& tracker = MemTracker::get();
+  tracker.reset_peaks();
+  tracker.enter(MemPhase::startup);
+  comm::set_bucket_bytes(static_cast<size_t>(cfg.comm.bucket_mb) << 20);
+
+  RunContext run(cfg, job);
+  const std::unique_ptr<load::FrozenBase> base = load_frozen_base(cfg, run, timers);
+
+  tracker.enter(MemPhase::initialisation);
+  Engine engine(cfg, run.mesh, timers, base.get(), run.backend->kernels(),
+                run.backend->dequantizer());
+  print_run_lines(cfg, run.shape, *run.backend);
+
+  Checkpointer checkpointer(cfg, run.mesh, engine, run.loader->windows_per_epoch(), timers);
+  TrainingState state;
+  TrainSummary summary;
+  const std::unique_ptr<io::RunLog> runlog = resume(cfg, run, checkpointer, state, summary);
+
+  // SIGTERM and SIGUSR1 from here to the end: a checkpoint, then a clean stop.
+  const StopSignals stop_signals;
+  TrainingLoop(cfg, run, engine, checkpointer, runlog.get(), state, summary, timers, for_tests).run();
+
+  summary.seconds = now_seconds() - t_start;
+  report_run(cfg, run, engine, timers, runlog.get(), summary, for_tests);
   return summary;
 }
 
