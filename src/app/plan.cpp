@@ -170,25 +170,39 @@ std::string plan_calibrate_target(const std::vector<std::string>& args) {
   return parse_options(args).calibrate;
 }
 
-int cmd_plan(const std::vector<std::string>& args) {
-  if (args.empty() || std::find(args.begin(), args.end(), "--help") != args.end() ||
-      std::find(args.begin(), args.end(), "-h") != args.end()) {
-    parse_options(args, /*help_only=*/true);
-    return 0;
-  }
+namespace {
+
+// What meshlm plan found: the run's configuration as planned, the machine,
+// every layout searched, and the configured one (or why there is none).
+struct Plan {
+  RunConfig base;
+  ComputeBackend backend = ComputeBackend::cpu;
+  PlanMachine m;
+  std::string data_note;  // data.path's order left out of the memory
+  bool auto_layout = false;
+  LayoutSearch search;
+  std::optional<PlannedLayout> configured;
+  std::string configured_error;
+  double seconds = 0;
+};
+
+// The plan of the parameter file on o.ranks ranks: the file as the run
+// would take it (every key checked) and its layout, which may not be one the
+// run accepts; every layout of o.ranks ranks the run would accept (under
+// parallel.layout = auto, those its explicit [parallel] keys allow).
+Plan make_plan(const Options& o) {
   const auto t0 = std::chrono::steady_clock::now();
-  Options o = parse_options(args);
   const std::string text = read_parameter_file(o.file);
+  Plan plan;
   // The machine of a plan for the run `c` (its [cluster] and [memory], the
   // command line's limits first).
-  std::string data_note;
   auto machine_for = [&](const RunConfig& c) {
     PlanMachine pm = plan_machine(c.cluster, c.runtime.backend, o.ranks, o.ranks_per_node, c.comm.wait);
     apply_memory_limits(pm, c.memory, o.mem_per_rank, o.host_mem_per_node);
     pm.windows = data_windows(c.data, c.train.seq_len);
-    data_note = c.data.path.empty() || !std::filesystem::exists(c.data.path)
-                    ? "data.path '" + c.data.path + "' is not there: its shuffled order (other) is not counted"
-                    : "";
+    plan.data_note = c.data.path.empty() || !std::filesystem::exists(c.data.path)
+                         ? "data.path '" + c.data.path + "' is not there: its shuffled order (other) is not counted"
+                         : "";
     return pm;
   };
   auto planned_for = [&](RunConfig c) {
@@ -209,112 +223,100 @@ int cmd_plan(const std::vector<std::string>& args) {
     first.runtime.backend = one.runtime.backend;
     return first;
   };
-  // The file as the run would take it (every key checked), and its layout
-  // on o.ranks ranks, which may not be one the run accepts.
   std::optional<RunConfig> as_configured;
-  std::string configured_error;
   try {
     as_configured = parse_run_config(text, o.file, o.overrides, o.ranks, choose);
   } catch (const Error& e) {
-    configured_error = e.what();
+    plan.configured_error = e.what();
   }
-  const bool auto_layout = auto_search.has_value();
+  plan.auto_layout = auto_search.has_value();
   // Else the file on one rank, its [parallel] layout set aside (the search
   // sets it): every other key still checked.
   std::vector<std::string> one_rank = o.overrides;
   for (const char* k : {"--parallel.layout=manual", "--parallel.dp=1", "--parallel.tp=1",
                         "--parallel.pp=1", "--parallel.micro_batches=0", "--parallel.stage_layers="})
     one_rank.push_back(k);
-  const RunConfig file_base =
-      as_configured && !auto_layout ? *as_configured : parse_run_config(text, o.file, one_rank, 1);
-  const ComputeBackend file_backend = file_base.runtime.backend;
-  const RunConfig base = planned_for(file_base);
-  const ComputeBackend backend = base.runtime.backend;
-  const bool cuda = backend == ComputeBackend::cuda;
-  const PlanMachine m = machine_for(base);
-
-  // Every layout of o.ranks ranks the run would accept (under auto, those
-  // its explicit [parallel] keys allow).
-  const LayoutSearch search = auto_layout ? *auto_search : search_layouts(base, file_backend, m);
-  const std::vector<PlannedLayout>& fits = search.fits;
-  const std::vector<PlannedLayout>& rejected = search.rejected;
-  const int invalid = search.refused_count;
-  const std::map<std::string, int>& refused = search.refused;
-
-  std::optional<PlannedLayout> configured;
-  if (auto_layout) {
-    if (!fits.empty()) configured = fits[0];
+  const RunConfig file_base = as_configured && !plan.auto_layout
+                                  ? *as_configured
+                                  : parse_run_config(text, o.file, one_rank, 1);
+  plan.base = planned_for(file_base);
+  plan.backend = plan.base.runtime.backend;
+  plan.m = machine_for(plan.base);
+  plan.search = plan.auto_layout ? *auto_search
+                                 : search_layouts(plan.base, file_base.runtime.backend, plan.m);
+  if (plan.auto_layout) {
+    if (!plan.search.fits.empty()) plan.configured = plan.search.fits[0];
   } else if (as_configured) {
     const ParallelConfig& p = as_configured->parallel;
     if (static_cast<long long>(p.dp) * p.tp * p.pp != o.ranks)
-      configured_error = fmt::format("parallel.dp {} x tp {} x pp {} is not {} ranks", p.dp, p.tp,
-                                     p.pp, o.ranks);
+      plan.configured_error = fmt::format("parallel.dp {} x tp {} x pp {} is not {} ranks", p.dp,
+                                          p.tp, p.pp, o.ranks);
     else
-      configured = evaluate_layout(planned_for(*as_configured), m);
+      plan.configured = evaluate_layout(planned_for(*as_configured), plan.m);
   }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  plan.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return plan;
+}
 
-  if (o.json) {
-    json j = {{"model", {{"n_layer", base.model.n_layer}, {"n_head", base.model.n_head},
-                         {"n_embd", base.model.n_embd}, {"vocab_size", base.model.vocab_size},
-                         {"seq_len", base.train.seq_len}, {"batch_size", base.train.batch_size}}},
-              {"ranks", o.ranks}, {"ranks_per_node", o.ranks_per_node},
-              {"backend", name_of(backend)},
-              {"mem_per_rank", m.mem_per_rank}, {"host_mem_per_node", m.host_mem_per_node},
-              {"rates", {{"source", m.rates_source}, {"gflops_per_rank", m.rates.flops_per_s / 1e9},
-                         {"intra_node_gbps", m.rates.intra_bytes_per_s / 1e9},
-                         {"inter_node_gbps", m.rates.inter_bytes_per_s / 1e9},
-                         {"intra_node_latency_us", m.rates.intra_latency_s * 1e6},
-                         {"inter_node_latency_us", m.rates.inter_latency_s * 1e6},
-                         {"runtime_per_rank", m.runtime}, {"runtime_pss_per_rank", m.runtime_pss},
-                         {"device_runtime", m.device_runtime}}},
-              {"configured_is_auto", auto_layout},
-              {"configured", configured ? layout_json(*configured) : json{{"error", configured_error}}},
-              {"fits", json::array()}, {"rejected", json::array()},
-              {"layouts_searched", fits.size() + rejected.size()}, {"layouts_invalid", invalid},
-              {"refused", refused},
-              {"seconds", seconds}};
-    json per_rank = json::array();
-    for (const PlannedRank& pr : configured ? configured->ranks : std::vector<PlannedRank>{}) {
-      json r = {{"rank", pr.rank}, {"node", pr.node}, {"dp", pr.c.dp}, {"tp", pr.c.tp}, {"pp", pr.c.pp},
-                {"peak_bytes", pr.peak}, {"peak_phase", mem_phase_name(pr.peak_phase)}};
-      for (int c = 0; c < kNumMemCategories; ++c)
-        r["predicted"][mem_category_name(static_cast<MemCategory>(c))] = pr.table[static_cast<size_t>(c)];
-      per_rank.push_back(r);
-    }
-    if (configured) j["configured"]["ranks"] = per_rank;
-    for (size_t i = 0; i < fits.size() && i < static_cast<size_t>(o.top); ++i) j["fits"].push_back(layout_json(fits[i]));
-    for (size_t i = 0; i < rejected.size() && i < static_cast<size_t>(o.top); ++i)
-      j["rejected"].push_back(layout_json(rejected[i]));
-    std::cout << j.dump(2) << "\n";
-    return 0;
+// meshlm plan --json: the plan as one JSON document.
+void print_plan_json(const Options& o, const Plan& plan) {
+  const RunConfig& base = plan.base;
+  const PlanMachine& m = plan.m;
+  const std::vector<PlannedLayout>& fits = plan.search.fits;
+  const std::vector<PlannedLayout>& rejected = plan.search.rejected;
+  const std::optional<PlannedLayout>& configured = plan.configured;
+  json j = {{"model", {{"n_layer", base.model.n_layer}, {"n_head", base.model.n_head},
+                       {"n_embd", base.model.n_embd}, {"vocab_size", base.model.vocab_size},
+                       {"seq_len", base.train.seq_len}, {"batch_size", base.train.batch_size}}},
+            {"ranks", o.ranks}, {"ranks_per_node", o.ranks_per_node},
+            {"backend", name_of(plan.backend)},
+            {"mem_per_rank", m.mem_per_rank}, {"host_mem_per_node", m.host_mem_per_node},
+            {"rates", {{"source", m.rates_source}, {"gflops_per_rank", m.rates.flops_per_s / 1e9},
+                       {"intra_node_gbps", m.rates.intra_bytes_per_s / 1e9},
+                       {"inter_node_gbps", m.rates.inter_bytes_per_s / 1e9},
+                       {"intra_node_latency_us", m.rates.intra_latency_s * 1e6},
+                       {"inter_node_latency_us", m.rates.inter_latency_s * 1e6},
+                       {"runtime_per_rank", m.runtime}, {"runtime_pss_per_rank", m.runtime_pss},
+                       {"device_runtime", m.device_runtime}}},
+            {"configured_is_auto", plan.auto_layout},
+            {"configured", configured ? layout_json(*configured) : json{{"error", plan.configured_error}}},
+            {"fits", json::array()}, {"rejected", json::array()},
+            {"layouts_searched", fits.size() + rejected.size()},
+            {"layouts_invalid", plan.search.refused_count},
+            {"refused", plan.search.refused},
+            {"seconds", plan.seconds}};
+  json per_rank = json::array();
+  for (const PlannedRank& pr : configured ? configured->ranks : std::vector<PlannedRank>{}) {
+    json r = {{"rank", pr.rank}, {"node", pr.node}, {"dp", pr.c.dp}, {"tp", pr.c.tp}, {"pp", pr.c.pp},
+              {"peak_bytes", pr.peak}, {"peak_phase", mem_phase_name(pr.peak_phase)}};
+    for (int c = 0; c < kNumMemCategories; ++c)
+      r["predicted"][mem_category_name(static_cast<MemCategory>(c))] = pr.table[static_cast<size_t>(c)];
+    per_rank.push_back(r);
   }
+  if (configured) j["configured"]["ranks"] = per_rank;
+  for (size_t i = 0; i < fits.size() && i < static_cast<size_t>(o.top); ++i) j["fits"].push_back(layout_json(fits[i]));
+  for (size_t i = 0; i < rejected.size() && i < static_cast<size_t>(o.top); ++i)
+    j["rejected"].push_back(layout_json(rejected[i]));
+  std::cout << j.dump(2) << "\n";
+}
 
-  auto gib = [](size_t b) { return fmt::format("{:.2f}", double(b) / double(1ull << 30)); };
-  fmt::print("# meshlm plan: {} ranks, {} per node, backend {}; per rank {} {}, per node {} of host\n",
-             o.ranks, o.ranks_per_node, name_of(backend),
-             m.mem_per_rank ? format_bytes(double(m.mem_per_rank)) : std::string("no limit"),
-             cuda ? "of device memory" : "of host memory", format_bytes(double(m.host_mem_per_node)));
-  fmt::print("# model: L={} H={} C={} V={}, T={}, batch {} sequences per step\n", base.model.n_layer,
-             base.model.n_head, base.model.n_embd, base.model.vocab_size, base.train.seq_len,
-             base.train.batch_size);
-  fmt::print("# runtime per rank {} ({} in the node's sum){}; rates ({}): {:.0f} GFLOP/s per rank, "
-             "{:.0f} / {:.0f} GB/s and {:.1f} / {:.1f} us within / between nodes\n",
-             format_bytes(double(m.runtime)), format_bytes(double(m.runtime_pss)),
-             cuda ? ", device " + format_bytes(double(m.device_runtime)) : std::string(),
-             m.rates_source, m.rates.flops_per_s / 1e9, m.rates.intra_bytes_per_s / 1e9,
-             m.rates.inter_bytes_per_s / 1e9, m.rates.intra_latency_s * 1e6,
-             m.rates.inter_latency_s * 1e6);
-  if (!data_note.empty()) fmt::print("# note: {}\n", data_note);
+std::string gib(size_t b) { return fmt::format("{:.2f}", double(b) / double(1ull << 30)); }
+
+// The configured layout: whether it fits, each rank's predicted memory by
+// category, and its stages' balance under pipeline parallelism.
+void print_configured(const Options& o, const Plan& plan) {
+  const std::optional<PlannedLayout>& configured = plan.configured;
+  const bool cuda = plan.backend == ComputeBackend::cuda;
+  const PlanMachine& m = plan.m;
   if (!configured) {
-    fmt::print("#\n# configured layout: not one of {} ranks: {}\n", o.ranks, configured_error);
-  } else {
-    fmt::print("#\n# configured layout{}: {} (stages {}): {}\n",
-               auto_layout ? " (parallel.layout = auto: the first that fits)" : "",
-               describe_layout(configured->cfg),
-               stages_text(configured->stages),
-               configured->overflow.empty() ? "fits" : "does not fit: " + configured->overflow);
+    fmt::print("#\n# configured layout: not one of {} ranks: {}\n", o.ranks, plan.configured_error);
+    return;
+  }
+  fmt::print("#\n# configured layout{}: {} (stages {}): {}\n",
+             plan.auto_layout ? " (parallel.layout = auto: the first that fits)" : "",
+             describe_layout(configured->cfg),
+             stages_text(configured->stages),
+             configured->overflow.empty() ? "fits" : "does not fit: " + configured->overflow);
   std::string head = fmt::format("# {:>5} {:>4} {:>11}", "rank", "node", "dp/tp/pp");
   for (int c = 0; c < kNumMemCategories; ++c)
     head += fmt::format(" {:>11}", mem_category_name(static_cast<MemCategory>(c)));
@@ -337,31 +339,76 @@ int cmd_plan(const std::vector<std::string>& args) {
     fmt::print("# stages: peak GiB {} (max/min {:.2f}); seconds per micro-batch {} (max/min {:.2f})\n",
                mem, spread(configured->stage_peak), time, spread(configured->cost.stage_seconds));
   }
+}
+
+// The first o.top layouts of `v` with their memory and the cost model's
+// seconds by term; for those that do not fit, why.
+void print_layout_table(const Options& o, const std::vector<PlannedLayout>& v, bool fitting) {
+  fmt::print("# {:>3} {:<34} {:>9} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+             "#", "layout", "stages", "peak GiB", "node GiB", "step s", "compute", "pipeline",
+             "tp", "pp", "optimizer", "dp");
+  for (size_t i = 0; i < v.size() && i < static_cast<size_t>(o.top); ++i) {
+    const PlannedLayout& L = v[i];
+    fmt::print("  {:>3} {:<34} {:>9} {:>10} {:>10} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} "
+               "{:>9.4f} {:>9.4f}\n",
+               i + 1, describe_layout(L.cfg), stages_text(L.stages), gib(L.worst), gib(L.node_worst),
+               L.cost.total(), L.cost.compute, L.cost.pipeline, L.cost.tp, L.cost.pp,
+               L.cost.optimizer, L.cost.dp);
+    if (!fitting) fmt::print("        does not fit: {}\n", L.overflow);
   }
-  auto table = [&](const std::vector<PlannedLayout>& v, bool fitting) {
-    fmt::print("# {:>3} {:<34} {:>9} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
-               "#", "layout", "stages", "peak GiB", "node GiB", "step s", "compute", "pipeline",
-               "tp", "pp", "optimizer", "dp");
-    for (size_t i = 0; i < v.size() && i < static_cast<size_t>(o.top); ++i) {
-      const PlannedLayout& L = v[i];
-      fmt::print("  {:>3} {:<34} {:>9} {:>10} {:>10} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} "
-                 "{:>9.4f} {:>9.4f}\n",
-                 i + 1, describe_layout(L.cfg), stages_text(L.stages), gib(L.worst), gib(L.node_worst),
-                 L.cost.total(), L.cost.compute, L.cost.pipeline, L.cost.tp, L.cost.pp,
-                 L.cost.optimizer, L.cost.dp);
-      if (!fitting) fmt::print("        does not fit: {}\n", L.overflow);
-    }
-  };
+}
+
+// meshlm plan: the machine, the model, the configured layout, and the
+// layouts that fit, fastest first, then the fastest of those that do not.
+void print_plan_text(const Options& o, const Plan& plan) {
+  const RunConfig& base = plan.base;
+  const PlanMachine& m = plan.m;
+  const bool cuda = plan.backend == ComputeBackend::cuda;
+  fmt::print("# meshlm plan: {} ranks, {} per node, backend {}; per rank {} {}, per node {} of host\n",
+             o.ranks, o.ranks_per_node, name_of(plan.backend),
+             m.mem_per_rank ? format_bytes(double(m.mem_per_rank)) : std::string("no limit"),
+             cuda ? "of device memory" : "of host memory", format_bytes(double(m.host_mem_per_node)));
+  fmt::print("# model: L={} H={} C={} V={}, T={}, batch {} sequences per step\n", base.model.n_layer,
+             base.model.n_head, base.model.n_embd, base.model.vocab_size, base.train.seq_len,
+             base.train.batch_size);
+  fmt::print("# runtime per rank {} ({} in the node's sum){}; rates ({}): {:.0f} GFLOP/s per rank, "
+             "{:.0f} / {:.0f} GB/s and {:.1f} / {:.1f} us within / between nodes\n",
+             format_bytes(double(m.runtime)), format_bytes(double(m.runtime_pss)),
+             cuda ? ", device " + format_bytes(double(m.device_runtime)) : std::string(),
+             m.rates_source, m.rates.flops_per_s / 1e9, m.rates.intra_bytes_per_s / 1e9,
+             m.rates.inter_bytes_per_s / 1e9, m.rates.intra_latency_s * 1e6,
+             m.rates.inter_latency_s * 1e6);
+  if (!plan.data_note.empty()) fmt::print("# note: {}\n", plan.data_note);
+  print_configured(o, plan);
+  const std::vector<PlannedLayout>& fits = plan.search.fits;
+  const std::vector<PlannedLayout>& rejected = plan.search.rejected;
   fmt::print("#\n# {} layouts fit (of {} the run accepts; {} more it would refuse), fastest first:\n",
-             fits.size(), fits.size() + rejected.size(), invalid);
-  for (const auto& [why, n] : refused) fmt::print("# refused ({} layouts): {}\n", n, why);
-  table(fits, true);
+             fits.size(), fits.size() + rejected.size(), plan.search.refused_count);
+  for (const auto& [why, n] : plan.search.refused) fmt::print("# refused ({} layouts): {}\n", n, why);
+  print_layout_table(o, fits, true);
   if (!rejected.empty()) {
     fmt::print("#\n# the fastest of the {} that do not fit:\n", rejected.size());
-    table(rejected, false);
+    print_layout_table(o, rejected, false);
   }
-  fmt::print("#\n# planned in {:.2f} s\n", seconds);
-  return fits.empty() ? 1 : 0;
+  fmt::print("#\n# planned in {:.2f} s\n", plan.seconds);
+}
+
+}  // namespace
+
+int cmd_plan(const std::vector<std::string>& args) {
+  if (args.empty() || std::find(args.begin(), args.end(), "--help") != args.end() ||
+      std::find(args.begin(), args.end(), "-h") != args.end()) {
+    parse_options(args, /*help_only=*/true);
+    return 0;
+  }
+  const Options o = parse_options(args);
+  const Plan plan = make_plan(o);
+  if (o.json) {
+    print_plan_json(o, plan);
+    return 0;
+  }
+  print_plan_text(o, plan);
+  return plan.search.fits.empty() ? 1 : 0;
 }
 
 }  // namespace meshlm
