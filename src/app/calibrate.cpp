@@ -299,22 +299,11 @@ std::string host_name() {
 
 }  // namespace
 
-int cmd_plan_calibrate(MPI_Comm job, const std::string& path) {
-  std::unique_ptr<comm::Communicator> all = comm::make_mpi_communicator(job);
-  const int rank = all->rank(), size = all->size();
-  // Only a file of --calibrate is replaced.
-  check_all(job, rank != 0 || !std::filesystem::exists(path) || is_calibration_file(path),
-            "meshlm plan --calibrate '" + path + "' exists and is not a file of --calibrate: not replaced",
-            MESHLM_HERE);
-  const int cores = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
-  const int node_ranks = node_rank_count(job, 0);
-  json j = {{"what", kCalibrateWhat}, {"cores", cores}, {"ranks", size}};
-
-  // A rank's runtime, as meshlm train measures it: resident after MPI's
-  // start and the GEMM warm-up, outside the tracked buffers; threads as a
-  // run's default (the node's cores shared by its ranks).
-  ops::set_threads(std::max(1, cores / node_ranks));
-  const ProcessMesh mesh(job, MeshLayout(size, 1, 1));  // a run's communicators
+// A rank's runtime, as meshlm train measures it: resident after MPI's start
+// (the caller's mesh: a run's communicators), HDF5's and the GEMM warm-up,
+// outside the tracked buffers; threads as a run's default (the node's cores
+// shared by its ranks).
+void measure_runtime(json& j, int cores, int node_ranks) {
   {
     // HDF5 started and a file written and read, as a run's token file and
     // log: in a directory of its own (mkdtemp), so that no file is replaced.
@@ -340,13 +329,18 @@ int cmd_plan_calibrate(MPI_Comm job, const std::string& path) {
   j["runtime_bytes"] = now.rss > tracked ? now.rss - tracked : 0;
   j["runtime_pss_bytes"] = now.pss > tracked ? now.pss - tracked : 0;
   j["runtime_threads"] = std::max(1, cores / node_ranks);
+}
 
-  // MPI between ranks 0 and 1 (before anything else runs on the node).
-  if (size >= 2) {
+// MPI between ranks 0 and 1 (before anything else runs on the node): the
+// latency of 8 bytes and the bandwidth of 16 MiB, one way, within or
+// between nodes as the two ranks are placed.
+void measure_mpi(json& j, comm::Communicator& all) {
+  const int rank = all.rank();
+  if (all.size() >= 2) {
     std::string peer = host_name();
     peer.resize(256, '\0');
-    if (rank == 1) all->send(peer.data(), peer.size(), DType::u8, 0).wait();
-    if (rank == 0) all->recv(peer.data(), peer.size(), DType::u8, 1).wait();
+    if (rank == 1) all.send(peer.data(), peer.size(), DType::u8, 0).wait();
+    if (rank == 0) all.recv(peer.data(), peer.size(), DType::u8, 1).wait();
     const bool same_node = rank == 0 && peer.c_str() == host_name();
     for (const size_t bytes : {size_t(8), size_t(16u << 20)}) {
       std::vector<uint8_t> buf(bytes, 1);
@@ -355,11 +349,11 @@ int cmd_plan_calibrate(MPI_Comm job, const std::string& path) {
       for (int i = 0; i < warm + reps; ++i) {
         if (i == warm) t0 = Clock::now();
         if (rank == 0) {
-          all->send(buf.data(), bytes, DType::u8, 1).wait();
-          all->recv(buf.data(), bytes, DType::u8, 1).wait();
+          all.send(buf.data(), bytes, DType::u8, 1).wait();
+          all.recv(buf.data(), bytes, DType::u8, 1).wait();
         } else if (rank == 1) {
-          all->recv(buf.data(), bytes, DType::u8, 0).wait();
-          all->send(buf.data(), bytes, DType::u8, 0).wait();
+          all.recv(buf.data(), bytes, DType::u8, 0).wait();
+          all.send(buf.data(), bytes, DType::u8, 0).wait();
         }
       }
       if (rank != 0) continue;
@@ -369,8 +363,13 @@ int cmd_plan_calibrate(MPI_Comm job, const std::string& path) {
       else j[where + "_gbps"] = double(bytes) / one_way / 1e9;
     }
   }
+}
 
-  // Rank 0's compute while the others sleep (a waiting MPI rank polls).
+// Rank 0's compute while the others sleep (a waiting MPI rank polls): GEMM
+// rates by cores and rows, memory bandwidth, the op classes; then the cores'
+// sharing efficiency, when every rank is on rank 0's node.
+void measure_compute(json& j, comm::Communicator& all, int cores, int node_ranks) {
+  const int rank = all.rank(), size = all.size();
   uint8_t go = 0;
   if (rank == 0) {
     j["gflops_per_core"] = gemm_gflops(1, 1024);
@@ -382,16 +381,20 @@ int cmd_plan_calibrate(MPI_Comm job, const std::string& path) {
     j["memory_gbps_all_cores"] = triad_gbps(cores);
     j["ops_one_core"] = op_rates(1);
     j["ops_all_cores"] = op_rates(cores);
-    for (int r = 1; r < size; ++r) all->send(&go, 1, DType::u8, r).wait();
+    for (int r = 1; r < size; ++r) all.send(&go, 1, DType::u8, r).wait();
   } else {
-    sleep_until_recv(*all, 0);
+    sleep_until_recv(all, 0);
   }
   // The cores shared by ranks: only when every rank is on rank 0's node.
   if (node_ranks == size && size >= 2) {
-    const json shared = sharing_efficiency(*all, cores);
+    const json shared = sharing_efficiency(all, cores);
     if (rank == 0 && !shared.empty()) j["sharing_efficiency_by_ranks_per_core"] = shared;
   }
+}
 
+// Rank 0 writes the file (under a temporary name, renamed when whole) and
+// prints the figures; collective: a failed write is every rank's error.
+void write_calibration(const json& j, const std::string& path, MPI_Comm job, int rank, int cores) {
   bool ok = true;
   std::string err;
   if (rank == 0) {
@@ -419,6 +422,24 @@ int cmd_plan_calibrate(MPI_Comm job, const std::string& path) {
     fmt::print(" -> {}\n", path);
     std::fflush(stdout);
   }
+}
+
+int cmd_plan_calibrate(MPI_Comm job, const std::string& path) {
+  std::unique_ptr<comm::Communicator> all = comm::make_mpi_communicator(job);
+  const int rank = all->rank(), size = all->size();
+  // Only a file of --calibrate is replaced.
+  check_all(job, rank != 0 || !std::filesystem::exists(path) || is_calibration_file(path),
+            "meshlm plan --calibrate '" + path + "' exists and is not a file of --calibrate: not replaced",
+            MESHLM_HERE);
+  const int cores = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+  const int node_ranks = node_rank_count(job, 0);
+  json j = {{"what", kCalibrateWhat}, {"cores", cores}, {"ranks", size}};
+  ops::set_threads(std::max(1, cores / node_ranks));
+  const ProcessMesh mesh(job, MeshLayout(size, 1, 1));  // a run's communicators
+  measure_runtime(j, cores, node_ranks);
+  measure_mpi(j, *all);
+  measure_compute(j, *all, cores, node_ranks);
+  write_calibration(j, path, job, rank, cores);
   return 0;
 }
 

@@ -211,7 +211,8 @@ constexpr double kMaxRanks = 1 << 24, kMaxThreads = 4096, kMaxInt = 2147483647;
 constexpr double kMaxSeed = 9223372036854775807.0;  // 2^63 - 1 (rounds to 2^63 as a double)
 constexpr double kMaxLossScale = LossScaler::kMax;
 
-void make_options(RunConfig& c, OptionTable& t) {
+// The keys of [model] and [train]: the architecture and the optimisation.
+void add_model_and_train_options(RunConfig& c, OptionTable& t) {
   auto& model = t.section("[model] the GPT-2 architecture");
   t.add(model, "model.n_layer", &c.model.n_layer, "transformer blocks (L)",
         Range::ints(1, kMaxLayers));
@@ -261,6 +262,10 @@ void make_options(RunConfig& c, OptionTable& t) {
   t.add(train, "train.loss_scale_window", &c.train.loss_scale.window, "under precision = fp16: the loss scale doubles after this many steps in a row without overflow (up to 2^32)",
         Range::ints(1, kMaxInt));
   t.add(train, "train.attention", &c.train.attention, "what causal attention keeps for its backward: " + enum_choices<Attention>() + " (probabilities: the (B, n_head, T, T) softmax probabilities of every layer; flash: one log-sum-exp per row of a head, T times fewer floats, and the backward recomputes the probabilities a block at a time; on a GPU one fused kernel, where it needs train.precision = bf16 or fp16 and a head size of 16, 32, 64 or 128; auto: probabilities)");
+}
+
+// The keys of [data], [output], [runtime], [comm], [memory]: what the run reads, writes and runs on.
+void add_run_options(RunConfig& c, OptionTable& t) {
   auto& data = t.section("[data] training tokens");
   t.add(data, "data.path", &c.data.path, "token file: HDF5 with dataset 'tokens' (uint16/uint32) or meshlm raw tokens (required)");
   t.add(data, "data.tokenize_from", &c.data.tokenize_from, "text file tokenized byte-level into data.path when data.path does not exist");
@@ -283,6 +288,10 @@ void make_options(RunConfig& c, OptionTable& t) {
   t.add(memory, "memory.limit_per_rank", &c.memory.limit_per_rank, "the most a rank may use (its predicted peak: the runtime's part plus its largest phase; e.g. 80GiB, 512M, 4e9; K M G T and KiB MiB GiB TiB are powers of 1024, kB MB GB TB of 1000); a rank predicted above it refuses to start, naming the rank and its bytes per category; empty = no limit");
   t.add(memory, "memory.limit_per_node", &c.memory.limit_per_node, "the most the ranks of one node may use together: the node's predicted peak of its ranks' summed PSS (the node's shared quantized base and the libraries counted once); empty = no limit");
   t.add(memory, "memory.force", &c.memory.force, "start even when a prediction exceeds memory.limit_per_rank, memory.limit_per_node or the node's physical memory (with a warning naming them)");
+}
+
+// The keys of [parallel] and [cluster]: the mesh, and the machines as the planner sees them.
+void add_parallel_options(RunConfig& c, OptionTable& t) {
   auto& parallel = t.section("[parallel] the process mesh: ranks = dp * tp * pp");
   t.add(parallel, "parallel.layout", &c.parallel.layout, enum_choices<LayoutChoice>() + " (auto: meshlm train takes the layout that meshlm plan ranks fastest among those that fit memory.limit_per_rank and memory.limit_per_node (unset: on the CPU the node's memory / its ranks and the node's memory; on CUDA no limit per rank, so set memory.limit_per_rank to the GPU's memory), searching dp, tp, pp, zero_stage, micro_batches with train.micro_batch_size (the file's is replaced), activation_checkpointing and schedule; a key of this section given explicitly (dp, tp, pp, micro_batches: not as 0) holds its value in the search; the choice and why are printed and stored in run.h5 (attribute layout_choice))");
   t.add(parallel, "parallel.dp", &c.parallel.dp, "data-parallel replicas, each reading its own slice of every batch; 0 = ranks / (tp * pp)",
@@ -311,6 +320,10 @@ void make_options(RunConfig& c, OptionTable& t) {
   t.add(cluster, "cluster.runtime_per_rank", &c.cluster.runtime_per_rank, "a rank's resident memory outside meshlm's buffers (code, libraries, MPI, heap), a size as memory.limit_per_rank (cpu-node: 40MiB; h100-ib: 512MiB of host)");
   t.add(cluster, "cluster.runtime_pss_per_rank", &c.cluster.runtime_pss_per_rank, "its part of the node's memory, shared pages split between the ranks mapping them (cpu-node: 25MiB; h100-ib: 512MiB)");
   t.add(cluster, "cluster.device_runtime", &c.cluster.device_runtime, "device memory a CUDA rank holds outside meshlm's buffers: context, cuBLAS (600MiB; 597 MiB measured on an H100)");
+}
+
+// The keys of [finetune], [quant], [checkpoint]: what trains, the base, the saved state.
+void add_finetune_options(RunConfig& c, OptionTable& t) {
   auto& finetune = t.section("[finetune] what trains");
   t.add(finetune, "finetune.mode", &c.finetune.mode, enum_choices<FinetuneMode>() + ": full = every parameter trains; lora = LoRA adapters on a frozen, quantized base ([quant])");
   t.add(finetune, "finetune.lora_rank", &c.finetune.lora_rank, "LoRA rank r",
@@ -335,6 +348,10 @@ void make_options(RunConfig& c, OptionTable& t) {
   t.add(ckpt, "checkpoint.final", &c.checkpoint.final, "write a checkpoint at the end of training");
   t.add(ckpt, "checkpoint.async", &c.checkpoint.async, "write checkpoints from a background thread: training waits only while the state is copied to a host snapshot (kept for the run, memory category checkpoint) and for a write of the checkpoint before that is still going on");
   t.add(ckpt, "checkpoint.resume", &c.checkpoint.resume, "where training starts: none = fresh; auto = from the checkpoint that checkpoint.dir/latest names, or fresh when there is none (a requeued job); or the path of a checkpoint file. Any layout resumes any checkpoint; the model must match");
+}
+
+// The keys of [debug]: failure injection for tests.
+void add_debug_options(RunConfig& c, OptionTable& t) {
   auto& debug = t.section("[debug] failure injection for tests");
   t.add(debug, "debug.fail_rank", &c.debug.fail_rank, "this rank throws an error in the forward of debug.fail_step; -1 = none",
         Range::ints(-1, kMaxRanks));
@@ -349,6 +366,15 @@ void make_options(RunConfig& c, OptionTable& t) {
         Range::ints(1, kMaxInt));
   t.add(debug, "debug.kill_rank", &c.debug.kill_rank, "the world rank debug.kill_in_checkpoint kills",
         Range::ints(0, kMaxRanks));
+}
+
+// Every key, section by section, in the order of --help.
+void make_options(RunConfig& c, OptionTable& t) {
+  add_model_and_train_options(c, t);
+  add_run_options(c, t);
+  add_parallel_options(c, t);
+  add_finetune_options(c, t);
+  add_debug_options(c, t);
 }
 
 // The message of a Program_options error. Boost (1.74) builds it in what()

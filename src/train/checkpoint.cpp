@@ -787,6 +787,55 @@ double Checkpointer::finish() {
   return waited;
 }
 
+namespace {
+
+// `latest` in dir names the file `path` from now on: written under a
+// temporary name, made durable, renamed over the old one (rank 0).
+void point_latest_at(const std::string& dir, const std::string& path) {
+  const std::string latest = (fs::path(dir) / ck::kLatestName).string();
+  const std::string latest_tmp = temp_name_for(latest);
+  {
+    std::ofstream o(latest_tmp, std::ios::trunc);
+    o << fs::path(path).filename().string() << "\n";
+    o.close();
+    if (!o) {
+      std::error_code ec;
+      fs::remove(latest_tmp, ec);
+      throw RankError("cannot write '" + latest_tmp + "'", MESHLM_HERE);
+    }
+  }
+  sync_file_and_dir(latest_tmp);
+  std::error_code ec;
+  fs::rename(latest_tmp, latest, ec);
+  if (ec) {
+    fs::remove(latest_tmp, ec);
+    throw RankError("cannot rename '" + latest_tmp + "' to '" + latest + "'", MESHLM_HERE);
+  }
+  sync_file_and_dir(latest);
+}
+
+// checkpoint.keep_last: the `keep` newest step_*.h5 of dir stay; older ones
+// are removed when they are meshlm checkpoints, never `current` (rank 0).
+void keep_newest(const std::string& dir, int keep, const std::string& current) {
+  static const std::regex kName(R"(step_(\d{8,})\.h5)");
+  std::error_code ec;
+  std::vector<std::pair<int64_t, fs::path>> found;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    std::smatch mt;
+    const std::string name = e.path().filename().string();
+    if (std::regex_match(name, mt, kName)) found.emplace_back(std::stoll(mt[1]), e.path());
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (size_t i = static_cast<size_t>(keep); i < found.size(); ++i) {
+    const std::string old = found[i].second.string();
+    h5::LibraryLock library;
+    if (old == current || !ck::is_checkpoint_file(old)) continue;
+    fs::remove(old, ec);
+  }
+}
+
+}  // namespace
+
 void Checkpointer::write(Job& job, MPI_Comm comm) {
   const double t0 = now_seconds();
   std::unique_ptr<comm::Communicator> c = comm::make_mpi_communicator(comm);
@@ -876,42 +925,8 @@ void Checkpointer::write(Job& job, MPI_Comm comm) {
     if (rank != 0) return;
     job.out->commit();
     maybe_die(cfg_, rank, step, "latest");
-    const std::string latest = (fs::path(dir) / ck::kLatestName).string();
-    const std::string latest_tmp = temp_name_for(latest);
-    {
-      std::ofstream o(latest_tmp, std::ios::trunc);
-      o << fs::path(job.path).filename().string() << "\n";
-      o.close();
-      if (!o) {
-        std::error_code ec;
-        fs::remove(latest_tmp, ec);
-        throw RankError("cannot write '" + latest_tmp + "'", MESHLM_HERE);
-      }
-    }
-    sync_file_and_dir(latest_tmp);
-    std::error_code ec;
-    fs::rename(latest_tmp, latest, ec);
-    if (ec) {
-      fs::remove(latest_tmp, ec);
-      throw RankError("cannot rename '" + latest_tmp + "' to '" + latest + "'", MESHLM_HERE);
-    }
-    sync_file_and_dir(latest);
-    if (cfg_.checkpoint.keep_last > 0) {
-      static const std::regex kName(R"(step_(\d{8,})\.h5)");
-      std::vector<std::pair<int64_t, fs::path>> found;
-      for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
-        std::smatch mt;
-        const std::string name = e.path().filename().string();
-        if (std::regex_match(name, mt, kName)) found.emplace_back(std::stoll(mt[1]), e.path());
-      }
-      std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-      for (size_t i = static_cast<size_t>(cfg_.checkpoint.keep_last); i < found.size(); ++i) {
-        const std::string old = found[i].second.string();
-        h5::LibraryLock library;
-        if (old == job.path || !ck::is_checkpoint_file(old)) continue;
-        fs::remove(old, ec);
-      }
-    }
+    point_latest_at(dir, job.path);
+    if (cfg_.checkpoint.keep_last > 0) keep_newest(dir, cfg_.checkpoint.keep_last, job.path);
   }, MESHLM_HERE);
   const double dt = now_seconds() - t0;
   log::info("# checkpoint: step {} -> {} | {} in {:.2f} s ({}/s){}: data {:.2f} s, read back "
