@@ -84,7 +84,7 @@ set_tests_properties(cli_tokenize_signals PROPERTIES LABELS cli TIMEOUT 180)
 # And the ones that must succeed.
 add_test(NAME cli_help_lists_every_key
   COMMAND bash ${_cli}/help_lists_keys.sh $<TARGET_FILE:meshlm> ${PROJECT_SOURCE_DIR}/inputs
-          ${PROJECT_SOURCE_DIR}/README.md)
+          ${PROJECT_SOURCE_DIR}/docs/parameters.md)
 set_tests_properties(cli_help_lists_every_key PROPERTIES LABELS cli TIMEOUT 60)
 
 # A one-rank failure in the middle of the run aborts the job (no hang).

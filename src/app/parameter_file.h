@@ -2,7 +2,7 @@
 // Boost.Program_options, every key overridable on the command line as
 // --section.key=value. The option table in parameter_file.cpp is the single
 // source of every key, its default and its meaning; `meshlm train --help`
-// prints it and the README's reference is generated from that output.
+// prints it and docs/parameters.md is generated from that output.
 //
 // Values are typed where they are read: a keyword (parallel.schedule,
 // quant.type, ...) is bound straight to its enum through the enum's name

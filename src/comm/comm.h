@@ -1,7 +1,7 @@
 // Collectives over one group of ranks (a DP, TP or PP group, or the world),
-// behind one interface so that the training code does not know whether MPI
-// moves host buffers or NCCL moves device buffers (comm/mpi_comm.h; the CUDA
-// backend later).
+// behind one interface so that the training code does not know what moves
+// the bytes. Today MPI moves host buffers (comm/mpi_comm.h); a device
+// implementation (NCCL) would take this interface, and none exists yet.
 //
 // Every operation is asynchronous and returns a Handle; the buffers must stay
 // valid and untouched until it completes. Operations on one Communicator

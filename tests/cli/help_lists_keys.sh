@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# help_lists_keys.sh MESHLM INPUTS_DIR README
+# help_lists_keys.sh MESHLM INPUTS_DIR PARAMETERS_MD
 # `meshlm train --help` documents every key used by the shipped parameter
-# files, with a default; the README's parameter reference lists every key
+# files, with a default; docs/parameters.md (the parameter reference) lists every key
 # that --help lists.
 set -u
 meshlm=$1
 inputs=$2
-readme=$3
+reference=$3
 help=$("$meshlm" train --help) || { echo "FAIL: meshlm train --help exited non-zero"; exit 1; }
 echo "$help"
 fail=0
@@ -24,8 +24,8 @@ for cfg in "$inputs"/*.cfg; do
   done <"$cfg"
 done
 while IFS= read -r entry; do
-  if ! grep -Fq -- "$entry" "$readme"; then
-    echo "FAIL: README.md's parameter reference lacks '$entry' (regenerate it from meshlm train --help)"; fail=1
+  if ! grep -Fq -- "$entry" "$reference"; then
+    echo "FAIL: $reference lacks '$entry' (regenerate it from meshlm train --help)"; fail=1
   fi
 done < <(grep -Eo -- '--[a-z_]+\.[a-z_0-9]+ arg \(=[^)]*\)' <<<"$help")
 exit $fail
