@@ -250,11 +250,15 @@ void check_run_files(const RunConfig& cfg, MPI_Comm job, int rank) {
                           "': the tokens would be written over the text",
                       MESHLM_HERE);
     io::check_output_dir(cfg.output.dir, reuses_output_dir(cfg));
-    // Any step may write a checkpoint (checkpoint.every, a stop signal, the
-    // end): a directory that cannot hold one is refused before step 1.
-    if (const std::string why = unwritable_dir_reason(cfg.checkpoint.resolved_dir); !why.empty())
-      throw RankError("checkpoint.dir: '" + cfg.checkpoint.resolved_dir + "' " + why,
-                      MESHLM_HERE);
+    // The run log, and any step's checkpoint (checkpoint.every, a stop
+    // signal, the end): a directory that cannot hold them is refused before
+    // step 1. checkpoint.dir is output.dir/checkpoints unless it is given.
+    auto check_writable = [](const char* key, const std::string& dir) {
+      if (const std::string why = unwritable_dir_reason(dir); !why.empty())
+        throw RankError(std::string(key) + ": '" + dir + "' " + why, MESHLM_HERE);
+    };
+    check_writable("output.dir", cfg.output.dir);
+    if (!cfg.checkpoint.dir.empty()) check_writable("checkpoint.dir", cfg.checkpoint.resolved_dir);
     for (const auto& [key, path] : {std::pair<const char*, std::string>{"data.path", cfg.data.path},
                                     {"quant.base", cfg.quant.base}}) {
       if (path.empty() || (std::string(key) == "quant.base" && path == "init")) continue;
