@@ -175,8 +175,7 @@ namespace {
 // What meshlm plan found: the run's configuration as planned, the machine,
 // every layout searched, and the configured one (or why there is none).
 struct Plan {
-  RunConfig base;
-  ComputeBackend backend = ComputeBackend::cpu;
+  RunConfig base;  // its runtime.backend is the plan's (--backend, else the file's)
   PlanMachine m;
   std::string data_note;  // data.path's order left out of the memory
   bool auto_layout = false;
@@ -240,7 +239,6 @@ Plan make_plan(const Options& o) {
                                   ? *as_configured
                                   : parse_run_config(text, o.file, one_rank, 1);
   plan.base = planned_for(file_base);
-  plan.backend = plan.base.runtime.backend;
   plan.m = machine_for(plan.base);
   plan.search = plan.auto_layout ? *auto_search
                                  : search_layouts(plan.base, file_base.runtime.backend, plan.m);
@@ -269,7 +267,7 @@ void print_plan_json(const Options& o, const Plan& plan) {
                        {"n_embd", base.model.n_embd}, {"vocab_size", base.model.vocab_size},
                        {"seq_len", base.train.seq_len}, {"batch_size", base.train.batch_size}}},
             {"ranks", o.ranks}, {"ranks_per_node", o.ranks_per_node},
-            {"backend", name_of(plan.backend)},
+            {"backend", name_of(plan.base.runtime.backend)},
             {"mem_per_rank", m.mem_per_rank}, {"host_mem_per_node", m.host_mem_per_node},
             {"rates", {{"source", m.rates_source}, {"gflops_per_rank", m.rates.flops_per_s / 1e9},
                        {"intra_node_gbps", m.rates.intra_bytes_per_s / 1e9},
@@ -306,7 +304,7 @@ std::string gib(size_t b) { return fmt::format("{:.2f}", double(b) / double(1ull
 // category, and its stages' balance under pipeline parallelism.
 void print_configured(const Options& o, const Plan& plan) {
   const std::optional<PlannedLayout>& configured = plan.configured;
-  const bool cuda = plan.backend == ComputeBackend::cuda;
+  const bool cuda = plan.base.runtime.backend == ComputeBackend::cuda;
   const PlanMachine& m = plan.m;
   if (!configured) {
     fmt::print("#\n# configured layout: not one of {} ranks: {}\n", o.ranks, plan.configured_error);
@@ -363,9 +361,9 @@ void print_layout_table(const Options& o, const std::vector<PlannedLayout>& v, b
 void print_plan_text(const Options& o, const Plan& plan) {
   const RunConfig& base = plan.base;
   const PlanMachine& m = plan.m;
-  const bool cuda = plan.backend == ComputeBackend::cuda;
+  const bool cuda = plan.base.runtime.backend == ComputeBackend::cuda;
   fmt::print("# meshlm plan: {} ranks, {} per node, backend {}; per rank {} {}, per node {} of host\n",
-             o.ranks, o.ranks_per_node, name_of(plan.backend),
+             o.ranks, o.ranks_per_node, name_of(plan.base.runtime.backend),
              m.mem_per_rank ? format_bytes(double(m.mem_per_rank)) : std::string("no limit"),
              cuda ? "of device memory" : "of host memory", format_bytes(double(m.host_mem_per_node)));
   fmt::print("# model: L={} H={} C={} V={}, T={}, batch {} sequences per step\n", base.model.n_layer,

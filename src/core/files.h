@@ -24,10 +24,11 @@ std::string non_regular_kind(const std::string& path);
 // "" when a directory can be made at `dir` (or is there) and files written
 // in it; else why not, as a phrase that follows "'<dir>' ": "is a regular
 // file", "is below '/a/b', which is a regular file", "cannot be written:
-// making a directory in '/a' failed (Read-only file system)". The proof is a directory made in `dir`, or in
-// the deepest directory above it that exists, and removed at once: what a
-// later mkdir and write need (permissions, a read-only or virtual file
-// system) is what it needs. Nothing is left on disk.
+// making a directory in '/a' failed (Read-only file system)". The proof is
+// a directory made in `dir`, or in the deepest directory above it that
+// exists, and removed at once: what a later mkdir and write need
+// (permissions, a read-only or virtual file system) is what it needs.
+// Nothing is left on disk.
 std::string unwritable_dir_reason(const std::string& dir);
 
 }  // namespace meshlm
