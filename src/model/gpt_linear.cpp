@@ -4,33 +4,52 @@
 
 namespace meshlm {
 
+// The layer's adapter as the quantized layer merges it into its tiles
+// (quant::QAdapter); nullopt when the layer has none.
+std::optional<quant::QAdapter> GPT::merged_adapter(int l, LinearSlot slot) const {
+  const AdapterIndex ai = adapter_[l][static_cast<int>(slot)];
+  if (ai.a < 0) return std::nullopt;
+  quant::QAdapter a;
+  a.A = params() + table_[ai.a].offset;
+  a.B = params() + table_[ai.b].offset;
+  a.scale = opts_.lora.scale();
+  a.rank = opts_.lora.rank;
+  return a;
+}
+
 void GPT::linear_forward(int l, LinearSlot slot, float* out, const float* inp, const float* w,
                          const float* bias, int N, int IC, int OC) {
   const int t = static_cast<int>(slot);
-  if (const quant::QSlice* q = qbase(linear_index_[l][t]))
-    quant::qlinear_forward(*k_, *dq_, out, inp, *q, bias, N, gacts_.qtile, qtile_rows(opts_));
-  else
-    k_->matmul_forward(out, inp, w, bias, N, IC, OC);
-  const AdapterIndex ai = adapter_[l][t];
-  if (ai.a < 0) return;
+  const std::optional<quant::QAdapter> lora = merged_adapter(l, slot);
+  if (const quant::QSlice* q = qbase(linear_index_[l][t])) {
+    // The adapter rides in the dequantized tiles: one GEMM for both.
+    quant::qlinear_forward(*k_, *dq_, out, inp, *q, bias, N, gacts_.qtile, qtile_rows(opts_),
+                           lora ? &*lora : nullptr);
+    return;
+  }
+  k_->matmul_forward(out, inp, w, bias, N, IC, OC);
+  if (!lora) return;
   // Column-parallel: u = x A^T is whole on every rank, B's rows are this
   // rank's outputs. Row-parallel: u is this rank's partial sum, and so is
   // s u B^T, which the sum over the group completes, like x W^T.
-  lora_forward(*k_, out, inp, params() + table_[ai.a].offset, params() + table_[ai.b].offset,
-               opts_.lora.scale(), N, IC, OC, opts_.lora.rank, gacts_.lora_u);
+  lora_forward(*k_, out, inp, lora->A, lora->B, lora->scale, N, IC, OC, lora->rank,
+               gacts_.lora_u);
 }
 
 void GPT::linear_backward(int l, LinearSlot slot, float* dinp, float* dw, float* dbias,
                           const float* dout, const float* inp, const float* w, int N, int IC,
                           int OC) {
   const int t = static_cast<int>(slot);
-  if (const quant::QSlice* q = qbase(linear_index_[l][t]))
-    // Frozen: no dW, no dbias.
-    quant::qlinear_backward_input(*k_, *dq_, dinp, dout, *q, N, gacts_.qtile, qtile_rows(opts_));
+  const std::optional<quant::QAdapter> lora = merged_adapter(l, slot);
+  const quant::QSlice* q = qbase(linear_index_[l][t]);
+  if (q)
+    // Frozen: no dW, no dbias; dinp through the base and the merged adapter.
+    quant::qlinear_backward_input(*k_, *dq_, dinp, dout, *q, N, gacts_.qtile, qtile_rows(opts_),
+                                  lora ? &*lora : nullptr);
   else
     k_->matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC);
+  if (!lora) return;
   const AdapterIndex ai = adapter_[l][t];
-  if (ai.a < 0) return;
   const ParamSpec &sa = table_[ai.a], &sb = table_[ai.b];
   // The replicated factor (A of a column-parallel layer, B of a row-parallel
   // one) gets a partial gradient on each TP rank: computed apart, summed over
@@ -42,7 +61,7 @@ void GPT::linear_backward(int l, LinearSlot slot, float* dinp, float* dw, float*
   float* tmp = gacts_.lora_tmp;
   if (a_partial) k_->zero(tmp, sa.numel());
   if (b_partial) k_->zero(tmp, sb.numel());
-  lora_backward(*k_, dinp, a_partial ? tmp : dA, b_partial ? tmp : dB, dout, inp,
+  lora_backward(*k_, q ? nullptr : dinp, a_partial ? tmp : dA, b_partial ? tmp : dB, dout, inp,
                 params() + sa.offset, params() + sb.offset, opts_.lora.scale(), N, IC, OC,
                 opts_.lora.rank, gacts_.lora_u, gacts_.lora_du);
   if (a_partial || b_partial) {

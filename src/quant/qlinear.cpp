@@ -68,11 +68,39 @@ size_t qlinear_workspace_floats(const QSlice& w, int tile_rows) {
   return static_cast<size_t>(tile_rows) * static_cast<size_t>(w.local_cols());
 }
 
+namespace {
+
+// ws(tr, IC) = rows [r0, r0 + tr) of W, plus those of s B A with `lora`.
+void make_tile(const ops::Kernels& k, const Dequantizer& dq, const QSlice& w, int r0, int tr,
+               float* ws, const QAdapter* lora) {
+  dq.rows(w, r0, tr, ws);
+  if (lora == nullptr) return;
+  const int IC = static_cast<int>(w.local_cols()), r = lora->rank;
+  // ws(tr, IC) += s B[r0:r0+tr](tr, r) A(r, IC)
+  k.gemm(false, false, tr, IC, r, lora->scale, lora->B + static_cast<size_t>(r0) * r, r, lora->A,
+         IC, 1.0f, ws, IC);
+}
+
+void check_adapter(const QAdapter* lora, const char* where) {
+  if (lora == nullptr) return;
+  MESHLM_CHECK(lora->A && lora->B && lora->rank > 0,
+               std::string(where) + ": an adapter without factors or rank");
+}
+
+}  // namespace
+
 void qlinear_forward(const ops::Kernels& k, const Dequantizer& dq, float* out, const float* inp,
-                     const QSlice& w, const float* bias, int N, float* ws, int tile_rows) {
+                     const QSlice& w, const float* bias, int N, float* ws, int tile_rows,
+                     const QAdapter* lora) {
   MESHLM_CHECK(tile_rows > 0, "qlinear_forward: tiles of no rows");
   MESHLM_CHECK(k.device() == dq.device(), "qlinear_forward: kernels and dequantizer of two backends");
+  check_adapter(lora, "qlinear_forward");
   const int OC = static_cast<int>(w.local_rows()), IC = static_cast<int>(w.local_cols());
+  if (tile_rows >= OC) {
+    make_tile(k, dq, w, 0, OC, ws, lora);
+    k.matmul_forward(out, inp, ws, bias, N, IC, OC);
+    return;
+  }
   float beta = 0.0f;
   if (bias) {
     // Start from the bias and let every tile's GEMM accumulate onto it.
@@ -82,21 +110,23 @@ void qlinear_forward(const ops::Kernels& k, const Dequantizer& dq, float* out, c
   }
   for (int r0 = 0; r0 < OC; r0 += tile_rows) {
     const int tr = std::min(tile_rows, OC - r0);
-    dq.rows(w, r0, tr, ws);
+    make_tile(k, dq, w, r0, tr, ws, lora);
     // out[:, r0:r0+tr] (N, tr) = inp (N, IC) tile(tr, IC)^T (+ out)
     k.gemm(false, true, N, tr, IC, 1.0f, inp, IC, ws, IC, beta, out + r0, OC);
   }
 }
 
 void qlinear_backward_input(const ops::Kernels& k, const Dequantizer& dq, float* dinp,
-                            const float* dout, const QSlice& w, int N, float* ws, int tile_rows) {
+                            const float* dout, const QSlice& w, int N, float* ws, int tile_rows,
+                            const QAdapter* lora) {
   MESHLM_CHECK(tile_rows > 0, "qlinear_backward_input: tiles of no rows");
   MESHLM_CHECK(k.device() == dq.device(),
                "qlinear_backward_input: kernels and dequantizer of two backends");
+  check_adapter(lora, "qlinear_backward_input");
   const int OC = static_cast<int>(w.local_rows()), IC = static_cast<int>(w.local_cols());
   for (int r0 = 0; r0 < OC; r0 += tile_rows) {
     const int tr = std::min(tile_rows, OC - r0);
-    dq.rows(w, r0, tr, ws);
+    make_tile(k, dq, w, r0, tr, ws, lora);
     // dinp (N, IC) += dout[:, r0:r0+tr] (N, tr) tile (tr, IC)
     k.gemm(false, false, N, IC, tr, 1.0f, dout + r0, OC, ws, IC, 1.0f, dinp, IC);
   }

@@ -63,21 +63,39 @@ constexpr int kQLinearTileRows = 64;
 // need with tiles of `tile_rows` rows.
 size_t qlinear_workspace_floats(const QSlice& w, int tile_rows = kQLinearTileRows);
 
+// A LoRA adapter merged into the tiles of a quantized layer: each tile of
+// rows [r0, r0 + tr) becomes W_local[r0:r0+tr] + s B[r0:r0+tr] A, so the
+// layer's one GEMM per tile gives x (W + s B A)^T, the base's output and the
+// adapter's together, and its backward dout (W + s B A), the input gradient
+// through both. A (r, ICl) and B (OCl, r) are this rank's factors as
+// model/lora.h lays them out: a column-parallel layer holds B's rows of its
+// outputs and all of A, a row-parallel one A's columns of its inputs and all
+// of B; either way W_local + s B A is this rank's part of W + s B A.
+struct QAdapter {
+  const float* A = nullptr;  // (r, ICl)
+  const float* B = nullptr;  // (OCl, r)
+  float scale = 0.0f;        // s
+  int rank = 0;              // r
+};
+
 // The two layers run on one backend: `dq` dequantizes each tile into ws and
 // `k` multiplies (k.gemm, which rounds both inputs, the dequantized tile
 // included, to k.precision()). Every pointer, w's arrays included, is in
-// that backend's memory.
+// that backend's memory. With `lora`, its adapter is merged into each tile
+// (k.gemm, accumulating onto the dequantized fp32 tile) before the tile is
+// used.
 //
 // out(N, OCl) = inp(N, ICl) W_local(OCl, ICl)^T + bias(OCl), with
 // OCl = local_rows(), ICl = local_cols(); bias may be null. out is overwritten.
+// When one tile holds every local row, this is k.matmul_forward on the tile
+// (the bias in the GEMM's epilogue where the backend has one).
 void qlinear_forward(const ops::Kernels& k, const Dequantizer& dq, float* out, const float* inp,
                      const QSlice& w, const float* bias, int N, float* ws,
-                     int tile_rows = kQLinearTileRows);
-
+                     int tile_rows = kQLinearTileRows, const QAdapter* lora = nullptr);
 // dinp(N, ICl) += dout(N, OCl) W_local(OCl, ICl). No weight gradient: the
 // base weight is frozen (a LoRA adapter beside it takes its own).
 void qlinear_backward_input(const ops::Kernels& k, const Dequantizer& dq, float* dinp,
                             const float* dout, const QSlice& w, int N, float* ws,
-                            int tile_rows = kQLinearTileRows);
+                            int tile_rows = kQLinearTileRows, const QAdapter* lora = nullptr);
 
 }  // namespace meshlm::quant
