@@ -97,7 +97,9 @@ void plan_activations(const GPTConfig& cfg, const ModelShard& shard, const GPTOp
     cut(L.g.lora_u, BT * r, true);
     cut(L.g.lora_du, BT * r, true);
     cut(L.g.lora_tmp, r * C, true);
-    cut(L.g.qtile, static_cast<size_t>(qtile_rows(opts)) * std::max(C, Fl), true);
+    const size_t classifier = opts.whole_classifier_tile && shard.last_stage ? Vl * C : 0;
+    cut(L.g.qtile, std::max(static_cast<size_t>(qtile_rows(opts)) * std::max(C, Fl), classifier),
+        true);
     if (shard.first_stage) cut(L.g.wpe_rows, static_cast<size_t>(Tn) * C, true);
   }
 }

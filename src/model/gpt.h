@@ -205,6 +205,7 @@ private:
                        const float* dout, const float* inp, const float* w, int N, int IC, int OC);
   const quant::QSlice* qbase(size_t base_index) const;
   std::optional<quant::QAdapter> merged_adapter(int l, LinearSlot slot) const;
+  void classifier_tile();
   void head_logits(const SlotActs& s, const GPTTensors& p, int r0, int nr);
   void head_backward_rows(SlotActs& s, const GPTTensors& p, int r0, int nr);
   template <typename F>

@@ -55,12 +55,26 @@ void GPT::block_forward(int l, const BlockTensors& w, BlockActs& a, const float*
   k_->residual_forward(a.res3, a.res2, a.fcproj, NC);
 }
 
+// With whole_classifier_tile and a quantized wte: this rank's vocabulary part
+// of wte dequantized into the tile buffer, for the head_logits and
+// head_backward_rows calls that follow (nothing else uses the buffer between).
+void GPT::classifier_tile() {
+  if (!opts_.whole_classifier_tile) return;
+  const quant::QSlice* q = qbase(idx_wte_);
+  if (q == nullptr) return;
+  MESHLM_CHECK(q->local_rows() == cfg_.padded_vocab_size() / shard_.tp_size,
+               "the quantized wte is not this rank's vocabulary part");
+  dq_->rows(*q, 0, q->local_rows(), gacts_.qtile);
+}
+
 // The classifier, rows [r0, r0 + nr) of the micro-batch into gacts_.logits:
 // lm_head tied to wte, vocabulary-parallel, logits(nr, Vl) = lnf(nr, C) wte_part(Vl, C)^T.
 void GPT::head_logits(const SlotActs& s, const GPTTensors& p, int r0, int nr) {
   const int C = cfg_.n_embd, Vl = cfg_.padded_vocab_size() / shard_.tp_size;
   const float* x = s.lnf + static_cast<size_t>(r0) * C;
-  if (const quant::QSlice* q = qbase(idx_wte_))
+  if (opts_.whole_classifier_tile && qbase(idx_wte_))  // dequantized by classifier_tile()
+    k_->matmul_forward(gacts_.logits, x, gacts_.qtile, nullptr, nr, C, Vl);
+  else if (const quant::QSlice* q = qbase(idx_wte_))
     quant::qlinear_forward(*k_, *dq_, gacts_.logits, x, *q, nullptr, nr, gacts_.qtile,
                            qtile_rows(opts_));
   else
@@ -77,7 +91,9 @@ void GPT::head_backward_rows(SlotActs& s, const GPTTensors& p, int r0, int nr) {
   k_->xent_local_backward(gacts_.logits, s.xent_max + r0, s.xent_sums + 2 * static_cast<size_t>(r0),
                           gacts_.dlosses + r0, s.targets + r0, nr, Vl, v0, V);
   float* dx = s.dlnf + static_cast<size_t>(r0) * C;
-  if (const quant::QSlice* q = qbase(idx_wte_))
+  if (opts_.whole_classifier_tile && qbase(idx_wte_))
+    k_->matmul_backward(dx, nullptr, nullptr, gacts_.logits, nullptr, gacts_.qtile, nr, C, Vl);
+  else if (const quant::QSlice* q = qbase(idx_wte_))
     quant::qlinear_backward_input(*k_, *dq_, dx, gacts_.logits, *q, nr, gacts_.qtile,
                                   qtile_rows(opts_));
   else
@@ -174,6 +190,7 @@ float GPT::forward(int slot, const int32_t* tokens, const int32_t* targets, int 
     k_->fill(gacts_.dlosses, *head_grad_scale / static_cast<float>(N), N);
   }
   const int rows = classifier_rows(cfg_, shard_, opts_, N);
+  classifier_tile();
   for (int r0 = 0; r0 < N; r0 += rows) {
     const int nr = std::min(rows, N - r0);
     float* rmax = s.xent_max + r0;
@@ -222,6 +239,7 @@ void GPT::backward(int slot, float loss_scale) {
       zero(s.dlnf, NC);
       k_->fill(gacts_.dlosses, loss_scale / static_cast<float>(N), N);
       const int rows = classifier_rows(cfg_, shard_, opts_, N);
+      classifier_tile();
       for (int r0 = 0; r0 < N; r0 += rows) {
         const int nr = std::min(rows, N - r0);
         head_logits(s, p, r0, nr);

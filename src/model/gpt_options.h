@@ -55,6 +55,12 @@ struct GPTOptions {
   // Rows of a frozen quantized matrix dequantized per GEMM under LoRA; 0 =
   // quant::kQLinearTileRows (the CPU's); a GPU takes kGpuQTileRows.
   int qtile_rows = 0;
+  // Under LoRA, a GPU's choice: the quantized classifier (wte, this rank's
+  // vocabulary part) dequantized whole once per pass over the head's row
+  // chunks, into a tile buffer sized for it, and each chunk one GEMM on it
+  // (ops::matmul_*), where tiles of qtile_rows would dequantize and multiply
+  // tile by tile in every chunk.
+  bool whole_classifier_tile = false;
   // The backend of the ops (it must outlive the model); null = ops::Kernels::cpu().
   const ops::Kernels* kernels = nullptr;
   // Dequantizes the frozen base under LoRA, on the same backend as `kernels`

@@ -20,6 +20,7 @@ RankPlan Engine::plan_of(const RunConfig& cfg, const MeshCoords& c) {
                          cfg.train.seq_len, c, cfg.train.attention);
   if (cfg.runtime.backend == ComputeBackend::cuda) {
     r.model.qtile_rows = ops::kGpuQTileRows;
+    r.model.whole_classifier_tile = true;
     const size_t Vl = size_t(cfg.model.padded_vocab_size()) / size_t(cfg.parallel.tp);
     r.model.classifier_rows = static_cast<int>(std::max<size_t>(1, ops::kGpuClassifierChunkFloats / Vl));
   }

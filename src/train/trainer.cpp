@@ -55,9 +55,10 @@ size_t gpu_gemm_copies_bytes(const GPTConfig& m, const RankPlan& shape, ops::Pre
     most = std::max(most, ops::gemm_16bit_copies_bytes(a, b));
   };
   // A linear layer of n rows, (IC -> OC), trained (ops::matmul_*) or frozen
-  // and quantized (quant::qlinear_*: tiles of qtile_rows rows), and
-  // its LoRA adapters of rank r (model/lora.cpp) when it has them.
-  auto linear = [&](int n, int IC, int OC, bool adapters) {
+  // and quantized (quant::qlinear_*: tiles of tile_rows rows, each with the
+  // layer's LoRA adapter of rank r merged into it when it has one; the
+  // adapter's gradients by model/lora.cpp).
+  auto linear = [&](int n, int IC, int OC, bool adapters, int tile_rows) {
     if (!o.lora.enabled) {
       gemm(false, true, n, OC, IC, IC, IC);  // out = inp w^T
       // dinp += dout w and dw += dout^T inp on one copy of dout
@@ -65,25 +66,27 @@ size_t gpu_gemm_copies_bytes(const GPTConfig& m, const RankPlan& shape, ops::Pre
                                                          size_t(n) * IC));
       return;
     }
-    const int tr = std::min(qtile_rows(o), OC);
+    const int tr = std::min(tile_rows, OC);
     gemm(false, true, n, tr, IC, IC, IC);   // out[:, tile] = inp tile^T
     gemm(false, false, n, IC, tr, OC, IC);  // dinp += dout[:, tile] tile
     if (!adapters) return;
     const int r = o.lora.rank;
+    gemm(false, false, tr, IC, r, r, IC);   // tile += s B[tile] A
     gemm(false, true, n, r, IC, IC, IC);    // u = inp A^T
-    gemm(false, true, n, OC, r, r, r);      // out += s u B^T
     gemm(true, false, OC, r, n, OC, r);     // dB += s dout^T u
     gemm(false, false, n, r, OC, OC, r);    // du = s dout B
     gemm(true, false, r, IC, n, r, IC);     // dA += du^T inp
-    gemm(false, false, n, IC, r, r, IC);    // dinp += du A
   };
   const bool lora = o.lora.enabled;
-  linear(N, C, 3 * C, lora && o.lora.targets.has(LinearSlot::qkv));
-  linear(N, C, C, lora && o.lora.targets.has(LinearSlot::attn_out));
-  linear(N, C, 4 * C, lora && o.lora.targets.has(LinearSlot::mlp_up));
-  linear(N, 4 * C, C, lora && o.lora.targets.has(LinearSlot::mlp_down));
-  // The classifier, a chunk of rows at a time (tied to wte, no adapter).
-  linear(classifier_rows(m, shape.shard, o, size_t(N)), C, Vp, false);
+  const int tiles = qtile_rows(o);
+  linear(N, C, 3 * C, lora && o.lora.targets.has(LinearSlot::qkv), tiles);
+  linear(N, C, C, lora && o.lora.targets.has(LinearSlot::attn_out), tiles);
+  linear(N, C, 4 * C, lora && o.lora.targets.has(LinearSlot::mlp_up), tiles);
+  linear(N, 4 * C, C, lora && o.lora.targets.has(LinearSlot::mlp_down), tiles);
+  // The classifier, a chunk of rows at a time (tied to wte, no adapter);
+  // under LoRA tile by tile, or on all of wte dequantized at once.
+  linear(classifier_rows(m, shape.shard, o, size_t(N)), C, Vp, false,
+         o.whole_classifier_tile ? Vp : tiles);
   // Flash attention (cuda/flash_attention.cu) rounds qkv(N, 3C) into the
   // same buffer, and dout(N, C) beside it in the backward.
   if (o.attention == Attention::flash)

@@ -103,6 +103,7 @@ int main(int argc, char** argv) {
   opts.attention = f["flash"] != 0 ? Attention::flash : Attention::probabilities;
   if (f["cuda"] != 0) {
     opts.qtile_rows = ops::kGpuQTileRows;
+    opts.whole_classifier_tile = true;
     opts.classifier_rows = static_cast<int>(
         std::max<size_t>(1, ops::kGpuClassifierChunkFloats / size_t(cfg.padded_vocab_size())));
   }

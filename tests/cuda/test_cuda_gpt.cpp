@@ -266,7 +266,8 @@ TEST_F(CudaGPT, QLoraOnAnNf4BaseMatchesTheCpu) {
       x[i] = static_cast<float>(0.05 * rng.normal());
   };
   // The GPU's tiles both ways: the CPU's 64 rows (many tiles per matrix)
-  // and meshlm train's on a GPU (ops::kGpuQTileRows: every matrix in one).
+  // and meshlm train's on a GPU (ops::kGpuQTileRows: every matrix in one,
+  // the classifier dequantized whole once per pass).
   for (const auto& [p, tol] : {std::pair{ops::Precision::fp32, kGradTol},
                                std::pair{ops::Precision::bf16, 1e-2}})
     for (int tile_rows : {0, ops::kGpuQTileRows}) {
@@ -275,6 +276,7 @@ TEST_F(CudaGPT, QLoraOnAnNf4BaseMatchesTheCpu) {
       const cuda::DeviceContext ctx(0, 0, p);
       GPTOptions cpu_opts = o, gpu_opts = o;
       gpu_opts.qtile_rows = tile_rows;
+      gpu_opts.whole_classifier_tile = tile_rows > 0;
       cpu_opts.kernels = &ops::Kernels::cpu(p);
       gpu_opts.kernels = &ctx.kernels();
       gpu_opts.dequantizer = &ctx.dequantizer();

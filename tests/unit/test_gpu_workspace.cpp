@@ -116,6 +116,7 @@ struct Case {
   int classifier_rows;  // 0: automatic (all rows here)
   LinearSlots targets = LinearSlots::all();
   int qtile_rows = 0;   // 0: the CPU's 64
+  bool whole_classifier = false;
 };
 
 LinearSlots only(LinearSlot s) {
@@ -147,6 +148,7 @@ TEST(GpuWorkspace, PredictedCopiesAndScratchAreTheLargestTheModelAsksFor) {
       {"lora all, flash, classifier 50 rows", true, Attention::flash, 50},
       {"lora mlp-down only, flash", true, Attention::flash, 0, only(LinearSlot::mlp_down)},
       {"lora all, flash, tiles of 200 rows", true, Attention::flash, 0, LinearSlots::all(), 200},
+      {"lora all, flash, a GPU's tiles", true, Attention::flash, 0, LinearSlots::all(), 8192, true},
   };
   for (const Shape& sh : shapes) {
     const GPTConfig& cfg = sh.cfg;
@@ -171,6 +173,7 @@ TEST(GpuWorkspace, PredictedCopiesAndScratchAreTheLargestTheModelAsksFor) {
       RankPlan shape = plan_rank(cfg, par, ft, B, T, {}, k.attention);
       shape.model.classifier_rows = k.classifier_rows;
       shape.model.qtile_rows = k.qtile_rows;
+      shape.model.whole_classifier_tile = k.whole_classifier;
       const SpanRecorder rec(ops::Kernels::cpu(ops::Precision::bf16));
       GPTOptions o = shape.model;
       o.kernels = &rec;

@@ -90,13 +90,20 @@ void random_batch(std::vector<int32_t>& tok, std::vector<int32_t>& tgt, int V, u
   for (auto& t : tgt) t = static_cast<int32_t>(r.below(V));
 }
 
-// LoRA model vs the full model with W_eff = W + s B A, for one base format.
-void check_against_full(quant::QuantType type, LinearSlots targets) {
+// LoRA model vs the full model with W_eff = W + s B A, for one base format;
+// with `gpu_tiles`, the quantized layers as a GPU runs them (every matrix in
+// one tile, the classifier dequantized whole once per pass).
+void check_against_full(quant::QuantType type, LinearSlots targets, bool gpu_tiles = false) {
   const GPTConfig cfg = small_config();
   const Base base(cfg, type);
   const int r = 4;
   const float alpha = 8.0f, s = alpha / r;
-  GPT lora(cfg, {}, lora_options(r, alpha, targets));
+  GPTOptions opts = lora_options(r, alpha, targets);
+  if (gpu_tiles) {
+    opts.qtile_rows = 8192;
+    opts.whole_classifier_tile = true;
+  }
+  GPT lora(cfg, {}, opts);
   lora.attach_base([&](const ParamSpec& p) { return base.tensor(p.name); });
   lora.init_weights(kLoraSeed);
   // B starts at zero; give it values so that dA is not zero too.
@@ -253,6 +260,11 @@ TEST(Lora, GradientsEqualTheFullModelsOnAnF32Base) {
 TEST(Lora, GradientsOnAQuantizedBase) {
   check_against_full(quant::QuantType::nf4, LinearSlots::all());
   check_against_full(quant::QuantType::int8, kQkvAndMlpDown);
+}
+
+TEST(Lora, GradientsOnAQuantizedBaseInAGpusTiles) {
+  check_against_full(quant::QuantType::nf4, LinearSlots::all(), /*gpu_tiles=*/true);
+  check_against_full(quant::QuantType::int8, kQkvAndMlpDown, /*gpu_tiles=*/true);
 }
 
 TEST(Lora, TheBaseHasNoGradientsAndNoOptimizerState) {
