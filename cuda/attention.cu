@@ -95,10 +95,10 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
     const size_t qoff = static_cast<size_t>(b) * Tn * C3;
     const float* dy = dout + static_cast<size_t>(b) * Tn * C;
     const float* p = att + b * NH * TT;
-    // dP = dY V^T ; dV += P^T dY
+    // dP = dY V^T ; dV = P^T dY
     gemm_strided_batched_rm(stream, pr, false, true, Tn, Tn, HS, 1.0f, dy, C, HS, qkv + qoff + 2 * C,
                             C3, HS, 0.0f, datt + b * NH * TT, Tn, TT, NH);
-    gemm_strided_batched_rm(stream, pr, true, false, Tn, HS, Tn, 1.0f, p, Tn, TT, dy, C, HS, 1.0f,
+    gemm_strided_batched_rm(stream, pr, true, false, Tn, HS, Tn, 1.0f, p, Tn, TT, dy, C, HS, 0.0f,
                             dqkv + qoff + 2 * C, C3, HS, NH);
   }
   const long long rows = static_cast<long long>(B) * NH * Tn;
@@ -108,11 +108,11 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
   for (int b = 0; b < B; ++b) {
     const size_t qoff = static_cast<size_t>(b) * Tn * C3;
     const float* ds = datt + b * NH * TT;
-    // dQ += dS K ; dK += dS^T Q  (scale folded into dS)
+    // dQ = dS K ; dK = dS^T Q  (scale folded into dS)
     gemm_strided_batched_rm(stream, pr, false, false, Tn, HS, Tn, 1.0f, ds, Tn, TT, qkv + qoff + C, C3,
-                            HS, 1.0f, dqkv + qoff, C3, HS, NH);
+                            HS, 0.0f, dqkv + qoff, C3, HS, NH);
     gemm_strided_batched_rm(stream, pr, true, false, Tn, HS, Tn, 1.0f, ds, Tn, TT, qkv + qoff, C3, HS,
-                            1.0f, dqkv + qoff + C, C3, HS, NH);
+                            0.0f, dqkv + qoff + C, C3, HS, NH);
   }
 }
 

@@ -333,11 +333,11 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, co
     round_span(p, copies[0], dout, n_dout, stream);
     round_span(p, copies[1], w, n_w, stream);
     round_span(p, copies[2], inp, n_inp, stream);
-    gemm_rm_16(stream, p, false, false, N, IC, OC, 1.0f, copies[0], OC, copies[1], IC, 1.0f, dinp,
+    gemm_rm_16(stream, p, false, false, N, IC, OC, 1.0f, copies[0], OC, copies[1], IC, 0.0f, dinp,
                IC);
     gemm_rm_16(stream, p, true, false, OC, IC, N, 1.0f, copies[0], OC, copies[2], IC, 1.0f, dw, IC);
   } else {
-    if (dinp) gemm_rm(stream, p, false, false, N, IC, OC, 1.0f, dout, OC, w, IC, 1.0f, dinp, IC);
+    if (dinp) gemm_rm(stream, p, false, false, N, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, dinp, IC);
     if (dw) gemm_rm(stream, p, true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dw, IC);
   }
   if (dbias) {  // dbias(OC) += sum_n dout(n, .)

@@ -29,8 +29,8 @@
 //   dQ, per query block: for each key block up to the diagonal,
 //     the same P and dS, dQ += dS K.
 //   D = rowsum(dO * O) first, one warp per row (the delta scratch).
-// Every output element is written by one thread in a fixed order: no atomics,
-// the same bits every run. Rows past T are zeros in shared memory and never
+// Every output element is written (stored, not added: dqkv is overwritten) by
+// one thread in a fixed order: no atomics, the same bits every run. Rows past T are zeros in shared memory and never
 // written back.
 //
 // Fragments (PTX ISA, mma.m16n8k16 with 16-bit operands): lane l holds, of a
@@ -235,12 +235,12 @@ __device__ __forceinline__ void to_operand(uint32_t (&p)[kFlashRows / 16][4], in
   p[n / 2][(n % 2) * 2 + 1] = pack_16bit<In>(c2, c3);
 }
 
-// dst rows [r, r + 8) ... of a matrix with rows ld floats apart += the
-// lane's accumulator values: rows r_lo and r_lo + 8 of the warp (skipped at
-// or past T), columns 8n + 2 (lane % 4) and + 1.
+// dst rows [r, r + 8) ... of a matrix with rows ld floats apart = the lane's
+// accumulator values (dqkv is overwritten, ops/ops.h): rows r_lo and
+// r_lo + 8 of the warp (skipped at or past T), columns 8n + 2 (lane % 4) and + 1.
 template <int HS>
-__device__ __forceinline__ void add_rows(float* dst, int ld, int r_lo, int Tn,
-                                         const float (&acc)[HS / 8][4]) {
+__device__ __forceinline__ void store_rows(float* dst, int ld, int r_lo, int Tn,
+                                           const float (&acc)[HS / 8][4]) {
   const int col = (threadIdx.x % 4) * 2;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -249,11 +249,7 @@ __device__ __forceinline__ void add_rows(float* dst, int ld, int r_lo, int Tn,
     float* row = dst + static_cast<size_t>(r) * ld + col;
 #pragma unroll
     for (int n = 0; n < HS / 8; ++n) {
-      float2* d = reinterpret_cast<float2*>(row + n * 8);
-      float2 v = *d;
-      v.x += acc[n][2 * half];
-      v.y += acc[n][2 * half + 1];
-      *d = v;
+      *reinterpret_cast<float2*>(row + n * 8) = make_float2(acc[n][2 * half], acc[n][2 * half + 1]);
     }
   }
 }
@@ -460,8 +456,8 @@ __global__ void __launch_bounds__(kFlashThreads)
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
   float* dkey = dqkv + static_cast<size_t>(b) * Tn * C3 + C + h * HS;
-  add_rows<HS>(dkey, C3, key_lo, Tn, dk);
-  add_rows<HS>(dkey + C, C3, key_lo, Tn, dv);
+  store_rows<HS>(dkey, C3, key_lo, Tn, dk);
+  store_rows<HS>(dkey + C, C3, key_lo, Tn, dv);
 }
 
 // dQ of one query block.
@@ -528,7 +524,7 @@ __global__ void __launch_bounds__(kFlashThreads)
     accumulate_px<HS, In>(dq, ds, cK);  // dQ += dS K
     __syncthreads();  // every warp is done with this buffer before it is refilled
   }
-  add_rows<HS>(dqkv + static_cast<size_t>(b) * Tn * C3 + h * HS, C3, t_lo, Tn, dq);
+  store_rows<HS>(dqkv + static_cast<size_t>(b) * Tn * C3 + h * HS, C3, t_lo, Tn, dq);
 }
 
 // ---- launchers ---------------------------------------------------------------

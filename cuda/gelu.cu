@@ -67,7 +67,7 @@ __global__ void gelu_forward_kernel(float* out, const float* inp, size_t nvec, s
   for (size_t i = 4 * nvec + first; i < n; i += stride) out[i] = gelu_value(inp[i]);
 }
 
-// dinp += gelu'(inp) * dout, split as in gelu_forward_kernel.
+// dinp = gelu'(inp) * dout (overwritten), split as in gelu_forward_kernel.
 __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, size_t nvec,
                                      size_t n) {
   const size_t stride = size_t(gridDim.x) * blockDim.x;
@@ -78,14 +78,10 @@ __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float*
   for (size_t i = first; i < nvec; i += stride) {
     float4 x = inp4[i];
     float4 g = dout4[i];
-    float4 d = dinp4[i];
-    d.x += gelu_grad(x.x) * g.x;
-    d.y += gelu_grad(x.y) * g.y;
-    d.z += gelu_grad(x.z) * g.z;
-    d.w += gelu_grad(x.w) * g.w;
-    dinp4[i] = d;
+    dinp4[i] = make_float4(gelu_grad(x.x) * g.x, gelu_grad(x.y) * g.y, gelu_grad(x.z) * g.z,
+                           gelu_grad(x.w) * g.w);
   }
-  for (size_t i = 4 * nvec + first; i < n; i += stride) dinp[i] += gelu_grad(inp[i]) * dout[i];
+  for (size_t i = 4 * nvec + first; i < n; i += stride) dinp[i] = gelu_grad(inp[i]) * dout[i];
 }
 
 // ---------------------------------------------------------------------------

@@ -4,7 +4,9 @@
 // the reference it is tested against (tests/cuda/): same argument order,
 // same shapes (dimension letters as in src/ops/ops.h), same conventions:
 //   * Forward ops overwrite their outputs.
-//   * Backward ops ACCUMULATE (+=) into every gradient they write.
+//   * Backward ops ACCUMULATE (+=) into parameter gradients and the residual
+//     stream's; the input gradients of matmul, attention and GELU are
+//     OVERWRITTEN.
 // Differences from the CPU ops:
 //   * float only (training precision); the double instantiations of the CPU
 //     ops exist for finite-difference checks, which stay on the CPU.
@@ -52,7 +54,7 @@ int device_count(std::string* reason = nullptr);
 // tanh is computed to full float precision (no --use_fast_math; see
 // cuda/gelu.cu).
 void gelu_forward(float* out, const float* inp, size_t n, cudaStream_t stream);
-// dinp(n) += gelu'(inp) * dout(n); inp is the forward INPUT (x), not out.
+// dinp(n) = gelu'(inp) * dout(n); inp is the forward INPUT (x), not out.
 // dinp must not overlap inp or dout.
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n,
                    cudaStream_t stream);
@@ -91,7 +93,7 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
 // (cuda/blas.cu).
 void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int IC,
                     int OC, cudaStream_t stream, ops::Precision p = ops::Precision::fp32);
-// dinp += dout w; dw += dout^T inp; dbias += sum_n dout; any of the three may be null.
+// dinp = dout w; dw += dout^T inp; dbias += sum_n dout; any of the three may be null.
 void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                      const float* w, int N, int IC, int OC, cudaStream_t stream,
                      ops::Precision p = ops::Precision::fp32);
@@ -99,7 +101,8 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, co
 // ---- causal self-attention ------------------------------------------------------------
 // The first correct version, kept as the reference of fused ones: per batch
 // row, cuBLAS strided-batched GEMMs over the heads and a masked softmax
-// kernel. att(B,NH,T,T) keeps the probabilities; datt is scratch.
+// kernel. att(B,NH,T,T) keeps the probabilities; datt is scratch; dqkv is
+// overwritten.
 void attention_forward(float* out, float* att, const float* qkv, int B, int Tn, int C, int NH,
                        cudaStream_t stream, ops::Precision p = ops::Precision::fp32);
 void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
@@ -110,7 +113,7 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
 // lse(B,NH,T) instead of the probabilities, one kernel for the forward and
 // two for the backward (dK and dV per key block, dQ per query block, so no
 // atomics: the same bits every run), tiles multiplied on the tensor cores at
-// bf16 or fp16. delta(B,NH,T) is scratch. Only where
+// bf16 or fp16. dqkv is overwritten; delta(B,NH,T) is scratch. Only where
 // ops::flash_attention_on_gpu(p, C / NH).
 void flash_attention_forward(float* out, float* lse, const float* qkv, int B, int Tn, int C,
                              int NH, cudaStream_t stream, ops::Precision p);

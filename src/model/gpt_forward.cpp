@@ -83,8 +83,8 @@ void GPT::head_logits(const SlotActs& s, const GPTTensors& p, int r0, int nr) {
 
 // The classifier's backward on the same rows, once their logits are in
 // gacts_.logits and the softmax's reductions in s: dlogits in place, then
-// dlnf += dlogits wte_part (this rank's part; summed over TP in backward)
-// and dwte_part += dlogits^T lnf.
+// these rows of dlnf = dlogits wte_part (overwritten; this rank's part,
+// summed over TP in backward) and dwte_part += dlogits^T lnf.
 void GPT::head_backward_rows(SlotActs& s, const GPTTensors& p, int r0, int nr) {
   const int C = cfg_.n_embd, V = cfg_.vocab_size, Vl = cfg_.padded_vocab_size() / shard_.tp_size;
   const int v0 = shard_.tp_rank * Vl;
@@ -186,7 +186,6 @@ float GPT::forward(int slot, const int32_t* tokens, const int32_t* targets, int 
   // logits are at hand.
   s.head_scale = head_grad_scale;
   if (head_grad_scale) {
-    k_->zero(s.dlnf, static_cast<size_t>(N) * C);
     k_->fill(gacts_.dlosses, *head_grad_scale / static_cast<float>(N), N);
   }
   const int rows = classifier_rows(cfg_, shard_, opts_, N);
@@ -224,7 +223,6 @@ void GPT::backward(int slot, float loss_scale) {
   // Gradients of base tensors: none when the base is frozen (LoRA).
   const bool frozen = opts_.lora.enabled;
   auto gat = [&](size_t i) { return frozen ? nullptr : grad_at(i); };
-  auto zero = [this](float* a, size_t n) { k_->zero(a, n); };
   const bool full = opts_.checkpointing == Checkpointing::full;
 
   if (shard_.last_stage) {
@@ -236,7 +234,6 @@ void GPT::backward(int slot, float loss_scale) {
                        " after a forward() that ran the classifier's backward at " +
                        std::to_string(*s.head_scale));
     } else {
-      zero(s.dlnf, NC);
       k_->fill(gacts_.dlosses, loss_scale / static_cast<float>(N), N);
       const int rows = classifier_rows(cfg_, shard_, opts_, N);
       classifier_tile();
@@ -249,7 +246,7 @@ void GPT::backward(int slot, float loss_scale) {
     }
     // dlnf summed over TP (each rank has its vocabulary part's)
     tp_.copy_to_region_backward(s.dlnf, NC);
-    zero(gacts_.dres, NC);
+    k_->zero(gacts_.dres, NC);
     k_->layernorm_backward(gacts_.dres, gat(idx_lnfw_), gat(idx_lnfb_), s.dlnf,
                             stage_output(slot), p.lnfw, s.lnf_mean, s.lnf_rstd, N, C);
   }
@@ -264,12 +261,9 @@ void GPT::backward(int slot, float loss_scale) {
 
     // MLP branch: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2))))
     tp_.reduce_from_region_backward(gacts_.dres, NC);
-    zero(gacts_.dfch_gelu, static_cast<size_t>(N) * Fl);
     linear_backward(l, LinearSlot::mlp_down, gacts_.dfch_gelu, gw.fcprojw, gw.fcprojb, gacts_.dres, a.fch_gelu,
                     w.fcprojw, N, Fl, C);
-    zero(gacts_.dfch, static_cast<size_t>(N) * Fl);
     k_->gelu_backward(gacts_.dfch, a.fch, gacts_.dfch_gelu, static_cast<size_t>(N) * Fl);
-    zero(gacts_.dln, NC);
     linear_backward(l, LinearSlot::mlp_up, gacts_.dln, gw.fcw, gw.fcb, gacts_.dfch, a.ln2, w.fcw, N, C, Fl);
     tp_.copy_to_region_backward(gacts_.dln, NC);
     k_->layernorm_backward(gacts_.dres, gw.ln2w, gw.ln2b, gacts_.dln, a.res2, w.ln2w, a.ln2_mean,
@@ -277,16 +271,13 @@ void GPT::backward(int slot, float loss_scale) {
 
     // Attention branch: res2 = x + c_proj(attn(c_attn(ln_1(x))))
     tp_.reduce_from_region_backward(gacts_.dres, NC);
-    zero(gacts_.datty, static_cast<size_t>(N) * Cl);
     linear_backward(l, LinearSlot::attn_out, gacts_.datty, gw.attprojw, gw.attprojb, gacts_.dres, a.atty,
                     w.attprojw, N, Cl, C);
-    zero(gacts_.dqkv, static_cast<size_t>(N) * 3 * Cl);
     if (opts_.attention == Attention::flash)
       k_->flash_attention_backward(gacts_.dqkv, gacts_.datt, gacts_.datty, a.atty, a.qkv, a.att,
                                    B, Tn, Cl, NHl);
     else
       k_->attention_backward(gacts_.dqkv, gacts_.datt, gacts_.datty, a.qkv, a.att, B, Tn, Cl, NHl);
-    zero(gacts_.dln, NC);
     linear_backward(l, LinearSlot::qkv, gacts_.dln, gw.qkvw, gw.qkvb, gacts_.dqkv, a.ln1, w.qkvw, N, C, 3 * Cl);
     tp_.copy_to_region_backward(gacts_.dln, NC);
     k_->layernorm_backward(gacts_.dres, gw.ln1w, gw.ln1b, gacts_.dln, x, w.ln1w, a.ln1_mean,

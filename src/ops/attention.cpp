@@ -58,6 +58,7 @@ void attention_backward(T* dqkv, T* datt, const T* dout, const T* qkv, const T* 
       T* dq = dqkv + qoff;
       T* dk = dq + C;
       T* dv = dq + 2 * C;
+      for (T* d : {dq, dk, dv}) zero_rows(d, Tn, HS, C3);  // overwritten, not accumulated
       const T* p = att + (static_cast<size_t>(b) * NH + h) * Tn * Tn;
       T* dp = datt + (static_cast<size_t>(b) * NH + h) * Tn * Tn;
       const T* dy = dout + static_cast<size_t>(b) * Tn * C + h * HS;

@@ -28,6 +28,13 @@ inline void set_threads(int n) {
 // other operand once per 1024 rows costs 1/1024 of the GEMM's work).
 constexpr int kGemmRows = 1024;
 
+// x(rows, cols) = 0, rows ld elements apart (one head's slice of dqkv, which
+// the attention backwards overwrite by accumulating from zero).
+template <typename T>
+inline void zero_rows(T* x, int rows, int cols, int ld) {
+  for (int r = 0; r < rows; ++r) std::fill_n(x + static_cast<size_t>(r) * ld, cols, T(0));
+}
+
 inline void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
                  const float* B, int ldb, float beta, float* C, int ldc) {
   for (int m0 = 0; m0 < M; m0 += kGemmRows) {

@@ -98,6 +98,7 @@ void flash_attention_backward(T* dqkv, T* delta, const T* dout, const T* out, co
         T* dq = dqkv + v.qoff;
         T* dk = dq + C;
         T* dv = dq + 2 * C;
+        for (T* d : {dq, dk, dv}) zero_rows(d, Tn, HS, C3);  // overwritten, not accumulated
         const T* dy = dout + v.yoff;
         const T* y = out + v.yoff;
         T* D = delta + v.soff;

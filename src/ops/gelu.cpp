@@ -30,7 +30,7 @@ void gelu_backward(T* dinp, const T* inp, const T* dout, size_t n) {
     T sech2 = T(1) - th * th;
     T du_dx = kGeluScale<T> * (T(1) + T(3) * T(0.044715) * x * x);
     T grad = T(0.5) * (T(1) + th) + T(0.5) * x * sech2 * du_dx;
-    dinp[i] += grad * dout[i];
+    dinp[i] = grad * dout[i];
   }
 }
 

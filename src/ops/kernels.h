@@ -2,8 +2,9 @@
 // the same code on either backend: Kernels::cpu() calls the CPU ops of
 // ops/ops.h on host memory; cuda/kernels_cuda.h gives the CUDA ops of
 // cuda/ops_cuda.h on device memory, queued on one stream. Every method has
-// the semantics of its namesake in ops/ops.h (forward ops overwrite, backward
-// ops accumulate), in float, with the pointers in the backend's memory. A
+// the semantics of its namesake in ops/ops.h (forward ops overwrite; backward
+// ops accumulate into parameter gradients and the residual stream's, and
+// overwrite the input gradients of matmul, attention and GELU), in float, with the pointers in the backend's memory. A
 // backend computes at one precision (ops/precision.h): the GEMMs of
 // matmul_*, attention_* and gemm round their inputs to it.
 #pragma once

@@ -24,7 +24,7 @@ void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int N, int 
 template <typename T>
 void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w, int N,
                      int IC, int OC, Precision p) {
-  if (dinp) gemm(p, false, false, N, IC, OC, T(1), dout, OC, w, IC, T(1), dinp, IC);
+  if (dinp) gemm(p, false, false, N, IC, OC, T(1), dout, OC, w, IC, T(0), dinp, IC);
   if (dw) gemm(p, true, false, OC, IC, N, T(1), dout, OC, inp, IC, T(1), dw, IC);
   if (dbias) {
 #pragma omp parallel

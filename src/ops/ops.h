@@ -13,9 +13,12 @@
 //   * Every op is a template instantiated for float (training) and double
 //     (finite-difference gradient checks in tests/).
 //   * Forward ops overwrite their outputs.
-//   * Backward ops ACCUMULATE (+=) into every gradient they write, parameter
-//     and input gradients alike; the caller zeroes gradients when it should.
-//     This makes residual branches and gradient accumulation free.
+//   * Backward ops ACCUMULATE (+=) into parameter gradients and into the
+//     gradient of the residual stream (layernorm's dinp, residual_backward,
+//     the embeddings): this makes residual branches and gradient
+//     accumulation free. The input gradients of the linear layer, attention
+//     and GELU, each a branch's own scratch, are OVERWRITTEN: no pass over
+//     memory to zero them first, none to read them back.
 //   * Linear weights are stored (OC, IC), as torch.nn.Linear: y = x W^T + b.
 #pragma once
 
@@ -67,7 +70,7 @@ void residual_layernorm_forward(T* res, T* out, T* mean, T* rstd, const T* a, co
 template <typename T>
 void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int N, int IC, int OC,
                     Precision p = Precision::fp32);
-// dinp(N,IC) += dout w; dw(OC,IC) += dout^T inp; dbias(OC) += sum_n dout (if non-null).
+// dinp(N,IC) = dout w; dw(OC,IC) += dout^T inp; dbias(OC) += sum_n dout (each if non-null).
 template <typename T>
 void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w, int N,
                      int IC, int OC, Precision p = Precision::fp32);
@@ -81,7 +84,7 @@ void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, cons
 template <typename T>
 void attention_forward(T* out, T* att, const T* qkv, int B, int Tn, int C, int NH,
                        Precision p = Precision::fp32);
-// datt(B,NH,T,T) is scratch (overwritten).
+// dqkv(B,T,3C) is overwritten; datt(B,NH,T,T) is scratch (overwritten).
 template <typename T>
 void attention_backward(T* dqkv, T* datt, const T* dout, const T* qkv, const T* att, int B, int Tn,
                         int C, int NH, Precision p = Precision::fp32);
@@ -90,7 +93,8 @@ void attention_backward(T* dqkv, T* datt, const T* dout, const T* qkv, const T* 
 // scaled scores, instead of the probabilities (train.attention = flash): the
 // backward recomputes P = exp(q k^T / sqrt(HS) - lse) a block of rows at a
 // time from qkv, and takes sum_s P dP as dout . out. The GEMMs round their
-// inputs as attention_* does. delta(B,NH,T) is scratch (overwritten).
+// inputs as attention_* does. dqkv is overwritten; delta(B,NH,T) is scratch
+// (overwritten).
 // The precisions and head sizes the GPU's fused kernel covers
 // (cuda/flash_attention.cu): it multiplies 16-bit tiles on the tensor cores.
 constexpr bool flash_attention_on_gpu(Precision p, int head_size) {
@@ -109,6 +113,7 @@ void flash_attention_backward(T* dqkv, T* delta, const T* dout, const T* out, co
 // out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 template <typename T>
 void gelu_forward(T* out, const T* inp, size_t n);
+// dinp = gelu'(inp) dout (overwritten).
 template <typename T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, size_t n);
 

@@ -127,8 +127,8 @@ void qlinear_backward_input(const ops::Kernels& k, const Dequantizer& dq, float*
   for (int r0 = 0; r0 < OC; r0 += tile_rows) {
     const int tr = std::min(tile_rows, OC - r0);
     make_tile(k, dq, w, r0, tr, ws, lora);
-    // dinp (N, IC) += dout[:, r0:r0+tr] (N, tr) tile (tr, IC)
-    k.gemm(false, false, N, IC, tr, 1.0f, dout + r0, OC, ws, IC, 1.0f, dinp, IC);
+    // dinp (N, IC) = (the tiles so far +) dout[:, r0:r0+tr] (N, tr) tile (tr, IC)
+    k.gemm(false, false, N, IC, tr, 1.0f, dout + r0, OC, ws, IC, r0 == 0 ? 0.0f : 1.0f, dinp, IC);
   }
 }
 

@@ -92,8 +92,9 @@ struct QAdapter {
 void qlinear_forward(const ops::Kernels& k, const Dequantizer& dq, float* out, const float* inp,
                      const QSlice& w, const float* bias, int N, float* ws,
                      int tile_rows = kQLinearTileRows, const QAdapter* lora = nullptr);
-// dinp(N, ICl) += dout(N, OCl) W_local(OCl, ICl). No weight gradient: the
-// base weight is frozen (a LoRA adapter beside it takes its own).
+// dinp(N, ICl) = dout(N, OCl) W_local(OCl, ICl), overwritten as
+// ops::matmul_backward's. No weight gradient: the base weight is frozen (a
+// LoRA adapter beside it takes its own).
 void qlinear_backward_input(const ops::Kernels& k, const Dequantizer& dq, float* dinp,
                             const float* dout, const QSlice& w, int N, float* ws,
                             int tile_rows = kQLinearTileRows, const QAdapter* lora = nullptr);

@@ -7,9 +7,11 @@
 // compares every output by its relative L2 error, |got - want| / |want|, with
 // a tolerance per op (below); an element may be NaN or infinite only where
 // the reference holds the same infinity. Outputs that a forward op overwrites
-// start as NaN on both sides, so an element the op never writes fails.
-// Gradients start from the same random non-zero values on both sides, so an
-// op that overwrites instead of accumulating fails. Shapes include odd sizes
+// start as NaN on both sides, so an element the op never writes fails; so do
+// the input gradients that matmul and attention overwrite (ops/ops.h), so an
+// op that accumulates into them fails. Gradients that accumulate start from
+// the same random non-zero values on both sides, so an op that overwrites
+// instead of accumulating fails. Shapes include odd sizes
 // (C not a multiple of 4 or 32, N = 1, T = 1, T not a power of two), several
 // heads and batch rows, and the vocabulary-parallel cases: padding columns,
 // a rank holding only padding, tokens and targets on and off the rank. The
@@ -522,14 +524,14 @@ protected:
     EXPECT_TRUE(matches(out, kTol));
   }
 
-  // The gradients asked for accumulate; the others (null on both sides) stay
-  // as they were.
+  // dw and dbias accumulate and dinp is overwritten (NaN before); the
+  // gradients not asked for (null on both sides) stay as they were.
   void check_backward(const MatmulCase& k, bool want_dinp, bool want_dw, bool want_dbias) {
     SCOPED_TRACE(std::string("dinp ") + (want_dinp ? "on" : "null") + ", dw " +
                  (want_dw ? "on" : "null") + ", dbias " + (want_dbias ? "on" : "null"));
     Both<float> inp = input(size_t(k.N) * k.IC), w = input(size_t(k.OC) * k.IC);
     Both<float> dout = input(size_t(k.N) * k.OC);
-    Both<float> dinp = gradient(size_t(k.N) * k.IC), dw = gradient(size_t(k.OC) * k.IC);
+    Both<float> dinp = output(size_t(k.N) * k.IC), dw = gradient(size_t(k.OC) * k.IC);
     Both<float> dbias = gradient(k.OC);
     auto pick = [](bool on, float* p) { return on ? p : nullptr; };
     run_both(
@@ -627,7 +629,7 @@ TEST_F(CudaMatmul, Bf16AndFp16RoundAsTheCpu) {
                           {out_nobias.cpu.begin() + skew, out_nobias.cpu.end()}, kRoundedTol))
             << "without the bias";
 
-        Both<float> dout = input(nout + skew), dinp = gradient(nin + skew), dw = gradient(nw + skew);
+        Both<float> dout = input(nout + skew), dinp = output(nin + skew), dw = gradient(nw + skew);
         Both<float> dbias = gradient(k.OC + skew);
         run_both(
             [&] {
@@ -715,7 +717,7 @@ TEST_F(CudaOps, AttentionBackward) {
     ops::attention_forward<float>(out_v.data(), att_v.data(), qkv_v.data(), B, T, C, NH);
     Both<float> qkv(std::move(qkv_v)), att(std::move(att_v));
     Both<float> dout = input(size_t(B) * T * C);
-    Both<float> dqkv = gradient(size_t(B) * T * 3 * C), datt = output(size_t(B) * NH * T * T);
+    Both<float> dqkv = output(size_t(B) * T * 3 * C), datt = output(size_t(B) * NH * T * T);
     run_both(
         [&] {
           ops::attention_backward<float>(dqkv.c(), datt.c(), dout.c(), qkv.c(), att.c(), B, T, C,
@@ -803,7 +805,7 @@ TEST_P(CudaFlash, BackwardMatchesTheCpuAndIsDeterministic) {
     cpu.flash_attention_forward(out_v.data(), lse_v.data(), qkv_v.data(), B, T, C, NH);
     Both<float> qkv(std::move(qkv_v)), out(std::move(out_v)), lse(std::move(lse_v));
     Both<float> dout = input(size_t(B) * T * C);
-    Both<float> dqkv = gradient(size_t(B) * T * 3 * C), delta = output(size_t(B) * NH * T);
+    Both<float> dqkv = output(size_t(B) * T * 3 * C), delta = output(size_t(B) * NH * T);
     auto gpu_op = [&] {
       cuda::flash_attention_backward(dqkv.g(), delta.g(), dout.g(), out.g(), qkv.g(), lse.g(), B,
                                      T, C, NH, stream_, p);

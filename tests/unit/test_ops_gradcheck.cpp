@@ -2,8 +2,10 @@
 // precision, and every op's float version against its double version.
 //
 // For an op y = f(x) we take the scalar L = sum(R * y) with a fixed random R,
-// so dL/dy = R is what backward receives, and compare the accumulated input
-// and parameter gradients with (L(x + h) - L(x - h)) / 2h for every element.
+// so dL/dy = R is what backward receives, and compare the input and parameter
+// gradients with (L(x + h) - L(x - h)) / 2h for every element. Parameter
+// gradients accumulate and start from non-zero values; the input gradients
+// of matmul, attention and GELU are overwritten and start as NaN (ops/ops.h).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -27,6 +29,7 @@ namespace {
 constexpr double kStep = 1e-5;
 constexpr double kGradTol = 1e-6;   // relative to the largest gradient of the tensor
 constexpr double kFloatTol = 2e-5;  // float op vs double op, relative
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 std::vector<double> randn(size_t n, uint64_t seed, double scale = 1.0) {
   Rng r(seed);
@@ -91,11 +94,12 @@ TEST(OpsGradcheck, Matmul) {
     ops::matmul_forward(y.data(), x.data(), w.data(), b.data(), N, IC, OC);
     return dot(y, R);
   };
-  // Gradients accumulate: start from non-zero values and subtract them after.
-  auto dx = randn(N * IC, 5), dw = randn(OC * IC, 6), db = randn(OC, 7);
-  const auto dx0 = dx, dw0 = dw, db0 = db;
+  // dw and db accumulate: start from non-zero values and subtract them after;
+  // dx is overwritten: it starts as NaN.
+  std::vector<double> dx(N * IC, kNaN);
+  auto dw = randn(OC * IC, 6), db = randn(OC, 7);
+  const auto dw0 = dw, db0 = db;
   ops::matmul_backward(dx.data(), dw.data(), db.data(), R.data(), x.data(), w.data(), N, IC, OC);
-  for (size_t i = 0; i < dx.size(); ++i) dx[i] -= dx0[i];
   for (size_t i = 0; i < dw.size(); ++i) dw[i] -= dw0[i];
   for (size_t i = 0; i < db.size(); ++i) db[i] -= db0[i];
   expect_matches_fd(x, dx, loss, "matmul dinp");
@@ -118,7 +122,7 @@ TEST(OpsGradcheck, MatmulWithoutBias) {
     ops::matmul_forward<double>(y.data(), x.data(), w.data(), nullptr, N, IC, OC);
     return dot(y, R);
   };
-  std::vector<double> dx(N * IC), dw(OC * IC);
+  std::vector<double> dx(N * IC, kNaN), dw(OC * IC);
   ops::matmul_backward<double>(dx.data(), dw.data(), nullptr, R.data(), x.data(), w.data(), N, IC, OC);
   expect_matches_fd(x, dx, loss, "matmul (no bias) dinp");
   expect_matches_fd(w, dw, loss, "matmul (no bias) dw");
@@ -151,7 +155,7 @@ TEST(OpsGradcheck, Attention) {
     return dot(y, R);
   };
   loss();
-  std::vector<double> dqkv(qkv.size()), datt(att.size());
+  std::vector<double> dqkv(qkv.size(), kNaN), datt(att.size());  // dqkv overwritten
   ops::attention_backward(dqkv.data(), datt.data(), R.data(), qkv.data(), att.data(), B, T, C, NH);
   expect_matches_fd(qkv, dqkv, loss, "attention dqkv");
 
@@ -198,25 +202,24 @@ TEST(OpsGradcheck, FlashAttention) {
         }
         EXPECT_NEAR(lse[(b * NH + h) * T + t], std::log(sum), 1e-12) << b << " " << h << " " << t;
       }
-  // The backward accumulates: dqkv starts from G0.
-  const auto G0 = randn(qkv.size(), 37, 0.1);
-  std::vector<double> dqkv = G0, delta(lse.size());
+  // The backward overwrites dqkv: it starts as NaN.
+  std::vector<double> dqkv(qkv.size(), kNaN), delta(lse.size());
   ops::flash_attention_backward(dqkv.data(), delta.data(), R.data(), y.data(), qkv.data(),
                                 lse.data(), B, T, C, NH);
-  std::vector<double> added(dqkv.size());
-  for (size_t i = 0; i < dqkv.size(); ++i) added[i] = dqkv[i] - G0[i];
-  expect_matches_fd(qkv, added, loss, "flash attention dqkv");
+  const std::vector<double> analytic = dqkv;
+  expect_matches_fd(qkv, analytic, loss, "flash attention dqkv");
   loss();  // y and lse of the unperturbed qkv again
 
   // float against double, forward and backward.
   auto qkv_f = cast<float>(qkv), R_f = cast<float>(R);
-  std::vector<float> y_f(y.size()), lse_f(lse.size()), dqkv_f(qkv.size()), delta_f(lse.size());
+  std::vector<float> y_f(y.size()), lse_f(lse.size()), dqkv_f(qkv.size(), kNaN),
+      delta_f(lse.size());
   ops::flash_attention_forward(y_f.data(), lse_f.data(), qkv_f.data(), B, T, C, NH);
   expect_close(y_f, y, "flash attention float out");
   expect_close(lse_f, lse, "flash attention float lse");
   ops::flash_attention_backward(dqkv_f.data(), delta_f.data(), R_f.data(), y_f.data(),
                                 qkv_f.data(), lse_f.data(), B, T, C, NH);
-  expect_close(dqkv_f, added, "flash attention float dqkv");
+  expect_close(dqkv_f, analytic, "flash attention float dqkv");
 }
 
 TEST(OpsGradcheck, Gelu) {
@@ -227,7 +230,7 @@ TEST(OpsGradcheck, Gelu) {
     ops::gelu_forward(y.data(), x.data(), n);
     return dot(y, R);
   };
-  std::vector<double> dx(n);
+  std::vector<double> dx(n, kNaN);  // overwritten
   ops::gelu_backward(dx.data(), x.data(), R.data(), n);
   expect_matches_fd(x, dx, loss, "gelu dinp");
   // Independent values: GELU_tanh(1) and GELU_tanh(-2) from the formula.

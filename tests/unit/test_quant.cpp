@@ -732,8 +732,9 @@ TEST(QLinear, MatchesMatmulOnTheDequantizedMatrix) {
           EXPECT_LE(err, kQLinearTol * scale) << "forward, tiles of " << tile;
 
           const auto dout = randn(static_cast<size_t>(N) * OC, 63);
-          const auto start = randn(static_cast<size_t>(N) * IC, 64);  // backward accumulates
-          std::vector<float> dref = start, dgot = start;
+          // dinp is overwritten (as ops::matmul_backward's): it starts as NaN.
+          std::vector<float> dref(static_cast<size_t>(N) * IC, std::numeric_limits<float>::quiet_NaN());
+          std::vector<float> dgot = dref;
           ops::matmul_backward<float>(dref.data(), nullptr, nullptr, dout.data(), inp.data(),
                                       W.data(), N, IC, OC);
           qlinear_backward_input(cpu, dq, dgot.data(), dout.data(), w, N, ws.data(), tile);
@@ -775,7 +776,6 @@ TEST(QLinear, MergedAdapterGivesBasePlusAdapterInDouble) {
     const auto A = randn(static_cast<size_t>(r) * IC, 72), B = randn(static_cast<size_t>(OC) * r, 73);
     const auto inp = randn(static_cast<size_t>(N) * IC, 74), bias = randn(OC, 75);
     const auto dout = randn(static_cast<size_t>(N) * OC, 76);
-    const auto start = randn(static_cast<size_t>(N) * IC, 77);
     // W + s B A, then both products, in double.
     std::vector<double> Weff(W.size());
     for (int o = 0; o < OC; ++o)
@@ -784,7 +784,7 @@ TEST(QLinear, MergedAdapterGivesBasePlusAdapterInDouble) {
         for (int j = 0; j < r; ++j) acc += double(B[size_t(o) * r + j]) * A[size_t(j) * IC + i];
         Weff[size_t(o) * IC + i] = W[size_t(o) * IC + i] + double(s) * acc;
       }
-    std::vector<double> ref(static_cast<size_t>(N) * OC), dref(start.begin(), start.end());
+    std::vector<double> ref(static_cast<size_t>(N) * OC), dref(static_cast<size_t>(N) * IC);
     for (int n = 0; n < N; ++n)
       for (int o = 0; o < OC; ++o) {
         double acc = bias[o];
@@ -802,7 +802,7 @@ TEST(QLinear, MergedAdapterGivesBasePlusAdapterInDouble) {
       std::vector<float> ws(qlinear_workspace_floats(w, tile));
       std::vector<float> out(ref.size(), std::numeric_limits<float>::quiet_NaN());
       qlinear_forward(cpu, dq, out.data(), inp.data(), w, bias.data(), N, ws.data(), tile, &lora);
-      std::vector<float> dgot = start;
+      std::vector<float> dgot(dref.size(), std::numeric_limits<float>::quiet_NaN());  // overwritten
       qlinear_backward_input(cpu, dq, dgot.data(), dout.data(), w, N, ws.data(), tile, &lora);
       for (const auto& [got, want, what] :
            {std::tuple{&out, &ref, "forward"}, std::tuple{&dgot, &dref, "backward"}}) {
