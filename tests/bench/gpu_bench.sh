@@ -9,6 +9,7 @@
 # in the order given (default: 124m lora ops 1.5b):
 #   124m  GPT-2 124M full training: meshlm at B = 16 and 64, PyTorch at
 #         B = 16 and 64;
+#   124m16  the same at B = 16 only (a shorter call);
 #   lora  GPT-2 124M, LoRA r = 16 on every linear layer, B = 16: meshlm on
 #         an NF4 base (mode lora-nf4), peft on a bf16 base (lora-bf16);
 #   ops   meshlm's 124M step at B = 16 with every op timed (op_ms; each op
@@ -45,11 +46,12 @@ for section in "${sections[@]}"; do
   case "$section" in
     124m) meshlm "${G[@]}" --batch 16; meshlm "${G[@]}" --batch 64
           torch "${G[@]}" --batch 16; torch "${G[@]}" --batch 64 ;;
+    124m16) meshlm "${G[@]}" --batch 16; torch "${G[@]}" --batch 16 ;;
     lora) meshlm "${G[@]}" --batch 16 --lora 16; torch "${G[@]}" --batch 16 --lora 16 ;;
     ops)  meshlm "${G[@]}" --batch 16 --op_timings 1
           meshlm "${G[@]}" --batch 16 --lora 16 --op_timings 1 ;;
     1.5b) meshlm "${X[@]}" --batch 8; torch "${X[@]}" --batch 8 ;;
-    *) echo "gpu_bench.sh: unknown section '$section' (124m, lora, ops, 1.5b)" >&2; exit 2 ;;
+    *) echo "gpu_bench.sh: unknown section '$section' (124m, 124m16, lora, ops, 1.5b)" >&2; exit 2 ;;
   esac
 done
 
