@@ -26,6 +26,7 @@
 #include "plan/cost.h"
 #include "plan/memory.h"
 #include "plan/rank_plan.h"
+#include "train/backend.h"
 #include "train/report.h"
 #include "train/run_config.h"
 #include "train/trainer.h"
@@ -304,7 +305,7 @@ std::string gib(size_t b) { return fmt::format("{:.2f}", double(b) / double(1ull
 // category, and its stages' balance under pipeline parallelism.
 void print_configured(const Options& o, const Plan& plan) {
   const std::optional<PlannedLayout>& configured = plan.configured;
-  const bool cuda = plan.base.runtime.backend == ComputeBackend::cuda;
+  const bool device = backend_caps(plan.base.runtime.backend).device_memory;
   const PlanMachine& m = plan.m;
   if (!configured) {
     fmt::print("#\n# configured layout: not one of {} ranks: {}\n", o.ranks, plan.configured_error);
@@ -324,8 +325,8 @@ void print_configured(const Options& o, const Plan& plan) {
     std::string row = fmt::format("  {:>5} {:>4} {:>11}", pr.rank, pr.node,
                                   fmt::format("{}/{}/{}", pr.c.dp, pr.c.tp, pr.c.pp));
     for (size_t c = 0; c < pr.table.size(); ++c) row += fmt::format(" {:>11}", gib(pr.table[c]));
-    row += fmt::format(" {:>11} {:>11} {:>15}", gib(cuda ? m.device_runtime : m.runtime), gib(pr.peak),
-                       cuda ? "device" : mem_phase_name(pr.peak_phase));
+    row += fmt::format(" {:>11} {:>11} {:>15}", gib(device ? m.device_runtime : m.runtime), gib(pr.peak),
+                       device ? "device" : mem_phase_name(pr.peak_phase));
     fmt::print("{}\n", row);
   }
   if (configured->cfg.parallel.pp > 1) {
@@ -361,18 +362,18 @@ void print_layout_table(const Options& o, const std::vector<PlannedLayout>& v, b
 void print_plan_text(const Options& o, const Plan& plan) {
   const RunConfig& base = plan.base;
   const PlanMachine& m = plan.m;
-  const bool cuda = plan.base.runtime.backend == ComputeBackend::cuda;
+  const bool device = backend_caps(plan.base.runtime.backend).device_memory;
   fmt::print("# meshlm plan: {} ranks, {} per node, backend {}; per rank {} {}, per node {} of host\n",
              o.ranks, o.ranks_per_node, name_of(plan.base.runtime.backend),
              m.mem_per_rank ? format_bytes(double(m.mem_per_rank)) : std::string("no limit"),
-             cuda ? "of device memory" : "of host memory", format_bytes(double(m.host_mem_per_node)));
+             device ? "of device memory" : "of host memory", format_bytes(double(m.host_mem_per_node)));
   fmt::print("# model: L={} H={} C={} V={}, T={}, batch {} sequences per step\n", base.model.n_layer,
              base.model.n_head, base.model.n_embd, base.model.vocab_size, base.train.seq_len,
              base.train.batch_size);
   fmt::print("# runtime per rank {} ({} in the node's sum){}; rates ({}): {:.0f} GFLOP/s per rank, "
              "{:.0f} / {:.0f} GB/s and {:.1f} / {:.1f} us within / between nodes\n",
              format_bytes(double(m.runtime)), format_bytes(double(m.runtime_pss)),
-             cuda ? ", device " + format_bytes(double(m.device_runtime)) : std::string(),
+             device ? ", device " + format_bytes(double(m.device_runtime)) : std::string(),
              m.rates_source, m.rates.flops_per_s / 1e9, m.rates.intra_bytes_per_s / 1e9,
              m.rates.inter_bytes_per_s / 1e9, m.rates.intra_latency_s * 1e6,
              m.rates.inter_latency_s * 1e6);

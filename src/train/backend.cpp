@@ -2,6 +2,8 @@
 
 #include "comm/errors.h"
 #include "core/error.h"
+#include "ops/gpu_workspace.h"
+#include "ops/ops.h"
 #ifdef MESHLM_HAVE_CUDA
 #include "cuda/context.h"
 #else
@@ -11,6 +13,49 @@ class DeviceContext {};  // never made: a build without CUDA refuses runtime.bac
 #endif
 
 namespace meshlm {
+
+namespace {
+
+bool flash_anywhere(ops::Precision, int) { return true; }
+bool flash_on_gpu(ops::Precision p, int head_size) { return ops::flash_attention_on_gpu(p, head_size); }
+
+BackendCaps cpu_caps() {
+  BackendCaps c;
+  c.kind = ComputeBackend::cpu;
+  c.openblas_warm_up = true;
+  c.flash_attention = flash_anywhere;
+  return c;
+}
+
+BackendCaps cuda_caps() {
+  BackendCaps c;
+  c.kind = ComputeBackend::cuda;
+#ifdef MESHLM_HAVE_CUDA
+  c.built = true;
+#else
+  c.built = false;
+#endif
+  c.missing_build = "this meshlm was built without the CUDA backend (no nvcc found, or "
+                    "-DMESHLM_CUDA=OFF); rebuild with -DMESHLM_CUDA=ON";
+  c.device_memory = true;
+  c.native_16bit_gemm = true;
+  c.fp32_note = " (TF32 off)";
+  // Several ranks would exchange activations and gradients through host
+  // MPI, which the CUDA backend does not stage yet.
+  c.one_rank_only = true;
+  c.qtile_rows = ops::kGpuQTileRows;
+  c.classifier_chunk_floats = ops::kGpuClassifierChunkFloats;
+  c.whole_classifier_tile = true;
+  c.flash_attention = flash_on_gpu;
+  return c;
+}
+
+}  // namespace
+
+const BackendCaps& backend_caps(ComputeBackend kind) {
+  static const BackendCaps cpu = cpu_caps(), gpu = cuda_caps();
+  return kind == ComputeBackend::cuda ? gpu : cpu;
+}
 
 Backend::Backend(ComputeBackend kind, const ProcessMesh& mesh, ops::Precision precision,
                  bool op_timings)
@@ -54,6 +99,20 @@ std::string Backend::describe() const {
   if (gpu_) return "cuda:" + std::to_string(gpu_->device()) + " (" + gpu_->name() + ")";
 #endif
   return "cpu";
+}
+
+std::string Backend::device_name() const {
+#ifdef MESHLM_HAVE_CUDA
+  if (gpu_) return gpu_->name();
+#endif
+  return "cpu";
+}
+
+size_t Backend::device_reserved_bytes() const {
+#ifdef MESHLM_HAVE_CUDA
+  if (gpu_) return gpu_->reserved_bytes();
+#endif
+  return 0;
 }
 
 size_t Backend::device_used_bytes() const {

@@ -19,6 +19,38 @@ namespace cuda {
 class DeviceContext;
 }
 
+// What a backend is and can do, known without opening a device: the run's
+// checks, the memory prediction, the plan and the run's report ask this,
+// never which backend it is. backend_caps() (train/backend.cpp) is the one
+// place that knows which backends this meshlm was built with.
+struct BackendCaps {
+  ComputeBackend kind = ComputeBackend::cpu;
+  bool built = true;              // compiled into this meshlm
+  const char* missing_build = "";  // why it is not, and how to get it
+  // Buffers in a device's memory (a GPU's), whose use its driver reports;
+  // the host stages the trained tensors' initialisation for it.
+  bool device_memory = false;
+  // bf16/fp16 GEMMs on hardware; false: emulated by rounding their inputs.
+  bool native_16bit_gemm = false;
+  // Appended to "fp32" in the run's precision line.
+  const char* fp32_note = "";
+  // Only dp = tp = pp = 1: one rank holds the whole model.
+  bool one_rank_only = false;
+  // The start-up GEMM that makes OpenBLAS's per-thread buffer resident (and
+  // the memory prediction's line for it).
+  bool openblas_warm_up = false;
+  // The model's work sizes on this backend (model/gpt_options.h): LoRA tiles
+  // of qtile_rows rows (0: the CPU's), the classifier's chunk of
+  // classifier_chunk_floats logits (0: the CPU's automatic), the quantized
+  // classifier dequantized whole once per pass.
+  int qtile_rows = 0;
+  size_t classifier_chunk_floats = 0;
+  bool whole_classifier_tile = false;
+  // Whether train.attention = flash runs at this precision and head size.
+  bool (*flash_attention)(ops::Precision, int head_size) = nullptr;
+};
+const BackendCaps& backend_caps(ComputeBackend kind);
+
 class Backend {
 public:
   // Collective over mesh.world(): a rank that can use no GPU under
@@ -32,6 +64,7 @@ public:
   Backend& operator=(const Backend&) = delete;
 
   ComputeBackend kind() const { return kind_; }
+  const BackendCaps& caps() const { return backend_caps(kind_); }
   const ops::Kernels& kernels() const;
   // The op timings of kernels(), or null without runtime.op_timings.
   const ops::TimedKernels* op_timer() const { return timed_.get(); }
@@ -39,10 +72,15 @@ public:
   const quant::Dequantizer& dequantizer() const;
   // "cpu", or "cuda:0 (NVIDIA H100 80GB HBM3)".
   std::string describe() const;
+  // "cpu", or the GPU's name as its driver gives it ("NVIDIA H100 80GB HBM3").
+  std::string device_name() const;
   // A GPU's memory as its driver reports it (every process on the device),
   // and its size; 0 on the CPU.
   size_t device_used_bytes() const;
   size_t device_total_bytes() const;
+  // Bytes this process holds in the GPU's caching allocator (in use and
+  // cached); 0 on the CPU.
+  size_t device_reserved_bytes() const;
 
 private:
   const ops::Kernels& untimed_kernels() const;

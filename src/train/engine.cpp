@@ -1,5 +1,7 @@
 #include "train/engine.h"
 
+#include "train/backend.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -18,11 +20,12 @@ namespace meshlm {
 RankPlan Engine::plan_of(const RunConfig& cfg, const MeshCoords& c) {
   RankPlan r = plan_rank(cfg.model, cfg.parallel, cfg.finetune, cfg.train.micro_batch_size,
                          cfg.train.seq_len, c, cfg.train.attention);
-  if (cfg.runtime.backend == ComputeBackend::cuda) {
-    r.model.qtile_rows = ops::kGpuQTileRows;
-    r.model.whole_classifier_tile = true;
+  const BackendCaps& caps = backend_caps(cfg.runtime.backend);
+  r.model.qtile_rows = caps.qtile_rows;
+  r.model.whole_classifier_tile = caps.whole_classifier_tile;
+  if (caps.classifier_chunk_floats > 0) {
     const size_t Vl = size_t(cfg.model.padded_vocab_size()) / size_t(cfg.parallel.tp);
-    r.model.classifier_rows = static_cast<int>(std::max<size_t>(1, ops::kGpuClassifierChunkFloats / Vl));
+    r.model.classifier_rows = static_cast<int>(std::max<size_t>(1, caps.classifier_chunk_floats / Vl));
   }
   return r;
 }

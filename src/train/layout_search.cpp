@@ -14,6 +14,7 @@
 #include "plan/memory.h"
 #include "plan/partition.h"
 #include "plan/rank_plan.h"
+#include "train/backend.h"
 #include "train/trainer.h"
 
 namespace meshlm {
@@ -143,10 +144,10 @@ PlanMachine plan_machine(const ClusterConfig& k, ComputeBackend backend, int ran
   m.ranks = ranks;
   m.ranks_per_node = std::max(ranks_per_node, 1);
   m.backend = backend;
-  const bool cuda = backend == ComputeBackend::cuda;
+  const bool device = backend_caps(backend).device_memory;
   const ClusterPreset preset = k.preset != ClusterPreset::automatic
                                    ? k.preset
-                                   : (cuda ? ClusterPreset::h100_ib : ClusterPreset::cpu_node);
+                                   : (device ? ClusterPreset::h100_ib : ClusterPreset::cpu_node);
   const Preset& p = preset == ClusterPreset::h100_ib ? kH100Ib : kCpuNode;
   const int cores = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
   // The CPU's figures on one core, and on all (0 / empty: not known).
@@ -169,11 +170,11 @@ PlanMachine plan_machine(const ClusterConfig& k, ComputeBackend backend, int ran
         throw std::runtime_error("its \"what\" is not \"" + std::string(kCalibrateWhat) + "\"");
       // A file of a CPU machine gives the CPU's figures; its MPI and memory
       // figures hold on either backend.
-      if (!cuda) {
+      if (!device) {
         gflops_one = positive(j, "gflops_per_core");
         gflops_all = positive(j, "gflops_all_cores");
       }
-      if (!cuda && j.contains("gflops_all_cores_by_rows")) {
+      if (!device && j.contains("gflops_all_cores_by_rows")) {
         // Relative to the largest: the fraction of the rate by rows.
         Table rows = number_table(j.at("gflops_all_cores_by_rows"), "gflops_all_cores_by_rows", 1);
         double best = 0;
@@ -185,7 +186,7 @@ PlanMachine plan_machine(const ClusterConfig& k, ComputeBackend backend, int ran
       if (j.contains("intra_node_latency_us")) intra_us = positive(j, "intra_node_latency_us");
       if (j.contains("inter_node_gbps")) inter = positive(j, "inter_node_gbps");
       if (j.contains("inter_node_latency_us")) inter_us = positive(j, "inter_node_latency_us");
-      if (!cuda && j.contains("ops_one_core") && j.contains("ops_all_cores")) {
+      if (!device && j.contains("ops_one_core") && j.contains("ops_all_cores")) {
         ops_one = op_class_rates(j.at("ops_one_core"));
         ops_all = op_class_rates(j.at("ops_all_cores"));
         has_ops_all = true;
@@ -194,13 +195,13 @@ PlanMachine plan_machine(const ClusterConfig& k, ComputeBackend backend, int ran
         if (matmul_one.size() != matmul_all.size())
           throw std::runtime_error("its matmul tables of one core and all cores differ in shape");
       }
-      if (!cuda && j.contains("memory_gbps_all_cores"))
+      if (!device && j.contains("memory_gbps_all_cores"))
         m.rates.node_memory_bytes_per_s = positive(j, "memory_gbps_all_cores") * 1e9;
-      if (!cuda && j.contains("sharing_efficiency_by_ranks_per_core"))
+      if (!device && j.contains("sharing_efficiency_by_ranks_per_core"))
         m.rates.sharing_efficiency = number_table(j.at("sharing_efficiency_by_ranks_per_core"),
                                                   "sharing_efficiency_by_ranks_per_core", 0);
-      if (!cuda && j.contains("runtime_bytes")) m.runtime = j.at("runtime_bytes").get<uint64_t>();
-      if (!cuda && j.contains("runtime_pss_bytes"))
+      if (!device && j.contains("runtime_bytes")) m.runtime = j.at("runtime_bytes").get<uint64_t>();
+      if (!device && j.contains("runtime_pss_bytes"))
         m.runtime_pss = j.at("runtime_pss_bytes").get<uint64_t>();
     } catch (const std::exception& e) {
       throw RankError("cluster.rates = '" + k.rates + "' is not a file of meshlm plan --calibrate: " +
@@ -214,12 +215,12 @@ PlanMachine plan_machine(const ClusterConfig& k, ComputeBackend backend, int ran
   // all cores'; the cost model shares the cores among the ranks busy at a
   // time. A GPU is a rank's own.
   const int threads = std::max(1, cores / m.ranks_per_node);
-  m.rates.units_per_node = cuda ? m.ranks_per_node : cores;
-  m.rates.units_per_rank = cuda ? 1 : threads;
+  m.rates.units_per_node = device ? m.ranks_per_node : cores;
+  m.rates.units_per_rank = device ? 1 : threads;
   // comm.wait = auto sleeps wherever the cores are shared, and where they
   // are not, polling takes nothing from anyone.
-  m.rates.waiting_ranks_poll = !cuda && wait == comm::WaitPolicy::poll;
-  if (!cuda) {
+  m.rates.waiting_ranks_poll = !device && wait == comm::WaitPolicy::poll;
+  if (!device) {
     rank_gflops = at_threads(gflops_one, gflops_all, threads, cores);
     m.rates.ops = ops_at_threads(ops_one, has_ops_all ? &ops_all : nullptr, threads, cores);
     // The linear layer's rate by width and rows, as a fraction of the rank's.
@@ -255,7 +256,7 @@ std::string apply_memory_limits(PlanMachine& m, const MemoryConfig& mem, uint64_
   const uint64_t machine = physical_memory_bytes();
   std::string from = mem_per_rank ? "--mem-per-rank" : "memory.limit_per_rank";
   m.mem_per_rank = mem_per_rank ? mem_per_rank : mem.rank_limit_bytes;
-  if (m.mem_per_rank == 0 && m.backend == ComputeBackend::cpu) {
+  if (m.mem_per_rank == 0 && !backend_caps(m.backend).device_memory) {
     m.mem_per_rank = machine / static_cast<uint64_t>(m.ranks_per_node);
     from = fmt::format("this node's memory / its {} ranks", m.ranks_per_node);
   }
@@ -275,7 +276,7 @@ namespace {
 
 // Rank r (coordinates c) of the layout `cfg` on `o`.
 PlannedRank plan_rank(const RunConfig& cfg, const PlanMachine& o, const MeshCoords& c, int r) {
-  const bool cuda = o.backend == ComputeBackend::cuda;
+  const bool device = backend_caps(o.backend).device_memory;
   PlannedRank m;
   m.rank = r;
   m.node = r / o.ranks_per_node;
@@ -283,7 +284,7 @@ PlannedRank plan_rank(const RunConfig& cfg, const PlanMachine& o, const MeshCoor
   const RankPlan shape = rank_plan_at(cfg, m.c, r, r % o.ranks_per_node);
   const PhasedMemory phased = predict_run_phases(cfg, shape, o.windows);
   m.table = predicted_categories(cfg, shape, phased);
-  if (cuda) {
+  if (device) {
     // Conservative: the table adds host and device; all of it is counted
     // against the device, and the host holds the runtime, the data's order,
     // the async snapshot and the node's quantized store.

@@ -11,6 +11,7 @@
 #include "core/checked.h"
 #include "core/error.h"
 #include "ops/ops.h"
+#include "train/backend.h"
 
 namespace meshlm {
 
@@ -87,23 +88,18 @@ void validate_train(const RunConfig& c) {
   if (c.data.path.empty()) fail("data.path is required (a token file; see data.tokenize_from)");
   if (c.output.dir.empty()) fail("output.dir must not be empty");
   if (c.runtime.threads < 0) fail("runtime.threads must be >= 0 (0 = automatic)");
-  if (c.runtime.backend == ComputeBackend::cuda) {
-#ifndef MESHLM_HAVE_CUDA
-    fail("runtime.backend = cuda, but this meshlm was built without the CUDA backend (no nvcc "
-         "found, or -DMESHLM_CUDA=OFF); rebuild with -DMESHLM_CUDA=ON");
-#endif
-    // One GPU computes the whole model: several ranks would exchange
-    // activations and gradients through host MPI, which the CUDA backend
-    // does not stage yet.
-    const ParallelConfig& p = c.parallel;
-    if (p.dp * p.tp * p.pp != 1)
-      fail("runtime.backend = cuda runs one rank with the whole model: parallel.dp, parallel.tp "
-           "and parallel.pp must be 1 (got dp " + str(p.dp) + ", tp " + str(p.tp) + ", pp " +
-           str(p.pp) + ")");
-  }
-  if (t.attention == Attention::flash && c.runtime.backend == ComputeBackend::cuda &&
-      c.model.n_head > 0 && c.model.n_embd % c.model.n_head == 0 &&
-      !ops::flash_attention_on_gpu(t.precision, c.model.n_embd / c.model.n_head))
+  const BackendCaps& caps = backend_caps(c.runtime.backend);
+  const std::string backend = name_of(c.runtime.backend);
+  if (!caps.built)
+    fail("runtime.backend = " + backend + ", but " + caps.missing_build);
+  const ParallelConfig& par = c.parallel;
+  if (caps.one_rank_only && par.dp * par.tp * par.pp != 1)
+    fail("runtime.backend = " + backend + " runs one rank with the whole model: parallel.dp, "
+         "parallel.tp and parallel.pp must be 1 (got dp " + str(par.dp) + ", tp " + str(par.tp) +
+         ", pp " + str(par.pp) + ")");
+  if (t.attention == Attention::flash && c.model.n_head > 0 &&
+      c.model.n_embd % c.model.n_head == 0 &&
+      !caps.flash_attention(t.precision, c.model.n_embd / c.model.n_head))
     fail("train.attention = flash on runtime.backend = cuda multiplies 16-bit tiles on the "
          "tensor cores: it needs train.precision = bf16 or fp16 (got " +
          std::string(name_of(t.precision)) + ") and a head size, model.n_embd / model.n_head, of "

@@ -169,7 +169,7 @@ PhasedMemory predict_run_phases(const RunConfig& cfg, const RankPlan& shape, uin
     phased.add(MemPhase::training, MemCategory::checkpoint, snapshot);
   }
   // On the CPU the start-up's GEMM that makes OpenBLAS's buffer resident.
-  if (cfg.runtime.backend == ComputeBackend::cpu)
+  if (backend_caps(cfg.runtime.backend).openblas_warm_up)
     phased.add(MemPhase::startup, MemCategory::workspace, ops::kGemmWarmUpFloats * sizeof(float));
   return phased;
 }
@@ -177,7 +177,7 @@ PhasedMemory predict_run_phases(const RunConfig& cfg, const RankPlan& shape, uin
 MemoryByCategory predicted_categories(const RunConfig& cfg, const RankPlan& shape,
                                       const PhasedMemory& phased) {
   MemoryByCategory predicted = phased.category_peaks();
-  if (cfg.runtime.backend != ComputeBackend::cuda) return predicted;
+  if (!backend_caps(cfg.runtime.backend).device_memory) return predicted;
   const TrainConfig& tc = cfg.train;
   // On a GPU each trained tensor is made on the host a block of rows at a
   // time and uploaded (GPT::set_weights): host workspace of one block.
@@ -526,7 +526,7 @@ void RunContext::predict_memory(const RunConfig& cfg) {
   phased = predict_run_phases(cfg, shape, loader->windows_per_epoch());
   predicted = predicted_categories(cfg, shape, phased);
   print_predicted_memory(predicted, *world);
-  if (cfg.runtime.backend == ComputeBackend::cpu) {
+  if (backend_caps(cfg.runtime.backend).openblas_warm_up) {
     {
       Buffer scratch(ops::kGemmWarmUpFloats * sizeof(float), MemCategory::workspace,
                      "OpenBLAS warm-up", Device::cpu);
@@ -579,12 +579,12 @@ void print_run_lines(const RunConfig& cfg, const RankPlan& shape, const Backend&
             cfg.model.padded_vocab_size(), n_full,
             format_bytes(static_cast<double>(n_full) * sizeof(float)));
   if (tc.precision == ops::Precision::fp32)
-    log::info("# precision: fp32{}", backend.kind() == ComputeBackend::cuda ? " (TF32 off)" : "");
+    log::info("# precision: fp32{}", backend.caps().fp32_note);
   else
     log::info("# precision: {} GEMM inputs, fp32 accumulation{} | master weights, AdamW moments, "
               "activations and the other ops fp32{}",
               name_of(tc.precision),
-              backend.kind() == ComputeBackend::cpu ? " (emulated on the CPU)" : "",
+              backend.caps().native_16bit_gemm ? "" : " (emulated on the CPU)",
               tc.precision == ops::Precision::fp16
                   ? fmt::format(" | dynamic loss scale from {:g}, doubling after {} steps "
                                 "without overflow",
@@ -879,7 +879,7 @@ void report_run(const RunConfig& cfg, RunContext& run, Engine& engine, SectionTi
     labels.push_back(fmt::format("dp {} tp {} pp {}", c.dp, c.tp, c.pp));
   }
   print_memory_table(mem, labels);
-  if (run.backend->kind() == ComputeBackend::cuda) print_device_memory(*run.backend);
+  if (run.backend->caps().device_memory) print_device_memory(*run.backend);
   print_timing_table(timers, summary.seconds, *run.world);
   if (run.backend->op_timer() != nullptr) {
     const int ran = summary.trained_steps + summary.skipped_steps + summary.overflow_steps;

@@ -43,10 +43,9 @@
 #include "ops/timed_kernels.h"
 #include "core/timer.h"
 #include "model/gpt.h"
+#include "mesh/mesh.h"
 #include "train/adamw.h"
-#ifdef MESHLM_HAVE_CUDA
-#include "cuda/context.h"
-#endif
+#include "train/backend.h"
 
 using namespace meshlm;
 
@@ -77,114 +76,107 @@ int main(int argc, char** argv) {
   const int B = static_cast<int>(f["batch"]), T = static_cast<int>(f["seq_len"]);
   cfg.max_seq_len = T;
   const ops::Precision precision = f["bf16"] != 0 ? ops::Precision::bf16 : ops::Precision::fp32;
-  const ops::Kernels* kernels = &ops::Kernels::cpu(precision);
-  std::string device = "cpu";
-#ifdef MESHLM_HAVE_CUDA
-  std::unique_ptr<cuda::DeviceContext> gpu;
-  if (f["cuda"] != 0) {
-    gpu = std::make_unique<cuda::DeviceContext>(0, 0, precision);
-    kernels = &gpu->kernels();
-    device = gpu->name();
-  }
-#else
-  if (f["cuda"] != 0) {
-    std::fprintf(stderr, "meshlm_bench: built without the CUDA backend\n");
+  const ComputeBackend kind = f["cuda"] != 0 ? ComputeBackend::cuda : ComputeBackend::cpu;
+  const BackendCaps& caps = backend_caps(kind);
+  if (!caps.built) {
+    std::fprintf(stderr, "meshlm_bench: %s\n", caps.missing_build);
     MPI_Finalize();
     return 2;
   }
-#endif
-  std::unique_ptr<ops::TimedKernels> timed;
-  if (f["op_timings"] != 0) {
-    timed = std::make_unique<ops::TimedKernels>(*kernels);
-    kernels = timed.get();
-  }
-  GPTOptions opts;
-  opts.kernels = kernels;
-  opts.attention = f["flash"] != 0 ? Attention::flash : Attention::probabilities;
-  if (f["cuda"] != 0) {
-    opts.qtile_rows = ops::kGpuQTileRows;
-    opts.whole_classifier_tile = true;
-    opts.classifier_rows = static_cast<int>(
-        std::max<size_t>(1, ops::kGpuClassifierChunkFloats / size_t(cfg.padded_vocab_size())));
-  }
-  std::unique_ptr<Buffer> store;
-  load::StoreManifest manifest;
-  if (f["lora"] > 0) {
-    opts.lora.enabled = true;
-    opts.lora.rank = static_cast<int>(f["lora"]);
-    opts.lora.alpha = 2.0f * static_cast<float>(opts.lora.rank);
-    quant::QuantConfig q;
-    q.type = quant::QuantType::nf4;
-    manifest = load::make_manifest(cfg, q.type);
-    store = std::make_unique<Buffer>(manifest.bytes, MemCategory::quantized, "bench.store");
-    load::fill_store(cfg, q, 0, manifest, store->as<uint8_t>(), /*use_cache=*/false);
-  }
-#ifdef MESHLM_HAVE_CUDA
-  if (gpu) opts.dequantizer = &gpu->dequantizer();
-#endif
-  GPT model(cfg, {}, opts);
-  if (store)
-    model.attach_base([&](const ParamSpec& p) {
-      const load::StoreEntry& e = manifest.at(p.name);
-      return quant::qtensor_at(e.layout, store->as<uint8_t>() + e.offset);
-    });
-  model.init_weights(0);
-  AdamW opt(model.table(), {0.9f, 0.95f, 1e-8f, 0.1f}, 0, SIZE_MAX, *kernels);
-  std::vector<int32_t> tok(static_cast<size_t>(B) * T), tgt(tok.size());
-  Rng rng(1);
-  for (auto& t : tok) t = static_cast<int32_t>(rng.below(cfg.vocab_size));
-  for (auto& t : tgt) t = static_cast<int32_t>(rng.below(cfg.vocab_size));
-
-  std::vector<double> times;
-  float loss = 0;
-  constexpr int kOps = static_cast<int>(ops::KernelOp::count);
-  std::vector<double> warm_seconds(kOps, 0.0);
-  for (long s = 0; s < f["warmup"] + f["steps"]; ++s) {
-    if (timed && s == f["warmup"])
-      for (int i = 0; i < kOps; ++i) warm_seconds[i] = timed->seconds(ops::KernelOp(i));
-    const double t0 = now_seconds();
-    model.zero_grads();
-    loss = model.forward(tok.data(), tgt.data(), B, T);
-    model.backward();
-    const double norm = std::sqrt(kernels->sum_of_squares(model.grads(), model.num_params()));
-    clip_to_norm(model.grads(), model.num_params(), norm, 1.0, *kernels);
-    opt.step(model.params(), model.grads(), 3e-4f);
-    kernels->synchronize();
-    if (s >= f["warmup"]) times.push_back(now_seconds() - t0);
-  }
-  std::sort(times.begin(), times.end());
-  const double med = times[times.size() / 2];
-  const double L = cfg.n_layer, C = cfg.n_embd, V = cfg.vocab_size;
-  const double fwd_per_token = 2 * (L * 12 * C * C + V * C) + 4 * L * T * C;
-  const double flops = 3 * fwd_per_token * B * T;
-  std::string memory;
-#ifdef MESHLM_HAVE_CUDA
-  if (gpu)
-    memory = ", \"peak_tracked_gib\": " +
-             std::to_string(MemTracker::get().peak_total(Device::cuda) / 1073741824.0) +
-             ", \"reserved_gib\": " + std::to_string(gpu->reserved_bytes() / 1073741824.0) +
-             ", \"device_in_use_gib\": " + std::to_string(gpu->used_bytes() / 1073741824.0);
-#endif
-  if (timed) {
-    memory += ", \"op_ms\": {";
-    const char* sep = "";
-    for (int i = 0; i < kOps; ++i) {
-      const double ms = 1e3 * (timed->seconds(ops::KernelOp(i)) - warm_seconds[i]) /
-                        static_cast<double>(f["steps"]);
-      if (ms <= 0) continue;
-      memory += sep + std::string("\"") + ops::kernel_op_name(ops::KernelOp(i)) +
-                "\": " + std::to_string(ms);
-      sep = ", ";
+  int rc = 0;
+  try {  // the backend and its mesh end before MPI does
+    const ProcessMesh mesh(MPI_COMM_WORLD, MeshLayout(1, 1, 1));
+    const Backend backend(kind, mesh, precision, f["op_timings"] != 0);
+    const ops::Kernels* kernels = &backend.kernels();
+    const ops::TimedKernels* timed = backend.op_timer();
+    const std::string device = backend.device_name();
+    GPTOptions opts;
+    opts.kernels = kernels;
+    opts.attention = f["flash"] != 0 ? Attention::flash : Attention::probabilities;
+    // The work sizes of `meshlm train` on this backend (Engine::plan_of).
+    opts.qtile_rows = caps.qtile_rows;
+    opts.whole_classifier_tile = caps.whole_classifier_tile;
+    if (caps.classifier_chunk_floats > 0)
+      opts.classifier_rows = static_cast<int>(
+          std::max<size_t>(1, caps.classifier_chunk_floats / size_t(cfg.padded_vocab_size())));
+    std::unique_ptr<Buffer> store;
+    load::StoreManifest manifest;
+    if (f["lora"] > 0) {
+      opts.lora.enabled = true;
+      opts.lora.rank = static_cast<int>(f["lora"]);
+      opts.lora.alpha = 2.0f * static_cast<float>(opts.lora.rank);
+      quant::QuantConfig q;
+      q.type = quant::QuantType::nf4;
+      manifest = load::make_manifest(cfg, q.type);
+      store = std::make_unique<Buffer>(manifest.bytes, MemCategory::quantized, "bench.store");
+      load::fill_store(cfg, q, 0, manifest, store->as<uint8_t>(), /*use_cache=*/false);
     }
-    memory += "}";
+    opts.dequantizer = &backend.dequantizer();
+    GPT model(cfg, {}, opts);
+    if (store)
+      model.attach_base([&](const ParamSpec& p) {
+        const load::StoreEntry& e = manifest.at(p.name);
+        return quant::qtensor_at(e.layout, store->as<uint8_t>() + e.offset);
+      });
+    model.init_weights(0);
+    AdamW opt(model.table(), {0.9f, 0.95f, 1e-8f, 0.1f}, 0, SIZE_MAX, *kernels);
+    std::vector<int32_t> tok(static_cast<size_t>(B) * T), tgt(tok.size());
+    Rng rng(1);
+    for (auto& t : tok) t = static_cast<int32_t>(rng.below(cfg.vocab_size));
+    for (auto& t : tgt) t = static_cast<int32_t>(rng.below(cfg.vocab_size));
+
+    std::vector<double> times;
+    float loss = 0;
+    constexpr int kOps = static_cast<int>(ops::KernelOp::count);
+    std::vector<double> warm_seconds(kOps, 0.0);
+    for (long s = 0; s < f["warmup"] + f["steps"]; ++s) {
+      if (timed && s == f["warmup"])
+        for (int i = 0; i < kOps; ++i) warm_seconds[i] = timed->seconds(ops::KernelOp(i));
+      const double t0 = now_seconds();
+      model.zero_grads();
+      loss = model.forward(tok.data(), tgt.data(), B, T);
+      model.backward();
+      const double norm = std::sqrt(kernels->sum_of_squares(model.grads(), model.num_params()));
+      clip_to_norm(model.grads(), model.num_params(), norm, 1.0, *kernels);
+      opt.step(model.params(), model.grads(), 3e-4f);
+      kernels->synchronize();
+      if (s >= f["warmup"]) times.push_back(now_seconds() - t0);
+    }
+    std::sort(times.begin(), times.end());
+    const double med = times[times.size() / 2];
+    const double L = cfg.n_layer, C = cfg.n_embd, V = cfg.vocab_size;
+    const double fwd_per_token = 2 * (L * 12 * C * C + V * C) + 4 * L * T * C;
+    const double flops = 3 * fwd_per_token * B * T;
+    std::string memory;
+    if (caps.device_memory)
+      memory = ", \"peak_tracked_gib\": " +
+               std::to_string(MemTracker::get().peak_total(Device::cuda) / 1073741824.0) +
+               ", \"reserved_gib\": " + std::to_string(backend.device_reserved_bytes() / 1073741824.0) +
+               ", \"device_in_use_gib\": " + std::to_string(backend.device_used_bytes() / 1073741824.0);
+    if (timed) {
+      memory += ", \"op_ms\": {";
+      const char* sep = "";
+      for (int i = 0; i < kOps; ++i) {
+        const double ms = 1e3 * (timed->seconds(ops::KernelOp(i)) - warm_seconds[i]) /
+                          static_cast<double>(f["steps"]);
+        if (ms <= 0) continue;
+        memory += sep + std::string("\"") + ops::kernel_op_name(ops::KernelOp(i)) +
+                  "\": " + std::to_string(ms);
+        sep = ", ";
+      }
+      memory += "}";
+    }
+    const std::string mode = f["lora"] > 0 ? "lora-nf4" : "full";
+    std::printf(
+        "{\"impl\": \"meshlm\", \"mode\": \"%s\", \"device\": \"%s\", \"precision\": \"%s\", \"attention\": \"%s\", \"threads\": %d, \"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d, "
+        "\"vocab_size\": %d, \"seq_len\": %d, \"batch\": %d, \"ms_per_step\": %.3f, "
+        "\"tokens_per_s\": %.1f, \"gflops\": %.2f, \"loss\": %.4f%s}\n",
+        mode.c_str(), device.c_str(), name_of(precision), name_of(opts.attention), threads, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, T, B, 1e3 * med, B * T / med,
+        flops / med / 1e9, loss, memory.c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "meshlm_bench: %s\n", e.what());
+    rc = 1;
   }
-  const std::string mode = f["lora"] > 0 ? "lora-nf4" : "full";
-  std::printf(
-      "{\"impl\": \"meshlm\", \"mode\": \"%s\", \"device\": \"%s\", \"precision\": \"%s\", \"attention\": \"%s\", \"threads\": %d, \"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d, "
-      "\"vocab_size\": %d, \"seq_len\": %d, \"batch\": %d, \"ms_per_step\": %.3f, "
-      "\"tokens_per_s\": %.1f, \"gflops\": %.2f, \"loss\": %.4f%s}\n",
-      mode.c_str(), device.c_str(), name_of(precision), name_of(opts.attention), threads, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, T, B, 1e3 * med, B * T / med,
-      flops / med / 1e9, loss, memory.c_str());
   MPI_Finalize();
-  return 0;
+  return rc;
 }

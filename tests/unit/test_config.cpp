@@ -2,10 +2,13 @@
 // errors through mpiexec and checks exit status and output).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 
 #include "app/parameter_file.h"
 #include "core/error.h"
+#include "train/backend.h"
+#include "train/engine.h"
 
 using namespace meshlm;
 
@@ -246,19 +249,19 @@ TEST(Config, ValuesHoldingMessageTokensDoNotHang) {
 // runtime.backend = cuda: one rank with the whole model, full training or
 // LoRA; a build without the CUDA backend refuses it by name.
 TEST(Config, TheCudaBackendTrainsOneRankWithTheWholeModel) {
-#ifdef MESHLM_HAVE_CUDA
-  EXPECT_EQ(error_of(kGood, {"--runtime.backend=cuda"}), "");
-  std::string msg = error_of(kGood, {"--runtime.backend=cuda", "--parallel.dp=2"});
-  EXPECT_NE(msg.find("parallel.dp, parallel.tp and parallel.pp must be 1 (got dp 2, tp 1, pp 1)"),
-            std::string::npos) << msg;
-  EXPECT_EQ(error_of(kGood, {"--runtime.backend=cuda", "--finetune.mode=lora"}), "");
-  EXPECT_EQ(error_of(kGood, {"--runtime.backend=cuda", "--finetune.mode=lora",
-                             "--train.precision=bf16"}),
-            "");
-#else
-  const std::string msg = error_of(kGood, {"--runtime.backend=cuda"});
-  EXPECT_NE(msg.find("built without the CUDA backend"), std::string::npos) << msg;
-#endif
+  if (backend_caps(ComputeBackend::cuda).built) {
+    EXPECT_EQ(error_of(kGood, {"--runtime.backend=cuda"}), "");
+    std::string msg = error_of(kGood, {"--runtime.backend=cuda", "--parallel.dp=2"});
+    EXPECT_NE(msg.find("parallel.dp, parallel.tp and parallel.pp must be 1 (got dp 2, tp 1, pp 1)"),
+              std::string::npos) << msg;
+    EXPECT_EQ(error_of(kGood, {"--runtime.backend=cuda", "--finetune.mode=lora"}), "");
+    EXPECT_EQ(error_of(kGood, {"--runtime.backend=cuda", "--finetune.mode=lora",
+                               "--train.precision=bf16"}),
+              "");
+  } else {
+    const std::string msg = error_of(kGood, {"--runtime.backend=cuda"});
+    EXPECT_NE(msg.find("built without the CUDA backend"), std::string::npos) << msg;
+  }
   EXPECT_NE(error_of(kGood, {"--runtime.backend=gpu"}).find("runtime.backend"), std::string::npos);
 }
 
@@ -270,16 +273,54 @@ TEST(Config, AttentionAutoIsTheProbabilitiesAndFlashOnAGpuNeeds16Bits) {
             Attention::flash);
   EXPECT_EQ(error_of(kGood, {"--train.attention=flash", "--train.precision=bf16"}), "");
   EXPECT_NE(error_of(kGood, {"--train.attention=fused"}).find("train.attention"), std::string::npos);
-#ifdef MESHLM_HAVE_CUDA
-  // kGood's heads are 16 / 2 = 8 wide; one head of 16 is covered at bf16 or
-  // fp16, not at fp32.
-  std::string msg = error_of(kGood, {"--runtime.backend=cuda", "--train.attention=flash",
-                                     "--train.precision=bf16"});
-  EXPECT_NE(msg.find("got 16 / 2"), std::string::npos) << msg;
-  EXPECT_EQ(error_of(kGood, {"--runtime.backend=cuda", "--train.attention=flash",
-                             "--train.precision=fp16", "--model.n_head=1"}),
-            "");
-  msg = error_of(kGood, {"--runtime.backend=cuda", "--train.attention=flash", "--model.n_head=1"});
-  EXPECT_NE(msg.find("train.precision = bf16 or fp16 (got fp32)"), std::string::npos) << msg;
-#endif
+  if (backend_caps(ComputeBackend::cuda).built) {
+    // kGood's heads are 16 / 2 = 8 wide; one head of 16 is covered at bf16 or
+    // fp16, not at fp32.
+    std::string msg = error_of(kGood, {"--runtime.backend=cuda", "--train.attention=flash",
+                                       "--train.precision=bf16"});
+    EXPECT_NE(msg.find("got 16 / 2"), std::string::npos) << msg;
+    EXPECT_EQ(error_of(kGood, {"--runtime.backend=cuda", "--train.attention=flash",
+                               "--train.precision=fp16", "--model.n_head=1"}),
+              "");
+    msg = error_of(kGood, {"--runtime.backend=cuda", "--train.attention=flash", "--model.n_head=1"});
+    EXPECT_NE(msg.find("train.precision = bf16 or fp16 (got fp32)"), std::string::npos) << msg;
+  }
+}
+
+// What each backend can do is known without a device (train/backend.h): the
+// run's checks and the work sizes of the model ask this, not the kind.
+TEST(Config, BackendCapsAnswerWithoutADevice) {
+  const BackendCaps& cpu = backend_caps(ComputeBackend::cpu);
+  const BackendCaps& gpu = backend_caps(ComputeBackend::cuda);
+  EXPECT_EQ(cpu.kind, ComputeBackend::cpu);
+  EXPECT_EQ(gpu.kind, ComputeBackend::cuda);
+  EXPECT_TRUE(cpu.built);
+  EXPECT_FALSE(cpu.device_memory);
+  EXPECT_TRUE(gpu.device_memory);
+  EXPECT_FALSE(cpu.one_rank_only);
+  EXPECT_TRUE(gpu.one_rank_only);
+  EXPECT_TRUE(cpu.openblas_warm_up);
+  EXPECT_FALSE(gpu.openblas_warm_up);
+  EXPECT_FALSE(cpu.native_16bit_gemm);
+  EXPECT_TRUE(gpu.native_16bit_gemm);
+  EXPECT_NE(std::string(gpu.missing_build).find("-DMESHLM_CUDA=ON"), std::string::npos);
+  // The CPU's flash attention runs at any precision and head size; the
+  // GPU's needs 16-bit tiles and a head size its kernel covers.
+  EXPECT_TRUE(cpu.flash_attention(ops::Precision::fp32, 8));
+  EXPECT_FALSE(gpu.flash_attention(ops::Precision::fp32, 64));
+  EXPECT_TRUE(gpu.flash_attention(ops::Precision::bf16, 64));
+  EXPECT_FALSE(gpu.flash_attention(ops::Precision::bf16, 8));
+  // The model's work sizes follow the backend's (Engine::plan_of).
+  RunConfig c = parse_run_config(kGood, "test.cfg", {});
+  const RankPlan on_cpu = Engine::plan_of(c, {});
+  EXPECT_EQ(on_cpu.model.qtile_rows, cpu.qtile_rows);
+  EXPECT_FALSE(on_cpu.model.whole_classifier_tile);
+  EXPECT_EQ(on_cpu.model.classifier_rows, 0);
+  c.runtime.backend = ComputeBackend::cuda;
+  const RankPlan on_gpu = Engine::plan_of(c, {});
+  EXPECT_EQ(on_gpu.model.qtile_rows, gpu.qtile_rows);
+  EXPECT_GT(on_gpu.model.qtile_rows, 0);
+  EXPECT_TRUE(on_gpu.model.whole_classifier_tile);
+  EXPECT_EQ(size_t(on_gpu.model.classifier_rows),
+            std::max<size_t>(1, gpu.classifier_chunk_floats / size_t(c.model.padded_vocab_size())));
 }
