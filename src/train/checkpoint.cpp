@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <signal.h>
 #include <sys/statvfs.h>
 
 #include <algorithm>
@@ -175,16 +174,6 @@ std::vector<uint64_t> checksums(MPI_Comm world, const std::string& path,
   for (size_t i = 0; i < names.size(); ++i)
     out[i] = all[static_cast<size_t>(owner[i]) * names.size() + i];
   return out;
-}
-
-// debug.kill_in_checkpoint: this rank dies here, as a node failure or a
-// kill -9 would end it (the tests of what a cut-short save leaves behind).
-void maybe_die(const RunConfig& cfg, int rank, int64_t step, const char* point) {
-  const DebugConfig& d = cfg.debug;
-  if (d.kill_in_checkpoint == point && d.kill_step == step && d.kill_rank == rank) {
-    std::fflush(nullptr);
-    ::raise(SIGKILL);
-  }
 }
 
 // ---- the host side of the engine's buffers ----------------------------------------
@@ -406,9 +395,10 @@ void check_meta(const Meta& m, const RunConfig& cfg, const std::string& path,
 // ---- Checkpointer -------------------------------------------------------------------
 
 Checkpointer::Checkpointer(const RunConfig& cfg, const ProcessMesh& mesh, Engine& engine,
-                           uint64_t windows_per_epoch, SectionTimers& timers)
+                           uint64_t windows_per_epoch, SectionTimers& timers,
+                           debug::Faults faults)
     : cfg_(cfg), mesh_(mesh), engine_(engine), windows_per_epoch_(windows_per_epoch),
-      timers_(timers) {
+      timers_(timers), faults_(std::move(faults)) {
   // The frozen base's identity, once (rank 0 hashes the file, as the
   // quantized cache does).
   if (cfg.finetune.mode == FinetuneMode::lora && !cfg.quant.base.empty() && cfg.quant.base != "init") {
@@ -858,10 +848,10 @@ void Checkpointer::write(Job& job, MPI_Comm comm) {
   try_all(comm, "checkpoint: ", [&] {
     h5::File f = ck::create_parallel(job.tmp, comm);
     if (rank == 0) flush.emplace(job.tmp);
-    maybe_die(cfg_, rank, step, "create");
+    faults_.in_checkpoint(step, "create");
     size_t written = 0;
     for (const DatasetRef& r : refs) {
-      if (++written == refs.size() / 2) maybe_die(cfg_, rank, step, "tensors");
+      if (++written == refs.size() / 2) faults_.in_checkpoint(step, "tensors");
       h5::Dataset d = ck::create_tensor(f, r.path, dims_of(r.full->full_shape));
       const ParamSpec* p = v.local_of[static_cast<size_t>(r.full->index)];
       std::vector<ck::Box> boxes;
@@ -898,7 +888,7 @@ void Checkpointer::write(Job& job, MPI_Comm comm) {
     names.push_back(r.path);
     sizes.push_back(r.full->numel());
   }
-  maybe_die(cfg_, rank, step, "checksums");
+  faults_.in_checkpoint(step, "checksums");
   const std::vector<uint64_t> sums = checksums(comm, job.tmp, names, sizes, between);
   h5::File f;
   try_all(comm, "checkpoint: ", [&] { f = ck::open_parallel(job.tmp, comm, true); }, MESHLM_HERE);
@@ -921,10 +911,10 @@ void Checkpointer::write(Job& job, MPI_Comm comm) {
   // Made durable and visible, `latest` moved, old ones removed (rank 0).
   const std::string dir = cfg_.checkpoint.resolved_dir;
   try_all(comm, "checkpoint: ", [&] {
-    maybe_die(cfg_, rank, step, "rename");
+    faults_.in_checkpoint(step, "rename");
     if (rank != 0) return;
     job.out->commit();
-    maybe_die(cfg_, rank, step, "latest");
+    faults_.in_checkpoint(step, "latest");
     point_latest_at(dir, job.path);
     if (cfg_.checkpoint.keep_last > 0) keep_newest(dir, cfg_.checkpoint.keep_last, job.path);
   }, MESHLM_HERE);

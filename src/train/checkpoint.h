@@ -48,6 +48,7 @@
 #include "io/tokens.h"
 #include "mesh/mesh.h"
 #include "train/engine.h"
+#include "train/faults.h"
 #include "train/run_config.h"
 
 namespace meshlm {
@@ -64,8 +65,9 @@ class Checkpointer {
 public:
   // Collective over mesh.world(). `engine` holds the state; its data loader
   // counts `windows_per_epoch` windows. All must outlive the checkpointer.
+  // `faults`: where a test kills a rank inside a save (train/faults.h).
   Checkpointer(const RunConfig& cfg, const ProcessMesh& mesh, Engine& engine,
-               uint64_t windows_per_epoch, SectionTimers& timers);
+               uint64_t windows_per_epoch, SectionTimers& timers, debug::Faults faults = {});
   ~Checkpointer();
 
   // Collective: the checkpoint checkpoint.resume names, "" for a fresh
@@ -105,6 +107,7 @@ private:
   Engine& engine_;
   uint64_t windows_per_epoch_;
   SectionTimers& timers_;
+  const debug::Faults faults_;
   std::string base_hash_;  // XXH3-128 of quant.base under LoRA (rank 0 computes it once)
   // checkpoint.async:
   std::unique_ptr<comm::OwnedComm> writer_comm_;  // the writer's duplicate of the world

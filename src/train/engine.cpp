@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "comm/errors.h"
 #include "comm/mpi_comm.h"
@@ -32,8 +33,8 @@ RankPlan Engine::plan_of(const RunConfig& cfg, const MeshCoords& c) {
 
 Engine::Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& timers,
                const load::FrozenBase* base, const ops::Kernels& kernels,
-               const quant::Dequantizer& dequantizer)
-    : cfg_(cfg), mesh_(mesh), timers_(timers),
+               const quant::Dequantizer& dequantizer, debug::Faults faults)
+    : cfg_(cfg), mesh_(mesh), timers_(timers), faults_(std::move(faults)),
       scaler_(cfg.train.precision == ops::Precision::fp16, cfg.train.loss_scale) {
   tp_ = comm::make_mpi_communicator(mesh.tp());
   dp_ = comm::make_mpi_communicator(mesh.dp());
@@ -166,17 +167,11 @@ StepResult Engine::step(const int32_t* tokens, const int32_t* targets, float lr,
   const double S = scaler_.scale();
   pipeline_->set_loss_scale(
       static_cast<float>(S / (cfg_.parallel.micro_batches * cfg_.parallel.dp)));
-  const DebugConfig& debug = cfg_.debug;
-  const double loss_sum = pipeline_->run(tokens, targets, [&](int) {
-    if (debug.fail_rank == mesh_.rank() && debug.fail_step == step_number)
-      throw RankError("failure injected by debug.fail_rank = " + std::to_string(debug.fail_rank) +
-                          " at step " + std::to_string(step_number),
-                      MESHLM_HERE);
-  });
+  const double loss_sum =
+      pipeline_->run(tokens, targets, [&](int) { faults_.in_forward(step_number); });
   sum_tied_gradients();
   zero_->reduce();
-  if (debug.nan_step > 0 && step_number >= debug.nan_step &&
-      step_number < debug.nan_step + debug.nan_count && mesh_.rank() == 0)
+  if (faults_.poisons_gradients(step_number))
     model_->kernels().fill(zero_->owned_grads(), std::numeric_limits<float>::quiet_NaN(), 1);
 
   StepResult r;

@@ -32,6 +32,7 @@
 #include "model/gpt.h"
 #include "plan/rank_plan.h"
 #include "train/adamw.h"
+#include "train/faults.h"
 #include "train/loss_scaler.h"
 #include "train/pipeline_runner.h"
 #include "train/run_config.h"
@@ -58,11 +59,13 @@ public:
   // Collective over mesh.world(). The mesh must outlive the engine; so must
   // `base`, the frozen base model, which finetune.mode = lora needs, and
   // `kernels` and `dequantizer`, the backend the rank computes on
-  // (train/backend.h).
+  // (train/backend.h). `faults`: the failures a test injects into the step
+  // (train/faults.h; none by default).
   Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& timers,
          const load::FrozenBase* base = nullptr,
          const ops::Kernels& kernels = ops::Kernels::cpu(),
-         const quant::Dequantizer& dequantizer = quant::Dequantizer::cpu());
+         const quant::Dequantizer& dequantizer = quant::Dequantizer::cpu(),
+         debug::Faults faults = {});
   ~Engine();
 
   // What the rank at `c` holds under `cfg` (plan/rank_plan.h).
@@ -106,6 +109,7 @@ private:
   const RunConfig& cfg_;
   const ProcessMesh& mesh_;
   SectionTimers& timers_;
+  const debug::Faults faults_;
   std::unique_ptr<comm::Communicator> tp_, dp_, emb_, world_;
   // Two views of the PP group (see PipelineRunner).
   std::unique_ptr<comm::Communicator> pp_send_, pp_recv_;

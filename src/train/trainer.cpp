@@ -648,9 +648,9 @@ class TrainingLoop {
 public:
   TrainingLoop(const RunConfig& cfg, RunContext& run, Engine& engine, Checkpointer& checkpointer,
                io::RunLog* runlog, TrainingState& state, TrainSummary& summary,
-               SectionTimers& timers, bool for_tests)
+               SectionTimers& timers, const debug::Faults& faults)
       : cfg_(cfg), tc_(cfg.train), run_(run), engine_(engine), checkpointer_(checkpointer),
-        runlog_(runlog), state_(state), summary_(summary), timers_(timers), for_tests_(for_tests),
+        runlog_(runlog), state_(state), summary_(summary), timers_(timers), faults_(faults),
         sched_{tc_.lr, tc_.lr_min_ratio, tc_.warmup_steps, tc_.steps},
         bt_(static_cast<size_t>(tc_.micro_batch_size) * tc_.seq_len),
         inputs_(cfg.parallel.micro_batches * bt_), targets_(inputs_.size()) {}
@@ -674,7 +674,7 @@ private:
   TrainingState& state_;
   TrainSummary& summary_;
   SectionTimers& timers_;
-  const bool for_tests_;
+  const debug::Faults& faults_;
   const LRSchedule sched_;
   const size_t bt_;
   std::vector<int32_t> inputs_, targets_;
@@ -700,7 +700,7 @@ void TrainingLoop::train_one_step(int step) {
   const int T = tc_.seq_len;
   StepRecord r{step + 1, res.loss, lr, res.grad_norm, dt, static_cast<double>(tc_.batch_size) * T / dt};
   ++summary_.trained_steps;
-  if (for_tests_) summary_.steps.push_back(r);
+  if (faults_.keeps_records()) summary_.steps.push_back(r);
   if ((step + 1) % tc_.log_every == 0 || step + 1 == tc_.steps || step == 0) {
     log::info("  {:>6} {:>9.4f} {:>10.3e} {:>10.4f} {:>10.1f} {:>11.0f}", r.step, r.loss, r.lr,
               r.grad_norm, 1e3 * r.seconds, r.tokens_per_s);
@@ -864,7 +864,7 @@ void print_device_memory(const Backend& backend) {
 // measured, per rank), the device's memory, the timing tables; the run log's
 // tables and its close.
 void report_run(const RunConfig& cfg, RunContext& run, Engine& engine, SectionTimers& timers,
-                io::RunLog* runlog, TrainSummary& summary, bool for_tests) {
+                io::RunLog* runlog, TrainSummary& summary, const debug::Faults& faults) {
   if (engine.loss_scaler().enabled()) {
     summary.loss_scale = engine.loss_scaler().scale();
     log::info("# fp16 loss scaling: {} overflowing step(s) skipped | loss scale at the end {:g}",
@@ -885,7 +885,7 @@ void report_run(const RunConfig& cfg, RunContext& run, Engine& engine, SectionTi
     const int ran = summary.trained_steps + summary.skipped_steps + summary.overflow_steps;
     print_op_timing_table(*run.backend->op_timer(), ran, *run.world);
   }
-  if (for_tests) summary.final_params = engine.gather_params();
+  if (faults.keeps_records()) summary.final_params = engine.gather_params();
   if (runlog) {
     write_run_log_memory(*runlog, mem);
     runlog->write_timing(timers);
@@ -896,7 +896,7 @@ void report_run(const RunConfig& cfg, RunContext& run, Engine& engine, SectionTi
 
 }  // namespace
 
-TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool for_tests) {
+TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, debug::Records records) {
   const double t_start = now_seconds();
   SectionTimers timers;
   MemTracker& tracker = MemTracker::get();
@@ -907,22 +907,25 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool for_tests) {
   RunContext run(cfg, job);
   const std::unique_ptr<load::FrozenBase> base = load_frozen_base(cfg, run, timers);
 
+  // What a test injects or keeps ([debug], `records`), behind one seam.
+  const debug::Faults faults(cfg.debug, run.mesh.rank(), records);
   tracker.enter(MemPhase::initialisation);
   Engine engine(cfg, run.mesh, timers, base.get(), run.backend->kernels(),
-                run.backend->dequantizer());
+                run.backend->dequantizer(), faults);
   print_run_lines(cfg, run.shape, *run.backend);
 
-  Checkpointer checkpointer(cfg, run.mesh, engine, run.loader->windows_per_epoch(), timers);
+  Checkpointer checkpointer(cfg, run.mesh, engine, run.loader->windows_per_epoch(), timers,
+                            faults);
   TrainingState state;
   TrainSummary summary;
   const std::unique_ptr<io::RunLog> runlog = resume(cfg, run, checkpointer, state, summary);
 
   // SIGTERM and SIGUSR1 from here to the end: a checkpoint, then a clean stop.
   const StopSignals stop_signals;
-  TrainingLoop(cfg, run, engine, checkpointer, runlog.get(), state, summary, timers, for_tests).run();
+  TrainingLoop(cfg, run, engine, checkpointer, runlog.get(), state, summary, timers, faults).run();
 
   summary.seconds = now_seconds() - t_start;
-  report_run(cfg, run, engine, timers, runlog.get(), summary, for_tests);
+  report_run(cfg, run, engine, timers, runlog.get(), summary, faults);
   return summary;
 }
 

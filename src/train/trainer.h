@@ -9,6 +9,7 @@
 #include "mesh/mesh.h"
 #include "plan/memory.h"
 #include "load/base_loader.h"
+#include "train/faults.h"
 #include "train/run_config.h"
 
 namespace meshlm {
@@ -45,8 +46,10 @@ struct TrainSummary {
 // checkpoint and writes checkpoints as [checkpoint] says (train/checkpoint.h);
 // a SIGTERM or SIGUSR1 ends training after the current step with one. A [parallel] layout
 // whose dp * tp * pp is not the size of `job` is a CollectiveError.
-// `for_tests`: keep every step's record and gather the final parameters.
-TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, bool for_tests = false);
+// `records` = every_step (a test's): keep every step's record and gather the
+// final parameters (train/faults.h).
+TrainSummary run_training(const RunConfig& cfg, MPI_Comm job,
+                          debug::Records records = debug::Records::none);
 
 // What this rank of `mesh` will hold, as the planner predicts it: its shard
 // and, under LoRA, the quantized store where this rank holds it (the node's

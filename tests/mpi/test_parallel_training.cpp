@@ -209,7 +209,7 @@ TEST_F(ParallelTraining, OnlyTestsKeepARecordPerStep) {
     const int saved = log::rank();
     log::set_rank(1);
     const TrainSummary plain = run_training(cfg, one);
-    const TrainSummary kept = run_training(cfg, one, /*for_tests=*/true);
+    const TrainSummary kept = run_training(cfg, one, debug::Records::every_step);
     log::set_rank(saved);
     EXPECT_TRUE(plain.steps.empty());
     EXPECT_EQ(plain.trained_steps, cfg.train.steps);

@@ -87,7 +87,7 @@ inline RunResult train_on_first_ranks(const char* config_text,
     MemTracker::get().reset_peaks();
     const int saved = log::rank();
     log::set_rank(1);  // quiet: the tables of many runs say nothing here
-    const TrainSummary s = run_training(cfg, sub, /*for_tests=*/true);
+    const TrainSummary s = run_training(cfg, sub, debug::Records::every_step);
     log::set_rank(saved);
     for (const StepRecord& r : s.steps) res.losses.push_back(r.loss);
     res.params = s.final_params;
