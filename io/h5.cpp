@@ -298,6 +298,13 @@ Dataset open_dataset(hid_t loc, const std::string& name) {
   return Dataset(check(id, loc, name, "cannot open as a dataset"));
 }
 
+Group open_group(hid_t loc, const std::string& name) {
+  if (name != "/" && !exists(loc, name)) fail(loc, name, "no such group");
+  return Group(check(H5Gopen2(loc, name.c_str(), H5P_DEFAULT), loc, name, "cannot open as a group"));
+}
+
+void release_free_lists() { H5garbage_collect(); }
+
 std::vector<hsize_t> shape(hid_t dset) {
   Dataspace space(H5Dget_space(dset));
   int rank = H5Sget_simple_extent_ndims(space);

@@ -210,6 +210,13 @@ bool exists(hid_t loc, const std::string& name);
 Group require_group(hid_t loc, const std::string& name);
 
 Dataset open_dataset(hid_t loc, const std::string& name);
+// Opens the existing group `name` ("/" for the root); a missing one, or an
+// object that is not a group, fails naming the file and the path.
+Group open_group(hid_t loc, const std::string& name);
+
+// Frees HDF5's internal free lists (H5garbage_collect): memory a large read
+// no longer uses goes back to the allocator.
+void release_free_lists();
 
 // The shape of a dataset (empty for a scalar).
 std::vector<hsize_t> shape(hid_t dset);

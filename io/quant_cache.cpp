@@ -170,11 +170,6 @@ hsize_t link_count(hid_t group) {
   return info.nlinks;
 }
 
-h5::Group open_group(hid_t loc, const std::string& name) {
-  return h5::Group(
-      h5::check(H5Gopen2(loc, name.c_str(), H5P_DEFAULT), loc, name, "cannot open as a group"));
-}
-
 // ---------------------------------------------------------------------------
 // The file format: chosen so that a damaged cache is reported, not crashed on
 // ---------------------------------------------------------------------------
@@ -297,7 +292,7 @@ CacheLookup read_checked(const std::string& path, const CacheKey& key,
   if (!h5::exists(file, "meta"))
     return recognised ? corrupt(path, "has no /meta group")
                       : foreign(path, "an HDF5 file without /meta");
-  h5::Group meta = open_group(file, "meta");
+  h5::Group meta = h5::open_group(file, "meta");
   if (!h5::has_attr(meta, "format_version") || !h5::has_attr(meta, "key"))
     return recognised ? corrupt(path, "has no format_version and key in /meta")
                       : foreign(path, "an HDF5 file whose /meta has no format_version and key");
@@ -313,7 +308,7 @@ CacheLookup read_checked(const std::string& path, const CacheKey& key,
 
   // The layout, all of it, before any data is read: a mismatch costs no I/O.
   if (!h5::exists(file, "q")) return corrupt(path, "has no /q group");
-  h5::Group q = open_group(file, "q");
+  h5::Group q = h5::open_group(file, "q");
   if (link_count(q) != tensors.size())
     return corrupt(path, fmt::format("holds {} tensors, expected {}", link_count(q),
                                      tensors.size()));
@@ -322,7 +317,7 @@ CacheLookup read_checked(const std::string& path, const CacheKey& key,
   for (const CacheTensor& t : tensors) {
     auto where = [&t](const std::string& what) { return ": tensor '" + t.name + "' " + what; };
     if (!h5::exists(q, t.name)) return corrupt(path, "has no tensor '" + t.name + "'");
-    h5::Group g = open_group(q, t.name);
+    h5::Group g = h5::open_group(q, t.name);
     std::vector<int64_t> shape = read_int64_array_attr(g, "shape");
     if (shape != t.shape)
       return corrupt(path, where(fmt::format("has shape [{}], expected [{}]",

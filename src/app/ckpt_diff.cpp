@@ -94,7 +94,7 @@ size_t diff_attrs(hid_t fa, hid_t fb, const std::string& where) {
   auto attrs_of = [&](hid_t f) {
     std::map<std::string, AttrText> out;
     if (where != "/" && !h5::exists(f, where)) return out;
-    h5::Group g(h5::check(H5Gopen2(f, where.c_str(), H5P_DEFAULT), f, where, "cannot open group"));
+    h5::Group g = h5::open_group(f, where);
     for (AttrText& a : read_attrs(g)) out.emplace(a.name, std::move(a));
     return out;
   };

@@ -31,7 +31,7 @@ void check_meta(hid_t file, std::vector<std::string>& problems) {
     problems.push_back("no /meta group: not a meshlm checkpoint");
     return;
   }
-  h5::Group meta(h5::check(H5Gopen2(file, "meta", H5P_DEFAULT), file, "meta", "cannot open group"));
+  h5::Group meta = h5::open_group(file, "meta");
   if (!h5::has_attr(meta, "kind")) {
     problems.push_back(fmt::format("/meta has no attribute kind (expected '{}')", io::ckpt::kKind));
   } else {
@@ -71,8 +71,7 @@ void verify(const VerifyOptions& o) {
 
   h5::Group sums;
   if (h5::exists(file, io::ckpt::kChecksumGroup))
-    sums = h5::Group(h5::check(H5Gopen2(file, io::ckpt::kChecksumGroup, H5P_DEFAULT), file,
-                               io::ckpt::kChecksumGroup, "cannot open group"));
+    sums = h5::open_group(file, io::ckpt::kChecksumGroup);
   else
     problems.push_back(fmt::format("no /{} group", io::ckpt::kChecksumGroup));
 

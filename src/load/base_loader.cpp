@@ -1,6 +1,5 @@
 #include "load/base_loader.h"
 
-#include <hdf5.h>
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -15,6 +14,7 @@
 #include "core/progress.h"
 #include "core/timer.h"
 #include "load/base_source.h"
+#include "io/h5.h"
 #include "io/hash.h"
 #include "io/quant_cache.h"
 #include "quant/formats.h"
@@ -57,7 +57,7 @@ io::CacheKey cache_key(const GPTConfig& cfg, const QuantConfig& q, const BaseSou
 // lists and the heap glibc would keep for reuse. Rank 0 holds the node's
 // copy; memory it no longer uses must not count against the node.
 void release_freed_memory() {
-  H5garbage_collect();
+  io::h5::release_free_lists();
 #if defined(__GLIBC__)
   malloc_trim(0);
 #endif

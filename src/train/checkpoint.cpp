@@ -287,7 +287,7 @@ struct Meta {
 Meta read_meta(hid_t f, const std::string& path) {
   if (!h5::exists(f, "meta"))
     throw RankError(path + ": no /meta group: not a meshlm checkpoint", MESHLM_HERE);
-  h5::Group meta(H5Gopen2(f, "meta", H5P_DEFAULT));
+  h5::Group meta = h5::open_group(f, "meta");
   Meta m;
   if (!h5::has_attr(meta, "kind") || h5::read_string_attr(meta, "kind") != ck::kKind)
     throw RankError(path + ": /meta has no attribute kind = '" + std::string(ck::kKind) +
@@ -493,7 +493,7 @@ h5::File open_and_verify(const RunConfig& cfg, const ProcessMesh& mesh, const st
   std::vector<uint64_t> sizes, stored;
   try_all(world, where, [&] {
     h5::Group sums = h5::exists(f, ck::kChecksumGroup)
-                         ? h5::Group(H5Gopen2(f, ck::kChecksumGroup, H5P_DEFAULT))
+                         ? h5::open_group(f, ck::kChecksumGroup)
                          : h5::Group();
     for (const DatasetRef& r : refs) {
       if (!h5::exists(f, r.path)) throw RankError("no dataset /" + r.path, MESHLM_HERE);
