@@ -177,8 +177,8 @@ StepCost estimate_step(const GPTConfig& model, const ParallelConfig& p,
 // its second pass). The embedding's lookup is not in the model: 0. The
 // planner balances stages by these where the FLOPs of gpt_stage_costs leave
 // out what is not a GEMM (on a CPU they weigh: the mid model of
-// docs/PERFORMANCE.md spent 0.48 s of a 2.2 s step in GELU against 1.20 s
-// in GEMMs).
+// docs/history/planner-2026-11.md spent 0.48 s of a 2.2 s step in GELU
+// against 1.20 s in GEMMs).
 StageCosts stage_time_costs(const GPTConfig& model, const ParallelConfig& p, const StepWork& w,
                             const ClusterRates& rates);
 
