@@ -62,8 +62,8 @@ void GPT::linear_backward(int l, LinearSlot slot, float* dinp, float* dw, float*
   if (a_partial) k_->zero(tmp, sa.numel());
   if (b_partial) k_->zero(tmp, sb.numel());
   lora_backward(*k_, q ? nullptr : dinp, a_partial ? tmp : dA, b_partial ? tmp : dB, dout, inp,
-                params() + sa.offset, params() + sb.offset, opts_.lora.scale(), N, IC, OC,
-                opts_.lora.rank, gacts_.lora_u, gacts_.lora_du);
+                lora->A, lora->B, lora->scale, N, IC, OC, lora->rank, gacts_.lora_u,
+                gacts_.lora_du);
   if (a_partial || b_partial) {
     const size_t n = a_partial ? sa.numel() : sb.numel();
     float* g = a_partial ? dA : dB;

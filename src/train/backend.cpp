@@ -1,5 +1,7 @@
 #include "train/backend.h"
 
+#include <algorithm>
+
 #include "comm/errors.h"
 #include "core/error.h"
 #include "ops/gpu_workspace.h"
@@ -55,6 +57,14 @@ BackendCaps cuda_caps() {
 const BackendCaps& backend_caps(ComputeBackend kind) {
   static const BackendCaps cpu = cpu_caps(), gpu = cuda_caps();
   return kind == ComputeBackend::cuda ? gpu : cpu;
+}
+
+void apply_work_sizes(const BackendCaps& caps, size_t vocab_part, GPTOptions& o) {
+  o.qtile_rows = caps.qtile_rows;
+  o.whole_classifier_tile = caps.whole_classifier_tile;
+  if (caps.classifier_chunk_floats > 0)
+    o.classifier_rows = static_cast<int>(
+        std::max<size_t>(1, caps.classifier_chunk_floats / std::max<size_t>(vocab_part, 1)));
 }
 
 Backend::Backend(ComputeBackend kind, const ProcessMesh& mesh, ops::Precision precision,

@@ -50,6 +50,10 @@ struct BackendCaps {
   bool (*flash_attention)(ops::Precision, int head_size) = nullptr;
 };
 const BackendCaps& backend_caps(ComputeBackend kind);
+// Sets the model's work sizes of `caps` in `o` (qtile_rows, the classifier's
+// rows for a vocabulary part of `vocab_part` rows, whole_classifier_tile):
+// what Engine::plan_of gives a rank and meshlm_bench its model.
+void apply_work_sizes(const BackendCaps& caps, size_t vocab_part, GPTOptions& o);
 
 class Backend {
 public:

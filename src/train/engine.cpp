@@ -1,7 +1,5 @@
 #include "train/engine.h"
 
-#include "train/backend.h"
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -12,8 +10,8 @@
 #include "comm/mpi_comm.h"
 #include "core/error.h"
 #include "load/base_source.h"
-#include "ops/gpu_workspace.h"
 #include "plan/memory.h"
+#include "train/backend.h"
 #include "train/param_gather.h"
 
 namespace meshlm {
@@ -21,13 +19,8 @@ namespace meshlm {
 RankPlan Engine::plan_of(const RunConfig& cfg, const MeshCoords& c) {
   RankPlan r = plan_rank(cfg.model, cfg.parallel, cfg.finetune, cfg.train.micro_batch_size,
                          cfg.train.seq_len, c, cfg.train.attention);
-  const BackendCaps& caps = backend_caps(cfg.runtime.backend);
-  r.model.qtile_rows = caps.qtile_rows;
-  r.model.whole_classifier_tile = caps.whole_classifier_tile;
-  if (caps.classifier_chunk_floats > 0) {
-    const size_t Vl = size_t(cfg.model.padded_vocab_size()) / size_t(cfg.parallel.tp);
-    r.model.classifier_rows = static_cast<int>(std::max<size_t>(1, caps.classifier_chunk_floats / Vl));
-  }
+  apply_work_sizes(backend_caps(cfg.runtime.backend),
+                   size_t(cfg.model.padded_vocab_size()) / size_t(cfg.parallel.tp), r.model);
   return r;
 }
 

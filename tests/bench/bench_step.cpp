@@ -39,7 +39,6 @@
 
 #include "core/rng.h"
 #include "load/base_loader.h"
-#include "ops/gpu_workspace.h"
 #include "ops/timed_kernels.h"
 #include "core/timer.h"
 #include "model/gpt.h"
@@ -94,11 +93,7 @@ int main(int argc, char** argv) {
     opts.kernels = kernels;
     opts.attention = f["flash"] != 0 ? Attention::flash : Attention::probabilities;
     // The work sizes of `meshlm train` on this backend (Engine::plan_of).
-    opts.qtile_rows = caps.qtile_rows;
-    opts.whole_classifier_tile = caps.whole_classifier_tile;
-    if (caps.classifier_chunk_floats > 0)
-      opts.classifier_rows = static_cast<int>(
-          std::max<size_t>(1, caps.classifier_chunk_floats / size_t(cfg.padded_vocab_size())));
+    apply_work_sizes(caps, size_t(cfg.padded_vocab_size()), opts);
     std::unique_ptr<Buffer> store;
     load::StoreManifest manifest;
     if (f["lora"] > 0) {
