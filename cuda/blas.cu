@@ -295,18 +295,28 @@ std::array<void*, 3> inputs_16bit(cudaStream_t stream, size_t a, size_t b, size_
 }
 
 void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int IC,
-                    int OC, cudaStream_t stream, ops::Precision p) {
+                    int OC, cudaStream_t stream, ops::Precision p, const void* w16) {
   if (N == 0 || OC == 0) return;
   MESHLM_CHECK(out && inp && w && N > 0 && IC > 0 && OC > 0,
                "cuda::matmul_forward with " + dims(N, IC, OC));
-  if (bias != nullptr && p != ops::Precision::fp32) {
-    const auto copies = inputs16().reserve(stream, size_t(N) * IC, size_t(OC) * IC);
+  MESHLM_CHECK(w16 == nullptr || p != ops::Precision::fp32,
+               "cuda::matmul_forward: a rounded weight at fp32");
+  if (p != ops::Precision::fp32 && (bias != nullptr || w16 != nullptr)) {
+    const size_t n_w = w16 ? 0 : size_t(OC) * IC;
+    const auto copies = inputs16().reserve(stream, size_t(N) * IC, n_w);
     round_span(p, copies[0], inp, size_t(N) * IC, stream);
-    round_span(p, copies[1], w, size_t(OC) * IC, stream);
-    if (lt_bias_gemm(stream, p, copies[0], copies[1], bias, out, N, IC, OC)) return;
-    broadcast_bias_kernel<<<grid_for(size_t(N) * OC), kThreads, 0, stream>>>(out, bias, N, OC);
-    CUDA_CHECK(cudaGetLastError());
-    gemm_rm_16(stream, p, false, true, N, OC, IC, 1.0f, copies[0], IC, copies[1], IC, 1.0f, out, OC);
+    if (w16 == nullptr) {
+      round_span(p, copies[1], w, n_w, stream);
+      w16 = copies[1];
+    }
+    float beta = 0.0f;
+    if (bias != nullptr) {
+      if (lt_bias_gemm(stream, p, copies[0], w16, bias, out, N, IC, OC)) return;
+      broadcast_bias_kernel<<<grid_for(size_t(N) * OC), kThreads, 0, stream>>>(out, bias, N, OC);
+      CUDA_CHECK(cudaGetLastError());
+      beta = 1.0f;
+    }
+    gemm_rm_16(stream, p, false, true, N, OC, IC, 1.0f, copies[0], IC, w16, IC, beta, out, OC);
     return;
   }
   float beta = 0.0f;
@@ -321,21 +331,29 @@ void matmul_forward(float* out, const float* inp, const float* w, const float* b
 
 void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                      const float* w, int N, int IC, int OC, cudaStream_t stream,
-                     ops::Precision p) {
+                     ops::Precision p, const void* w16) {
   if (N == 0) return;
   MESHLM_CHECK(dout && N > 0 && IC > 0 && OC > 0 && (dinp == nullptr || w) &&
                    (dw == nullptr || inp),
                "cuda::matmul_backward with " + dims(N, IC, OC));
+  MESHLM_CHECK(w16 == nullptr || p != ops::Precision::fp32,
+               "cuda::matmul_backward: a rounded weight at fp32");
   if (dinp && dw && p != ops::Precision::fp32) {
-    // dout rounded once for both GEMMs: copies of dout, w and inp.
-    const size_t n_dout = size_t(N) * OC, n_w = size_t(OC) * IC, n_inp = size_t(N) * IC;
+    // dout rounded once for both GEMMs: copies of dout, w (unless held) and inp.
+    const size_t n_dout = size_t(N) * OC, n_w = w16 ? 0 : size_t(OC) * IC, n_inp = size_t(N) * IC;
     const auto copies = inputs16().reserve(stream, n_dout, n_w, n_inp);
     round_span(p, copies[0], dout, n_dout, stream);
-    round_span(p, copies[1], w, n_w, stream);
+    if (w16 == nullptr) {
+      round_span(p, copies[1], w, n_w, stream);
+      w16 = copies[1];
+    }
     round_span(p, copies[2], inp, n_inp, stream);
-    gemm_rm_16(stream, p, false, false, N, IC, OC, 1.0f, copies[0], OC, copies[1], IC, 0.0f, dinp,
-               IC);
+    gemm_rm_16(stream, p, false, false, N, IC, OC, 1.0f, copies[0], OC, w16, IC, 0.0f, dinp, IC);
     gemm_rm_16(stream, p, true, false, OC, IC, N, 1.0f, copies[0], OC, copies[2], IC, 1.0f, dw, IC);
+  } else if (dinp && w16) {  // the input gradient on the held weight: dout's copy alone
+    const auto copies = inputs16().reserve(stream, size_t(N) * OC, 0);
+    round_span(p, copies[0], dout, size_t(N) * OC, stream);
+    gemm_rm_16(stream, p, false, false, N, IC, OC, 1.0f, copies[0], OC, w16, IC, 0.0f, dinp, IC);
   } else {
     if (dinp) gemm_rm(stream, p, false, false, N, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, dinp, IC);
     if (dw) gemm_rm(stream, p, true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dw, IC);

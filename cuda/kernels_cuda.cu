@@ -69,12 +69,24 @@ public:
   }
   void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N,
                       int IC, int OC) const override {
-    cuda::matmul_forward(out, inp, w, bias, N, IC, OC, s_, p_);
+    cuda::matmul_forward(out, inp, w, bias, N, IC, OC, s_, p_, held(w, size_t(OC) * IC));
   }
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                        const float* w, int N, int IC, int OC) const override {
-    cuda::matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC, s_, p_);
+    cuda::matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC, s_, p_,
+                          w ? held(w, size_t(OC) * IC) : nullptr);
   }
+  void hold_rounded(const float* w, size_t n) const override {
+    if (p_ == ops::Precision::fp32 || w == nullptr || n == 0) return;
+    if (held_copy_.bytes() < 2 * n) {
+      CUDA_CHECK(cudaStreamSynchronize(s_));  // earlier GEMMs may still read the old copy
+      held_copy_ = Buffer(2 * n, MemCategory::workspace, "gemm.held_16bit", Device::cuda);
+    }
+    cuda::round_span(p_, held_copy_.data(), w, n, s_);
+    held_ = w;
+    held_n_ = n;
+  }
+  void release_rounded() const override { held_ = nullptr; }
   void attention_forward(float* out, float* att, const float* qkv, int B, int Tn, int C,
                          int NH) const override {
     cuda::attention_forward(out, att, qkv, B, Tn, C, NH, s_, p_);
@@ -123,6 +135,11 @@ public:
                            int V) const override {
     cuda::xent_local_backward(logits_dlogits, rowmax, sums, dlosses, targets, N, Vl, v0, V, s_);
   }
+  void xent_rows(float* logits_dlogits, float* rowmax, float* sums, const float* dlosses,
+                 const int32_t* targets, int N, int Vl, int V) const override {
+    cuda::xent_rows(logits_dlogits, rowmax, sums, dlosses, targets, N, Vl, V, s_);
+  }
+
   void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
             const float* B, int ldb, float beta, float* C, int ldc) const override {
     gemm_rm(s_, p_, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -203,8 +220,18 @@ public:
   void scale(float* x, float factor, size_t n) const override { cuda::scale(x, n, factor, s_); }
 
 private:
+  // The held copy's element of w[0, n), where w[0, n) lies within the held
+  // weight; else null.
+  const void* held(const float* w, size_t n) const {
+    if (held_ == nullptr || w < held_ || w + n > held_ + held_n_) return nullptr;
+    return held_copy_.as<char>() + 2 * size_t(w - held_);
+  }
+
   cudaStream_t s_;
   ops::Precision p_;
+  mutable const float* held_ = nullptr;  // hold_rounded's weight, its elements
+  mutable size_t held_n_ = 0;
+  mutable Buffer held_copy_;  // and its copy, 2 bytes an element
   void* stage_[2] = {nullptr, nullptr};  // pinned host memory of upload()
   cudaEvent_t staged_[2] = {nullptr, nullptr};
   // adamw_update's segments (host copy, device copy) and the sum's scratch.

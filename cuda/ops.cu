@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -254,6 +255,86 @@ __global__ void xent_local_backward_kernel(float* row_all, const float* rowmax, 
   }
 }
 
+// xent_rows: the rows hold the whole vocabulary (v0 = 0). A block of
+// kXentRowThreads per row reads it once for its max and its sum of exp
+// together (online: the sum rescaled whenever the max grows), and with
+// dlosses writes the gradient in place in a second pass, while the row is
+// likely still in L2. Large blocks keep few rows in flight, so that the
+// second pass finds them there.
+constexpr int kXentRowThreads = 1024;
+
+__device__ __forceinline__ void online_add(float& m, float& s, float x) {
+  if (x > m) {
+    s = s * expf(m - x) + 1.0f;  // m = -inf at first: s = 0 * 0 + 1
+    m = x;
+  } else if (m != -INFINITY) {
+    s += expf(x - m);
+  }
+}
+
+// (m, s) merged with (m2, s2): the same bits either way round.
+__device__ __forceinline__ void online_merge(float& m, float& s, float m2, float s2) {
+  const float mx = fmaxf(m, m2);
+  if (mx == -INFINITY) return;  // both empty
+  s = (m == -INFINITY ? 0.0f : s * expf(m - mx)) + (m2 == -INFINITY ? 0.0f : s2 * expf(m2 - mx));
+  m = mx;
+}
+
+__global__ void __launch_bounds__(kXentRowThreads)
+xent_rows_kernel(float* row_all, float* rowmax, float* sums, const float* dlosses,
+                 const int32_t* targets, int Vl, int V, bool by4) {
+  __shared__ float part_m[kXentRowThreads / kWarp], part_s[kXentRowThreads / kWarp];
+  const int nreal = V < Vl ? V : Vl;
+  const size_t n = blockIdx.x;
+  float* row = row_all + n * Vl;
+  float m = -INFINITY, s = 0.0f;
+  const int quads = by4 ? nreal / 4 : 0;
+  for (int i = threadIdx.x; i < quads; i += kXentRowThreads) {
+    const float4 x = reinterpret_cast<const float4*>(row)[i];
+    online_add(m, s, x.x);
+    online_add(m, s, x.y);
+    online_add(m, s, x.z);
+    online_add(m, s, x.w);
+  }
+  for (int v = 4 * quads + threadIdx.x; v < nreal; v += kXentRowThreads) online_add(m, s, row[v]);
+  for (int o = kWarp / 2; o > 0; o /= 2)
+    online_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  if (lane == 0) part_m[warp] = m, part_s[warp] = s;
+  __syncthreads();
+  if (warp == 0) {
+    m = part_m[lane];
+    s = part_s[lane];
+    for (int o = kWarp / 2; o > 0; o /= 2)
+      online_merge(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+    if (lane == 0) {
+      const int t = targets[n];
+      rowmax[n] = m;
+      sums[2 * n] = s;
+      sums[2 * n + 1] = (t >= 0 && t < nreal) ? row[t] : 0.0f;  // read before the row is overwritten
+      part_m[0] = m;
+      part_s[0] = s;
+    }
+  }
+  if (dlosses == nullptr) return;
+  __syncthreads();
+  const float mx = part_m[0], inv = 1.0f / part_s[0], d = dlosses[n];
+  const int t = targets[n];
+  auto grad = [&](int v, float x) {
+    float g = v < nreal ? expf(x - mx) * inv * d : 0.0f;
+    if (v == t && v < nreal) g -= d;
+    return g;
+  };
+  const int all_quads = by4 ? Vl / 4 : 0;
+  for (int i = threadIdx.x; i < all_quads; i += kXentRowThreads) {
+    float4 x = reinterpret_cast<float4*>(row)[i];
+    const int v = 4 * i;
+    x = make_float4(grad(v, x.x), grad(v + 1, x.y), grad(v + 2, x.z), grad(v + 3, x.w));
+    reinterpret_cast<float4*>(row)[i] = x;
+  }
+  for (int v = 4 * all_quads + threadIdx.x; v < Vl; v += kXentRowThreads) row[v] = grad(v, row[v]);
+}
+
 #undef MESHLM_FOR_EACH
 
 std::string dims(int N, int C) { return "N = " + std::to_string(N) + ", C = " + std::to_string(C); }
@@ -446,6 +527,18 @@ void xent_local_backward(float* logits_dlogits, const float* rowmax, const float
                "xent_local_backward", "N = " + std::to_string(N) + ", Vl = " + std::to_string(Vl));
   xent_local_backward_kernel<<<N, kThreads, 0, stream>>>(logits_dlogits, rowmax, sums, dlosses,
                                                         targets, Vl, v0, V);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void xent_rows(float* logits_dlogits, float* rowmax, float* sums, const float* dlosses,
+               const int32_t* targets, int N, int Vl, int V, cudaStream_t stream) {
+  if (N == 0) return;
+  check_launch(logits_dlogits && rowmax && sums && targets && N > 0 && Vl > 0 && V > 0 && V <= Vl,
+               "xent_rows", "N = " + std::to_string(N) + ", Vl = " + std::to_string(Vl) +
+                                ", V = " + std::to_string(V));
+  const bool by4 = Vl % 4 == 0 && reinterpret_cast<uintptr_t>(logits_dlogits) % 16 == 0;
+  xent_rows_kernel<<<N, kXentRowThreads, 0, stream>>>(logits_dlogits, rowmax, sums, dlosses,
+                                                      targets, Vl, V, by4);
   CUDA_CHECK(cudaGetLastError());
 }
 

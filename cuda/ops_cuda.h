@@ -91,12 +91,15 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
 // the GEMMs run with TF32 off, so that they can be checked tightly against
 // the CPU; at bf16/fp16 cuBLAS rounds their inputs and accumulates in fp32
 // (cuda/blas.cu).
+// w16, where given (bf16 and fp16 only), is w already rounded to p
+// (Kernels::hold_rounded): its GEMMs read it instead of rounding w.
 void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int IC,
-                    int OC, cudaStream_t stream, ops::Precision p = ops::Precision::fp32);
+                    int OC, cudaStream_t stream, ops::Precision p = ops::Precision::fp32,
+                    const void* w16 = nullptr);
 // dinp = dout w; dw += dout^T inp; dbias += sum_n dout; any of the three may be null.
 void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                      const float* w, int N, int IC, int OC, cudaStream_t stream,
-                     ops::Precision p = ops::Precision::fp32);
+                     ops::Precision p = ops::Precision::fp32, const void* w16 = nullptr);
 
 // ---- causal self-attention ------------------------------------------------------------
 // The first correct version, kept as the reference of fused ones: per batch
@@ -142,6 +145,13 @@ void xent_losses(float* losses, const float* rowmax, const float* sums, int N,
 void xent_local_backward(float* logits_dlogits, const float* rowmax, const float* sums,
                          const float* dlosses, const int32_t* targets, int N, int Vl, int v0,
                          int V, cudaStream_t stream);
+
+// ops::Kernels::xent_rows: rows holding the whole vocabulary (V <= Vl, v0 = 0);
+// xent_local_max and xent_local_sums in one read of each row, and with
+// dlosses xent_local_backward in place. The sum of exp is taken online, so
+// its last bits may differ from xent_local_sums'.
+void xent_rows(float* logits_dlogits, float* rowmax, float* sums, const float* dlosses,
+               const int32_t* targets, int N, int Vl, int V, cudaStream_t stream);
 
 // ---- optimizer (train/adamw.h) ---------------------------------------------------------
 // AdamW's segments and hyperparameters are those of the CPU optimizer (ops/ops.h).

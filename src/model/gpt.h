@@ -206,8 +206,10 @@ private:
   const quant::QSlice* qbase(size_t base_index) const;
   std::optional<quant::QAdapter> merged_adapter(int l, LinearSlot slot) const;
   void classifier_tile();
+  const float* classifier_weight(const GPTTensors& p) const;
   void head_logits(const SlotActs& s, const GPTTensors& p, int r0, int nr);
   void head_backward_rows(SlotActs& s, const GPTTensors& p, int r0, int nr);
+  void head_dlogits_backward(SlotActs& s, const GPTTensors& p, int r0, int nr);
   template <typename F>
   void for_each_wte_grad_block(int N, F make);
   void head_wte_grad_blocks(const SlotActs& s, const GPTTensors& p, int N);

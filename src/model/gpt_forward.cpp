@@ -67,6 +67,15 @@ void GPT::classifier_tile() {
   dq_->rows(*q, 0, q->local_rows(), gacts_.qtile);
 }
 
+// The weight the classifier's GEMMs read: wte, or with whole_classifier_tile
+// its dequantized copy in the tile buffer; null where a quantized wte is
+// multiplied a tile at a time. The chunk loops hold it rounded
+// (Kernels::hold_rounded): one copy for all of their GEMMs.
+const float* GPT::classifier_weight(const GPTTensors& p) const {
+  if (qbase(idx_wte_) == nullptr) return p.wte;
+  return opts_.whole_classifier_tile ? gacts_.qtile : nullptr;
+}
+
 // The classifier, rows [r0, r0 + nr) of the micro-batch into gacts_.logits:
 // lm_head tied to wte, vocabulary-parallel, logits(nr, Vl) = lnf(nr, C) wte_part(Vl, C)^T.
 void GPT::head_logits(const SlotActs& s, const GPTTensors& p, int r0, int nr) {
@@ -86,10 +95,16 @@ void GPT::head_logits(const SlotActs& s, const GPTTensors& p, int r0, int nr) {
 // these rows of dlnf = dlogits wte_part (overwritten; this rank's part,
 // summed over TP in backward) and dwte_part += dlogits^T lnf.
 void GPT::head_backward_rows(SlotActs& s, const GPTTensors& p, int r0, int nr) {
-  const int C = cfg_.n_embd, V = cfg_.vocab_size, Vl = cfg_.padded_vocab_size() / shard_.tp_size;
+  const int V = cfg_.vocab_size, Vl = cfg_.padded_vocab_size() / shard_.tp_size;
   const int v0 = shard_.tp_rank * Vl;
   k_->xent_local_backward(gacts_.logits, s.xent_max + r0, s.xent_sums + 2 * static_cast<size_t>(r0),
                           gacts_.dlosses + r0, s.targets + r0, nr, Vl, v0, V);
+  head_dlogits_backward(s, p, r0, nr);
+}
+
+// The same rows once gacts_.logits holds their dlogits: dlnf's rows and dwte.
+void GPT::head_dlogits_backward(SlotActs& s, const GPTTensors& p, int r0, int nr) {
+  const int C = cfg_.n_embd, Vl = cfg_.padded_vocab_size() / shard_.tp_size;
   float* dx = s.dlnf + static_cast<size_t>(r0) * C;
   if (opts_.whole_classifier_tile && qbase(idx_wte_))
     k_->matmul_backward(dx, nullptr, nullptr, gacts_.logits, nullptr, gacts_.qtile, nr, C, Vl);
@@ -190,11 +205,18 @@ float GPT::forward(int slot, const int32_t* tokens, const int32_t* targets, int 
   }
   const int rows = classifier_rows(cfg_, shard_, opts_, N);
   classifier_tile();
+  const ops::HeldRounded held(*k_, classifier_weight(p), static_cast<size_t>(Vl) * C);
   for (int r0 = 0; r0 < N; r0 += rows) {
     const int nr = std::min(rows, N - r0);
     float* rmax = s.xent_max + r0;
     float* sums = s.xent_sums + 2 * static_cast<size_t>(r0);
     head_logits(s, p, r0, nr);
+    if (tp == 1) {  // every column here: the max, the sums and the gradient in one op
+      k_->xent_rows(gacts_.logits, rmax, sums, head_grad_scale ? gacts_.dlosses + r0 : nullptr,
+                    s.targets + r0, nr, Vl, V);
+      if (head_grad_scale) head_dlogits_backward(s, p, r0, nr);
+      continue;
+    }
     k_->xent_local_max(rmax, gacts_.logits, nr, Vl, v0, V);
     tp_.max_over_region(rmax, nr);
     k_->xent_local_sums(sums, gacts_.logits, rmax, s.targets + r0, nr, Vl, v0, V);
@@ -237,6 +259,7 @@ void GPT::backward(int slot, float loss_scale) {
       k_->fill(gacts_.dlosses, loss_scale / static_cast<float>(N), N);
       const int rows = classifier_rows(cfg_, shard_, opts_, N);
       classifier_tile();
+      const ops::HeldRounded held(*k_, classifier_weight(p), static_cast<size_t>(Vl) * C);
       for (int r0 = 0; r0 < N; r0 += rows) {
         const int nr = std::min(rows, N - r0);
         head_logits(s, p, r0, nr);

@@ -72,11 +72,33 @@ public:
   virtual void xent_local_backward(float* logits_dlogits, const float* rowmax, const float* sums,
                                    const float* dlosses, const int32_t* targets, int N, int Vl,
                                    int v0, int V) const = 0;
+  // Rows holding the whole vocabulary (one tensor-parallel rank: v0 = 0,
+  // V <= Vl): xent_local_max and xent_local_sums, and with dlosses
+  // xent_local_backward in place, where the backend can in one read of each
+  // row for the max and the sum together (CUDA: online, so the sum's last
+  // bits may differ from xent_local_sums'). The CPU runs the three ops.
+  virtual void xent_rows(float* logits_dlogits, float* rowmax, float* sums, const float* dlosses,
+                         const int32_t* targets, int N, int Vl, int V) const {
+    xent_local_max(rowmax, logits_dlogits, N, Vl, 0, V);
+    xent_local_sums(sums, logits_dlogits, rowmax, targets, N, Vl, 0, V);
+    if (dlosses != nullptr)
+      xent_local_backward(logits_dlogits, rowmax, sums, dlosses, targets, N, Vl, 0, V);
+  }
 
   // Row-major C(M,N) = alpha op(A) op(B) + beta C (ops::gemm), A and B
   // rounded to precision().
   virtual void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
                     const float* B, int ldb, float beta, float* C, int ldc) const = 0;
+  // ---- one rounding of a weight for many GEMMs ----------------------------
+  // Until release_rounded(), the GEMMs of matmul_forward and matmul_backward
+  // whose weight lies within w[0, n) read one copy of it rounded to
+  // precision() now, instead of rounding it each time: the same bits, as
+  // long as w does not change meanwhile (the classifier's chunks of rows
+  // hold wte so). The CUDA backend keeps the copy in a device buffer grown
+  // to the largest n held (ops/gpu_workspace.h); the CPU's GEMMs round as
+  // they read, so there it does nothing, as at fp32.
+  virtual void hold_rounded(const float* w, size_t n) const { (void)w, (void)n; }
+  virtual void release_rounded() const {}
   // x(n) = 0
   virtual void zero(float* x, size_t n) const = 0;
   // y(n) += x(n)
@@ -106,6 +128,22 @@ public:
     for (size_t i = 0; i < spans.size(); ++i) out[i] = sum_of_squares(spans[i].first, spans[i].second);
   }
   virtual void scale(float* x, float factor, size_t n) const = 0;
+};
+
+// hold_rounded for the life of a scope; nothing held where w is null.
+class HeldRounded {
+public:
+  HeldRounded(const Kernels& k, const float* w, size_t n) : k_(w ? &k : nullptr) {
+    if (k_) k_->hold_rounded(w, n);
+  }
+  ~HeldRounded() {
+    if (k_) k_->release_rounded();
+  }
+  HeldRounded(const HeldRounded&) = delete;
+  HeldRounded& operator=(const HeldRounded&) = delete;
+
+private:
+  const Kernels* k_;
 };
 
 }  // namespace meshlm::ops

@@ -83,10 +83,22 @@ size_t gpu_gemm_copies_bytes(const GPTConfig& m, const RankPlan& shape, ops::Pre
   linear(N, C, C, lora && o.lora.targets.has(LinearSlot::attn_out), tiles);
   linear(N, C, 4 * C, lora && o.lora.targets.has(LinearSlot::mlp_up), tiles);
   linear(N, 4 * C, C, lora && o.lora.targets.has(LinearSlot::mlp_down), tiles);
-  // The classifier, a chunk of rows at a time (tied to wte, no adapter);
-  // under LoRA tile by tile, or on all of wte dequantized at once.
-  linear(classifier_rows(m, shape.shard, o, size_t(N)), C, Vp, false,
-         o.whole_classifier_tile ? Vp : tiles);
+  // The classifier, a chunk of rows at a time (tied to wte, no adapter).
+  // Its weight (wte, or all of it dequantized at once under LoRA) is held
+  // rounded for the chunks (Kernels::hold_rounded, GPT::classifier_weight):
+  // one copy of this rank's part beside the buffer, none per GEMM. A
+  // quantized wte multiplied tile by tile has its tiles rounded per GEMM.
+  const int n_cls = classifier_rows(m, shape.shard, o, size_t(N));
+  size_t held = 0;
+  if (!lora || o.whole_classifier_tile) {
+    held = 2 * static_cast<size_t>(Vp / shape.shard.tp_size) * C;
+    most = std::max(most, ops::gemm_16bit_copies_bytes(size_t(n_cls) * C, 0));  // logits = x w^T
+    // dx = dlogits w, and (full training) dwte += dlogits^T x on the same copy of dlogits
+    most = std::max(most, ops::gemm_16bit_copies_bytes(size_t(n_cls) * Vp, 0,
+                                                       lora ? 0 : size_t(n_cls) * C));
+  } else {
+    linear(n_cls, C, Vp, false, tiles);
+  }
   // Flash attention (cuda/flash_attention.cu) rounds qkv(N, 3C) into the
   // same buffer, and dout(N, C) beside it in the backward.
   if (o.attention == Attention::flash)
@@ -102,7 +114,7 @@ size_t gpu_gemm_copies_bytes(const GPTConfig& m, const RankPlan& shape, ops::Pre
     gemm(false, false, T, HS, T, T, 3 * C, TT, HS, NH);      // dQ += dS K
     gemm(true, false, T, HS, T, T, 3 * C, TT, HS, NH);       // dK += dS^T Q
   }
-  return most;
+  return most + held;
 }
 
 size_t gpu_reduction_scratch_bytes(const GPTConfig& m, const RankPlan& shape, int B, int T) {

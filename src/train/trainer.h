@@ -81,7 +81,8 @@ MemoryByCategory predicted_categories(const RunConfig& cfg, const RankPlan& shap
 // The CUDA backend's 16-bit copies of its GEMM inputs at bf16 and fp16
 // (ops/gpu_workspace.h) for a rank holding `shape` and training
 // micro-batches of (B, T): the largest pair of spans any GEMM of the step
-// reads, each GEMM written down with the arguments of its call; 0 at fp32.
+// reads, each GEMM written down with the arguments of its call, plus the
+// classifier's weight held rounded for its chunks; 0 at fp32.
 size_t gpu_gemm_copies_bytes(const GPTConfig& m, const RankPlan& shape, ops::Precision p, int B,
                              int T);
 // The CUDA backend's scratch of reductions over rows (ops/gpu_workspace.h)

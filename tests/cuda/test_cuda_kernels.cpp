@@ -116,6 +116,85 @@ TEST_F(CudaKernels, GemmAtBf16AndFp16RoundsAsTheCpu) {
   }
 }
 
+namespace {
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+}  // namespace
+
+// hold_rounded: matmul's GEMMs on a held weight (all of it, or rows of it at
+// an offset, as the classifier's wte blocks) give the bits of rounding the
+// weight themselves, forward with and without a bias and backward with and
+// without dw; a weight only partly inside the held span, and any weight
+// after release_rounded(), is rounded afresh (the held copy is stale).
+TEST_F(CudaKernels, AHeldRoundedWeightGivesTheBitsOfRoundingIt) {
+  const int N = 48, IC = 64, OC = 40, rows = 3 * OC;  // held: rows x IC, w = rows [OC, 2 OC)
+  const std::vector<float> all = uniform_floats(size_t(rows) * IC, 31);
+  const std::vector<float> inp = uniform_floats(size_t(N) * IC, 32),
+                           bias = uniform_floats(OC, 33), dout = uniform_floats(size_t(N) * OC, 34),
+                           dw0 = uniform_floats(size_t(OC) * IC, 35);
+  DeviceArray<float> d_all(all.size()), d_inp(inp.size()), d_bias(OC), d_dout(dout.size());
+  DeviceArray<float> d_out(size_t(N) * OC), d_dinp(inp.size()), d_dw(dw0.size());
+  d_all.upload(all);
+  d_inp.upload(inp);
+  d_bias.upload(bias);
+  d_dout.upload(dout);
+  for (ops::Precision p : {ops::Precision::bf16, ops::Precision::fp16}) {
+    SCOPED_TRACE(name_of(p));
+    const std::unique_ptr<ops::Kernels> gpu = cuda::make_kernels(stream_, p);
+    const float* w = d_all.get() + size_t(OC) * IC;
+    // The four results of one pass: out with the bias, out without, dinp
+    // and dw from dout, dinp alone.
+    // The stream is not the legacy one: wait for it before each copy.
+    auto get = [&](const DeviceArray<float>& a) {
+      gpu->synchronize();
+      return a.download();
+    };
+    auto pass = [&] {
+      std::vector<std::vector<float>> r;
+      gpu->matmul_forward(d_out.get(), d_inp.get(), w, d_bias.get(), N, IC, OC);
+      r.push_back(get(d_out));
+      gpu->matmul_forward(d_out.get(), d_inp.get(), w, nullptr, N, IC, OC);
+      r.push_back(get(d_out));
+      d_dw.upload(dw0);
+      gpu->matmul_backward(d_dinp.get(), d_dw.get(), nullptr, d_dout.get(), d_inp.get(), w, N, IC, OC);
+      r.push_back(get(d_dinp));
+      r.push_back(get(d_dw));
+      gpu->matmul_backward(d_dinp.get(), nullptr, nullptr, d_dout.get(), nullptr, w, N, IC, OC);
+      r.push_back(get(d_dinp));
+      return r;
+    };
+    const auto plain = pass();
+    std::vector<std::vector<float>> held, partly;
+    {
+      const ops::HeldRounded h(*gpu, d_all.get(), all.size());
+      held = pass();
+    }
+    {
+      const ops::HeldRounded h(*gpu, d_all.get(), size_t(OC + OC / 2) * IC);  // half of w inside
+      partly = pass();
+    }
+    for (size_t i = 0; i < plain.size(); ++i) {
+      EXPECT_TRUE(same_bits(held[i], plain[i])) << "result " << i << " on the held weight";
+      EXPECT_TRUE(same_bits(partly[i], plain[i])) << "result " << i << " on a weight half held";
+    }
+    // Held, then w changes and is released: the next GEMMs see the new w.
+    {
+      const ops::HeldRounded h(*gpu, d_all.get(), all.size());
+      gpu->matmul_forward(d_out.get(), d_inp.get(), w, nullptr, N, IC, OC);
+      gpu->synchronize();
+    }
+    std::vector<float> changed = all;
+    for (float& x : changed) x = -x;
+    d_all.upload(changed);
+    const auto after = pass();
+    d_all.upload(all);
+    std::vector<float> want = plain[1];
+    for (float& x : want) x = -x;  // rounding is odd: the bits of -out
+    EXPECT_TRUE(same_bits(after[1], want)) << "a stale held copy was used after release";
+  }
+}
+
 // sums_of_squares gives each span what sum_of_squares gives it alone, bit for
 // bit, with one wait for all: empty spans, spans shorter than, equal to and
 // longer than a block of kSumOfSquaresBlock, and spans that overlap.

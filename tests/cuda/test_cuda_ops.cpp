@@ -1018,4 +1018,66 @@ TEST_F(CudaOps, XentLocalBackward) {
   }
 }
 
+// xent_rows: rows holding the whole vocabulary (v0 = 0), the max and the
+// sum of exp in one read and the gradient in place, against the three ops
+// it stands for. Rows rising from start to end make the online sum rescale
+// at every element; without dlosses the logits stay as they were.
+TEST_F(CudaOps, XentRowsIsMaxSumsAndBackwardInOne) {
+  const XentCase cases[] = {
+      {3, 50257, 50304, 0},  // GPT-2: 47 padding columns, 16-byte rows
+      {1, 7, 64, 0},         // mostly padding
+      {37, 512, 512, 0},     // no padding
+      {6, 30, 33, 0},        // Vl odd: rows not 16-byte aligned
+      {5, 1031, 1032, 0},    // a tail of real columns after the last float4
+  };
+  for (const XentCase& k : cases) {
+    for (bool rising : {false, true}) {
+      for (bool with_grad : {false, true}) {
+        SCOPED_TRACE(k.str() + (rising ? " rising" : "") + (with_grad ? " with dlosses" : ""));
+        std::vector<float> l = xent_logits(k, next_seed());
+        if (rising)
+          for (int n = 0; n < k.N; ++n)
+            for (int v = 0; v < k.nreal(); ++v)
+              l[size_t(n) * k.Vl + v] = -20.0f + 40.0f * float(v) / float(k.nreal());
+        Both<float> logits(l), rowmax = output(k.N), sums = output(2 * size_t(k.N));
+        Both<float> dlosses = input(k.N);
+        Both<int32_t> targets(xent_targets(k, next_seed()));
+        const float* dl_c = with_grad ? dlosses.c() : nullptr;
+        const float* dl_g = with_grad ? dlosses.g() : nullptr;
+        run_both(
+            [&] {
+              ops::xent_local_max<float>(rowmax.c(), logits.c(), k.N, k.Vl, 0, k.V);
+              ops::xent_local_sums<float>(sums.c(), logits.c(), rowmax.c(), targets.c(), k.N,
+                                          k.Vl, 0, k.V);
+              if (with_grad)
+                ops::xent_local_backward<float>(logits.c(), rowmax.c(), sums.c(), dl_c,
+                                                targets.c(), k.N, k.Vl, 0, k.V);
+            },
+            [&] {
+              cuda::xent_rows(logits.g(), rowmax.g(), sums.g(), dl_g, targets.g(), k.N, k.Vl,
+                              k.V, stream_);
+            });
+        EXPECT_TRUE(matches(rowmax, kExact)) << "max";
+        EXPECT_TRUE(matches_columns(sums, 2, 0, 1, kTolVocabSum)) << "sum of exp";
+        EXPECT_TRUE(matches_columns(sums, 2, 1, 2, kExact)) << "target logit";
+        if (with_grad) {
+          EXPECT_TRUE(matches(logits, kTol)) << "dlogits";
+          EXPECT_TRUE(padding_zero(logits.gpu(), k));
+        } else {
+          EXPECT_TRUE(same_bits(logits.gpu(), l)) << "logits changed without dlosses";
+        }
+        // The same bits on a second run.
+        const std::vector<float> first = logits.gpu(), first_sums = sums.gpu();
+        Both<float> again(l);
+        run_gpu([&] {
+          cuda::xent_rows(again.g(), rowmax.g(), sums.g(), dl_g, targets.g(), k.N, k.Vl, k.V,
+                          stream_);
+        });
+        EXPECT_TRUE(same_bits(again.gpu(), first));
+        EXPECT_TRUE(same_bits(sums.gpu(), first_sums));
+      }
+    }
+  }
+}
+
 }  // namespace

@@ -29,18 +29,36 @@ namespace {
 class SpanRecorder final : public ops::TimedKernels {
 public:
   explicit SpanRecorder(const ops::Kernels& inner) : TimedKernels(inner) {}
-  size_t most() const { return most_; }
+  size_t most() const { return most_ + held_bytes_; }
 
+  // A weight held rounded (cuda/kernels_cuda.cu): one copy of it beside the
+  // buffer, and GEMMs on any part of it round only their other operands.
+  void hold_rounded(const float* w, size_t n) const override {
+    held_ = w;
+    held_n_ = n;
+    held_bytes_ = std::max(held_bytes_, 2 * n);
+    TimedKernels::hold_rounded(w, n);
+  }
+  void release_rounded() const override {
+    held_ = nullptr;
+    TimedKernels::release_rounded();
+  }
   void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N,
                       int IC, int OC) const override {
-    record(false, true, N, OC, IC, IC, IC);
+    if (is_held(w, size_t(OC) * IC))
+      most_ = std::max(most_, ops::gemm_16bit_copies_bytes(size_t(N) * IC, 0));
+    else
+      record(false, true, N, OC, IC, IC, IC);
     TimedKernels::matmul_forward(out, inp, w, bias, N, IC, OC);
   }
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                        const float* w, int N, int IC, int OC) const override {
+    const bool held = w && is_held(w, size_t(OC) * IC);
     if (dinp && dw) {  // one copy of dout for both GEMMs (cuda/blas.cu)
-      most_ = std::max(most_, ops::gemm_16bit_copies_bytes(size_t(N) * OC, size_t(OC) * IC,
-                                                           size_t(N) * IC));
+      most_ = std::max(most_, ops::gemm_16bit_copies_bytes(
+                                  size_t(N) * OC, held ? 0 : size_t(OC) * IC, size_t(N) * IC));
+    } else if (dinp && held) {
+      most_ = std::max(most_, ops::gemm_16bit_copies_bytes(size_t(N) * OC, 0));
     } else {
       if (dinp) record(false, false, N, IC, OC, OC, IC);
       if (dw) record(true, false, OC, IC, N, OC, IC);
@@ -106,7 +124,11 @@ private:
     const auto [a, b] = ops::gemm_input_spans(ta, tb, M, N, K, lda, ldb, sa, sb, batch);
     most_ = std::max(most_, ops::gemm_16bit_copies_bytes(a, b));
   }
-  mutable size_t most_ = 0, partials_ = 0, index_ = 0;
+  bool is_held(const float* w, size_t n) const {
+    return held_ != nullptr && w >= held_ && w + n <= held_ + held_n_;
+  }
+  mutable size_t most_ = 0, partials_ = 0, index_ = 0, held_bytes_ = 0, held_n_ = 0;
+  mutable const float* held_ = nullptr;
 };
 
 struct Case {
