@@ -117,13 +117,32 @@ Inputs16& inputs16() {
   return *copies;
 }
 
-// The 16-bit copies of A[0, a) and B[0, b), queued on `stream`.
-std::pair<void*, void*> round_inputs(cudaStream_t stream, ops::Precision p, const float* A, size_t a,
-                                     const float* B, size_t b) {
-  const auto copies = inputs16().reserve(stream, a, b);
-  round_span(p, copies[0], A, a, stream);
-  round_span(p, copies[1], B, b, stream);
-  return {copies[0], copies[1]};
+// One input of a GEMM at bf16 or fp16: x[0, n), and its 16-bit copy where
+// one is held (Kernels::hold_rounded), else null.
+struct Operand {
+  const float* x = nullptr;
+  size_t n = 0;
+  const void* held = nullptr;
+};
+
+// The 16-bit copies of up to three operands, queued on `stream`: a held one
+// as it is, the others rounded into the stream's buffer, which makes room
+// for those alone (n = 0: no operand).
+std::array<const void*, 3> rounded(cudaStream_t stream, ops::Precision p, Operand a, Operand b,
+                                   Operand c = {}) {
+  const std::array<Operand, 3> in{a, b, c};
+  auto need = [](const Operand& o) { return o.held ? 0 : o.n; };
+  const auto copies = inputs16().reserve(stream, need(a), need(b), need(c));
+  std::array<const void*, 3> out{};
+  for (int i = 0; i < 3; ++i) {
+    if (in[i].held || in[i].n == 0) {
+      out[i] = in[i].held;
+      continue;
+    }
+    round_span(p, copies[i], in[i].x, in[i].n, stream);
+    out[i] = copies[i];
+  }
+  return out;
 }
 
 cudaDataType_t data_type(ops::Precision p) {
@@ -295,30 +314,25 @@ std::array<void*, 3> inputs_16bit(cudaStream_t stream, size_t a, size_t b, size_
 }
 
 void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int IC,
-                    int OC, cudaStream_t stream, ops::Precision p, const void* w16) {
+                    int OC, cudaStream_t stream, ops::Precision p, const Held16& held) {
   if (N == 0 || OC == 0) return;
   MESHLM_CHECK(out && inp && w && N > 0 && IC > 0 && OC > 0,
                "cuda::matmul_forward with " + dims(N, IC, OC));
-  MESHLM_CHECK(w16 == nullptr || p != ops::Precision::fp32,
-               "cuda::matmul_forward: a rounded weight at fp32");
-  if (p != ops::Precision::fp32 && (bias != nullptr || w16 != nullptr)) {
-    const size_t n_w = w16 ? 0 : size_t(OC) * IC;
-    const auto copies = inputs16().reserve(stream, size_t(N) * IC, n_w);
-    round_span(p, copies[0], inp, size_t(N) * IC, stream);
-    if (w16 == nullptr) {
-      round_span(p, copies[1], w, n_w, stream);
-      w16 = copies[1];
-    }
+  if (p != ops::Precision::fp32) {
+    const auto [x16, w16, unused] = rounded(stream, p, {inp, size_t(N) * IC, held.inp},
+                                            {w, size_t(OC) * IC, held.w});
     float beta = 0.0f;
     if (bias != nullptr) {
-      if (lt_bias_gemm(stream, p, copies[0], w16, bias, out, N, IC, OC)) return;
+      if (lt_bias_gemm(stream, p, x16, w16, bias, out, N, IC, OC)) return;
       broadcast_bias_kernel<<<grid_for(size_t(N) * OC), kThreads, 0, stream>>>(out, bias, N, OC);
       CUDA_CHECK(cudaGetLastError());
       beta = 1.0f;
     }
-    gemm_rm_16(stream, p, false, true, N, OC, IC, 1.0f, copies[0], IC, w16, IC, beta, out, OC);
+    gemm_rm_16(stream, p, false, true, N, OC, IC, 1.0f, x16, IC, w16, IC, beta, out, OC);
     return;
   }
+  MESHLM_CHECK(held.inp == nullptr && held.w == nullptr && held.dout == nullptr,
+               "cuda::matmul_forward: 16-bit copies at fp32");
   float beta = 0.0f;
   if (bias != nullptr) {
     // Start from the bias and let the GEMM accumulate onto it (beta = 1).
@@ -331,30 +345,23 @@ void matmul_forward(float* out, const float* inp, const float* w, const float* b
 
 void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                      const float* w, int N, int IC, int OC, cudaStream_t stream,
-                     ops::Precision p, const void* w16) {
+                     ops::Precision p, const Held16& held) {
   if (N == 0) return;
   MESHLM_CHECK(dout && N > 0 && IC > 0 && OC > 0 && (dinp == nullptr || w) &&
                    (dw == nullptr || inp),
                "cuda::matmul_backward with " + dims(N, IC, OC));
-  MESHLM_CHECK(w16 == nullptr || p != ops::Precision::fp32,
-               "cuda::matmul_backward: a rounded weight at fp32");
-  if (dinp && dw && p != ops::Precision::fp32) {
-    // dout rounded once for both GEMMs: copies of dout, w (unless held) and inp.
-    const size_t n_dout = size_t(N) * OC, n_w = w16 ? 0 : size_t(OC) * IC, n_inp = size_t(N) * IC;
-    const auto copies = inputs16().reserve(stream, n_dout, n_w, n_inp);
-    round_span(p, copies[0], dout, n_dout, stream);
-    if (w16 == nullptr) {
-      round_span(p, copies[1], w, n_w, stream);
-      w16 = copies[1];
-    }
-    round_span(p, copies[2], inp, n_inp, stream);
-    gemm_rm_16(stream, p, false, false, N, IC, OC, 1.0f, copies[0], OC, w16, IC, 0.0f, dinp, IC);
-    gemm_rm_16(stream, p, true, false, OC, IC, N, 1.0f, copies[0], OC, copies[2], IC, 1.0f, dw, IC);
-  } else if (dinp && w16) {  // the input gradient on the held weight: dout's copy alone
-    const auto copies = inputs16().reserve(stream, size_t(N) * OC, 0);
-    round_span(p, copies[0], dout, size_t(N) * OC, stream);
-    gemm_rm_16(stream, p, false, false, N, IC, OC, 1.0f, copies[0], OC, w16, IC, 0.0f, dinp, IC);
+  if (p != ops::Precision::fp32) {
+    // dout rounded once for both GEMMs; each operand only where no copy is held.
+    const size_t n_dout = size_t(N) * OC, n_w = size_t(OC) * IC, n_inp = size_t(N) * IC;
+    const auto [d16, w16, x16] =
+        rounded(stream, p, {dout, n_dout, held.dout}, {w, dinp ? n_w : 0, held.w},
+                {inp, dw ? n_inp : 0, held.inp});
+    if (dinp)
+      gemm_rm_16(stream, p, false, false, N, IC, OC, 1.0f, d16, OC, w16, IC, 0.0f, dinp, IC);
+    if (dw) gemm_rm_16(stream, p, true, false, OC, IC, N, 1.0f, d16, OC, x16, IC, 1.0f, dw, IC);
   } else {
+    MESHLM_CHECK(held.inp == nullptr && held.w == nullptr && held.dout == nullptr,
+                 "cuda::matmul_backward: 16-bit copies at fp32");
     if (dinp) gemm_rm(stream, p, false, false, N, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, dinp, IC);
     if (dw) gemm_rm(stream, p, true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dw, IC);
   }
@@ -370,15 +377,17 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, co
 
 void gemm_rm(cudaStream_t stream, ops::Precision p, bool ta, bool tb, int M, int N, int K,
              float alpha, const float* A, int lda, const float* B, int ldb, float beta, float* C,
-             int ldc) {
+             int ldc, const void* A16, const void* B16) {
   if (p == ops::Precision::fp32 || M == 0 || N == 0 || K == 0) {
+    MESHLM_CHECK(p != ops::Precision::fp32 || (A16 == nullptr && B16 == nullptr),
+                 "cuda::gemm_rm: 16-bit copies at fp32");
     CUBLAS_CHECK(cublas().sgemm(blas_handle(stream), op(tb), op(ta), N, M, K, &alpha, B, ldb, A, lda,
                              &beta, C, ldc));
     return;
   }
   const auto [a, b] = ops::gemm_input_spans(ta, tb, M, N, K, lda, ldb);
-  const auto [A16, B16] = round_inputs(stream, p, A, a, B, b);
-  gemm_rm_16(stream, p, ta, tb, M, N, K, alpha, A16, lda, B16, ldb, beta, C, ldc);
+  const auto [a16, b16, unused] = rounded(stream, p, {A, a, A16}, {B, b, B16});
+  gemm_rm_16(stream, p, ta, tb, M, N, K, alpha, a16, lda, b16, ldb, beta, C, ldc);
 }
 
 void gemm_strided_batched_rm(cudaStream_t stream, ops::Precision p, bool ta, bool tb, int M, int N,
@@ -392,7 +401,7 @@ void gemm_strided_batched_rm(cudaStream_t stream, ops::Precision p, bool ta, boo
     return;
   }
   const auto [a, b] = ops::gemm_input_spans(ta, tb, M, N, K, lda, ldb, strideA, strideB, batch);
-  const auto [A16, B16] = round_inputs(stream, p, A, a, B, b);
+  const auto [A16, B16, unused] = rounded(stream, p, {A, a}, {B, b});
   CUBLAS_CHECK(cublas().gemm_strided_batched_ex(blas_handle(stream), op(tb), op(ta), N, M, K, &alpha,
                                           B16, data_type(p), ldb, strideB, A16, data_type(p), lda,
                                           strideA, &beta, C, CUDA_R_32F, ldc, strideC, batch,

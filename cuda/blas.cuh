@@ -11,10 +11,12 @@
 namespace meshlm::cuda {
 
 // Row-major C(M,N) = alpha op(A) op(B) + beta C, as ops::gemm on the CPU:
-// A, B and C fp32, A and B read at precision `p` (ops/precision.h).
+// A, B and C fp32, A and B read at precision `p` (ops/precision.h). A16 and
+// B16, where given (bf16 and fp16 only), are A and B already rounded to p,
+// read instead of rounding them (Kernels::hold_rounded).
 void gemm_rm(cudaStream_t stream, ops::Precision p, bool ta, bool tb, int M, int N, int K,
              float alpha, const float* A, int lda, const float* B, int ldb, float beta, float* C,
-             int ldc);
+             int ldc, const void* A16 = nullptr, const void* B16 = nullptr);
 // For b in [0, batch): row-major C_b(M,N) = alpha op(A_b) op(B_b) + beta C_b,
 // with X_b = X + b * strideX (elements), as ops::gemm on the CPU, on `stream`.
 void gemm_strided_batched_rm(cudaStream_t stream, ops::Precision p, bool ta, bool tb, int M, int N,

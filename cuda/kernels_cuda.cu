@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "core/alloc.h"
+#include "core/error.h"
 #include "ops/gpu_workspace.h"
 
 #include "cuda/blas.cuh"
@@ -69,24 +71,34 @@ public:
   }
   void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N,
                       int IC, int OC) const override {
-    cuda::matmul_forward(out, inp, w, bias, N, IC, OC, s_, p_, held(w, size_t(OC) * IC));
+    cuda::matmul_forward(out, inp, w, bias, N, IC, OC, s_, p_,
+                         {held(inp, size_t(N) * IC), held(w, size_t(OC) * IC), nullptr});
   }
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                        const float* w, int N, int IC, int OC) const override {
     cuda::matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC, s_, p_,
-                          w ? held(w, size_t(OC) * IC) : nullptr);
+                          {held(inp, size_t(N) * IC), held(w, size_t(OC) * IC),
+                           held(dout, size_t(N) * OC)});
   }
+  // Holds nest: each has a buffer of its own by depth, grown to the largest
+  // span held at that depth and kept (ops/gpu_workspace.h).
   void hold_rounded(const float* w, size_t n) const override {
+    const size_t depth = holds_.size();
+    holds_.push_back({nullptr, 0});
     if (p_ == ops::Precision::fp32 || w == nullptr || n == 0) return;
-    if (held_copy_.bytes() < 2 * n) {
+    if (copies_.size() <= depth) copies_.resize(depth + 1);
+    Buffer& copy = copies_[depth];
+    if (copy.bytes() < 2 * n) {
       CUDA_CHECK(cudaStreamSynchronize(s_));  // earlier GEMMs may still read the old copy
-      held_copy_ = Buffer(2 * n, MemCategory::workspace, "gemm.held_16bit", Device::cuda);
+      copy = Buffer(2 * n, MemCategory::workspace, "gemm.held_16bit", Device::cuda);
     }
-    cuda::round_span(p_, held_copy_.data(), w, n, s_);
-    held_ = w;
-    held_n_ = n;
+    cuda::round_span(p_, copy.data(), w, n, s_);
+    holds_.back() = {w, n};
   }
-  void release_rounded() const override { held_ = nullptr; }
+  void release_rounded() const override {
+    MESHLM_CHECK(!holds_.empty(), "release_rounded() without a hold");
+    holds_.pop_back();
+  }
   void attention_forward(float* out, float* att, const float* qkv, int B, int Tn, int C,
                          int NH) const override {
     cuda::attention_forward(out, att, qkv, B, Tn, C, NH, s_, p_);
@@ -142,7 +154,13 @@ public:
 
   void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
             const float* B, int ldb, float beta, float* C, int ldc) const override {
-    gemm_rm(s_, p_, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    const void *A16 = nullptr, *B16 = nullptr;
+    if (M > 0 && N > 0 && K > 0) {
+      const auto [a, b] = ops::gemm_input_spans(ta, tb, M, N, K, lda, ldb);
+      A16 = held(A, a);
+      B16 = held(B, b);
+    }
+    gemm_rm(s_, p_, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, A16, B16);
   }
   void zero(float* x, size_t n) const override {
     if (n > 0) CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), s_));
@@ -220,18 +238,22 @@ public:
   void scale(float* x, float factor, size_t n) const override { cuda::scale(x, n, factor, s_); }
 
 private:
-  // The held copy's element of w[0, n), where w[0, n) lies within the held
-  // weight; else null.
-  const void* held(const float* w, size_t n) const {
-    if (held_ == nullptr || w < held_ || w + n > held_ + held_n_) return nullptr;
-    return held_copy_.as<char>() + 2 * size_t(w - held_);
+  // The held copy of x[0, n), where x[0, n) lies within a held span; else null.
+  const void* held(const float* x, size_t n) const {
+    if (x == nullptr) return nullptr;
+    for (size_t i = 0; i < holds_.size(); ++i) {
+      const auto [w, wn] = holds_[i];
+      if (w != nullptr && x >= w && x + n <= w + wn)
+        return copies_[i].as<char>() + 2 * size_t(x - w);
+    }
+    return nullptr;
   }
 
   cudaStream_t s_;
   ops::Precision p_;
-  mutable const float* held_ = nullptr;  // hold_rounded's weight, its elements
-  mutable size_t held_n_ = 0;
-  mutable Buffer held_copy_;  // and its copy, 2 bytes an element
+  // hold_rounded's spans, innermost last, and the copies by depth (2 bytes an element).
+  mutable std::vector<std::pair<const float*, size_t>> holds_;
+  mutable std::vector<Buffer> copies_;
   void* stage_[2] = {nullptr, nullptr};  // pinned host memory of upload()
   cudaEvent_t staged_[2] = {nullptr, nullptr};
   // adamw_update's segments (host copy, device copy) and the sum's scratch.

@@ -91,15 +91,21 @@ void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, co
 // the GEMMs run with TF32 off, so that they can be checked tightly against
 // the CPU; at bf16/fp16 cuBLAS rounds their inputs and accumulates in fp32
 // (cuda/blas.cu).
-// w16, where given (bf16 and fp16 only), is w already rounded to p
-// (Kernels::hold_rounded): its GEMMs read it instead of rounding w.
+// Inputs of a linear layer already rounded to its precision (bf16 and fp16
+// only; Kernels::hold_rounded): the GEMMs read these copies instead of
+// rounding their own. Null: none held.
+struct Held16 {
+  const void* inp = nullptr;
+  const void* w = nullptr;
+  const void* dout = nullptr;
+};
 void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int IC,
                     int OC, cudaStream_t stream, ops::Precision p = ops::Precision::fp32,
-                    const void* w16 = nullptr);
+                    const Held16& held = {});
 // dinp = dout w; dw += dout^T inp; dbias += sum_n dout; any of the three may be null.
 void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                      const float* w, int N, int IC, int OC, cudaStream_t stream,
-                     ops::Precision p = ops::Precision::fp32, const void* w16 = nullptr);
+                     ops::Precision p = ops::Precision::fp32, const Held16& held = {});
 
 // ---- causal self-attention ------------------------------------------------------------
 // The first correct version, kept as the reference of fused ones: per batch

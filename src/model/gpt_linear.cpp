@@ -1,6 +1,7 @@
 // GPT: the dispatch of one linear layer of a block — its fp32 weight, or its
 // frozen quantized base under LoRA, plus the layer's adapter when it has one.
 #include "model/gpt.h"
+#include "ops/kernels.h"
 
 namespace meshlm {
 
@@ -42,6 +43,10 @@ void GPT::linear_backward(int l, LinearSlot slot, float* dinp, float* dw, float*
   const int t = static_cast<int>(slot);
   const std::optional<quant::QAdapter> lora = merged_adapter(l, slot);
   const quant::QSlice* q = qbase(linear_index_[l][t]);
+  // With an adapter, inp and dout feed several GEMMs each (the base's input
+  // gradient, the adapter's four products): rounded once for all of them.
+  const ops::HeldRounded held_inp(*k_, lora ? inp : nullptr, static_cast<size_t>(N) * IC);
+  const ops::HeldRounded held_dout(*k_, lora ? dout : nullptr, static_cast<size_t>(N) * OC);
   if (q)
     // Frozen: no dW, no dbias; dinp through the base and the merged adapter.
     quant::qlinear_backward_input(*k_, *dq_, dinp, dout, *q, N, gacts_.qtile, qtile_rows(opts_),

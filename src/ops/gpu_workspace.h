@@ -7,7 +7,12 @@
 //     largest pair a GEMM has asked for, booked as workspace. A linear
 //     layer's backward rounds dout once for its two GEMMs: a triple. The
 //     fused attention (cuda/flash_attention.cu) rounds qkv into the same
-//     buffer, and dout beside it in its backward: a pair.
+//     buffer, and dout beside it in its backward: a pair. An operand held
+//     rounded (Kernels::hold_rounded: the classifier's weight for its
+//     chunks, a LoRA layer's input and dout for its backward) is not
+//     copied again by the GEMMs that read it: its copy lives in a buffer of
+//     its own, one per depth of nesting, as large as the largest span held
+//     at that depth.
 //   * Host-to-device copies go through two pinned host buffers of
 //     kUploadStageBytes (cuda/kernels_cuda.cu), booked as host workspace.
 //   * Sums over the N rows of a column (the bias gradients, LayerNorm's dw

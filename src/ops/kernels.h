@@ -89,15 +89,18 @@ public:
   // rounded to precision().
   virtual void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
                     const float* B, int ldb, float beta, float* C, int ldc) const = 0;
-  // ---- one rounding of a weight for many GEMMs ----------------------------
-  // Until release_rounded(), the GEMMs of matmul_forward and matmul_backward
-  // whose weight lies within w[0, n) read one copy of it rounded to
-  // precision() now, instead of rounding it each time: the same bits, as
-  // long as w does not change meanwhile (the classifier's chunks of rows
-  // hold wte so). The CUDA backend keeps the copy in a device buffer grown
-  // to the largest n held (ops/gpu_workspace.h); the CPU's GEMMs round as
-  // they read, so there it does nothing, as at fp32.
-  virtual void hold_rounded(const float* w, size_t n) const { (void)w, (void)n; }
+  // ---- one rounding of an operand for many GEMMs -------------------------
+  // Until the matching release_rounded(), every GEMM of this backend
+  // (matmul_forward's and matmul_backward's, gemm's) whose input lies within
+  // x[0, n) reads one copy of it rounded to precision() now, instead of
+  // rounding it again: the same bits, as long as x does not change
+  // meanwhile. Holds nest (released innermost first). The classifier's
+  // chunks hold wte so; a LoRA layer's backward holds its input and dout
+  // for the base's input gradient and the adapter's four products. The CUDA
+  // backend keeps a device buffer per depth of nesting, grown to the largest
+  // span held there (ops/gpu_workspace.h); the CPU's GEMMs round as they
+  // read, so there it does nothing, as at fp32.
+  virtual void hold_rounded(const float* x, size_t n) const { (void)x, (void)n; }
   virtual void release_rounded() const {}
   // x(n) = 0
   virtual void zero(float* x, size_t n) const = 0;
@@ -130,11 +133,11 @@ public:
   virtual void scale(float* x, float factor, size_t n) const = 0;
 };
 
-// hold_rounded for the life of a scope; nothing held where w is null.
+// hold_rounded for the life of a scope; nothing held where x is null.
 class HeldRounded {
 public:
-  HeldRounded(const Kernels& k, const float* w, size_t n) : k_(w ? &k : nullptr) {
-    if (k_) k_->hold_rounded(w, n);
+  HeldRounded(const Kernels& k, const float* x, size_t n) : k_(x ? &k : nullptr) {
+    if (k_) k_->hold_rounded(x, n);
   }
   ~HeldRounded() {
     if (k_) k_->release_rounded();

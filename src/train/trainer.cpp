@@ -49,15 +49,22 @@ size_t gpu_gemm_copies_bytes(const GPTConfig& m, const RankPlan& shape, ops::Pre
   const int Vp = m.padded_vocab_size();
   const GPTOptions& o = shape.model;
   size_t most = 0;
+  // Each GEMM rounds the spans of its inputs that no hold covers
+  // (Kernels::hold_rounded); `a_held` and `b_held` mark the covered ones.
   auto gemm = [&](bool ta, bool tb, int M, int Nn, int K, int lda, int ldb, long long sa = 0,
-                  long long sb = 0, int batch = 1) {
+                  long long sb = 0, int batch = 1, bool a_held = false, bool b_held = false) {
     const auto [a, b] = ops::gemm_input_spans(ta, tb, M, Nn, K, lda, ldb, sa, sb, batch);
-    most = std::max(most, ops::gemm_16bit_copies_bytes(a, b));
+    most = std::max(most, ops::gemm_16bit_copies_bytes(a_held ? 0 : a, b_held ? 0 : b));
   };
+  // The held copies: a buffer per depth of nesting, each as large as the
+  // largest span held at its depth.
+  size_t held[2] = {0, 0};
+  auto hold = [&](int depth, size_t elements) { held[depth] = std::max(held[depth], 2 * elements); };
   // A linear layer of n rows, (IC -> OC), trained (ops::matmul_*) or frozen
   // and quantized (quant::qlinear_*: tiles of tile_rows rows, each with the
   // layer's LoRA adapter of rank r merged into it when it has one; the
-  // adapter's gradients by model/lora.cpp).
+  // adapter's gradients by model/lora.cpp, with the layer's input and dout
+  // held for its backward: GPT::linear_backward).
   auto linear = [&](int n, int IC, int OC, bool adapters, int tile_rows) {
     if (!o.lora.enabled) {
       gemm(false, true, n, OC, IC, IC, IC);  // out = inp w^T
@@ -67,15 +74,20 @@ size_t gpu_gemm_copies_bytes(const GPTConfig& m, const RankPlan& shape, ops::Pre
       return;
     }
     const int tr = std::min(tile_rows, OC);
-    gemm(false, true, n, tr, IC, IC, IC);   // out[:, tile] = inp tile^T
-    gemm(false, false, n, IC, tr, OC, IC);  // dinp += dout[:, tile] tile
-    if (!adapters) return;
+    gemm(false, true, n, tr, IC, IC, IC);  // out[:, tile] = inp tile^T
+    if (!adapters) {
+      gemm(false, false, n, IC, tr, OC, IC);  // dinp += dout[:, tile] tile
+      return;
+    }
     const int r = o.lora.rank;
-    gemm(false, false, tr, IC, r, r, IC);   // tile += s B[tile] A
-    gemm(false, true, n, r, IC, IC, IC);    // u = inp A^T
-    gemm(true, false, OC, r, n, OC, r);     // dB += s dout^T u
-    gemm(false, false, n, r, OC, OC, r);    // du = s dout B
-    gemm(true, false, r, IC, n, r, IC);     // dA += du^T inp
+    hold(0, size_t(n) * IC);                                    // inp
+    hold(1, size_t(n) * OC);                                    // dout
+    gemm(false, false, tr, IC, r, r, IC);                       // tile += s B[tile] A
+    gemm(false, false, n, IC, tr, OC, IC, 0, 0, 1, true);       // dinp += dout[:, tile] tile
+    gemm(false, true, n, r, IC, IC, IC, 0, 0, 1, true);         // u = inp A^T
+    gemm(true, false, OC, r, n, OC, r, 0, 0, 1, true);          // dB += s dout^T u
+    gemm(false, false, n, r, OC, OC, r, 0, 0, 1, true);         // du = s dout B
+    gemm(true, false, r, IC, n, r, IC, 0, 0, 1, false, true);   // dA += du^T inp
   };
   const bool lora = o.lora.enabled;
   const int tiles = qtile_rows(o);
@@ -89,9 +101,8 @@ size_t gpu_gemm_copies_bytes(const GPTConfig& m, const RankPlan& shape, ops::Pre
   // one copy of this rank's part beside the buffer, none per GEMM. A
   // quantized wte multiplied tile by tile has its tiles rounded per GEMM.
   const int n_cls = classifier_rows(m, shape.shard, o, size_t(N));
-  size_t held = 0;
   if (!lora || o.whole_classifier_tile) {
-    held = 2 * static_cast<size_t>(Vp / shape.shard.tp_size) * C;
+    hold(0, static_cast<size_t>(Vp / shape.shard.tp_size) * C);
     most = std::max(most, ops::gemm_16bit_copies_bytes(size_t(n_cls) * C, 0));  // logits = x w^T
     // dx = dlogits w, and (full training) dwte += dlogits^T x on the same copy of dlogits
     most = std::max(most, ops::gemm_16bit_copies_bytes(size_t(n_cls) * Vp, 0,
@@ -114,7 +125,7 @@ size_t gpu_gemm_copies_bytes(const GPTConfig& m, const RankPlan& shape, ops::Pre
     gemm(false, false, T, HS, T, T, 3 * C, TT, HS, NH);      // dQ += dS K
     gemm(true, false, T, HS, T, T, 3 * C, TT, HS, NH);       // dK += dS^T Q
   }
-  return most + held;
+  return most + held[0] + held[1];
 }
 
 size_t gpu_reduction_scratch_bytes(const GPTConfig& m, const RankPlan& shape, int B, int T) {

@@ -129,8 +129,11 @@ int main(int argc, char** argv) {
         for (int i = 0; i < kOps; ++i) warm_seconds[i] = timed->seconds(ops::KernelOp(i));
       const double t0 = now_seconds();
       model.zero_grads();
-      loss = model.forward(tok.data(), tgt.data(), B, T);
-      model.backward();
+      // As `meshlm train` runs a step (train/pipeline_runner.cpp): the
+      // classifier's backward inside the forward, at the loss scale the
+      // backward then uses, so its logits are computed once.
+      loss = model.forward(0, tok.data(), tgt.data(), B, T, 1.0f);
+      model.backward(0, 1.0f);
       const double norm = std::sqrt(kernels->sum_of_squares(model.grads(), model.num_params()));
       clip_to_norm(model.grads(), model.num_params(), norm, 1.0, *kernels);
       opt.step(model.params(), model.grads(), 3e-4f);

@@ -124,8 +124,9 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 // hold_rounded: matmul's GEMMs on a held weight (all of it, or rows of it at
 // an offset, as the classifier's wte blocks) give the bits of rounding the
-// weight themselves, forward with and without a bias and backward with and
-// without dw; a weight only partly inside the held span, and any weight
+// weight themselves, forward with and without a bias, backward with and
+// without dw, and a gemm on a block of columns of dout; with dout and inp
+// held as well (nested) the same; a weight only partly inside the held span, and any weight
 // after release_rounded(), is rounded afresh (the held copy is stale).
 TEST_F(CudaKernels, AHeldRoundedWeightGivesTheBitsOfRoundingIt) {
   const int N = 48, IC = 64, OC = 40, rows = 3 * OC;  // held: rows x IC, w = rows [OC, 2 OC)
@@ -162,13 +163,22 @@ TEST_F(CudaKernels, AHeldRoundedWeightGivesTheBitsOfRoundingIt) {
       r.push_back(get(d_dw));
       gpu->matmul_backward(d_dinp.get(), nullptr, nullptr, d_dout.get(), nullptr, w, N, IC, OC);
       r.push_back(get(d_dinp));
+      // A tile's product as quant::qlinear_backward_input forms it: columns
+      // [8, OC) of dout (leading dimension OC) times rows [8, OC) of w.
+      gpu->gemm(false, false, N, IC, OC - 8, 1.0f, d_dout.get() + 8, OC, w + 8 * IC, IC, 0.0f,
+                d_dinp.get(), IC);
+      r.push_back(get(d_dinp));
       return r;
     };
     const auto plain = pass();
-    std::vector<std::vector<float>> held, partly;
+    std::vector<std::vector<float>> held, partly, nested;
     {
       const ops::HeldRounded h(*gpu, d_all.get(), all.size());
       held = pass();
+      // Nested: dout and inp held too (a LoRA layer's backward).
+      const ops::HeldRounded hi(*gpu, d_inp.get(), inp.size());
+      const ops::HeldRounded hd(*gpu, d_dout.get(), dout.size());
+      nested = pass();
     }
     {
       const ops::HeldRounded h(*gpu, d_all.get(), size_t(OC + OC / 2) * IC);  // half of w inside
@@ -177,6 +187,7 @@ TEST_F(CudaKernels, AHeldRoundedWeightGivesTheBitsOfRoundingIt) {
     for (size_t i = 0; i < plain.size(); ++i) {
       EXPECT_TRUE(same_bits(held[i], plain[i])) << "result " << i << " on the held weight";
       EXPECT_TRUE(same_bits(partly[i], plain[i])) << "result " << i << " on a weight half held";
+      EXPECT_TRUE(same_bits(nested[i], plain[i])) << "result " << i << " with three holds";
     }
     // Held, then w changes and is released: the next GEMMs see the new w.
     {

@@ -3,7 +3,8 @@
 // the GEMMs the model really issues: a backend that runs the CPU ops and
 // records, for each call, the spans the CUDA backend would copy (as
 // cuda/blas.cu and cuda/attention.cu call cuBLAS, and as
-// cuda/flash_attention.cu rounds its inputs). Every layout the CUDA
+// cuda/flash_attention.cu rounds its inputs), and the copies it holds for
+// several GEMMs (Kernels::hold_rounded). Every layout the CUDA
 // backend trains (one rank: full training or LoRA, probabilities or flash,
 // the classifier in chunks) gives the prediction exactly. The scratch of the
 // reductions over rows (gpu_reduction_scratch_bytes) likewise.
@@ -29,40 +30,38 @@ namespace {
 class SpanRecorder final : public ops::TimedKernels {
 public:
   explicit SpanRecorder(const ops::Kernels& inner) : TimedKernels(inner) {}
-  size_t most() const { return most_ + held_bytes_; }
+  size_t most() const { return most_ + held(); }
+  // The held copies' buffers alone.
+  size_t held() const {
+    size_t bytes = 0;
+    for (size_t b : depth_bytes_) bytes += b;
+    return bytes;
+  }
 
-  // A weight held rounded (cuda/kernels_cuda.cu): one copy of it beside the
-  // buffer, and GEMMs on any part of it round only their other operands.
-  void hold_rounded(const float* w, size_t n) const override {
-    held_ = w;
-    held_n_ = n;
-    held_bytes_ = std::max(held_bytes_, 2 * n);
-    TimedKernels::hold_rounded(w, n);
+  // Spans held rounded (cuda/kernels_cuda.cu): a copy of each beside the
+  // buffer, one buffer per depth of nesting, and GEMMs round only the
+  // inputs no hold covers.
+  void hold_rounded(const float* x, size_t n) const override {
+    const size_t depth = holds_.size();
+    holds_.push_back({x, n});
+    if (depth_bytes_.size() <= depth) depth_bytes_.resize(depth + 1, 0);
+    depth_bytes_[depth] = std::max(depth_bytes_[depth], 2 * n);
+    TimedKernels::hold_rounded(x, n);
   }
   void release_rounded() const override {
-    held_ = nullptr;
+    holds_.pop_back();
     TimedKernels::release_rounded();
   }
   void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N,
                       int IC, int OC) const override {
-    if (is_held(w, size_t(OC) * IC))
-      most_ = std::max(most_, ops::gemm_16bit_copies_bytes(size_t(N) * IC, 0));
-    else
-      record(false, true, N, OC, IC, IC, IC);
+    copies(unheld(inp, size_t(N) * IC), unheld(w, size_t(OC) * IC));
     TimedKernels::matmul_forward(out, inp, w, bias, N, IC, OC);
   }
+  // dout rounded once for both GEMMs (cuda/blas.cu), w for dinp, inp for dw.
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
                        const float* w, int N, int IC, int OC) const override {
-    const bool held = w && is_held(w, size_t(OC) * IC);
-    if (dinp && dw) {  // one copy of dout for both GEMMs (cuda/blas.cu)
-      most_ = std::max(most_, ops::gemm_16bit_copies_bytes(
-                                  size_t(N) * OC, held ? 0 : size_t(OC) * IC, size_t(N) * IC));
-    } else if (dinp && held) {
-      most_ = std::max(most_, ops::gemm_16bit_copies_bytes(size_t(N) * OC, 0));
-    } else {
-      if (dinp) record(false, false, N, IC, OC, OC, IC);
-      if (dw) record(true, false, OC, IC, N, OC, IC);
-    }
+    copies(unheld(dout, size_t(N) * OC), dinp ? unheld(w, size_t(OC) * IC) : 0,
+           dw ? unheld(inp, size_t(N) * IC) : 0);
     if (dbias) partials_ = std::max(partials_, ops::column_partials_bytes(N, size_t(OC)));
     TimedKernels::matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC);
   }
@@ -100,7 +99,10 @@ public:
   }
   void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
             const float* B, int ldb, float beta, float* C, int ldc) const override {
-    record(ta, tb, M, N, K, lda, ldb);
+    if (M > 0 && N > 0 && K > 0) {  // cuBLAS is not called otherwise
+      const auto [a, b] = ops::gemm_input_spans(ta, tb, M, N, K, lda, ldb);
+      copies(unheld(A, a), unheld(B, b));
+    }
     TimedKernels::gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
   // The reductions over rows (cuda/scratch.cuh): LayerNorm's dw and db, the
@@ -124,11 +126,18 @@ private:
     const auto [a, b] = ops::gemm_input_spans(ta, tb, M, N, K, lda, ldb, sa, sb, batch);
     most_ = std::max(most_, ops::gemm_16bit_copies_bytes(a, b));
   }
-  bool is_held(const float* w, size_t n) const {
-    return held_ != nullptr && w >= held_ && w + n <= held_ + held_n_;
+  void copies(size_t a, size_t b, size_t c = 0) const {
+    most_ = std::max(most_, ops::gemm_16bit_copies_bytes(a, b, c));
   }
-  mutable size_t most_ = 0, partials_ = 0, index_ = 0, held_bytes_ = 0, held_n_ = 0;
-  mutable const float* held_ = nullptr;
+  // n, or 0 where a hold covers x[0, n).
+  size_t unheld(const float* x, size_t n) const {
+    for (const auto& [h, hn] : holds_)
+      if (x >= h && x + n <= h + hn) return 0;
+    return n;
+  }
+  mutable size_t most_ = 0, partials_ = 0, index_ = 0;
+  mutable std::vector<std::pair<const float*, size_t>> holds_;
+  mutable std::vector<size_t> depth_bytes_;
 };
 
 struct Case {
@@ -218,10 +227,16 @@ TEST(GpuWorkspace, PredictedCopiesAndScratchAreTheLargestTheModelAsksFor) {
       EXPECT_EQ(gpu_gemm_copies_bytes(cfg, shape, ops::Precision::fp32, B, T), 0u);
       EXPECT_EQ(gpu_reduction_scratch_bytes(cfg, shape, B, T), rec.reduction_scratch());
       if (!k.lora) EXPECT_GT(rec.reduction_scratch(), 0u);
-      seen.push_back(rec.most());
+      // Held: wte for the classifier's chunks in full training; under LoRA
+      // the adapted layers' inputs and douts (and a GPU's whole classifier tile).
+      if (!k.lora)
+        EXPECT_EQ(rec.held(), 2 * size_t(cfg.padded_vocab_size()) * cfg.n_embd);
+      else
+        EXPECT_GT(rec.held(), 0u);
+      seen.push_back(rec.most() - rec.held());
     }
-    // The cases differ where this shape's largest GEMM differs: the test
-    // sees each part of the prediction at work somewhere.
+    // The GEMMs' own copies differ where this shape's largest GEMM differs:
+    // the test sees each part of the prediction at work somewhere.
     if (cfg.n_head == 8) EXPECT_GT(seen[0], seen[1]) << "attention's products are the largest";
     if (cfg.vocab_size == 1000) EXPECT_GT(seen[1], seen[2]) << "the classifier is the largest";
     if (cfg.n_embd == 128) {
