@@ -128,8 +128,9 @@ struct Operand {
 // The 16-bit copies of up to three operands, queued on `stream`: a held one
 // as it is, the others rounded into the stream's buffer, which makes room
 // for those alone (n = 0: no operand).
+// With round_a = false, a's copy is given room but left for the caller to write.
 std::array<const void*, 3> rounded(cudaStream_t stream, ops::Precision p, Operand a, Operand b,
-                                   Operand c = {}) {
+                                   Operand c = {}, bool round_a = true) {
   const std::array<Operand, 3> in{a, b, c};
   auto need = [](const Operand& o) { return o.held ? 0 : o.n; };
   const auto copies = inputs16().reserve(stream, need(a), need(b), need(c));
@@ -139,7 +140,7 @@ std::array<const void*, 3> rounded(cudaStream_t stream, ops::Precision p, Operan
       out[i] = in[i].held;
       continue;
     }
-    round_span(p, copies[i], in[i].x, in[i].n, stream);
+    if (i > 0 || round_a) round_span(p, copies[i], in[i].x, in[i].n, stream);
     out[i] = copies[i];
   }
   return out;
@@ -167,6 +168,28 @@ __global__ void bias_partials_kernel(float* partials, const float* dout, int N, 
   float acc = 0.0f;
   if (c < OC)
     for (int n = begin + r0; n < end; n += kColumnRows) acc += dout[size_t(n) * OC + c];
+  acc = column_block_sum(acc, part);
+  if (r0 == 0 && c < OC) partials[size_t(blockIdx.y) * OC + c] = acc;
+}
+
+// bias_partials_kernel and the 16-bit copy of dout in one read of it: the
+// same partial sums, and the bits round_span gives each element.
+template <typename Out>
+__global__ void round_and_bias_partials_kernel(Out* dout16, float* partials, const float* dout,
+                                               int N, int OC) {
+  __shared__ float part[kColumnRows][kWarp];
+  const int c = blockIdx.x * kWarp + threadIdx.x % kWarp, r0 = threadIdx.x / kWarp;
+  int begin, end;
+  chunk_rows(N, begin, end);
+  float acc = 0.0f;
+  if (c < OC)
+    for (int n = begin + r0; n < end; n += kColumnRows) {
+      const size_t i = size_t(n) * OC + c;
+      const float x = dout[i];
+      acc += x;
+      const uint32_t two = pack_16bit<Out>(x, 0.0f);
+      dout16[i] = *reinterpret_cast<const Out*>(&two);
+    }
   acc = column_block_sum(acc, part);
   if (r0 == 0 && c < OC) partials[size_t(blockIdx.y) * OC + c] = acc;
 }
@@ -351,11 +374,28 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, co
                    (dw == nullptr || inp),
                "cuda::matmul_backward with " + dims(N, IC, OC));
   if (p != ops::Precision::fp32) {
-    // dout rounded once for both GEMMs; each operand only where no copy is held.
+    // dout rounded once for both GEMMs; each operand only where no copy is
+    // held. With a bias, dout's copy comes with the bias gradient's partial
+    // sums from one read of dout.
     const size_t n_dout = size_t(N) * OC, n_w = size_t(OC) * IC, n_inp = size_t(N) * IC;
+    const bool fused = dbias != nullptr && held.dout == nullptr;
     const auto [d16, w16, x16] =
         rounded(stream, p, {dout, n_dout, held.dout}, {w, dinp ? n_w : 0, held.w},
-                {inp, dw ? n_inp : 0, held.inp});
+                {inp, dw ? n_inp : 0, held.inp}, /*round_a=*/!fused);
+    if (fused) {
+      const dim3 grid = column_partials_grid(N, OC);
+      float* partials = column_partials(stream, size_t(grid.y) * OC);
+      void* copy = const_cast<void*>(d16);
+      if (p == ops::Precision::bf16)
+        round_and_bias_partials_kernel<<<grid, kThreads, 0, stream>>>(
+            static_cast<__nv_bfloat16*>(copy), partials, dout, N, OC);
+      else
+        round_and_bias_partials_kernel<<<grid, kThreads, 0, stream>>>(static_cast<__half*>(copy),
+                                                                      partials, dout, N, OC);
+      CUDA_CHECK(cudaGetLastError());
+      add_column_partials(dbias, partials, static_cast<int>(grid.y), OC, stream);
+      dbias = nullptr;  // done
+    }
     if (dinp)
       gemm_rm_16(stream, p, false, false, N, IC, OC, 1.0f, d16, OC, w16, IC, 0.0f, dinp, IC);
     if (dw) gemm_rm_16(stream, p, true, false, OC, IC, N, 1.0f, d16, OC, x16, IC, 1.0f, dw, IC);

@@ -126,7 +126,8 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 // an offset, as the classifier's wte blocks) give the bits of rounding the
 // weight themselves, forward with and without a bias, backward with and
 // without dw, and a gemm on a block of columns of dout; with dout and inp
-// held as well (nested) the same; a weight only partly inside the held span, and any weight
+// held as well (nested) the same, the bias gradient included (summed apart
+// from dout's copy when dout is held, with it otherwise); a weight only partly inside the held span, and any weight
 // after release_rounded(), is rounded afresh (the held copy is stale).
 TEST_F(CudaKernels, AHeldRoundedWeightGivesTheBitsOfRoundingIt) {
   const int N = 48, IC = 64, OC = 40, rows = 3 * OC;  // held: rows x IC, w = rows [OC, 2 OC)
@@ -135,7 +136,7 @@ TEST_F(CudaKernels, AHeldRoundedWeightGivesTheBitsOfRoundingIt) {
                            bias = uniform_floats(OC, 33), dout = uniform_floats(size_t(N) * OC, 34),
                            dw0 = uniform_floats(size_t(OC) * IC, 35);
   DeviceArray<float> d_all(all.size()), d_inp(inp.size()), d_bias(OC), d_dout(dout.size());
-  DeviceArray<float> d_out(size_t(N) * OC), d_dinp(inp.size()), d_dw(dw0.size());
+  DeviceArray<float> d_out(size_t(N) * OC), d_dinp(inp.size()), d_dw(dw0.size()), d_dbias(OC);
   d_all.upload(all);
   d_inp.upload(inp);
   d_bias.upload(bias);
@@ -144,9 +145,9 @@ TEST_F(CudaKernels, AHeldRoundedWeightGivesTheBitsOfRoundingIt) {
     SCOPED_TRACE(name_of(p));
     const std::unique_ptr<ops::Kernels> gpu = cuda::make_kernels(stream_, p);
     const float* w = d_all.get() + size_t(OC) * IC;
-    // The four results of one pass: out with the bias, out without, dinp
-    // and dw from dout, dinp alone.
-    // The stream is not the legacy one: wait for it before each copy.
+    // The results of one pass: out with the bias, out without; dinp, dw and
+    // dbias from dout; dinp alone; a tile's product. The stream is not the
+    // legacy one: wait for it before each copy.
     auto get = [&](const DeviceArray<float>& a) {
       gpu->synchronize();
       return a.download();
@@ -158,9 +159,13 @@ TEST_F(CudaKernels, AHeldRoundedWeightGivesTheBitsOfRoundingIt) {
       gpu->matmul_forward(d_out.get(), d_inp.get(), w, nullptr, N, IC, OC);
       r.push_back(get(d_out));
       d_dw.upload(dw0);
-      gpu->matmul_backward(d_dinp.get(), d_dw.get(), nullptr, d_dout.get(), d_inp.get(), w, N, IC, OC);
+      d_dbias.upload(bias);
+      // With the bias gradient: fused with dout's copy unless dout is held.
+      gpu->matmul_backward(d_dinp.get(), d_dw.get(), d_dbias.get(), d_dout.get(), d_inp.get(), w,
+                           N, IC, OC);
       r.push_back(get(d_dinp));
       r.push_back(get(d_dw));
+      r.push_back(get(d_dbias));
       gpu->matmul_backward(d_dinp.get(), nullptr, nullptr, d_dout.get(), nullptr, w, N, IC, OC);
       r.push_back(get(d_dinp));
       // A tile's product as quant::qlinear_backward_input forms it: columns
