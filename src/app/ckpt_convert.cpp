@@ -52,6 +52,7 @@
 #include "core/progress.h"
 #include "core/timer.h"
 #include "io/checkpoint_file.h"
+#include "io/checkpoint_meta.h"
 #include "io/h5.h"
 #include "io/hash.h"
 #include "io/safetensors.h"
@@ -230,100 +231,43 @@ struct CkptMeta {
   uint64_t seed = 0;
 };
 
-class MetaReader {
-public:
-  MetaReader(hid_t meta, std::string path) : meta_(meta), path_(std::move(path)) {}
-
-  [[noreturn]] void fail(const std::string& what) const {
-    throw RankError("checkpoint '" + path_ + "': " + what, MESHLM_HERE);
-  }
-  void require(const std::string& name) const {
-    if (!h5::has_attr(meta_, name)) fail("/meta has no attribute '" + name + "'");
-  }
-  std::string str(const std::string& name) const {
-    require(name);
-    return h5::read_string_attr(meta_, name);
-  }
-  double real(const std::string& name) const {
-    require(name);
-    return h5::read_scalar_attr<double>(meta_, name);
-  }
-  // An integer stored as any signed or unsigned type; its bits when it is a
-  // uint64 past int64's range (a seed).
-  uint64_t bits(const std::string& name) const {
-    require(name);
-    try {
-      return static_cast<uint64_t>(h5::read_scalar_attr<int64_t>(meta_, name));
-    } catch (const Error&) {
-      return h5::read_scalar_attr<uint64_t>(meta_, name);
-    }
-  }
-  int64_t integer(const std::string& name) const {
-    const uint64_t v = bits(name);
-    if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-      fail("/meta attribute '" + name + "' is out of range");
-    return static_cast<int64_t>(v);
-  }
-  int model_int(const std::string& name) const {
-    const int64_t v = integer(name);
-    if (v < 1 || v > std::numeric_limits<int>::max())
-      fail("/meta attribute '" + name + "' = " + std::to_string(v) + " is not a model size");
-    return static_cast<int>(v);
-  }
-
-private:
-  hid_t meta_;
-  std::string path_;
-};
-
+// /meta as io::ckpt::read_meta reads it, then what its values mean here:
+// the model (validated), the adapters' linear layers, the base's format.
 CkptMeta read_meta(hid_t file, const std::string& path) {
+  const ckpt::Meta raw = ckpt::read_meta(file, path);
+  auto fail = [&](const std::string& what) -> void {
+    throw RankError("checkpoint '" + path + "': " + what, MESHLM_HERE);
+  };
   CkptMeta m;
   m.path = path;
-  if (!h5::exists(file, "meta"))
-    throw RankError("'" + path + "' is not a meshlm checkpoint (no /meta group)", MESHLM_HERE);
-  h5::Group g(H5Gopen2(file, "meta", H5P_DEFAULT));
-  h5::check(g.get(), file, "meta", "cannot open the group");
-  const MetaReader r(g, path);
-  if (!h5::has_attr(g, "kind") || r.str("kind") != ckpt::kKind)
-    r.fail(std::string("not a meshlm checkpoint (/meta kind is not '") + ckpt::kKind + "')");
-  const int64_t version = r.integer("format_version");
-  if (version != ckpt::kFormatVersion)
-    r.fail("format_version " + std::to_string(version) + " is not supported (this meshlm reads " +
-           std::to_string(ckpt::kFormatVersion) + ")");
-  m.cfg.n_layer = r.model_int("n_layer");
-  m.cfg.n_head = r.model_int("n_head");
-  m.cfg.n_embd = r.model_int("n_embd");
-  m.cfg.vocab_size = r.model_int("vocab_size");
-  m.cfg.max_seq_len = r.model_int("max_seq_len");
+  m.cfg.n_layer = static_cast<int>(raw.sizes.n_layer);
+  m.cfg.n_head = static_cast<int>(raw.sizes.n_head);
+  m.cfg.n_embd = static_cast<int>(raw.sizes.n_embd);
+  m.cfg.vocab_size = static_cast<int>(raw.sizes.vocab_size);
+  m.cfg.max_seq_len = static_cast<int>(raw.sizes.max_seq_len);
   validate_model(m.cfg, "checkpoint '" + path + "'");
-  m.step = r.integer("step");
-  const std::string mode = r.str("finetune_mode");
-  if (mode != "full" && mode != "lora")
-    r.fail("/meta finetune_mode is '" + log::printable(mode) + "', neither 'full' nor 'lora'");
-  m.lora = mode == "lora";
+  m.step = raw.step;
+  m.lora = raw.lora.has_value();
   if (!m.lora) return m;
-  const int64_t rank = r.integer("lora_rank");
-  if (rank < 1 || rank > std::numeric_limits<int>::max())
-    r.fail("/meta lora_rank = " + std::to_string(rank) + " is not a rank");
-  m.lora_rank = static_cast<int>(rank);
-  m.lora_alpha = r.real("lora_alpha");
-  if (!(m.lora_alpha > 0) || !std::isfinite(m.lora_alpha))
-    r.fail("/meta lora_alpha = " + std::to_string(m.lora_alpha) + " is not positive");
-  m.targets_text = r.str("lora_targets");
+  const ckpt::LoraMeta& l = *raw.lora;
+  m.lora_rank = static_cast<int>(l.rank);
+  m.lora_alpha = l.alpha;
+  m.targets_text = l.targets;
   std::string bad;
   if (!parse_slots(m.targets_text, m.targets, bad) || m.targets.empty())
-    r.fail("/meta lora_targets '" + log::printable(m.targets_text) + "' names no linear layers (" +
-           (bad.empty() ? std::string("empty") : "'" + log::printable(bad) + "' is none") + "; " +
-           enum_choices<LinearSlot>(", ") + ")");
-  m.quant_type_text = r.str("quant_type");
+    fail("/meta lora_targets '" + log::printable(m.targets_text) + "' names no linear layers (" +
+         (bad.empty() ? std::string("empty") : "'" + log::printable(bad) + "' is none") + "; " +
+         enum_choices<LinearSlot>(", ") + ")");
+  m.quant_type_text = l.quant_type;
   const std::optional<quant::QuantType> qt = enum_from_name<quant::QuantType>(m.quant_type_text);
   if (!qt)
-    r.fail("/meta quant_type '" + log::printable(m.quant_type_text) + "' is not one of " +
-           enum_choices<quant::QuantType>(", "));
+    fail("/meta quant_type '" + log::printable(m.quant_type_text) + "' is not one of " +
+         enum_choices<quant::QuantType>(", "));
   m.quant_type = *qt;
-  m.quant_base = r.str("quant_base");
-  m.base_hash = r.str("base_hash");
-  m.seed = r.bits("seed");
+  m.quant_base = l.quant_base;
+  m.base_hash = l.base_hash;
+  if (!raw.seed) fail("/meta has no attribute 'seed'");
+  m.seed = static_cast<uint64_t>(*raw.seed);
   return m;
 }
 
@@ -992,15 +936,14 @@ int ckpt_import(const std::vector<std::string>& args) {
     bar.finish();
   }
   {
-    h5::Group meta = ckpt::write_identity(
-        f, {cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, cfg.max_seq_len}, utc_timestamp(),
+    ckpt::Meta meta;  // a full model at step 0, no training state
+    meta.sizes = {cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, cfg.max_seq_len};
+    meta.created = utc_timestamp();
+    meta.config =
         fmt::format("# meshlm ckpt import of '{}'\n[model]\nn_layer = {}\nn_head = {}\nn_embd = "
                     "{}\nvocab_size = {}\nmax_seq_len = {}\n\n[finetune]\nmode = full\n",
-                    in, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, cfg.max_seq_len),
-        "full");
-    h5::write_scalar_attr<int64_t>(meta, "step", 0);
-    h5::write_scalar_attr<int64_t>(meta, "tokens_seen", 0);
-    h5::write_scalar_attr<int64_t>(meta, "adamw_step", 0);
+                    in, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, cfg.max_seq_len);
+    ckpt::write_meta(f, meta);
     h5::Group checks = h5::require_group(f, ckpt::kChecksumGroup);
     for (const auto& [path, sum] : sums) h5::write_scalar_attr<uint64_t>(checks, path, sum);
   }

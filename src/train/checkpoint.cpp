@@ -26,6 +26,7 @@
 #include "core/files.h"
 #include "core/log.h"
 #include "io/checkpoint_file.h"
+#include "io/checkpoint_meta.h"
 #include "io/h5.h"
 #include "io/hash.h"
 #include "model/param_table.h"
@@ -228,122 +229,66 @@ struct OptimizerMeta {
   int64_t loss_scale_good_steps = 0;
 };
 
-// Collective (every rank writes the same values).
-void write_meta(hid_t f, const RunConfig& cfg, const TrainingState& st, const OptimizerMeta& opt,
-                uint64_t windows_per_epoch, const std::string& base_hash,
-                const std::string& created) {
-  const GPTConfig& m = cfg.model;
-  const bool lora = cfg.finetune.mode == FinetuneMode::lora;
-  h5::Group meta = ck::write_identity(
-      f, {m.n_layer, m.n_head, m.n_embd, m.vocab_size, m.max_seq_len}, created, cfg.resolved,
-      lora ? "lora" : "full");
-  if (lora) {
-    h5::write_scalar_attr<int64_t>(meta, "lora_rank", cfg.finetune.lora_rank);
-    h5::write_scalar_attr<double>(meta, "lora_alpha", cfg.finetune.lora_alpha);
-    h5::write_string_attr(meta, "lora_targets", slots_text(cfg.finetune.lora_targets));
-    h5::write_string_attr(meta, "quant_type", name_of(cfg.quant.type));
-    h5::write_string_attr(meta, "quant_base", cfg.quant.base);
-    h5::write_string_attr(meta, "base_hash", base_hash);
-  }
-  h5::write_scalar_attr<int64_t>(meta, "step", st.step);
-  h5::write_scalar_attr<int64_t>(meta, "tokens_seen", st.tokens_seen);
-  h5::write_scalar_attr<int64_t>(meta, "adamw_step", opt.adamw_step);
-  h5::write_scalar_attr<double>(meta, "loss_scale", opt.loss_scale);
-  h5::write_scalar_attr<int64_t>(meta, "loss_scale_good_steps", opt.loss_scale_good_steps);
-  h5::write_scalar_attr<int64_t>(meta, "skipped_steps", st.skipped_steps);
-  h5::write_scalar_attr<int64_t>(meta, "overflow_steps", st.overflow_steps);
-  h5::write_scalar_attr<uint64_t>(meta, "data_epoch", st.cursor.epoch);
-  h5::write_scalar_attr<uint64_t>(meta, "data_position", st.cursor.position);
-  h5::write_scalar_attr<uint64_t>(meta, "data_windows_per_epoch", windows_per_epoch);
-  h5::write_scalar_attr<int64_t>(meta, "data_seq_len", cfg.train.seq_len);
-  h5::write_scalar_attr<int64_t>(meta, "data_shuffle", cfg.data.shuffle ? 1 : 0);
-  h5::write_string_attr(meta, "data_path", cfg.data.path);
-  h5::write_scalar_attr<int64_t>(meta, "seed", cfg.train.seed);
+// The /meta of a save (collective: every rank writes the same values).
+ck::Meta meta_of(const RunConfig& cfg, const TrainingState& st, const OptimizerMeta& opt,
+                 uint64_t windows_per_epoch, const std::string& base_hash,
+                 const std::string& created) {
+  const GPTConfig& g = cfg.model;
+  ck::Meta m;
+  m.sizes = {g.n_layer, g.n_head, g.n_embd, g.vocab_size, g.max_seq_len};
+  m.created = created;
+  m.config = cfg.resolved;
+  if (cfg.finetune.mode == FinetuneMode::lora)
+    m.lora = ck::LoraMeta{cfg.finetune.lora_rank, cfg.finetune.lora_alpha,
+                          slots_text(cfg.finetune.lora_targets), name_of(cfg.quant.type),
+                          cfg.quant.base, base_hash};
+  m.step = st.step;
+  m.tokens_seen = st.tokens_seen;
+  m.adamw_step = opt.adamw_step;
+  ck::RunMeta& r = m.run.emplace();
+  r.skipped_steps = st.skipped_steps;
+  r.overflow_steps = st.overflow_steps;
+  r.loss_scale = opt.loss_scale;
+  r.loss_scale_good_steps = opt.loss_scale_good_steps;
+  r.data_epoch = st.cursor.epoch;
+  r.data_position = st.cursor.position;
+  r.data_windows_per_epoch = windows_per_epoch;
+  r.data_seq_len = cfg.train.seq_len;
+  r.data_shuffle = cfg.data.shuffle;
+  r.data_path = cfg.data.path;
+  m.seed = cfg.train.seed;
   const ParallelConfig& p = cfg.parallel;
-  h5::write_scalar_attr<int64_t>(meta, "layout_dp", p.dp);
-  h5::write_scalar_attr<int64_t>(meta, "layout_tp", p.tp);
-  h5::write_scalar_attr<int64_t>(meta, "layout_pp", p.pp);
-  h5::write_scalar_attr<int64_t>(meta, "layout_zero_stage", p.zero_stage);
-  h5::write_scalar_attr<int64_t>(meta, "layout_micro_batches", p.micro_batches);
-  h5::write_scalar_attr<int64_t>(meta, "layout_world", static_cast<int64_t>(p.dp) * p.tp * p.pp);
-}
-
-// What a reader needs of /meta.
-struct Meta {
-  int64_t format_version = 0;
-  std::string kind, finetune_mode;
-  int64_t n_layer = 0, n_head = 0, n_embd = 0, vocab_size = 0, max_seq_len = 0;
-  int64_t lora_rank = 0;
-  double lora_alpha = 0;
-  std::string lora_targets, base_hash;
-  TrainingState state;
-  int64_t adamw_step = 0, loss_scale_good_steps = 0;
-  double loss_scale = 1;
-  uint64_t windows_per_epoch = 0;
-  int64_t seq_len = 0, shuffle = 0, seed = 0;
-  std::string layout;
-};
-
-Meta read_meta(hid_t f, const std::string& path) {
-  if (!h5::exists(f, "meta"))
-    throw RankError(path + ": no /meta group: not a meshlm checkpoint", MESHLM_HERE);
-  h5::Group meta = h5::open_group(f, "meta");
-  Meta m;
-  if (!h5::has_attr(meta, "kind") || h5::read_string_attr(meta, "kind") != ck::kKind)
-    throw RankError(path + ": /meta has no attribute kind = '" + std::string(ck::kKind) +
-                        "': not a meshlm checkpoint",
-                    MESHLM_HERE);
-  m.format_version = h5::read_scalar_attr<int64_t>(meta, "format_version");
-  if (m.format_version != ck::kFormatVersion)
-    throw RankError(fmt::format("{}: /meta format_version = {}; this meshlm reads version {}", path,
-                                m.format_version, ck::kFormatVersion),
-                    MESHLM_HERE);
-  auto i64 = [&](const char* k) { return h5::read_scalar_attr<int64_t>(meta, k); };
-  auto u64 = [&](const char* k) { return h5::read_scalar_attr<uint64_t>(meta, k); };
-  m.n_layer = i64("n_layer");
-  m.n_head = i64("n_head");
-  m.n_embd = i64("n_embd");
-  m.vocab_size = i64("vocab_size");
-  m.max_seq_len = i64("max_seq_len");
-  m.finetune_mode = h5::read_string_attr(meta, "finetune_mode");
-  if (m.finetune_mode == "lora") {
-    m.lora_rank = i64("lora_rank");
-    m.lora_alpha = h5::read_scalar_attr<double>(meta, "lora_alpha");
-    m.lora_targets = h5::read_string_attr(meta, "lora_targets");
-    m.base_hash = h5::read_string_attr(meta, "base_hash");
-  }
-  m.state.step = i64("step");
-  m.state.tokens_seen = i64("tokens_seen");
-  m.state.skipped_steps = i64("skipped_steps");
-  m.state.overflow_steps = i64("overflow_steps");
-  m.state.cursor.epoch = u64("data_epoch");
-  m.state.cursor.position = u64("data_position");
-  m.adamw_step = i64("adamw_step");
-  m.loss_scale = h5::read_scalar_attr<double>(meta, "loss_scale");
-  m.loss_scale_good_steps = i64("loss_scale_good_steps");
-  m.windows_per_epoch = u64("data_windows_per_epoch");
-  m.seq_len = i64("data_seq_len");
-  m.shuffle = i64("data_shuffle");
-  m.seed = i64("seed");
-  m.layout = fmt::format("dp {} tp {} pp {} ZeRO {}", i64("layout_dp"), i64("layout_tp"),
-                         i64("layout_pp"), i64("layout_zero_stage"));
-  if (m.state.step < 0 || m.adamw_step < 0 || m.adamw_step > m.state.step ||
-      !std::isfinite(m.loss_scale) || m.loss_scale <= 0)
-    throw RankError(fmt::format("{}: /meta holds an impossible state (step {}, adamw_step {}, "
-                                "loss_scale {})",
-                                path, m.state.step, m.adamw_step, m.loss_scale),
-                    MESHLM_HERE);
+  r.layout_dp = p.dp;
+  r.layout_tp = p.tp;
+  r.layout_pp = p.pp;
+  r.layout_zero_stage = p.zero_stage;
+  r.layout_micro_batches = p.micro_batches;
   return m;
 }
 
+// The state a resume takes from /meta.
+TrainingState state_of(const ck::Meta& m) {
+  TrainingState st;
+  st.step = m.step;
+  st.tokens_seen = m.tokens_seen;
+  if (m.run) {
+    st.skipped_steps = m.run->skipped_steps;
+    st.overflow_steps = m.run->overflow_steps;
+    st.cursor.epoch = m.run->data_epoch;
+    st.cursor.position = m.run->data_position;
+  }
+  return st;
+}
+
 // The checkpoint must be of this run's model and of what it trains.
-void check_meta(const Meta& m, const RunConfig& cfg, const std::string& path,
+void check_meta(const ck::Meta& m, const RunConfig& cfg, const std::string& path,
                 const std::string& base_hash, bool adapters_only) {
   const GPTConfig& g = cfg.model;
+  const ck::ModelSizes& z = m.sizes;
   const std::pair<const char*, std::pair<int64_t, int64_t>> model[] = {
-      {"model.n_layer", {m.n_layer, g.n_layer}},   {"model.n_head", {m.n_head, g.n_head}},
-      {"model.n_embd", {m.n_embd, g.n_embd}},      {"model.vocab_size", {m.vocab_size, g.vocab_size}},
-      {"model.max_seq_len", {m.max_seq_len, g.max_seq_len}}};
+      {"model.n_layer", {z.n_layer, g.n_layer}},   {"model.n_head", {z.n_head, g.n_head}},
+      {"model.n_embd", {z.n_embd, g.n_embd}},      {"model.vocab_size", {z.vocab_size, g.vocab_size}},
+      {"model.max_seq_len", {z.max_seq_len, g.max_seq_len}}};
   for (const auto& [key, v] : model)
     if (v.first != v.second)
       throw RankError(fmt::format("checkpoint '{}' is of another model: {} = {} there, {} in this "
@@ -351,42 +296,50 @@ void check_meta(const Meta& m, const RunConfig& cfg, const std::string& path,
                                   path, key, v.first, v.second),
                       MESHLM_HERE);
   const bool lora = cfg.finetune.mode == FinetuneMode::lora;
-  if (m.finetune_mode != (lora ? "lora" : "full"))
+  if (m.lora.has_value() != lora)
     throw RankError(fmt::format("checkpoint '{}' was written by finetune.mode = {}; this run has "
                                 "finetune.mode = {}",
-                                path, m.finetune_mode, lora ? "lora" : "full"),
+                                path, m.lora ? "lora" : "full", lora ? "lora" : "full"),
                     MESHLM_HERE);
   if (lora) {
-    if (m.lora_rank != cfg.finetune.lora_rank)
+    const ck::LoraMeta& l = *m.lora;
+    if (l.rank != cfg.finetune.lora_rank)
       throw RankError(fmt::format("checkpoint '{}': finetune.lora_rank = {} there, {} in this run",
-                                  path, m.lora_rank, cfg.finetune.lora_rank),
+                                  path, l.rank, cfg.finetune.lora_rank),
                       MESHLM_HERE);
-    if (m.lora_targets != slots_text(cfg.finetune.lora_targets))
+    if (l.targets != slots_text(cfg.finetune.lora_targets))
       throw RankError(fmt::format("checkpoint '{}': finetune.lora_targets = {} there, {} in this "
                                   "run",
-                                  path, m.lora_targets, slots_text(cfg.finetune.lora_targets)),
+                                  path, l.targets, slots_text(cfg.finetune.lora_targets)),
                       MESHLM_HERE);
-    if (m.lora_alpha != cfg.finetune.lora_alpha)
+    if (l.alpha != cfg.finetune.lora_alpha)
       throw RankError(fmt::format("checkpoint '{}': finetune.lora_alpha = {} there, {} in this "
                                   "run",
-                                  path, m.lora_alpha, cfg.finetune.lora_alpha),
+                                  path, l.alpha, cfg.finetune.lora_alpha),
                       MESHLM_HERE);
-    if (m.base_hash != base_hash)
+    if (l.base_hash != base_hash)
       throw RankError(fmt::format("checkpoint '{}' was trained on another frozen base (XXH3-128 "
                                   "'{}' there, '{}' for quant.base = '{}')",
-                                  path, m.base_hash, base_hash, cfg.quant.base),
+                                  path, l.base_hash, base_hash, cfg.quant.base),
                       MESHLM_HERE);
   }
   if (adapters_only) return;
-  if (m.seq_len != cfg.train.seq_len)
+  if (!m.run)
+    throw RankError(fmt::format("checkpoint '{}' holds tensors but no training state (no /meta "
+                                "loss_scale: a `meshlm ckpt import`?); start from it with "
+                                "quant.base or finetune.adapters_from instead of "
+                                "checkpoint.resume",
+                                path),
+                    MESHLM_HERE);
+  if (m.run->data_seq_len != cfg.train.seq_len)
     throw RankError(fmt::format("checkpoint '{}': its data cursor counts windows of model.seq_len "
                                 "= {}; this run has {}",
-                                path, m.seq_len, cfg.train.seq_len),
+                                path, m.run->data_seq_len, cfg.train.seq_len),
                     MESHLM_HERE);
-  if ((m.shuffle != 0) != cfg.data.shuffle)
+  if (m.run->data_shuffle != cfg.data.shuffle)
     throw RankError(fmt::format("checkpoint '{}' was trained with data.shuffle = {}; this run has "
                                 "{}",
-                                path, m.shuffle ? "true" : "false", cfg.data.shuffle ? "true" : "false"),
+                                path, m.run->data_shuffle, cfg.data.shuffle),
                     MESHLM_HERE);
 }
 
@@ -472,7 +425,7 @@ namespace {
 // checksums (of the datasets `refs`); every failure a CollectiveError.
 h5::File open_and_verify(const RunConfig& cfg, const ProcessMesh& mesh, const std::string& path,
                          const std::string& base_hash, bool adapters_only,
-                         const std::vector<DatasetRef>& refs, Meta& meta) {
+                         const std::vector<DatasetRef>& refs, ck::Meta& meta) {
   MPI_Comm world = mesh.world();
   const std::string where = "checkpoint '" + path + "': ";
   try_all(world, "", [&] {
@@ -484,7 +437,7 @@ h5::File open_and_verify(const RunConfig& cfg, const ProcessMesh& mesh, const st
   h5::File f;
   try_all(world, "", [&] { f = ck::open_parallel(path, world, false); }, MESHLM_HERE);
   try_all(world, "", [&] {
-    meta = read_meta(f, path);
+    meta = ck::read_meta(f, path);
     check_meta(meta, cfg, path, base_hash, adapters_only);
   }, MESHLM_HERE);
   // Every dataset the run needs is there, float32, of the logical shape, and
@@ -581,25 +534,29 @@ TrainingState Checkpointer::load(const std::string& path) {
   const RankView v = view_of(cfg_, mesh_, engine_);
   const std::vector<DatasetRef> refs = datasets_of(v.full_table, v.lora, /*with_moments=*/true);
   log::info("# checkpoint: resuming from {}", path);
-  Meta meta;
+  ck::Meta meta;
   h5::File f = open_and_verify(cfg_, mesh_, path, base_hash_, false, refs, meta);
-  if (meta.windows_per_epoch != windows_per_epoch_)
+  const ck::RunMeta& run = *meta.run;  // open_and_verify checked it is there
+  if (run.data_windows_per_epoch != windows_per_epoch_)
     throw CollectiveError(fmt::format("checkpoint '{}' counts {} windows per epoch of its data; "
                                       "data.path '{}' has {}: not the same token file",
-                                      path, meta.windows_per_epoch, cfg_.data.path,
+                                      path, run.data_windows_per_epoch, cfg_.data.path,
                                       windows_per_epoch_),
                           MESHLM_HERE);
-  if (meta.seed != cfg_.train.seed && cfg_.data.shuffle)
+  const int64_t seed = meta.seed.value_or(cfg_.train.seed);
+  if (seed != cfg_.train.seed && cfg_.data.shuffle)
     log::warn("checkpoint '{}' was trained with train.seed = {}, this run has {}: the data order "
               "from here on differs from the original run's",
-              path, meta.seed, cfg_.train.seed);
+              path, seed, cfg_.train.seed);
   try_all(mesh_.world(), "", [&] { read_parts(engine_, v, f, refs, path); }, MESHLM_HERE);
   f.close();
   engine_.optimizer().set_steps_taken(meta.adamw_step);
-  engine_.loss_scaler().restore(meta.loss_scale, static_cast<int>(meta.loss_scale_good_steps));
-  log::info("# checkpoint: step {} ({} tokens seen, written by {}) loaded and verified in {:.2f} s",
-            meta.state.step, meta.state.tokens_seen, meta.layout, now_seconds() - t0);
-  return meta.state;
+  engine_.loss_scaler().restore(run.loss_scale, static_cast<int>(run.loss_scale_good_steps));
+  log::info("# checkpoint: step {} ({} tokens seen, written by dp {} tp {} pp {} ZeRO {}) loaded "
+            "and verified in {:.2f} s",
+            meta.step, meta.tokens_seen, run.layout_dp, run.layout_tp, run.layout_pp,
+            run.layout_zero_stage, now_seconds() - t0);
+  return state_of(meta);
 }
 
 void Checkpointer::load_adapters(const std::string& path) {
@@ -607,13 +564,13 @@ void Checkpointer::load_adapters(const std::string& path) {
   const RankView v = view_of(cfg_, mesh_, engine_);
   const std::vector<DatasetRef> refs = datasets_of(v.full_table, v.lora, /*with_moments=*/false);
   log::info("# finetune.adapters_from: {}", path);
-  Meta meta;
+  ck::Meta meta;
   h5::File f = open_and_verify(cfg_, mesh_, path, base_hash_, true, refs, meta);
   try_all(mesh_.world(), "finetune.adapters_from: ", [&] { read_parts(engine_, v, f, refs, path); },
           MESHLM_HERE);
   log::info("# finetune.adapters_from: the adapters of step {} loaded and verified; the optimizer "
             "starts afresh",
-            meta.state.step);
+            meta.step);
 }
 
 // Everything one save needs, taken on the main thread: where it goes, the
@@ -901,7 +858,8 @@ void Checkpointer::write(Job& job, MPI_Comm comm) {
         h5::write_scalar_attr<uint64_t>(group, names[i], sums[i]);
       }
     }
-    write_meta(f, cfg_, job.state, job.opt, windows_per_epoch_, base_hash_, job.created);
+    ck::write_meta(f, meta_of(cfg_, job.state, job.opt, windows_per_epoch_, base_hash_,
+                              job.created));
     h5::close_file(f, job.tmp);
   }, MESHLM_HERE);
   lock.reset();  // no HDF5 while the file is flushed to disk

@@ -33,6 +33,15 @@ with h5py.File(f"{d}/future.h5", "r+") as f:
 shutil.copy(good, f"{d}/nosum.h5")
 with h5py.File(f"{d}/nosum.h5", "r+") as f:
     del f["optimizer/wpe.weight/v"].attrs["xxh3"]
+# Tensors without a training state, as `meshlm ckpt import` writes them.
+shutil.copy(good, f"{d}/norun.h5")
+with h5py.File(f"{d}/norun.h5", "r+") as f:
+    for k in ("loss_scale", "loss_scale_good_steps", "data_epoch", "data_position"):
+        del f["meta"].attrs[k]
+# A training state with one attribute gone.
+shutil.copy(good, f"{d}/nocursor.h5")
+with h5py.File(f"{d}/nocursor.h5", "r+") as f:
+    del f["meta"].attrs["data_position"]
 # An HDF5 file that is no checkpoint.
 with h5py.File(f"{d}/foreign.h5", "w") as f:
     f["x"] = np.zeros(3)
@@ -64,6 +73,8 @@ case_ future_version "format_version = 2; this meshlm reads version 1" "$dir/fut
 case_ no_checksum "optimizer/wpe.weight/v has no checksum" "$dir/nosum.h5"
 case_ foreign "foreign.h5: no /meta group: not a meshlm checkpoint" "$dir/foreign.h5"
 case_ missing "no checkpoint '$dir/absent.h5'" "$dir/absent.h5"
+case_ no_run "norun.h5' holds tensors but no training state" "$dir/norun.h5"
+case_ no_cursor "nocursor.h5: /meta has no attribute 'data_position'" "$dir/nocursor.h5"
 case_ other_width "is of another model: model.n_embd = 32 there, 64 in this run" "$good" --model.n_embd=64
 case_ other_depth "is of another model: model.n_layer = 2 there, 3 in this run" "$good" --model.n_layer=3
 case_ lora_vs_full "was written by finetune.mode = full; this run has finetune.mode = lora" "$good" --finetune.mode=lora

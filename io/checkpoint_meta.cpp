@@ -1,0 +1,167 @@
+#include "io/checkpoint_meta.h"
+
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "io/h5.h"
+
+namespace meshlm::io::ckpt {
+
+void write_meta(hid_t file, const Meta& m) {
+  h5::Group meta = write_identity(file, m.sizes, m.created, m.config, m.lora ? "lora" : "full");
+  if (m.lora) {
+    const LoraMeta& l = *m.lora;
+    h5::write_scalar_attr<int64_t>(meta, "lora_rank", l.rank);
+    h5::write_scalar_attr<double>(meta, "lora_alpha", l.alpha);
+    h5::write_string_attr(meta, "lora_targets", l.targets);
+    h5::write_string_attr(meta, "quant_type", l.quant_type);
+    h5::write_string_attr(meta, "quant_base", l.quant_base);
+    h5::write_string_attr(meta, "base_hash", l.base_hash);
+  }
+  h5::write_scalar_attr<int64_t>(meta, "step", m.step);
+  h5::write_scalar_attr<int64_t>(meta, "tokens_seen", m.tokens_seen);
+  h5::write_scalar_attr<int64_t>(meta, "adamw_step", m.adamw_step);
+  if (!m.run) {
+    if (m.seed) h5::write_scalar_attr<int64_t>(meta, "seed", *m.seed);
+    return;
+  }
+  const RunMeta& r = *m.run;
+  h5::write_scalar_attr<double>(meta, "loss_scale", r.loss_scale);
+  h5::write_scalar_attr<int64_t>(meta, "loss_scale_good_steps", r.loss_scale_good_steps);
+  h5::write_scalar_attr<int64_t>(meta, "skipped_steps", r.skipped_steps);
+  h5::write_scalar_attr<int64_t>(meta, "overflow_steps", r.overflow_steps);
+  h5::write_scalar_attr<uint64_t>(meta, "data_epoch", r.data_epoch);
+  h5::write_scalar_attr<uint64_t>(meta, "data_position", r.data_position);
+  h5::write_scalar_attr<uint64_t>(meta, "data_windows_per_epoch", r.data_windows_per_epoch);
+  h5::write_scalar_attr<int64_t>(meta, "data_seq_len", r.data_seq_len);
+  h5::write_scalar_attr<int64_t>(meta, "data_shuffle", r.data_shuffle ? 1 : 0);
+  h5::write_string_attr(meta, "data_path", r.data_path);
+  if (m.seed) h5::write_scalar_attr<int64_t>(meta, "seed", *m.seed);
+  h5::write_scalar_attr<int64_t>(meta, "layout_dp", r.layout_dp);
+  h5::write_scalar_attr<int64_t>(meta, "layout_tp", r.layout_tp);
+  h5::write_scalar_attr<int64_t>(meta, "layout_pp", r.layout_pp);
+  h5::write_scalar_attr<int64_t>(meta, "layout_zero_stage", r.layout_zero_stage);
+  h5::write_scalar_attr<int64_t>(meta, "layout_micro_batches", r.layout_micro_batches);
+  h5::write_scalar_attr<int64_t>(meta, "layout_world",
+                                 r.layout_dp * r.layout_tp * r.layout_pp);
+}
+
+namespace {
+
+// /meta's attributes, each required, each error naming the file.
+class Reader {
+public:
+  Reader(hid_t meta, const std::string& path) : meta_(meta), path_(path) {}
+
+  [[noreturn]] void fail(const std::string& what) const {
+    throw RankError(path_ + ": " + what, MESHLM_HERE);
+  }
+  bool has(const char* name) const { return h5::has_attr(meta_, name); }
+  void require(const char* name) const {
+    if (!has(name)) fail(fmt::format("/meta has no attribute '{}'", name));
+  }
+  std::string text(const char* name) const {
+    require(name);
+    return h5::read_string_attr(meta_, name);
+  }
+  double real(const char* name) const {
+    require(name);
+    return h5::read_scalar_attr<double>(meta_, name);
+  }
+  int64_t i64(const char* name) const {
+    require(name);
+    return h5::read_scalar_attr<int64_t>(meta_, name);
+  }
+  uint64_t u64(const char* name) const {
+    require(name);
+    return h5::read_scalar_attr<uint64_t>(meta_, name);
+  }
+  int64_t model_size(const char* name) const {
+    const int64_t v = i64(name);
+    if (v < 1 || v > std::numeric_limits<int>::max())
+      fail(fmt::format("/meta attribute '{}' = {} is not a model size", name, v));
+    return v;
+  }
+
+private:
+  hid_t meta_;
+  const std::string& path_;
+};
+
+LoraMeta read_lora(const Reader& r) {
+  LoraMeta l;
+  l.rank = r.i64("lora_rank");
+  if (l.rank < 1 || l.rank > std::numeric_limits<int>::max())
+    r.fail(fmt::format("/meta lora_rank = {} is not a rank", l.rank));
+  l.alpha = r.real("lora_alpha");
+  if (!(l.alpha > 0) || !std::isfinite(l.alpha))
+    r.fail(fmt::format("/meta lora_alpha = {} is not positive", l.alpha));
+  l.targets = r.text("lora_targets");
+  l.quant_type = r.text("quant_type");
+  l.quant_base = r.text("quant_base");
+  l.base_hash = r.text("base_hash");
+  return l;
+}
+
+RunMeta read_run(const Reader& r) {
+  RunMeta s;
+  s.skipped_steps = r.i64("skipped_steps");
+  s.overflow_steps = r.i64("overflow_steps");
+  s.loss_scale = r.real("loss_scale");
+  s.loss_scale_good_steps = r.i64("loss_scale_good_steps");
+  s.data_epoch = r.u64("data_epoch");
+  s.data_position = r.u64("data_position");
+  s.data_windows_per_epoch = r.u64("data_windows_per_epoch");
+  s.data_seq_len = r.i64("data_seq_len");
+  s.data_shuffle = r.i64("data_shuffle") != 0;
+  s.data_path = r.text("data_path");
+  s.layout_dp = r.i64("layout_dp");
+  s.layout_tp = r.i64("layout_tp");
+  s.layout_pp = r.i64("layout_pp");
+  s.layout_zero_stage = r.i64("layout_zero_stage");
+  s.layout_micro_batches = r.i64("layout_micro_batches");
+  return s;
+}
+
+}  // namespace
+
+Meta read_meta(hid_t file, const std::string& path) {
+  if (!h5::exists(file, "meta"))
+    throw RankError(path + ": no /meta group: not a meshlm checkpoint", MESHLM_HERE);
+  h5::Group group = h5::open_group(file, "meta");
+  const Reader r(group, path);
+  if (!r.has("kind") || r.text("kind") != kKind)
+    r.fail(fmt::format("/meta has no attribute kind = '{}': not a meshlm checkpoint", kKind));
+  const int64_t version = r.i64("format_version");
+  if (version != kFormatVersion)
+    r.fail(fmt::format("/meta format_version = {}; this meshlm reads version {}", version,
+                       kFormatVersion));
+  Meta m;
+  m.sizes = {r.model_size("n_layer"), r.model_size("n_head"), r.model_size("n_embd"),
+             r.model_size("vocab_size"), r.model_size("max_seq_len")};
+  const std::string mode = r.text("finetune_mode");
+  if (mode != "full" && mode != "lora")
+    r.fail("/meta finetune_mode is '" + log::printable(mode) + "', neither 'full' nor 'lora'");
+  if (mode == "lora") m.lora = read_lora(r);
+  m.step = r.i64("step");
+  if (r.has("seed")) m.seed = r.i64("seed");
+  if (r.has("loss_scale")) {  // a training checkpoint: all of it
+    m.run = read_run(r);
+    r.require("tokens_seen");
+    r.require("adamw_step");
+  }
+  if (r.has("tokens_seen")) m.tokens_seen = r.i64("tokens_seen");
+  if (r.has("adamw_step")) m.adamw_step = r.i64("adamw_step");
+  const double scale = m.run ? m.run->loss_scale : 1.0;
+  if (m.step < 0 || m.adamw_step < 0 || m.adamw_step > m.step || !std::isfinite(scale) ||
+      scale <= 0)
+    r.fail(fmt::format("/meta holds an impossible state (step {}, adamw_step {}, loss_scale {})",
+                       m.step, m.adamw_step, scale));
+  return m;
+}
+
+}  // namespace meshlm::io::ckpt
