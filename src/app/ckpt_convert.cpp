@@ -43,7 +43,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <regex>
 #include <set>
 
 #include "core/error.h"
@@ -59,6 +58,7 @@
 #include "io/safetensors_writer.h"
 #include "load/base_loader.h"
 #include "load/base_source.h"
+#include "load/hf_gpt2.h"
 #include "model/gpt_config.h"
 #include "model/lora.h"
 #include "model/param_table.h"
@@ -430,12 +430,9 @@ private:
 // Writing the safetensors file
 // ---------------------------------------------------------------------------
 
-// How a tensor of the file sits in its meshlm source.
-enum class HFLayout {
-  same,        // as it is (vectors, wpe, the adapters)
-  transposed,  // Conv1D weight: file (in, out) = meshlm (out, in) transposed
-  vocab_rows,  // wte: the first vocab_size rows of meshlm's padded table
-};
+// How a tensor of the file sits in its meshlm source: load/hf_gpt2.h
+// (wpe's first_rows is all of meshlm's rows here).
+using HFLayout = load::hf::Layout;
 
 struct OutTensor {
   std::string name;
@@ -443,24 +440,6 @@ struct OutTensor {
   HFLayout layout = HFLayout::same;
   std::function<std::unique_ptr<MatrixSource>()> open;  // called when its turn comes
 };
-
-HFLayout hf_layout(const ParamSpec& p) {
-  switch (p.role) {
-    case ParamRole::token_embedding: return HFLayout::vocab_rows;
-    case ParamRole::linear_weight: return HFLayout::transposed;
-    default: return HFLayout::same;
-  }
-}
-
-std::vector<int64_t> hf_shape(const ParamSpec& p, const GPTConfig& cfg) {
-  const std::vector<int64_t> d = dims_of(p.full_shape);
-  switch (hf_layout(p)) {
-    case HFLayout::transposed: return {d[1], d[0]};
-    case HFLayout::vocab_rows: return {cfg.vocab_size, d[1]};
-    case HFLayout::same: break;
-  }
-  return d;
-}
 
 enum class OutDType { fp32, bf16, fp16 };
 
@@ -560,7 +539,7 @@ std::vector<OutTensor> model_tensors(hid_t file, const CkptMeta& m) {
   for (const ParamSpec& p : gpt_param_table(m.cfg)) {
     const std::string ds = ckpt::params_path(p.name);
     open_checked(file, m.path, ds, dims_of(p.full_shape));
-    out.push_back({p.name, hf_shape(p, m.cfg), hf_layout(p), [file, &m, ds, p] {
+    out.push_back({p.name, load::hf::file_shape(p, m.cfg), load::hf::layout_of(p), [file, &m, ds, p] {
                      return dataset_source(file, m.path, ds, p.full_shape);
                    }});
   }
@@ -628,7 +607,7 @@ std::vector<OutTensor> merged_tensors(hid_t file, const CkptMeta& m,
     const ParamSpec& p = e.spec;
     std::optional<std::pair<ParamSpec, ParamSpec>> ab;
     if (adapter_of.count(p.name)) ab = adapter_of.at(p.name);
-    out.push_back({p.name, hf_shape(p, m.cfg), hf_layout(p), [file, &m, &base, e, ab, s] {
+    out.push_back({p.name, load::hf::file_shape(p, m.cfg), load::hf::layout_of(p), [file, &m, &base, e, ab, s] {
                      auto src = std::make_unique<MergedSource>(e, base);
                      if (ab)
                        src->set_adapter(read_adapter(file, m, ab->first),
@@ -777,9 +756,10 @@ namespace {
 GPTConfig infer_model(const io::SafetensorsFile& f, int heads) {
   const std::string in = "safetensors file '" + f.path() + "'";
   auto find = [&](const std::string& name) -> const io::SafetensorsTensor& {
-    for (const std::string& n : {name, "transformer." + name})
+    const std::vector<std::string> names = load::hf::file_names(name);
+    for (const std::string& n : names)
       if (f.has(n)) return f.info(n);
-    throw RankError(in + ": no tensor '" + name + "' (nor 'transformer." + name +
+    throw RankError(in + ": no tensor '" + name + "' (nor '" + names[1] +
                         "'), which a GPT-2 model has; is this a GPT-2 file?",
                     MESHLM_HERE);
   };
@@ -796,12 +776,9 @@ GPTConfig infer_model(const io::SafetensorsFile& f, int heads) {
   c.n_embd = static_cast<int>(wte.shape[1]);
   c.max_seq_len = static_cast<int>(wpe.shape[0]);
   c.n_head = heads;
-  static const std::regex block(R"(^(?:transformer\.)?h\.(\d+)\..*)");
   std::set<long long> layers;
-  for (const io::SafetensorsTensor& t : f.tensors()) {
-    std::smatch mt;
-    if (std::regex_match(t.name, mt, block) && mt[1].length() <= 9) layers.insert(std::stoll(mt[1]));
-  }
+  for (const io::SafetensorsTensor& t : f.tensors())
+    if (const std::optional<long long> l = load::hf::block_of(t.name)) layers.insert(*l);
   if (layers.empty())
     throw RankError(in + ": no transformer blocks (tensors h.0.*); is this a GPT-2 file?", MESHLM_HERE);
   const long long top = *layers.rbegin();

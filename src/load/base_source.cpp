@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "io/h5.h"
 #include "io/safetensors.h"
+#include "load/hf_gpt2.h"
 
 namespace meshlm::load {
 
@@ -83,22 +84,8 @@ private:
 // Hugging Face safetensors
 // ---------------------------------------------------------------------------
 
-// How one meshlm tensor sits in a Hugging Face GPT-2 file.
-enum class HFLayout {
-  same,        // the same shape and layout
-  transposed,  // Conv1D weight stored (in, out)
-  vocab_rows,  // wte: vocab_size rows, padded here to padded_vocab_size with zeros
-  first_rows,  // wpe: at least max_seq_len rows, the first max_seq_len taken
-};
-
-HFLayout hf_layout(const ParamSpec& p) {
-  switch (p.role) {
-    case ParamRole::token_embedding: return HFLayout::vocab_rows;
-    case ParamRole::position_embedding: return HFLayout::first_rows;
-    case ParamRole::linear_weight: return HFLayout::transposed;
-    default: return HFLayout::same;
-  }
-}
+// The names and layouts of the file: load/hf_gpt2.h.
+using HFLayout = hf::Layout;
 
 class SafetensorsSource final : public TableSource {
 public:
@@ -113,7 +100,7 @@ public:
     const ParamSpec& p = table_[i];
     const std::string& name = file_names_[i];
     const size_t rf = row_floats(p), r0 = static_cast<size_t>(row0), nr = static_cast<size_t>(nrows);
-    switch (hf_layout(p)) {
+    switch (hf::layout_of(p)) {
       case HFLayout::same:
       case HFLayout::first_rows:
         file_.read_f32(name, out, r0 * rf, nr * rf);
@@ -149,8 +136,9 @@ private:
   // The name in the file of meshlm tensor `p`, after checking its shape
   // and dtype.
   std::string check(const ParamSpec& p) const {
-    const std::string prefixed = "transformer." + p.name;
-    const bool plain = file_.has(p.name), pre = file_.has(prefixed);
+    const std::vector<std::string> names = hf::file_names(p.name);
+    const std::string& prefixed = names[1];
+    const bool plain = file_.has(names[0]), pre = file_.has(prefixed);
     if (plain && pre)
       fail("holds both '" + p.name + "' and '" + prefixed + "'; meshlm cannot tell which to use");
     if (!plain && !pre)
@@ -161,7 +149,7 @@ private:
     const int64_t C = cfg_.n_embd;
     const std::vector<int64_t> full = dims_of(p.full_shape);
     const std::string has = "tensor '" + t.name + "' has shape " + dims_str(t.shape);
-    switch (hf_layout(p)) {
+    switch (hf::layout_of(p)) {
       case HFLayout::same:
         if (t.shape != full) fail(has + "; meshlm expects " + dims_str(full));
         break;
