@@ -159,24 +159,12 @@ __global__ void broadcast_bias_kernel(float* out, const float* bias, int N, int 
 }
 
 // The partial sums over a chunk of rows of dout(., c) (cuda/scratch.cuh;
-// column_block_sum within the block of 32 columns).
-__global__ void bias_partials_kernel(float* partials, const float* dout, int N, int OC) {
-  __shared__ float part[kColumnRows][kWarp];
-  const int c = blockIdx.x * kWarp + threadIdx.x % kWarp, r0 = threadIdx.x / kWarp;
-  int begin, end;
-  chunk_rows(N, begin, end);
-  float acc = 0.0f;
-  if (c < OC)
-    for (int n = begin + r0; n < end; n += kColumnRows) acc += dout[size_t(n) * OC + c];
-  acc = column_block_sum(acc, part);
-  if (r0 == 0 && c < OC) partials[size_t(blockIdx.y) * OC + c] = acc;
-}
-
-// bias_partials_kernel and the 16-bit copy of dout in one read of it: the
-// same partial sums, and the bits round_span gives each element.
+// column_block_sum within the block of 32 columns), and where dout16 is
+// given dout's 16-bit copy from the same read: the bits round_span gives
+// each element.
 template <typename Out>
-__global__ void round_and_bias_partials_kernel(Out* dout16, float* partials, const float* dout,
-                                               int N, int OC) {
+__global__ void bias_partials_kernel(float* partials, Out* dout16, const float* dout, int N,
+                                     int OC) {
   __shared__ float part[kColumnRows][kWarp];
   const int c = blockIdx.x * kWarp + threadIdx.x % kWarp, r0 = threadIdx.x / kWarp;
   int begin, end;
@@ -187,11 +175,28 @@ __global__ void round_and_bias_partials_kernel(Out* dout16, float* partials, con
       const size_t i = size_t(n) * OC + c;
       const float x = dout[i];
       acc += x;
+      if (dout16 == nullptr) continue;
       const uint32_t two = pack_16bit<Out>(x, 0.0f);
       dout16[i] = *reinterpret_cast<const Out*>(&two);
     }
   acc = column_block_sum(acc, part);
   if (r0 == 0 && c < OC) partials[size_t(blockIdx.y) * OC + c] = acc;
+}
+
+// dbias(OC) += sum_n dout(n, .), in two passes (cuda/scratch.cuh); with
+// copy16, dout's 16-bit copy at precision p made by the first.
+void bias_gradient(float* dbias, const float* dout, int N, int OC, cudaStream_t stream,
+                   ops::Precision p = ops::Precision::fp32, void* copy16 = nullptr) {
+  const dim3 grid = column_partials_grid(N, OC);
+  float* partials = column_partials(stream, size_t(grid.y) * OC);
+  if (copy16 != nullptr && p == ops::Precision::fp16)
+    bias_partials_kernel<<<grid, kThreads, 0, stream>>>(partials, static_cast<__half*>(copy16),
+                                                        dout, N, OC);
+  else
+    bias_partials_kernel<<<grid, kThreads, 0, stream>>>(
+        partials, static_cast<__nv_bfloat16*>(copy16), dout, N, OC);
+  CUDA_CHECK(cudaGetLastError());
+  add_column_partials(dbias, partials, static_cast<int>(grid.y), OC, stream);
 }
 
 // gemm_rm on 16-bit copies already made (precision p).
@@ -383,17 +388,7 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, co
         rounded(stream, p, {dout, n_dout, held.dout}, {w, dinp ? n_w : 0, held.w},
                 {inp, dw ? n_inp : 0, held.inp}, /*round_a=*/!fused);
     if (fused) {
-      const dim3 grid = column_partials_grid(N, OC);
-      float* partials = column_partials(stream, size_t(grid.y) * OC);
-      void* copy = const_cast<void*>(d16);
-      if (p == ops::Precision::bf16)
-        round_and_bias_partials_kernel<<<grid, kThreads, 0, stream>>>(
-            static_cast<__nv_bfloat16*>(copy), partials, dout, N, OC);
-      else
-        round_and_bias_partials_kernel<<<grid, kThreads, 0, stream>>>(static_cast<__half*>(copy),
-                                                                      partials, dout, N, OC);
-      CUDA_CHECK(cudaGetLastError());
-      add_column_partials(dbias, partials, static_cast<int>(grid.y), OC, stream);
+      bias_gradient(dbias, dout, N, OC, stream, p, const_cast<void*>(d16));
       dbias = nullptr;  // done
     }
     if (dinp)
@@ -405,13 +400,7 @@ void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, co
     if (dinp) gemm_rm(stream, p, false, false, N, IC, OC, 1.0f, dout, OC, w, IC, 0.0f, dinp, IC);
     if (dw) gemm_rm(stream, p, true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dw, IC);
   }
-  if (dbias) {  // dbias(OC) += sum_n dout(n, .)
-    const dim3 grid = column_partials_grid(N, OC);
-    float* partials = column_partials(stream, size_t(grid.y) * OC);
-    bias_partials_kernel<<<grid, kThreads, 0, stream>>>(partials, dout, N, OC);
-    CUDA_CHECK(cudaGetLastError());
-    add_column_partials(dbias, partials, static_cast<int>(grid.y), OC, stream);
-  }
+  if (dbias) bias_gradient(dbias, dout, N, OC, stream);
 }
 
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -10,6 +11,28 @@
 #include "io/h5.h"
 
 namespace meshlm::io::ckpt {
+
+namespace {
+
+// The run's integer attributes, each named as its field.
+constexpr std::pair<const char*, int64_t RunMeta::*> kRunInt64[] = {
+    {"loss_scale_good_steps", &RunMeta::loss_scale_good_steps},
+    {"skipped_steps", &RunMeta::skipped_steps},
+    {"overflow_steps", &RunMeta::overflow_steps},
+    {"data_seq_len", &RunMeta::data_seq_len},
+    {"layout_dp", &RunMeta::layout_dp},
+    {"layout_tp", &RunMeta::layout_tp},
+    {"layout_pp", &RunMeta::layout_pp},
+    {"layout_zero_stage", &RunMeta::layout_zero_stage},
+    {"layout_micro_batches", &RunMeta::layout_micro_batches},
+};
+constexpr std::pair<const char*, uint64_t RunMeta::*> kRunUInt64[] = {
+    {"data_epoch", &RunMeta::data_epoch},
+    {"data_position", &RunMeta::data_position},
+    {"data_windows_per_epoch", &RunMeta::data_windows_per_epoch},
+};
+
+}  // namespace
 
 void write_meta(hid_t file, const Meta& m) {
   h5::Group meta = write_identity(file, m.sizes, m.created, m.config, m.lora ? "lora" : "full");
@@ -25,27 +48,14 @@ void write_meta(hid_t file, const Meta& m) {
   h5::write_scalar_attr<int64_t>(meta, "step", m.step);
   h5::write_scalar_attr<int64_t>(meta, "tokens_seen", m.tokens_seen);
   h5::write_scalar_attr<int64_t>(meta, "adamw_step", m.adamw_step);
-  if (!m.run) {
-    if (m.seed) h5::write_scalar_attr<int64_t>(meta, "seed", *m.seed);
-    return;
-  }
+  if (m.seed) h5::write_scalar_attr<int64_t>(meta, "seed", *m.seed);
+  if (!m.run) return;
   const RunMeta& r = *m.run;
   h5::write_scalar_attr<double>(meta, "loss_scale", r.loss_scale);
-  h5::write_scalar_attr<int64_t>(meta, "loss_scale_good_steps", r.loss_scale_good_steps);
-  h5::write_scalar_attr<int64_t>(meta, "skipped_steps", r.skipped_steps);
-  h5::write_scalar_attr<int64_t>(meta, "overflow_steps", r.overflow_steps);
-  h5::write_scalar_attr<uint64_t>(meta, "data_epoch", r.data_epoch);
-  h5::write_scalar_attr<uint64_t>(meta, "data_position", r.data_position);
-  h5::write_scalar_attr<uint64_t>(meta, "data_windows_per_epoch", r.data_windows_per_epoch);
-  h5::write_scalar_attr<int64_t>(meta, "data_seq_len", r.data_seq_len);
+  for (const auto& [name, field] : kRunInt64) h5::write_scalar_attr<int64_t>(meta, name, r.*field);
+  for (const auto& [name, field] : kRunUInt64) h5::write_scalar_attr<uint64_t>(meta, name, r.*field);
   h5::write_scalar_attr<int64_t>(meta, "data_shuffle", r.data_shuffle ? 1 : 0);
   h5::write_string_attr(meta, "data_path", r.data_path);
-  if (m.seed) h5::write_scalar_attr<int64_t>(meta, "seed", *m.seed);
-  h5::write_scalar_attr<int64_t>(meta, "layout_dp", r.layout_dp);
-  h5::write_scalar_attr<int64_t>(meta, "layout_tp", r.layout_tp);
-  h5::write_scalar_attr<int64_t>(meta, "layout_pp", r.layout_pp);
-  h5::write_scalar_attr<int64_t>(meta, "layout_zero_stage", r.layout_zero_stage);
-  h5::write_scalar_attr<int64_t>(meta, "layout_micro_batches", r.layout_micro_batches);
   h5::write_scalar_attr<int64_t>(meta, "layout_world",
                                  r.layout_dp * r.layout_tp * r.layout_pp);
 }
@@ -109,21 +119,11 @@ LoraMeta read_lora(const Reader& r) {
 
 RunMeta read_run(const Reader& r) {
   RunMeta s;
-  s.skipped_steps = r.i64("skipped_steps");
-  s.overflow_steps = r.i64("overflow_steps");
   s.loss_scale = r.real("loss_scale");
-  s.loss_scale_good_steps = r.i64("loss_scale_good_steps");
-  s.data_epoch = r.u64("data_epoch");
-  s.data_position = r.u64("data_position");
-  s.data_windows_per_epoch = r.u64("data_windows_per_epoch");
-  s.data_seq_len = r.i64("data_seq_len");
+  for (const auto& [name, field] : kRunInt64) s.*field = r.i64(name);
+  for (const auto& [name, field] : kRunUInt64) s.*field = r.u64(name);
   s.data_shuffle = r.i64("data_shuffle") != 0;
   s.data_path = r.text("data_path");
-  s.layout_dp = r.i64("layout_dp");
-  s.layout_tp = r.i64("layout_tp");
-  s.layout_pp = r.i64("layout_pp");
-  s.layout_zero_stage = r.i64("layout_zero_stage");
-  s.layout_micro_batches = r.i64("layout_micro_batches");
   return s;
 }
 

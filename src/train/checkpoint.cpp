@@ -40,10 +40,8 @@
 
 namespace meshlm {
 
+using namespace checkpoint_detail;  // and its h5 and ck
 namespace fs = std::filesystem;
-namespace h5 = io::h5;
-namespace ck = io::ckpt;
-using namespace checkpoint_detail;
 
 namespace {
 

@@ -12,9 +12,6 @@
 
 namespace meshlm::checkpoint_detail {
 
-namespace h5 = io::h5;
-namespace ck = io::ckpt;
-
 // ---- who holds what ---------------------------------------------------------------
 
 // The datasets of a model whose trained tensors are `full_table`, in the

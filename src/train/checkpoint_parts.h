@@ -18,6 +18,7 @@
 
 #include "core/tensor.h"
 #include "io/checkpoint_file.h"
+#include "io/h5.h"
 #include "model/param_table.h"
 #include "ops/kernels.h"
 #include "plan/memory.h"
@@ -29,6 +30,9 @@ class ProcessMesh;
 }
 
 namespace meshlm::checkpoint_detail {
+
+namespace h5 = io::h5;
+namespace ck = io::ckpt;
 
 // One dataset of the checkpoint: a trained tensor's values or one of its moments.
 struct DatasetRef {

@@ -9,31 +9,23 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <memory>
 #include <utility>
 #include <vector>
 
 #include "comm/errors.h"
 #include "comm/mpi_comm.h"
 #include "core/error.h"
-#include "core/heartbeat.h"
 #include "core/timer.h"
-#include "core/files.h"
 #include "core/log.h"
 #include "io/checkpoint_file.h"
 #include "io/checkpoint_meta.h"
 #include "io/h5.h"
-#include "io/hash.h"
-#include "model/param_table.h"
-#include "plan/memory.h"
 #include "train/report.h"
 
 namespace meshlm {
 
+using namespace checkpoint_detail;  // and its h5 and ck
 namespace fs = std::filesystem;
-namespace h5 = io::h5;
-namespace ck = io::ckpt;
-using namespace checkpoint_detail;
 
 namespace {
 

@@ -31,22 +31,11 @@ ck::Meta training_meta(bool lora) {
   m.tokens_seen = 40 * 512;
   m.adamw_step = 38;
   m.seed = 1337;
-  ck::RunMeta& r = m.run.emplace();
-  r.skipped_steps = 2;
-  r.overflow_steps = 1;
-  r.loss_scale = 32768.0;
-  r.loss_scale_good_steps = 7;
-  r.data_epoch = 1;
-  r.data_position = 99;
-  r.data_windows_per_epoch = 1234;
-  r.data_seq_len = 64;
-  r.data_shuffle = true;
-  r.data_path = "tokens.bin";
-  r.layout_dp = 2;
-  r.layout_tp = 2;
-  r.layout_pp = 1;
-  r.layout_zero_stage = 1;
-  r.layout_micro_batches = 4;
+  m.run = ck::RunMeta{.skipped_steps = 2, .overflow_steps = 1, .loss_scale = 32768.0,
+                      .loss_scale_good_steps = 7, .data_epoch = 1, .data_position = 99,
+                      .data_windows_per_epoch = 1234, .data_seq_len = 64, .data_shuffle = true,
+                      .data_path = "tokens.bin", .layout_dp = 2, .layout_tp = 2, .layout_pp = 1,
+                      .layout_zero_stage = 1, .layout_micro_batches = 4};
   return m;
 }
 
