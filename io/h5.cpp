@@ -387,6 +387,99 @@ void read_rows(hid_t dset, hsize_t start, hsize_t count, hid_t mem_type, void* o
         "cannot read rows " + range);
 }
 
+void read_block(hid_t dset, hsize_t r0, hsize_t nr, hsize_t c0, hsize_t nc, hid_t mem_type,
+                void* out) {
+  if (nr == 0 || nc == 0) return;
+  const std::string name = object_name(dset);
+  Dataspace fspace(H5Dget_space(dset));
+  check(fspace.get(), dset, name, "cannot read its shape");
+  // A vector is (n, 1) here and 1-D in the file: HDF5 reads the first entries.
+  const hsize_t start[2] = {r0, c0}, count[2] = {nr, nc};
+  check(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, count, nullptr), dset, name,
+        "cannot select a block");
+  const hsize_t n = nr * nc;
+  Dataspace mspace(H5Screate_simple(1, &n, nullptr));
+  check(H5Dread(dset, mem_type, mspace, fspace, H5P_DEFAULT, out), dset, name,
+        fmt::format("cannot read rows [{}, {})", r0, r0 + nr));
+}
+
+Dataset create_dataset(hid_t loc, const std::string& name, hid_t file_type,
+                       const std::vector<hsize_t>& dims) {
+  Dataspace space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
+  check(space.get(), loc, name, "cannot make its dataspace");
+  Dataset d(H5Dcreate2(loc, name.c_str(), file_type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+  check(d.get(), loc, name, "cannot create the dataset");
+  return d;
+}
+
+void write_rows(hid_t dset, hsize_t start, hsize_t count, hid_t mem_type, const void* data) {
+  if (count == 0) return;
+  const std::string name = object_name(dset);
+  const std::string range = fmt::format("[{}, {})", start, start + count);
+  std::vector<hsize_t> dims = shape(dset), offset(std::max<size_t>(dims.size(), 1), 0);
+  if (dims.empty()) dims.push_back(1);
+  offset[0] = start;
+  dims[0] = count;
+  Dataspace fspace(H5Dget_space(dset));
+  check(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, offset.data(), nullptr, dims.data(), nullptr),
+        dset, name, "cannot select rows " + range);
+  Dataspace mspace(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
+  check(H5Dwrite(dset, mem_type, mspace, fspace, H5P_DEFAULT, data), dset, name,
+        "cannot write rows " + range);
+}
+
+namespace {
+
+TypeInfo type_info(hid_t type) {
+  TypeInfo t;
+  t.name = type_name(type);
+  t.bytes = H5Tget_size(type);
+  switch (H5Tget_class(type)) {
+    case H5T_INTEGER:
+      t.cls = TypeInfo::Class::integer;
+      t.is_unsigned = H5Tget_sign(type) == H5T_SGN_NONE;
+      break;
+    case H5T_FLOAT: t.cls = TypeInfo::Class::floating; break;
+    case H5T_STRING: t.cls = TypeInfo::Class::string; break;
+    default: break;
+  }
+  return t;
+}
+
+herr_t collect_object(hid_t group, const char* name, const H5L_info_t*, void* op) {
+  H5O_info_t info{};
+  if (H5Oget_info_by_name2(group, name, &info, H5O_INFO_BASIC | H5O_INFO_NUM_ATTRS,
+                           H5P_DEFAULT) < 0)
+    return -1;
+  if (info.type != H5O_TYPE_GROUP && info.type != H5O_TYPE_DATASET) return 0;
+  static_cast<std::vector<ObjectInfo>*>(op)->push_back(
+      {name, info.type == H5O_TYPE_GROUP, info.num_attrs});
+  return 0;
+}
+
+herr_t collect_attr(hid_t, const char* name, const H5A_info_t*, void* op) {
+  static_cast<std::vector<std::string>*>(op)->push_back(name);
+  return 0;
+}
+
+}  // namespace
+
+TypeInfo dataset_type(hid_t dset) {
+  Datatype type(H5Dget_type(dset));
+  check(type.get(), dset, object_name(dset), "cannot read the type");
+  return type_info(type);
+}
+
+std::vector<ObjectInfo> walk_objects(hid_t file) {
+  std::vector<ObjectInfo> out;
+  H5O_info_t root{};
+  check(H5Oget_info2(file, &root, H5O_INFO_NUM_ATTRS), file, "/", "cannot read the root group");
+  out.push_back({"", true, root.num_attrs});
+  check(H5Lvisit(file, H5_INDEX_NAME, H5_ITER_INC, collect_object, &out), file, "/",
+        "cannot walk the groups");
+  return out;
+}
+
 // ---------------------------------------------------------------------------
 // Attributes
 // ---------------------------------------------------------------------------
@@ -475,5 +568,35 @@ void read_scalar_attr_raw(hid_t obj, const std::string& name, hid_t type, void* 
     fail(obj, label, "stored as " + type_name(stored) + ", cannot be read as " + type_name(type));
   check(H5Aread(attr, type, value), obj, label, "cannot read attribute");
 }
+
+std::vector<std::string> attr_names(hid_t obj) {
+  std::vector<std::string> names;
+  hsize_t idx = 0;
+  check(H5Aiterate2(obj, H5_INDEX_NAME, H5_ITER_INC, &idx, collect_attr, &names), obj,
+        object_name(obj), "cannot list the attributes");
+  return names;
+}
+
+AttrInfo attr_info(hid_t obj, const std::string& name) {
+  Attribute attr = open_attr(obj, name);
+  Datatype type(H5Aget_type(attr));
+  Dataspace space(H5Aget_space(attr));
+  const hssize_t n = H5Sget_simple_extent_npoints(space);
+  return {type_info(type), n > 0 ? static_cast<size_t>(n) : 0};
+}
+
+template <typename T>
+std::vector<T> read_attr_values(hid_t obj, const std::string& name) {
+  const std::string label = attr_label(obj, name);
+  Attribute attr = open_attr(obj, name);
+  Dataspace space(H5Aget_space(attr));
+  const hssize_t n = H5Sget_simple_extent_npoints(space);
+  std::vector<T> v(n > 0 ? static_cast<size_t>(n) : 0);
+  if (!v.empty()) check(H5Aread(attr, native_type<T>(), v.data()), obj, label, "cannot read attribute");
+  return v;
+}
+template std::vector<int64_t> read_attr_values<int64_t>(hid_t, const std::string&);
+template std::vector<uint64_t> read_attr_values<uint64_t>(hid_t, const std::string&);
+template std::vector<double> read_attr_values<double>(hid_t, const std::string&);
 
 }  // namespace meshlm::io::h5

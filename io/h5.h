@@ -252,9 +252,53 @@ std::vector<T> read_dataset(hid_t loc, const std::string& name,
 // `mem_type`), without loading the rest.
 void read_rows(hid_t dset, hsize_t start, hsize_t count, hid_t mem_type, void* out);
 
+// Reads the block rows [r0, r0 + nr) x columns [c0, c0 + nc) of a 2-D
+// dataset (of a 1-D one read as (n, 1): c0 = 0, nc = 1) into `out`, row-major.
+void read_block(hid_t dset, hsize_t r0, hsize_t nr, hsize_t c0, hsize_t nc, hid_t mem_type,
+                void* out);
+
+// Creates the dataset `name` of stored type `file_type` and shape `dims`,
+// for write_rows to fill.
+Dataset create_dataset(hid_t loc, const std::string& name, hid_t file_type,
+                       const std::vector<hsize_t>& dims);
+// Writes rows [start, start + count) (along the first dimension) of an open
+// dataset from `data` (memory type `mem_type`, row-major).
+void write_rows(hid_t dset, hsize_t start, hsize_t count, hid_t mem_type, const void* data);
+
+// What a stored type is, as the `meshlm ckpt` tools show it.
+struct TypeInfo {
+  std::string name;  // type_name's
+  enum class Class { integer, floating, string, other } cls = Class::other;
+  bool is_unsigned = false;
+  size_t bytes = 0;
+};
+TypeInfo dataset_type(hid_t dset);
+
+// One group or dataset of a file: its path without the leading '/' ("" for
+// the root), and its number of attributes.
+struct ObjectInfo {
+  std::string path;
+  bool is_group = false;
+  hsize_t num_attrs = 0;
+};
+// The root, then every group and dataset below it, depth-first in name order.
+std::vector<ObjectInfo> walk_objects(hid_t file);
+
 // ---------------------------------------------------------------------------
 // Attributes (on a file, group or dataset; replaced when they exist)
 // ---------------------------------------------------------------------------
+
+// The names of `obj`'s attributes, in name order.
+std::vector<std::string> attr_names(hid_t obj);
+// An attribute's type and number of values (1 for a scalar).
+struct AttrInfo {
+  TypeInfo type;
+  size_t count = 0;
+};
+AttrInfo attr_info(hid_t obj, const std::string& name);
+// All values of a numeric attribute, converted to T (int64_t, uint64_t or double).
+template <typename T>
+std::vector<T> read_attr_values(hid_t obj, const std::string& name);
 
 bool has_attr(hid_t obj, const std::string& name);
 void write_string_attr(hid_t obj, const std::string& name, const std::string& value);

@@ -341,17 +341,7 @@ public:
   DatasetSource(h5::Dataset d, int64_t rows, int64_t cols)
       : MatrixSource(rows, cols), d_(std::move(d)) {}
   void block(int64_t r0, int64_t nr, int64_t c0, int64_t nc, float* out) override {
-    if (nr == 0 || nc == 0) return;
-    h5::Dataspace fspace(H5Dget_space(d_));
-    // A vector is (n, 1) here and 1-D in the file.
-    const hsize_t start[2] = {hsize_t(r0), hsize_t(c0)}, count[2] = {hsize_t(nr), hsize_t(nc)};
-    const std::string name = h5::object_name(d_);
-    h5::check(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, count, nullptr), d_,
-              name, "cannot select a block");
-    const hsize_t n = hsize_t(nr) * hsize_t(nc);
-    h5::Dataspace mspace(H5Screate_simple(1, &n, nullptr));
-    h5::check(H5Dread(d_, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, out), d_, name,
-              fmt::format("cannot read rows [{}, {})", r0, r0 + nr));
+    h5::read_block(d_, hsize_t(r0), hsize_t(nr), hsize_t(c0), hsize_t(nc), H5T_NATIVE_FLOAT, out);
   }
 
 private:
@@ -797,10 +787,7 @@ uint64_t import_tensor(hid_t params, const ParamSpec& p, load::BaseSource& src,
                        std::vector<float>& buf) {
   std::vector<hsize_t> dims;
   for (int64_t d : dims_of(p.full_shape)) dims.push_back(static_cast<hsize_t>(d));
-  h5::Dataspace space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr));
-  h5::Dataset d(H5Dcreate2(params, p.name.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, H5P_DEFAULT,
-                           H5P_DEFAULT));
-  h5::check(d.get(), params, p.name, "cannot create the dataset");
+  h5::Dataset d = h5::create_dataset(params, p.name, H5T_IEEE_F32LE, dims);
   const int64_t R = p.full_shape[0], per = rows_per_block(p, kBlockFloats);
   const size_t rf = row_floats(p);
   buf.resize(static_cast<size_t>(std::min(per, R)) * rf);
@@ -808,15 +795,9 @@ uint64_t import_tensor(hid_t params, const ParamSpec& p, load::BaseSource& src,
   for (int64_t r0 = 0; r0 < R; r0 += per) {
     const int64_t nr = std::min(per, R - r0);
     src.read_rows(p, r0, nr, buf.data());  // NaN and infinities refused here, naming the tensor
-    std::vector<hsize_t> start(dims.size(), 0), count = dims;
-    start[0] = static_cast<hsize_t>(r0);
-    count[0] = static_cast<hsize_t>(nr);
-    h5::check(H5Sselect_hyperslab(space, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr),
-              params, p.name, "cannot select rows");
+    h5::write_rows(d, static_cast<hsize_t>(r0), static_cast<hsize_t>(nr), H5T_NATIVE_FLOAT,
+                   buf.data());
     const hsize_t n = static_cast<hsize_t>(nr) * rf;
-    h5::Dataspace mspace(H5Screate_simple(1, &n, nullptr));
-    h5::check(H5Dwrite(d, H5T_NATIVE_FLOAT, mspace, space, H5P_DEFAULT, buf.data()), params, p.name,
-              fmt::format("cannot write rows [{}, {})", r0, r0 + nr));
     // The checksum is of the little-endian float32 values: the memory's
     // bytes on the little-endian hosts meshlm runs on.
     static_assert(std::endian::native == std::endian::little, "checksums hash little-endian floats");

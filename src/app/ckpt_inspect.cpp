@@ -19,34 +19,6 @@ namespace h5 = io::h5;
 
 namespace {
 
-struct Object {
-  std::string path;  // no leading '/'; "" is the root
-  bool is_group = false;
-  hsize_t num_attrs = 0;
-};
-
-herr_t collect_object(hid_t group, const char* name, const H5L_info_t*, void* op) {
-  H5O_info_t info{};
-  if (H5Oget_info_by_name2(group, name, &info, H5O_INFO_BASIC | H5O_INFO_NUM_ATTRS,
-                           H5P_DEFAULT) < 0)
-    return -1;
-  if (info.type != H5O_TYPE_GROUP && info.type != H5O_TYPE_DATASET) return 0;
-  static_cast<std::vector<Object>*>(op)->push_back(
-      {name, info.type == H5O_TYPE_GROUP, info.num_attrs});
-  return 0;
-}
-
-// Every group and dataset below the root, depth-first in name order.
-std::vector<Object> walk(hid_t file) {
-  std::vector<Object> out;
-  H5O_info_t root{};
-  h5::check(H5Oget_info2(file, &root, H5O_INFO_NUM_ATTRS), file, "/", "cannot read the root group");
-  out.push_back({"", true, root.num_attrs});
-  h5::check(H5Lvisit(file, H5_INDEX_NAME, H5_ITER_INC, collect_object, &out), file, "/",
-            "cannot walk the groups");
-  return out;
-}
-
 size_t count_lines(const std::string& s) {
   if (s.empty()) return 0;
   size_t n = static_cast<size_t>(std::count(s.begin(), s.end(), '\n'));
@@ -93,8 +65,7 @@ void inspect(const InspectOptions& o) {
   // dataset's own attribute agrees with it (verify recomputes both).
   h5::Group sums;
   if (h5::exists(file, io::ckpt::kChecksumGroup))
-    sums = h5::Group(h5::check(H5Gopen2(file, io::ckpt::kChecksumGroup, H5P_DEFAULT), file,
-                               io::ckpt::kChecksumGroup, "cannot open group"));
+    sums = h5::open_group(file, io::ckpt::kChecksumGroup);
 
   struct Total {
     uint64_t datasets = 0, elements = 0, bytes = 0;
@@ -102,7 +73,7 @@ void inspect(const InspectOptions& o) {
   std::map<std::string, Total> totals;  // by top-level group
   Total all;
   Table tree({"object", "kind", "shape", "dtype", "bytes", "attrs", "xxh3", "meta/checksums"});
-  for (const Object& obj : walk(file)) {
+  for (const h5::ObjectInfo& obj : h5::walk_objects(file)) {
     if (obj.is_group) {
       tree.add({obj.path.empty() ? "/" : obj.path + "/", "group", "-", "-", "-",
                 std::to_string(obj.num_attrs), "-", "-"});
@@ -144,7 +115,7 @@ void inspect(const InspectOptions& o) {
   std::vector<std::pair<std::string, std::string>> configs;
   print_attrs(file, "/", o.show_config, configs);
   if (h5::exists(file, "meta")) {
-    h5::Group meta(h5::check(H5Gopen2(file, "meta", H5P_DEFAULT), file, "meta", "cannot open group"));
+    h5::Group meta = h5::open_group(file, "meta");
     print_attrs(meta, "/meta", o.show_config, configs);
   }
   if (o.show_config) {

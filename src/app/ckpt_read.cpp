@@ -29,12 +29,10 @@ DatasetInfo dataset_info(hid_t file, const std::string& path) {
   info.path = path;
   h5::Dataset dset = h5::open_dataset(file, path);
   info.shape = h5::shape(dset);
-  h5::Datatype type(H5Dget_type(dset));
-  h5::check(type.get(), file, path, "cannot read the type");
-  info.dtype = h5::type_name(type);
-  const H5T_class_t cls = H5Tget_class(type);
-  info.numeric = cls == H5T_INTEGER || cls == H5T_FLOAT;
-  info.type_bytes = H5Tget_size(type);
+  const h5::TypeInfo type = h5::dataset_type(dset);
+  info.dtype = type.name;
+  info.numeric = type.cls == h5::TypeInfo::Class::integer || type.cls == h5::TypeInfo::Class::floating;
+  info.type_bytes = type.bytes;
   for (hsize_t d : info.shape) info.numel *= d;
   return info;
 }
@@ -45,11 +43,10 @@ std::string shape_string(const std::vector<hsize_t>& shape) {
 }
 
 BlockReader::BlockReader(hid_t dset) : dset_(dset), shape_(h5::shape(dset)) {
-  h5::Datatype type(H5Dget_type(dset));
-  const H5T_class_t cls = H5Tget_class(type);
-  if (cls != H5T_INTEGER && cls != H5T_FLOAT)
-    h5::fail(dset, h5::object_name(dset), "is " + h5::type_name(type) + ", not numbers");
-  is_float32_ = cls == H5T_FLOAT && H5Tget_size(type) == sizeof(float);
+  const h5::TypeInfo type = h5::dataset_type(dset);
+  if (type.cls != h5::TypeInfo::Class::integer && type.cls != h5::TypeInfo::Class::floating)
+    h5::fail(dset, h5::object_name(dset), "is " + type.name + ", not numbers");
+  is_float32_ = type.cls == h5::TypeInfo::Class::floating && type.bytes == sizeof(float);
   rows_ = shape_.empty() ? 1 : shape_[0];
   for (size_t d = 1; d < shape_.size(); ++d) row_ *= shape_[d];
   total_ = rows_ * row_;
@@ -86,59 +83,40 @@ std::span<const double> BlockReader::next() {
 
 namespace {
 
-herr_t collect_attr(hid_t, const char* name, const H5A_info_t*, void* op) {
-  static_cast<std::vector<std::string>*>(op)->push_back(name);
-  return 0;
-}
-
 // At most this many values of an array attribute are shown.
 constexpr size_t kShownValues = 8;
 
 template <typename T>
-std::string values_text(hid_t attr, hid_t mem_type, size_t n, const std::string& label) {
-  std::vector<T> v(n);
-  if (H5Aread(attr, mem_type, v.data()) < 0)
-    throw RankError(label + ": cannot read attribute (HDF5: " + h5::last_error() + ")", MESHLM_HERE);
-  if (n == 1) return fmt::format("{}", v[0]);
-  const size_t shown = std::min(n, kShownValues);
+std::string values_text(hid_t obj, const std::string& name) {
+  const std::vector<T> v = h5::read_attr_values<T>(obj, name);
+  if (v.empty()) return "[]";
+  if (v.size() == 1) return fmt::format("{}", v[0]);
+  const size_t shown = std::min(v.size(), kShownValues);
   std::string s = fmt::format("[{}", fmt::join(v.begin(), v.begin() + static_cast<ptrdiff_t>(shown), ", "));
-  return s + (shown < n ? fmt::format(", ... ({} values)]", n) : "]");
+  return s + (shown < v.size() ? fmt::format(", ... ({} values)]", v.size()) : "]");
 }
 
 }  // namespace
 
 std::vector<AttrText> read_attrs(hid_t obj) {
-  std::vector<std::string> names;
-  hsize_t idx = 0;
-  h5::check(H5Aiterate2(obj, H5_INDEX_NAME, H5_ITER_INC, &idx, collect_attr, &names), obj,
-            h5::object_name(obj), "cannot list the attributes");
   std::vector<AttrText> out;
-  for (const std::string& name : names) {
-    const std::string label = h5::file_name(obj) + ": '" + h5::object_name(obj) + "' attribute '" + name + "'";
-    h5::Attribute attr(H5Aopen(obj, name.c_str(), H5P_DEFAULT));
-    h5::check(attr.get(), obj, h5::object_name(obj) + "' attribute '" + name, "cannot open attribute");
-    h5::Datatype type(H5Aget_type(attr));
-    h5::Dataspace space(H5Aget_space(attr));
-    const hssize_t npoints = H5Sget_simple_extent_npoints(space);
-    const size_t n = npoints > 0 ? static_cast<size_t>(npoints) : 0;
+  for (const std::string& name : h5::attr_names(obj)) {
+    const h5::AttrInfo info = h5::attr_info(obj, name);
+    const size_t n = info.count;
     AttrText a;
     a.name = name;
-    a.type = h5::type_name(type) + (n == 1 ? "" : fmt::format("[{}]", n));
-    switch (H5Tget_class(type)) {
-      case H5T_STRING:
+    a.type = info.type.name + (n == 1 ? "" : fmt::format("[{}]", n));
+    switch (info.type.cls) {
+      case h5::TypeInfo::Class::string:
         a.is_string = true;
         a.value = n == 1 ? h5::read_string_attr(obj, name) : fmt::format("({} strings)", n);
         break;
-      case H5T_INTEGER:
-        a.value = n == 0 ? "[]"
-                  : H5Tget_sign(type) == H5T_SGN_NONE
-                      ? values_text<uint64_t>(attr, H5T_NATIVE_UINT64, n, label)
-                      : values_text<int64_t>(attr, H5T_NATIVE_INT64, n, label);
+      case h5::TypeInfo::Class::integer:
+        a.value = info.type.is_unsigned ? values_text<uint64_t>(obj, name)
+                                        : values_text<int64_t>(obj, name);
         break;
-      case H5T_FLOAT:
-        a.value = n == 0 ? "[]" : values_text<double>(attr, H5T_NATIVE_DOUBLE, n, label);
-        break;
-      default: a.value = "-"; break;
+      case h5::TypeInfo::Class::floating: a.value = values_text<double>(obj, name); break;
+      case h5::TypeInfo::Class::other: a.value = "-"; break;
     }
     out.push_back(std::move(a));
   }

@@ -41,13 +41,8 @@ ALLOWED = {
 # anywhere in a signature).
 MPI_CALLERS = {"comm", "mesh"}
 # Only io/ calls HDF5's C API (H5Fopen, H5Dread, ...; its types and constants
-# may appear elsewhere in a signature). The meshlm ckpt tools below still
-# read a dataset's type, attributes of any type and hyperslabs through it:
-# each listed file must still have such calls (the list only shrinks), and
-# no other file may add one.
+# may appear elsewhere in a signature).
 HDF5_CALLERS = {"io"}
-HDF5_NOT_YET_IN_IO = {"src/app/ckpt_convert.cpp", "src/app/ckpt_inspect.cpp",
-                      "src/app/ckpt_read.cpp"}
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/[^"]+"', re.M)
 MPI_CALL = re.compile(r"\bMPI_[A-Z][a-z_]*[a-z]\s*\(")
@@ -109,13 +104,8 @@ def check(root):
                     for m in MPI_CALL.finditer(code):
                         errors.append(f"{rel}: calls {m.group(0).rstrip('( ')} outside comm/ and mesh/")
                 if name not in HDF5_CALLERS:
-                    calls = [m.group(0).rstrip("( ") for m in HDF5_CALL.finditer(code)]
-                    if rel in HDF5_NOT_YET_IN_IO:
-                        if not calls:
-                            errors.append(f"{rel}: no HDF5 call left: remove it from HDF5_NOT_YET_IN_IO")
-                    else:
-                        for call in calls:
-                            errors.append(f"{rel}: calls {call} outside io/")
+                    for m in HDF5_CALL.finditer(code):
+                        errors.append(f"{rel}: calls {m.group(0).rstrip('( ')} outside io/")
     return errors
 
 
@@ -171,8 +161,7 @@ def main():
         print("FAIL:", e)
     if not errors:
         print(f"layers: {len(ALLOWED)} folders, every include follows the table, "
-              "MPI only in comm/ and mesh/, HDF5 only in io/ (and the "
-              f"{len(HDF5_NOT_YET_IN_IO)} files of HDF5_NOT_YET_IN_IO)")
+              "MPI only in comm/ and mesh/, HDF5 only in io/")
     return 1 if errors else 0
 
 
