@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "mesh/mesh.h"
-#include "plan/memory.h"
 #include "load/base_loader.h"
 #include "train/faults.h"
+#include "train/memory_prediction.h"
 #include "train/run_config.h"
 
 namespace meshlm {
@@ -50,47 +50,5 @@ struct TrainSummary {
 // final parameters (train/faults.h).
 TrainSummary run_training(const RunConfig& cfg, MPI_Comm job,
                           debug::Records records = debug::Records::none);
-
-// What this rank of `mesh` will hold, as the planner predicts it: its shard
-// and, under LoRA, the quantized store where this rank holds it (the node's
-// rank 0, or every rank under quant.share = per_rank) and the fp32 staging
-// of a rank that quantizes (the cache may spare it).
-RankPlan planned_rank_plan(const RunConfig& cfg, const ProcessMesh& mesh);
-// The same without a mesh (meshlm plan): the rank `world_rank` at
-// coordinates `c`, the `node_rank`-th of its node.
-RankPlan rank_plan_at(const RunConfig& cfg, const MeshCoords& c, int world_rank, int node_rank);
-
-// The scratch of the ring reductions (comm/mpi_comm.h) this rank will make:
-// the largest of its gradient reductions over dp, its activations' over tp
-// and the tied embedding's over pp, under comm.bucket_mb.
-size_t ring_scratch_prediction(const RunConfig& cfg, const RankPlan& shape);
-
-// What the trainer predicts is live at each phase of the run on the host
-// (plan/memory.h, predict_phases, with the ring's scratch in training), for
-// `windows` training windows per epoch: the prediction its memory table and
-// the tests set beside the tracked allocator.
-PhasedMemory predict_run_phases(const RunConfig& cfg, const RankPlan& shape, uint64_t windows);
-// The per-category prediction the run prints and writes to run.h5
-// (memory/<category>/predicted_bytes): each category's peak over `phased`,
-// and on the CUDA backend the device's own (the GEMMs' 16-bit copies, the
-// reductions' scratch, the upload staging, the NF4 matrices), host and
-// device added.
-MemoryByCategory predicted_categories(const RunConfig& cfg, const RankPlan& shape,
-                                      const PhasedMemory& phased);
-
-// The CUDA backend's 16-bit copies of its GEMM inputs at bf16 and fp16
-// (ops/gpu_workspace.h) for a rank holding `shape` and training
-// micro-batches of (B, T): the largest pair of spans any GEMM of the step
-// reads, each GEMM written down with the arguments of its call, plus the
-// classifier's weight held rounded for its chunks; 0 at fp32.
-size_t gpu_gemm_copies_bytes(const GPTConfig& m, const RankPlan& shape, ops::Precision p, int B,
-                             int T);
-// The CUDA backend's scratch of reductions over rows (ops/gpu_workspace.h)
-// for the same rank: the column sums' partials of the widest bias or
-// LayerNorm gradient, and the embedding's index; none where those tensors
-// are frozen (LoRA).
-size_t gpu_reduction_scratch_bytes(const GPTConfig& m, const RankPlan& shape, int B, int T);
-// The CUDA backend's scratch of the gradient norm over the tensors `trained`.
-size_t gpu_norm_scratch_bytes(const std::vector<ParamSpec>& trained);
 
 }  // namespace meshlm

@@ -18,6 +18,7 @@
 #include "core/rng.h"
 #include "load/base_loader.h"
 #include "model/gpt.h"
+#include "model/gpu_step.h"
 #include "ops/gpu_workspace.h"
 #include "ops/timed_kernels.h"
 #include "plan/rank_plan.h"
@@ -223,9 +224,9 @@ TEST(GpuWorkspace, PredictedCopiesAndScratchAreTheLargestTheModelAsksFor) {
       m.forward(tok.data(), tgt.data(), B, T);
       m.backward();
       ASSERT_GT(rec.most(), 0u);
-      EXPECT_EQ(gpu_gemm_copies_bytes(cfg, shape, ops::Precision::bf16, B, T), rec.most());
-      EXPECT_EQ(gpu_gemm_copies_bytes(cfg, shape, ops::Precision::fp32, B, T), 0u);
-      EXPECT_EQ(gpu_reduction_scratch_bytes(cfg, shape, B, T), rec.reduction_scratch());
+      EXPECT_EQ(gpu_gemm_copies_bytes(cfg, shape.shard, shape.model, ops::Precision::bf16, B, T), rec.most());
+      EXPECT_EQ(gpu_gemm_copies_bytes(cfg, shape.shard, shape.model, ops::Precision::fp32, B, T), 0u);
+      EXPECT_EQ(gpu_reduction_scratch_bytes(cfg, shape.shard, shape.model, B, T), rec.reduction_scratch());
       if (!k.lora) EXPECT_GT(rec.reduction_scratch(), 0u);
       // Held: wte for the classifier's chunks in full training; under LoRA
       // the adapted layers' inputs and douts (and a GPU's whole classifier tile).
