@@ -82,18 +82,18 @@ public:
   }
   // Holds nest: each has a buffer of its own by depth, grown to the largest
   // span held at that depth and kept (ops/gpu_workspace.h).
-  void hold_rounded(const float* w, size_t n) const override {
+  void hold_rounded(const float* x, size_t n) const override {
     const size_t depth = holds_.size();
     holds_.push_back({nullptr, 0});
-    if (p_ == ops::Precision::fp32 || w == nullptr || n == 0) return;
+    if (p_ == ops::Precision::fp32 || x == nullptr || n == 0) return;
     if (copies_.size() <= depth) copies_.resize(depth + 1);
     Buffer& copy = copies_[depth];
     if (copy.bytes() < 2 * n) {
       CUDA_CHECK(cudaStreamSynchronize(s_));  // earlier GEMMs may still read the old copy
       copy = Buffer(2 * n, MemCategory::workspace, "gemm.held_16bit", Device::cuda);
     }
-    cuda::round_span(p_, copy.data(), w, n, s_);
-    holds_.back() = {w, n};
+    cuda::round_span(p_, copy.data(), x, n, s_);
+    holds_.back() = {x, n};
   }
   void release_rounded() const override {
     MESHLM_CHECK(!holds_.empty(), "release_rounded() without a hold");
@@ -154,13 +154,8 @@ public:
 
   void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
             const float* B, int ldb, float beta, float* C, int ldc) const override {
-    const void *A16 = nullptr, *B16 = nullptr;
-    if (M > 0 && N > 0 && K > 0) {
-      const auto [a, b] = ops::gemm_input_spans(ta, tb, M, N, K, lda, ldb);
-      A16 = held(A, a);
-      B16 = held(B, b);
-    }
-    gemm_rm(s_, p_, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, A16, B16);
+    const auto [a, b] = ops::gemm_input_spans(ta, tb, M, N, K, lda, ldb);
+    gemm_rm(s_, p_, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, held(A, a), held(B, b));
   }
   void zero(float* x, size_t n) const override {
     if (n > 0) CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), s_));

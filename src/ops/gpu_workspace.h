@@ -68,8 +68,10 @@ constexpr size_t column_partials_bytes(long long N, size_t columns) {
 constexpr size_t embedding_index_bytes(long long N) { return size_t(3 * N + 1) * sizeof(int32_t); }
 
 // Elements from the first element of a row-major operand stored (rows, cols)
-// with leading dimension ld, `batch` of them `stride` apart, to its last.
+// with leading dimension ld, `batch` of them `stride` apart, to its last;
+// 0 for an operand of no elements (a GEMM with a dimension of 0 reads none).
 constexpr size_t gemm_span(int rows, int cols, int ld, long long stride = 0, int batch = 1) {
+  if (rows <= 0 || cols <= 0 || batch <= 0) return 0;
   return size_t(batch - 1) * size_t(stride) + size_t(rows - 1) * size_t(ld) + size_t(cols);
 }
 

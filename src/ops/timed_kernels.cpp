@@ -14,8 +14,8 @@ const char* kernel_op_name(KernelOp op) {
       "attention_forward", "attention_backward", "flash_attention_forward",
       "flash_attention_backward", "gelu_forward", "gelu_backward", "residual_forward",
       "residual_backward", "xent_local_max", "xent_local_sums", "xent_losses",
-      "xent_local_backward", "xent_rows", "gemm", "hold_rounded", "zero", "add", "add_bias", "fill", "upload", "download",
-      "adamw_update", "sum_of_squares", "scale"};
+      "xent_local_backward", "xent_rows", "gemm", "hold_rounded", "zero", "add", "add_bias",
+      "fill", "upload", "download", "adamw_update", "sum_of_squares", "scale"};
   static_assert(std::size(kNames) == static_cast<size_t>(KernelOp::count));
   return kNames[static_cast<int>(op)];
 }
@@ -152,8 +152,8 @@ void TimedKernels::xent_rows(float* logits_dlogits, float* rowmax, float* sums,
         [&] { inner_.xent_rows(logits_dlogits, rowmax, sums, dlosses, targets, N, Vl, V); });
 }
 
-void TimedKernels::hold_rounded(const float* w, size_t n) const {
-  timed(KernelOp::hold_rounded, [&] { inner_.hold_rounded(w, n); });
+void TimedKernels::hold_rounded(const float* x, size_t n) const {
+  timed(KernelOp::hold_rounded, [&] { inner_.hold_rounded(x, n); });
 }
 
 void TimedKernels::gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,

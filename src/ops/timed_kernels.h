@@ -25,8 +25,8 @@ enum class KernelOp : int {
   attention_forward, attention_backward, flash_attention_forward, flash_attention_backward,
   gelu_forward, gelu_backward, residual_forward, residual_backward,
   xent_local_max, xent_local_sums, xent_losses, xent_local_backward, xent_rows,
-  gemm, hold_rounded, zero, add, add_bias, fill, upload, download, adamw_update, sum_of_squares, scale,
-  count
+  gemm, hold_rounded, zero, add, add_bias, fill, upload, download, adamw_update, sum_of_squares,
+  scale, count
 };
 const char* kernel_op_name(KernelOp op);
 
@@ -86,7 +86,7 @@ public:
                            int V) const override;
   void xent_rows(float* logits_dlogits, float* rowmax, float* sums, const float* dlosses,
                  const int32_t* targets, int N, int Vl, int V) const override;
-  void hold_rounded(const float* w, size_t n) const override;
+  void hold_rounded(const float* x, size_t n) const override;
   void release_rounded() const override { inner_.release_rounded(); }
   void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
             const float* B, int ldb, float beta, float* C, int ldc) const override;

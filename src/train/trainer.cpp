@@ -23,7 +23,6 @@
 #include "io/tokens.h"
 #include "model/gpt.h"
 #include "ops/blas.h"
-#include "ops/gpu_workspace.h"
 #include "plan/memory.h"
 #include "quant/qlinear.h"
 #include "load/base_loader.h"

@@ -100,10 +100,8 @@ public:
   }
   void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
             const float* B, int ldb, float beta, float* C, int ldc) const override {
-    if (M > 0 && N > 0 && K > 0) {  // cuBLAS is not called otherwise
-      const auto [a, b] = ops::gemm_input_spans(ta, tb, M, N, K, lda, ldb);
-      copies(unheld(A, a), unheld(B, b));
-    }
+    const auto [a, b] = ops::gemm_input_spans(ta, tb, M, N, K, lda, ldb);
+    copies(unheld(A, a), unheld(B, b));
     TimedKernels::gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
   // The reductions over rows (cuda/scratch.cuh): LayerNorm's dw and db, the
@@ -245,4 +243,13 @@ TEST(GpuWorkspace, PredictedCopiesAndScratchAreTheLargestTheModelAsksFor) {
       EXPECT_GT(seen[6], seen[4]) << "tiles of 200 rows are larger than of 64";
     }
   }
+}
+
+// A GEMM with a dimension of 0 reads nothing (cuBLAS is not called): its
+// spans are 0, not a wrapped-around count.
+TEST(GpuWorkspace, AnEmptyOperandSpansNothing) {
+  EXPECT_EQ(ops::gemm_input_spans(false, true, 0, 5, 3, 3, 3), std::make_pair(size_t(0), size_t(15)));  // B: 4 * 3 + 3
+  EXPECT_EQ(ops::gemm_input_spans(false, false, 4, 5, 0, 0, 5), std::make_pair(size_t(0), size_t(0)));
+  EXPECT_EQ(ops::gemm_span(3, 4, 10, 100, 0), 0u);
+  EXPECT_EQ(ops::gemm_span(3, 4, 10, 100, 2), 124u);  // 100 + 2 * 10 + 4
 }
