@@ -5,7 +5,7 @@
 # newer): compiler, CMake, Open MPI, parallel HDF5, Boost.Program_options,
 # OpenBLAS (OpenMP flavour), {fmt}, nlohmann-json, xxHash, GoogleTest.
 # --tests adds the Python cross-check references: python3-torch, python3-h5py,
-# python3-xxhash, and python3-matplotlib for tests/tools/plot_run.py; and
+# python3-xxhash, and python3-matplotlib for jobscripts/plot_run.py; and
 # munge, slurmctld, slurmd and slurm-client for the one-node SLURM cluster
 # of tests/slurm (its daemons run only while a test runs; docs/slurm.md).
 # --fuzz adds clang with libFuzzer and the sanitizer runtimes, its OpenMP

@@ -32,13 +32,13 @@ if(MESHLM_PYTHON)
     set_tests_properties(ckpt_${case} PROPERTIES LABELS "python;ckpt" TIMEOUT 300
       ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
   endforeach()
-  # tests/tools/plot_run.py on the run log of a real 2-rank training run of
+  # jobscripts/plot_run.py on the run log of a real 2-rank training run of
   # inputs/tiny.cfg and on two fixture checkpoints: every PNG written and
   # non-empty (needs python3-matplotlib).
   add_test(NAME ckpt_plot_run
     COMMAND ${MESHLM_PYTHON} ${_ckpt}/check_tools.py --mpiexec "${_ckpt_mpiexec}"
             --meshlm $<TARGET_FILE:meshlm> --config ${PROJECT_SOURCE_DIR}/inputs/tiny.cfg
-            --plot ${CMAKE_CURRENT_SOURCE_DIR}/tools/plot_run.py plot_run)
+            --plot ${PROJECT_SOURCE_DIR}/jobscripts/plot_run.py plot_run)
   set_tests_properties(ckpt_plot_run PROPERTIES LABELS "python;ckpt" TIMEOUT 300
     ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
 endif()

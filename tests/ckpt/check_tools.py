@@ -451,7 +451,7 @@ def main():
     ap.add_argument("--mpiexec", required=True)
     ap.add_argument("--meshlm", required=True)
     ap.add_argument("--config", help="parameter file of the training run (plot_run)")
-    ap.add_argument("--plot", help="tests/tools/plot_run.py (plot_run)")
+    ap.add_argument("--plot", help="jobscripts/plot_run.py (plot_run)")
     ap.add_argument("case", choices=sorted(CASES))
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:

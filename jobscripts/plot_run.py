@@ -21,8 +21,8 @@ writes into the output directory (created when missing):
 A plot whose data the log does not hold yet (memory and timing are written
 at the end of a run) is left out, saying so.
 
-  python3 tests/tools/plot_run.py out/demo -o plots/
-  python3 tests/tools/plot_run.py out/demo/run.h5 --checkpoint out/demo/checkpoints/step_*.h5
+  python3 jobscripts/plot_run.py out/demo -o plots/
+  python3 jobscripts/plot_run.py out/demo/run.h5 --checkpoint out/demo/checkpoints/step_*.h5
 """
 import argparse
 import math
