@@ -1,8 +1,9 @@
 // `meshlm plan FILE.cfg --ranks N --ranks-per-node G ...`: the layouts of N
 // ranks that fit the memory limits, ranked by the cost model's step time,
 // without running anything (docs/planner.md). Each layout's memory is the
-// prediction `meshlm train` makes for it (train/trainer.h:
-// rank_plan_at, predict_run_phases, predicted_categories), rank by rank.
+// prediction `meshlm train` makes for it (plan/memory.h: predict_run_phases,
+// predicted_categories, on train/run_shape.h's rank_plan_at and
+// memory_options), rank by rank.
 #pragma once
 
 #include <mpi.h>

@@ -1,5 +1,6 @@
 // What the CUDA backend holds besides the model's Buffers, as rules it
-// shares with the memory prediction (model/gpu_step.cpp), so that the two
+// shares with the memory prediction (plan/memory.cpp, device_workspace_bytes,
+// on the step model/step_declaration.h declares), so that the two
 // cannot drift apart:
 //
 //   * At bf16 and fp16 every GEMM reads 16-bit copies of the spans of A and

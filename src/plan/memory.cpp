@@ -2,8 +2,14 @@
 
 #include <algorithm>
 
+#include <climits>
+
+#include "comm/mpi_comm.h"
 #include "core/error.h"
 #include "model/gpt.h"
+#include "ops/blas.h"
+#include "ops/gpu_workspace.h"
+#include "ops/ops.h"
 
 namespace meshlm {
 
@@ -77,6 +83,44 @@ size_t zero2_bucket_numel(const std::vector<ParamSpec>& table, int wte_rows) {
   const ParamSpec* wte = find_role(table, ParamRole::token_embedding);
   const size_t wte_block = wte ? static_cast<size_t>(wte_rows) * wte->shape[1] : 0;
   return std::max(largest_block_numel(table), wte_block);
+}
+
+std::vector<std::pair<size_t, size_t>> block_ranges(const std::vector<ParamSpec>& table) {
+  std::vector<std::pair<size_t, size_t>> ranges;
+  int layer0 = INT_MAX;
+  for (const ParamSpec& p : table)
+    if (p.layer >= 0) layer0 = std::min(layer0, p.layer);
+  for (const ParamSpec& p : table) {
+    if (p.layer < 0) continue;
+    const size_t l = p.layer - layer0;
+    if (ranges.size() <= l) ranges.resize(l + 1, {p.offset, p.offset});
+    ranges[l].second = p.offset + p.numel();
+  }
+  return ranges;
+}
+
+size_t zero_ring_scratch_bytes(int stage, const std::vector<ParamSpec>& table, const ZeroLayout& z,
+                               int dp, int dp_rank, int wte_rows) {
+  using comm::Reduction;
+  if (stage == 0) return comm::ring_scratch_bytes_of(Reduction::all_reduce, z.n, DType::f32, dp);
+  if (stage == 1)
+    return comm::ring_scratch_bytes_of(Reduction::reduce_scatter, z.shard, DType::f32, dp);
+  size_t most = 0;
+  auto reduce = [&](int owner, size_t lo, size_t hi) {
+    most = std::max(most, comm::ring_scratch_bytes_of(Reduction::reduce, hi - lo, DType::f32, dp,
+                                                      dp_rank, owner));
+  };
+  for (const auto& [a, b] : block_ranges(table)) for_each_owner_part(a, b, z.shard, dp, reduce);
+  for (const ParamSpec& p : table) {
+    if (p.layer >= 0) continue;
+    if (p.tied == TiedGroup::embedding)
+      for_each_wte_block(p, wte_rows, [&](int, int, size_t a, size_t b) {
+        for_each_owner_part(a, b, z.shard, dp, reduce);
+      });
+    else
+      for_each_owner_part(p.offset, p.offset + p.numel(), z.shard, dp, reduce);
+  }
+  return most;
 }
 
 PhasedMemory predict_phases(const GPTConfig& model, const RankPlan& r, uint64_t windows_per_epoch,
@@ -164,6 +208,117 @@ MemoryByCategory predict_memory(const GPTConfig& model, int micro_batch_size, in
   r.micro_batch = micro_batch_size;
   r.seq_len = seq_len;
   return predict_memory(model, r, windows_per_epoch, shuffle);
+}
+
+// ---- the run's prediction ----------------------------------------------------
+
+size_t device_gemm_copies_bytes(const StepDeclaration& step, ops::Precision p) {
+  if (p == ops::Precision::fp32) return 0;
+  size_t most = 0;
+  for (const DeclaredGemm& g : step.gemms) {
+    const auto [a, b] =
+        ops::gemm_input_spans(g.ta, g.tb, g.M, g.N, g.K, g.lda, g.ldb, g.sa, g.sb, g.batch);
+    most = std::max(most, ops::gemm_16bit_copies_bytes(g.a_held ? 0 : a, g.b_held ? 0 : b));
+  }
+  for (const DeclaredRounding& r : step.roundings)
+    most = std::max(most, ops::gemm_16bit_copies_bytes(r.a, r.b, r.c));
+  std::vector<size_t> held;  // per depth, the largest span held there
+  for (const DeclaredHold& h : step.holds) {
+    if (held.size() <= size_t(h.depth)) held.resize(h.depth + 1, 0);
+    held[h.depth] = std::max(held[h.depth], 2 * h.elements);
+  }
+  for (size_t b : held) most += b;
+  return most;
+}
+
+size_t device_reduction_scratch_bytes(const StepDeclaration& step) {
+  size_t partials = 0;
+  for (const DeclaredRowSum& r : step.row_sums)
+    partials = std::max(partials, ops::column_partials_bytes(r.rows, r.columns));
+  return partials + (step.embedding_rows > 0 ? ops::embedding_index_bytes(step.embedding_rows) : 0);
+}
+
+size_t device_norm_scratch_bytes(const std::vector<ParamSpec>& trained) {
+  // Kernels::sums_of_squares on a GPU: one double per tensor and one per
+  // block of kSumOfSquaresBlock elements of it.
+  size_t doubles = 0;
+  for (const ParamSpec& p : trained)
+    doubles += 1 + (p.numel() + ops::kSumOfSquaresBlock - 1) / ops::kSumOfSquaresBlock;
+  return doubles * sizeof(double);
+}
+
+size_t device_workspace_bytes(const GPTConfig& model, const RankPlan& r, ops::Precision p) {
+  const StepDeclaration step = declare_step(model, r.shard, r.model, r.micro_batch, r.seq_len);
+  return device_gemm_copies_bytes(step, p) + device_reduction_scratch_bytes(step) +
+         device_norm_scratch_bytes(trainable_table(model, r.shard, r.model)) +
+         ops::kUploadStagingBytes;
+}
+
+size_t ring_scratch_prediction(const GPTConfig& model, const RankPlan& r, int pp) {
+  using comm::Reduction;
+  const std::vector<ParamSpec> table = trainable_table(model, r.shard, r.model);
+  // Gradients over dp, as ZeRO reduces them.
+  size_t most = zero_ring_scratch_bytes(r.zero_stage, table, zero_layout(model, r), r.dp,
+                                        r.dp_rank, zero2_wte_rows(model, r, table));
+  // Over tp: the activations in and out of each tensor-parallel region, the
+  // LoRA adapters' partial gradients, the classifier's row statistics.
+  const int tp = r.shard.tp_size;
+  const size_t N = static_cast<size_t>(r.micro_batch) * r.seq_len;
+  size_t tp_count = std::max(N * model.n_embd, 2 * N);
+  // (Of the parameters only a LoRA factor that every TP rank holds whole
+  // gets a partial gradient summed over tp: model/gpt_linear.cpp.)
+  for (const ParamSpec& p : table)
+    if ((p.role == ParamRole::lora_a || p.role == ParamRole::lora_b) && p.tp_dim < 0)
+      tp_count = std::max(tp_count, p.numel());
+  most = std::max(most, comm::ring_scratch_bytes_of(Reduction::all_reduce, tp_count, DType::f32, tp));
+  // Over pp: the tied embedding's gradient, from the last stage to the first
+  // (the root; the last stage starts the chain and needs no scratch).
+  // (ZeRO 2 sends it in pieces through its bucket instead).
+  if (pp > 1 && r.shard.first_stage && r.zero_stage < 2)
+    for (const ParamSpec& p : table)
+      if (p.tied != TiedGroup::none)
+        most = std::max(most,
+                        comm::ring_scratch_bytes_of(Reduction::reduce, p.numel(), DType::f32, 2));
+  return most;
+}
+
+PhasedMemory predict_run_phases(const GPTConfig& model, const RankPlan& r,
+                                const RunMemoryOptions& o) {
+  PhasedMemory phased = predict_phases(model, r, o.windows, o.shuffle);
+  phased.add(MemPhase::training, MemCategory::comm, ring_scratch_prediction(model, r, o.pp));
+  // checkpoint.async: the host snapshot, made with the checkpointer after
+  // the training buffers (the last moment of initialisation) and kept.
+  if (o.checkpoint_async) {
+    const size_t snapshot = checkpoint_snapshot_numel(model, r) * sizeof(float);
+    PhasedMemory::Moment* made = nullptr;
+    for (PhasedMemory::Moment& m : phased.moments)
+      if (m.phase == MemPhase::initialisation) made = &m;
+    if (made) at(made->live, MemCategory::checkpoint) += snapshot;
+    phased.add(MemPhase::training, MemCategory::checkpoint, snapshot);
+  }
+  // On the CPU the start-up's GEMM that makes OpenBLAS's buffer resident.
+  if (o.cpu_gemm_warm_up)
+    phased.add(MemPhase::startup, MemCategory::workspace, ops::kGemmWarmUpFloats * sizeof(float));
+  return phased;
+}
+
+MemoryByCategory predicted_categories(const GPTConfig& model, const RankPlan& r,
+                                      const RunMemoryOptions& o, const PhasedMemory& phased) {
+  MemoryByCategory predicted = phased.category_peaks();
+  if (!o.device) return predicted;
+  // On a GPU each trained tensor is made on the host a block of rows at a
+  // time and uploaded (GPT::set_weights): host workspace of one block.
+  const std::vector<ParamSpec> trained = trainable_table(model, r.shard, r.model);
+  const size_t block = GPT::weight_block_bytes(trained, r.shard.tp_size, /*host=*/false);
+  // The table adds each category's host and device peaks: the staging
+  // (host) and the GEMMs' 16-bit copies (device) count both.
+  at(predicted, MemCategory::workspace) =
+      std::max(at(predicted, MemCategory::workspace), block) +
+      device_workspace_bytes(model, r, o.precision);
+  if (r.model.lora.enabled)
+    at(predicted, MemCategory::quantized) +=
+        GPT::quantized_matrix_bytes(model, r.shard, o.quant_type);
+  return predicted;
 }
 
 }  // namespace meshlm

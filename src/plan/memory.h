@@ -1,6 +1,9 @@
-// The memory model: bytes per category that one rank will hold, predicted
-// from the configuration before anything is allocated, and set beside what
-// the tracked allocator measured at the end of the run.
+// The memory predictor: bytes per category and phase that one rank will
+// hold, predicted before anything is allocated from what the model declares
+// of itself (its parameter table, its activation layout, its step:
+// model/step_declaration.h) and the run's options (RunMemoryOptions), and
+// set beside what the tracked allocator measured at the end of the run.
+// meshlm train, meshlm plan, the layout search and the tests all read it.
 //
 // For a rank holding `shard` (its pipeline stage's layers, its tensor-
 // parallel part), with n = parameters of its table, padded to np (a multiple
@@ -34,6 +37,7 @@
 //   activations include the adapters' and dequantization scratch.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -44,7 +48,10 @@
 #include "model/gpt_config.h"
 #include "model/gpt.h"
 #include "model/param_table.h"
+#include "model/step_declaration.h"
+#include "ops/precision.h"
 #include "plan/rank_plan.h"
+#include "quant/formats.h"
 
 namespace meshlm {
 
@@ -76,6 +83,35 @@ size_t edge_numel(const std::vector<ParamSpec>& table);
 // trains no wte), and the bucket that holds a block's gradients or those rows.
 int zero2_wte_rows(const GPTConfig& model, const RankPlan& r, const std::vector<ParamSpec>& table);
 size_t zero2_bucket_numel(const std::vector<ParamSpec>& table, int wte_rows);
+// The flat range [a, b) of each block of `table`, from its first layer on.
+std::vector<std::pair<size_t, size_t>> block_ranges(const std::vector<ParamSpec>& table);
+// Calls part(k, lo, hi) for each DP rank k whose shard [k S, (k+1) S) meets
+// the flat range [a, b), with the common part [lo, hi).
+template <typename F>
+void for_each_owner_part(size_t a, size_t b, size_t S, int dp, F part) {
+  for (int k = 0; k < dp; ++k) {
+    const size_t lo = std::max(a, k * S), hi = std::min(b, (k + 1) * S);
+    if (lo < hi) part(k, lo, hi);
+  }
+}
+// Calls block(r0, n, a, b) for each block of `rows` rows of the tied token
+// embedding `p` (rows [r0, r0 + n), flat range [a, b)).
+template <typename F>
+void for_each_wte_block(const ParamSpec& p, int rows, F block) {
+  const int64_t V = p.shape[0];
+  const size_t C = static_cast<size_t>(p.shape[1]);
+  for (int64_t r0 = 0; r0 < V; r0 += rows) {
+    const int64_t n = std::min<int64_t>(rows, V - r0);
+    block(static_cast<int>(r0), static_cast<int>(n), p.offset + r0 * C, p.offset + (r0 + n) * C);
+  }
+}
+// The scratch of the ring reductions (comm/mpi_comm.h) with which ZeRO
+// `stage` reduces the gradients of `table` (train/zero.h) on DP rank
+// `dp_rank` of `dp`, under the process's bucket. (Under ZeRO 2 a
+// reduction's scratch is on every rank of its chain but the first, so the
+// ranks of a group differ.)
+size_t zero_ring_scratch_bytes(int stage, const std::vector<ParamSpec>& table, const ZeroLayout& z,
+                               int dp, int dp_rank, int wte_rows);
 
 // What is live at the peak of each phase of the run (core/alloc.h,
 // MemPhase), per category:
@@ -112,5 +148,48 @@ MemoryByCategory predict_memory(const GPTConfig& model, const RankPlan& rank,
 // The whole model on one rank, no parallelism.
 MemoryByCategory predict_memory(const GPTConfig& model, int micro_batch_size, int seq_len,
                                 uint64_t windows_per_epoch, bool shuffle);
+
+// ---- the run's prediction ----------------------------------------------------
+//
+// What a run decides beyond its rank's shape, as the prediction reads it
+// (train/run_shape.h fills it from the run's options and its backend).
+struct RunMemoryOptions {
+  uint64_t windows = 0;           // training windows per epoch
+  bool shuffle = false;           // data.shuffle: the epoch's order is kept
+  bool checkpoint_async = false;  // the host snapshot of checkpoint.async
+  bool cpu_gemm_warm_up = false;  // the CPU backend's start-up GEMM (ops::warm_up_gemm)
+  bool device = false;            // a GPU backend: the device's categories are added
+  ops::Precision precision = ops::Precision::fp32;  // a GPU's GEMM inputs
+  quant::QuantType quant_type = quant::QuantType::nf4;  // the frozen base's (LoRA)
+  int pp = 1;                     // the mesh's pipeline stages
+};
+
+// A GPU backend's workspace for the step `step` declares (model/
+// step_declaration.h), by ops/gpu_workspace.h's rules: the largest set of
+// 16-bit copies any call makes (0 at fp32) plus the held copies, one buffer
+// per depth of nesting as large as the largest span held there; the
+// scratch of the sums over rows and of the embedding's index; the gradient
+// norm's partial sums of the trained tensors; the upload staging.
+size_t device_gemm_copies_bytes(const StepDeclaration& step, ops::Precision p);
+size_t device_reduction_scratch_bytes(const StepDeclaration& step);
+size_t device_norm_scratch_bytes(const std::vector<ParamSpec>& trained);
+size_t device_workspace_bytes(const GPTConfig& model, const RankPlan& rank, ops::Precision p);
+
+// The scratch of the ring reductions this rank will make: the largest of
+// its gradient reductions over dp (as ZeRO makes them), its activations'
+// over tp and the tied embedding's over pp.
+size_t ring_scratch_prediction(const GPTConfig& model, const RankPlan& rank, int pp);
+// What is live at each phase of the run on the host: predict_phases, with
+// the rings' scratch in training, checkpoint.async's snapshot and the CPU's
+// start-up GEMM: what the run's memory table and the tests set beside the
+// tracked allocator.
+PhasedMemory predict_run_phases(const GPTConfig& model, const RankPlan& rank,
+                                const RunMemoryOptions& o);
+// The per-category prediction the run prints and writes to run.h5
+// (memory/<category>/predicted_bytes): each category's peak over `phased`,
+// and on a GPU the device's own (device_workspace_bytes, the NF4
+// matrices), host and device added.
+MemoryByCategory predicted_categories(const GPTConfig& model, const RankPlan& rank,
+                                      const RunMemoryOptions& o, const PhasedMemory& phased);
 
 }  // namespace meshlm

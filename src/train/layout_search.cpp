@@ -282,8 +282,9 @@ PlannedRank plan_rank(const RunConfig& cfg, const PlanMachine& o, const MeshCoor
   m.node = r / o.ranks_per_node;
   m.c = c;
   const RankPlan shape = rank_plan_at(cfg, m.c, r, r % o.ranks_per_node);
-  const PhasedMemory phased = predict_run_phases(cfg, shape, o.windows);
-  m.table = predicted_categories(cfg, shape, phased);
+  const RunMemoryOptions mo = memory_options(cfg, o.windows);
+  const PhasedMemory phased = predict_run_phases(cfg.model, shape, mo);
+  m.table = predicted_categories(cfg.model, shape, mo, phased);
   if (device) {
     // Conservative: the table adds host and device; all of it is counted
     // against the device, and the host holds the runtime, the data's order,

@@ -348,8 +348,9 @@ RunContext::RunContext(const RunConfig& cfg, MPI_Comm job)
 // OpenBLAS's buffer once a GEMM of the largest panel has filled it); then
 // the limits checked.
 void RunContext::predict_memory(const RunConfig& cfg) {
-  phased = predict_run_phases(cfg, shape, loader->windows_per_epoch());
-  predicted = predicted_categories(cfg, shape, phased);
+  const RunMemoryOptions o = memory_options(cfg, loader->windows_per_epoch());
+  phased = predict_run_phases(cfg.model, shape, o);
+  predicted = predicted_categories(cfg.model, shape, o, phased);
   print_predicted_memory(predicted, *world);
   if (backend_caps(cfg.runtime.backend).openblas_warm_up) {
     {

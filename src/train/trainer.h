@@ -9,7 +9,7 @@
 #include "mesh/mesh.h"
 #include "load/base_loader.h"
 #include "train/faults.h"
-#include "train/memory_prediction.h"
+#include "train/run_shape.h"
 #include "train/run_config.h"
 
 namespace meshlm {

@@ -1,78 +1,11 @@
 #include "train/zero.h"
 
 #include <algorithm>
-#include <climits>
 #include <cmath>
 
-#include "comm/mpi_comm.h"
 #include "core/error.h"
 
 namespace meshlm {
-
-namespace {
-
-// The flat range [a, b) of each block of `table`, from its first layer on.
-std::vector<std::pair<size_t, size_t>> block_ranges(const std::vector<ParamSpec>& table) {
-  std::vector<std::pair<size_t, size_t>> ranges;
-  int layer0 = INT_MAX;
-  for (const ParamSpec& p : table)
-    if (p.layer >= 0) layer0 = std::min(layer0, p.layer);
-  for (const ParamSpec& p : table) {
-    if (p.layer < 0) continue;
-    const size_t l = p.layer - layer0;
-    if (ranges.size() <= l) ranges.resize(l + 1, {p.offset, p.offset});
-    ranges[l].second = p.offset + p.numel();
-  }
-  return ranges;
-}
-
-// Calls part(k, lo, hi) for each DP rank k whose shard [k S, (k+1) S) meets
-// the flat range [a, b), with the common part [lo, hi).
-template <typename F>
-void for_each_owner_part(size_t a, size_t b, size_t S, int dp, F part) {
-  for (int k = 0; k < dp; ++k) {
-    const size_t lo = std::max(a, k * S), hi = std::min(b, (k + 1) * S);
-    if (lo < hi) part(k, lo, hi);
-  }
-}
-
-// Calls block(r0, n, a, b) for each block of `rows` rows of the tied token
-// embedding `p` (rows [r0, r0 + n), flat range [a, b)).
-template <typename F>
-void for_each_wte_block(const ParamSpec& p, int rows, F block) {
-  const int64_t V = p.shape[0];
-  const size_t C = static_cast<size_t>(p.shape[1]);
-  for (int64_t r0 = 0; r0 < V; r0 += rows) {
-    const int64_t n = std::min<int64_t>(rows, V - r0);
-    block(static_cast<int>(r0), static_cast<int>(n), p.offset + r0 * C, p.offset + (r0 + n) * C);
-  }
-}
-
-}  // namespace
-
-size_t Zero::ring_scratch_bytes(int stage, const std::vector<ParamSpec>& table,
-                                const ZeroLayout& z, int dp, int dp_rank, int wte_rows) {
-  using comm::Reduction;
-  if (stage == 0) return comm::ring_scratch_bytes_of(Reduction::all_reduce, z.n, DType::f32, dp);
-  if (stage == 1)
-    return comm::ring_scratch_bytes_of(Reduction::reduce_scatter, z.shard, DType::f32, dp);
-  size_t most = 0;
-  auto reduce = [&](int owner, size_t lo, size_t hi) {
-    most = std::max(most, comm::ring_scratch_bytes_of(Reduction::reduce, hi - lo, DType::f32, dp,
-                                                      dp_rank, owner));
-  };
-  for (const auto& [a, b] : block_ranges(table)) for_each_owner_part(a, b, z.shard, dp, reduce);
-  for (const ParamSpec& p : table) {
-    if (p.layer >= 0) continue;
-    if (p.tied == TiedGroup::embedding)
-      for_each_wte_block(p, wte_rows, [&](int, int, size_t a, size_t b) {
-        for_each_owner_part(a, b, z.shard, dp, reduce);
-      });
-    else
-      for_each_owner_part(p.offset, p.offset + p.numel(), z.shard, dp, reduce);
-  }
-  return most;
-}
 
 Zero::Zero(int stage, comm::Communicator& dp, GPT& model, const ZeroLayout& layout, int wte_rows,
            SectionTimers& timers)

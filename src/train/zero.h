@@ -86,14 +86,6 @@ public:
                                size_t n, size_t piece,
                                const std::function<int(bool first, int dp)>& peer);
 
-  // The scratch of the ring reductions (comm/mpi_comm.h) that reduce() of
-  // `stage` needs on DP rank `dp_rank` of a group of `dp` ranks with this
-  // table and layout, under the process's bucket: what the planner adds to
-  // the comm category. (Under ZeRO 2 a reduction's scratch is on every rank
-  // of its chain but the first, so the ranks of a group differ.)
-  static size_t ring_scratch_bytes(int stage, const std::vector<ParamSpec>& table,
-                                   const ZeroLayout& layout, int dp, int dp_rank, int wte_rows);
-
 private:
   // Stage 2: sums the gradients of the flat elements [a, b), held in src,
   // into the shards of their owners.

@@ -32,7 +32,7 @@ ALLOWED = {
     "quant": ["core", "ops", "comm"],
     "model": ["core", "ops", "comm", "quant"],
     "load": ["core", "comm", "mesh", "quant", "model", "io"],
-    "plan": ["core", "mesh", "quant", "model"],
+    "plan": ["core", "ops", "comm", "mesh", "quant", "model"],
     "train": ["core", "ops", "comm", "mesh", "quant", "model", "io", "load", "plan", "cuda"],
     "app": ["core", "ops", "comm", "mesh", "quant", "model", "io", "load", "plan", "train"],
     "cuda": ["core", "ops", "quant"],

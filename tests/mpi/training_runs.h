@@ -100,7 +100,8 @@ inline RunResult train_on_first_ranks(const char* config_text,
     const io::TokenReader reader = io::TokenReader::open((dir / "tokens.h5").string());
     const uint64_t windows = (reader.size() - 1) / cfg.train.seq_len;
     const MemoryByCategory pred =
-        predict_run_phases(cfg, planned_rank_plan(cfg, mesh), windows).category_peaks();
+        predict_run_phases(cfg.model, planned_rank_plan(cfg, mesh), memory_options(cfg, windows))
+            .category_peaks();
     const int r = mesh.rank();
     res.peaks.resize(r == 0 ? w : 0);
     res.predicted.resize(r == 0 ? w : 0);

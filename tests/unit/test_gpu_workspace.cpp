@@ -1,5 +1,6 @@
 // The CUDA backend's 16-bit copies of GEMM inputs (ops/gpu_workspace.h), as
-// the memory prediction writes them down (gpu_gemm_copies_bytes), against
+// the model declares its step (model/step_declaration.h) and the memory
+// prediction counts it (plan/memory.h, device_gemm_copies_bytes), against
 // the GEMMs the model really issues: a backend that runs the CPU ops and
 // records, for each call, the spans the CUDA backend would copy (as
 // cuda/blas.cu and cuda/attention.cu call cuBLAS, and as
@@ -7,7 +8,7 @@
 // several GEMMs (Kernels::hold_rounded). Every layout the CUDA
 // backend trains (one rank: full training or LoRA, probabilities or flash,
 // the classifier in chunks) gives the prediction exactly. The scratch of the
-// reductions over rows (gpu_reduction_scratch_bytes) likewise.
+// reductions over rows (device_reduction_scratch_bytes) likewise.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,9 +19,10 @@
 #include "core/rng.h"
 #include "load/base_loader.h"
 #include "model/gpt.h"
-#include "model/gpu_step.h"
+#include "model/step_declaration.h"
 #include "ops/gpu_workspace.h"
 #include "ops/timed_kernels.h"
+#include "plan/memory.h"
 #include "plan/rank_plan.h"
 #include "train/trainer.h"
 
@@ -222,9 +224,10 @@ TEST(GpuWorkspace, PredictedCopiesAndScratchAreTheLargestTheModelAsksFor) {
       m.forward(tok.data(), tgt.data(), B, T);
       m.backward();
       ASSERT_GT(rec.most(), 0u);
-      EXPECT_EQ(gpu_gemm_copies_bytes(cfg, shape.shard, shape.model, ops::Precision::bf16, B, T), rec.most());
-      EXPECT_EQ(gpu_gemm_copies_bytes(cfg, shape.shard, shape.model, ops::Precision::fp32, B, T), 0u);
-      EXPECT_EQ(gpu_reduction_scratch_bytes(cfg, shape.shard, shape.model, B, T), rec.reduction_scratch());
+      const StepDeclaration step = declare_step(cfg, shape.shard, shape.model, B, T);
+      EXPECT_EQ(device_gemm_copies_bytes(step, ops::Precision::bf16), rec.most());
+      EXPECT_EQ(device_gemm_copies_bytes(step, ops::Precision::fp32), 0u);
+      EXPECT_EQ(device_reduction_scratch_bytes(step), rec.reduction_scratch());
       if (!k.lora) EXPECT_GT(rec.reduction_scratch(), 0u);
       // Held: wte for the classifier's chunks in full training; under LoRA
       // the adapted layers' inputs and douts (and a GPU's whole classifier tile).
