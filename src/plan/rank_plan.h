@@ -1,5 +1,5 @@
 // From a layout to what one rank holds: the translation the training engine,
-// the memory model and (later) the layout search all use.
+// the memory predictor (plan/memory.h) and the layout search all use.
 #pragma once
 
 #include <cstddef>
