@@ -1,4 +1,4 @@
-// The ops interface: the forward/backward pairs a GPT-2 step is made of.
+// The ops interface: the forward/backward pairs a GPT-2 or Llama step is made of.
 // This header declares the CPU implementation (OpenMP loops + BLAS), which is
 // the readable reference every other backend is tested against; cuda/ holds
 // the CUDA implementation of the same ops (cuda/ops_cuda.h).
@@ -116,6 +116,50 @@ void gelu_forward(T* out, const T* inp, size_t n);
 // dinp = gelu'(inp) dout (overwritten).
 template <typename T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, size_t n);
+
+// ---- Llama's ops: RMSNorm, rotary position embeddings, SwiGLU ---------------
+// out(N,C) = w * (inp * rstd), rstd(N) = 1 / sqrt(mean_c(inp^2) + eps), kept
+// for backward (no bias; Hugging Face's LlamaRMSNorm in fp32).
+template <typename T>
+void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* w, int N, int C, double eps);
+// dinp(N,C) += d out / d inp applied to dout; dw(C) += sum_n dout * inp * rstd
+// (dw may be null: a frozen gain).
+template <typename T>
+void rmsnorm_backward(T* dinp, T* dw, const T* dout, const T* inp, const T* w, const T* rstd,
+                      int N, int C);
+
+// Llama 3's rope scaling (rope_scaling.rope_type = "llama3"); factor 0: none.
+struct RopeScaling {
+  double factor = 0, low_freq_factor = 1, high_freq_factor = 4;
+  int original_max_positions = 8192;
+};
+// inv_freq(HS/2) = theta^(-2i / HS), scaled as `s` says, in float as Hugging
+// Face's rotary embedding computes it.
+void rope_inv_freq(float* inv_freq, int HS, double theta, const RopeScaling& s);
+// cos and sin(Tn, HS/2) of the angles t * inv_freq[i] (the angle a float
+// product) for positions t = 0 .. Tn-1.
+template <typename T>
+void rope_tables(T* cos, T* sin, const float* inv_freq, int Tn, int HS);
+// In place on `heads` heads of HS channels at the start of each row (b, t)
+// of x, rows `ld` apart (q or k inside a packed buffer): with h = HS/2 and
+// the angle of (t, i), x_i' = x_i cos - x_{i+h} sin, x_{i+h}' = x_{i+h} cos +
+// x_i sin (rotate-half). cos and sin from rope_tables; a position offset is
+// an offset of the tables.
+template <typename T>
+void rope_forward(T* x, const T* cos, const T* sin, int B, int Tn, int heads, int HS, size_t ld);
+// The gradient through it, in place: the rotation by the opposite angle.
+template <typename T>
+void rope_backward(T* dx, const T* cos, const T* sin, int B, int Tn, int heads, int HS,
+                   size_t ld);
+
+// out(N,F) = silu(gate) * up, silu(x) = x / (1 + e^-x); gate and up rows
+// `ld` apart (separate buffers: ld = F; one packed (N, 2F) buffer: ld = 2F).
+template <typename T>
+void swiglu_forward(T* out, const T* gate, const T* up, int N, int F, size_t ld);
+// dgate and dup (rows ld apart) are overwritten.
+template <typename T>
+void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int N, int F,
+                     size_t ld);
 
 // ---- residual ---------------------------------------------------------------
 template <typename T>

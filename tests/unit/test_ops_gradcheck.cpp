@@ -463,3 +463,141 @@ TEST(OpsGradcheck, CrossEntropyVocabParallelPaddingOnlyPart) {
   // V = 7, Vp = 16, P = 2: the second part holds only padding columns.
   check_vocab_parallel_xent(7, 16, 2, {0, 6, 3, 3}, 91);
 }
+
+TEST(OpsGradcheck, RmsNorm) {
+  const int N = 6, C = 10;
+  auto x = randn(N * C, 31, 2.0), w = randn(C, 32), R = randn(N * C, 33);
+  for (int i = 0; i < N * C; ++i) x[i] += 0.5 * (i % C);
+  const double eps = 1e-5;
+  std::vector<double> y(N * C), rstd(N);
+  auto loss = [&] {
+    ops::rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), N, C, eps);
+    return dot(y, R);
+  };
+  loss();
+  // Both gradients accumulate: start from non-zero values.
+  auto dx = randn(N * C, 34), dw = randn(C, 35);
+  const auto dx0 = dx, dw0 = dw;
+  ops::rmsnorm_backward(dx.data(), dw.data(), R.data(), x.data(), w.data(), rstd.data(), N, C);
+  for (size_t i = 0; i < dx.size(); ++i) dx[i] -= dx0[i];
+  for (size_t i = 0; i < dw.size(); ++i) dw[i] -= dw0[i];
+  expect_matches_fd(x, dx, loss, "rmsnorm dinp");
+  expect_matches_fd(w, dw, loss, "rmsnorm dw");
+  // A frozen gain: dw null, the same dinp.
+  std::vector<double> dx2(N * C, 0.0);
+  ops::rmsnorm_backward(dx2.data(), static_cast<double*>(nullptr), R.data(), x.data(), w.data(),
+                        rstd.data(), N, C);
+  for (size_t i = 0; i < dx2.size(); ++i) EXPECT_NEAR(dx2[i], dx[i], 1e-12);
+  // The definition, longhand, and float against double.
+  loss();
+  for (int n = 0; n < N; ++n) {
+    double ss = 0;
+    for (int c = 0; c < C; ++c) ss += x[n * C + c] * x[n * C + c];
+    const double s = 1 / std::sqrt(ss / C + eps);
+    for (int c = 0; c < C; ++c) EXPECT_NEAR(y[n * C + c], w[c] * x[n * C + c] * s, 1e-12);
+  }
+  std::vector<float> yf(N * C), rf(N);
+  auto xf = cast<float>(x), wf = cast<float>(w);
+  ops::rmsnorm_forward(yf.data(), rf.data(), xf.data(), wf.data(), N, C, eps);
+  expect_close(yf, y, "rmsnorm float vs double");
+}
+
+TEST(OpsGradcheck, Rope) {
+  // q's 3 heads inside rows of a packed buffer of 2.5 heads more (ld), as q
+  // and k sit in a fused projection's output; the rest must pass untouched.
+  const int B = 2, T = 5, heads = 3, HS = 8, ld = 44;
+  std::vector<float> inv(HS / 2);
+  ops::RopeScaling scaling;
+  ops::rope_inv_freq(inv.data(), HS, 10000.0, scaling);
+  std::vector<double> cos(T * HS / 2), sin(T * HS / 2);
+  ops::rope_tables(cos.data(), sin.data(), inv.data(), T, HS);
+  auto x = randn(size_t(B) * T * ld, 41), R = randn(x.size(), 42);
+  std::vector<double> y;
+  auto loss = [&] {
+    y = x;
+    ops::rope_forward(y.data(), cos.data(), sin.data(), B, T, heads, HS, ld);
+    return dot(y, R);
+  };
+  loss();
+  auto dx = R;
+  ops::rope_backward(dx.data(), cos.data(), sin.data(), B, T, heads, HS, ld);
+  expect_matches_fd(x, dx, loss, "rope dx");
+  // Rotate-half, longhand; channels beyond the heads unchanged.
+  loss();
+  for (int r = 0; r < B * T; ++r) {
+    const int t = r % T;
+    for (int c = 0; c < ld; ++c) {
+      const double v = x[size_t(r) * ld + c];
+      double want = v;
+      if (c < heads * HS) {
+        const int h = c / HS, i = c % HS, k = i % (HS / 2);
+        const double other = x[size_t(r) * ld + h * HS + (i < HS / 2 ? i + HS / 2 : i - HS / 2)];
+        const double a = double(float(t) * inv[k]);
+        want = i < HS / 2 ? v * std::cos(a) - other * std::sin(a)
+                          : v * std::cos(a) + other * std::sin(a);
+      }
+      EXPECT_NEAR(y[size_t(r) * ld + c], want, 1e-12) << "row " << r << " channel " << c;
+    }
+  }
+  // theta^(-2i/HS), and position 0 turns nothing.
+  for (int i = 0; i < HS / 2; ++i)
+    EXPECT_NEAR(inv[i], std::pow(10000.0, -2.0 * i / HS), 1e-6 * std::pow(10000.0, -2.0 * i / HS));
+  for (int i = 0; i < HS / 2; ++i) {
+    EXPECT_EQ(cos[i], 1.0);
+    EXPECT_EQ(sin[i], 0.0);
+  }
+}
+
+TEST(OpsGradcheck, RopeLlama3Scaling) {
+  // Llama 3.1's settings on a head of 128: the high frequencies (wavelength
+  // under 8192 / 4) unchanged, the low ones (over 8192 / 1) divided by 8,
+  // those between blended; each band met by some i.
+  const int HS = 128;
+  ops::RopeScaling s{.factor = 8, .low_freq_factor = 1, .high_freq_factor = 4,
+                     .original_max_positions = 8192};
+  std::vector<float> plain(HS / 2), scaled(HS / 2);
+  ops::rope_inv_freq(plain.data(), HS, 500000.0, {});
+  ops::rope_inv_freq(scaled.data(), HS, 500000.0, s);
+  int kept = 0, slowed = 0, blended = 0;
+  for (int i = 0; i < HS / 2; ++i) {
+    const double wavelen = 2 * M_PI / plain[i];
+    if (wavelen < 8192.0 / 4) {
+      EXPECT_EQ(scaled[i], plain[i]) << i;
+      ++kept;
+    } else if (wavelen > 8192.0) {
+      EXPECT_FLOAT_EQ(scaled[i], plain[i] / 8) << i;
+      ++slowed;
+    } else {
+      const double smooth = (8192.0 / wavelen - 1) / (4 - 1);
+      EXPECT_NEAR(scaled[i], (1 - smooth) * plain[i] / 8 + smooth * plain[i], 1e-6 * plain[i]) << i;
+      EXPECT_LT(scaled[i], plain[i]);
+      EXPECT_GT(scaled[i], plain[i] / 8);
+      ++blended;
+    }
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(slowed, 0);
+  EXPECT_GT(blended, 0);
+}
+
+TEST(OpsGradcheck, SwiGlu) {
+  // gate and up side by side in one (N, 2F) buffer.
+  const int N = 4, F = 7;
+  auto gu = randn(size_t(N) * 2 * F, 51, 2.0), R = randn(size_t(N) * F, 52);
+  gu[0] = -40;  // far into silu's flat tail: no overflow, no NaN
+  auto loss = [&] {
+    std::vector<double> y(size_t(N) * F);
+    ops::swiglu_forward(y.data(), gu.data(), gu.data() + F, N, F, 2 * F);
+    return dot(y, R);
+  };
+  std::vector<double> dgu(gu.size(), kNaN);
+  ops::swiglu_backward(dgu.data(), dgu.data() + F, R.data(), gu.data(), gu.data() + F, N, F, 2 * F);
+  expect_matches_fd(gu, dgu, loss, "swiglu dgate, dup");
+  std::vector<float> yf(size_t(N) * F);
+  std::vector<double> yd(yf.size());
+  auto guf = cast<float>(gu);
+  ops::swiglu_forward(yf.data(), guf.data(), guf.data() + F, N, F, 2 * F);
+  ops::swiglu_forward(yd.data(), gu.data(), gu.data() + F, N, F, 2 * F);
+  expect_close(yf, yd, "swiglu float vs double");
+  for (float v : yf) EXPECT_TRUE(std::isfinite(v));
+}
