@@ -125,6 +125,38 @@ public:
   void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const override {
     cuda::gelu_backward(dinp, inp, dout, n, s_);
   }
+  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C,
+                       double eps) const override {
+    cuda::rmsnorm_forward(out, rstd, inp, w, N, C, eps, s_);
+  }
+  void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp,
+                        const float* w, const float* rstd, int N, int C) const override {
+    cuda::rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C, s_);
+  }
+  void rope_forward(float* x, const float* cos, const float* sin, int B, int Tn, int heads, int HS,
+                    size_t ld) const override {
+    cuda::rope_forward(x, cos, sin, B, Tn, heads, HS, ld, s_);
+  }
+  void rope_backward(float* dx, const float* cos, const float* sin, int B, int Tn, int heads,
+                     int HS, size_t ld) const override {
+    cuda::rope_backward(dx, cos, sin, B, Tn, heads, HS, ld, s_);
+  }
+  void swiglu_forward(float* out, const float* gate, const float* up, int N, int F,
+                      size_t ld) const override {
+    cuda::swiglu_forward(out, gate, up, N, F, ld, s_);
+  }
+  void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                       const float* up, int N, int F, size_t ld) const override {
+    cuda::swiglu_backward(dgate, dup, dout, gate, up, N, F, ld, s_);
+  }
+  void gqa_pack_forward(float* qkv, const float* q, const float* k, const float* v, int N, int NH,
+                        int NKV, int HS) const override {
+    cuda::gqa_pack_forward(qkv, q, k, v, N, NH, NKV, HS, s_);
+  }
+  void gqa_pack_backward(float* dq, float* dk, float* dv, const float* dqkv, int N, int NH,
+                         int NKV, int HS) const override {
+    cuda::gqa_pack_backward(dq, dk, dv, dqkv, N, NH, NKV, HS, s_);
+  }
   void residual_forward(float* out, const float* a, const float* b, size_t n) const override {
     cuda::residual_forward(out, a, b, n, s_);
   }

@@ -130,6 +130,28 @@ void flash_attention_backward(float* dqkv, float* delta, const float* dout, cons
                               const float* qkv, const float* lse, int B, int Tn, int C, int NH,
                               cudaStream_t stream, ops::Precision p);
 
+// ---- Llama's ops (cuda/llama_ops.cu; ops::rmsnorm_*, rope_*, swiglu_*, gqa_pack_*) ----
+// RMSNorm, a warp per row; dw (may be null: frozen) a sum over rows in a
+// fixed order, the same bits every run.
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C,
+                     double eps, cudaStream_t stream);
+void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                      const float* rstd, int N, int C, cudaStream_t stream);
+// In place on `heads` heads of HS channels at the start of rows ld apart;
+// cos and sin (Tn, HS/2) in device memory.
+void rope_forward(float* x, const float* cos, const float* sin, int B, int Tn, int heads, int HS,
+                  size_t ld, cudaStream_t stream);
+void rope_backward(float* dx, const float* cos, const float* sin, int B, int Tn, int heads, int HS,
+                   size_t ld, cudaStream_t stream);
+void swiglu_forward(float* out, const float* gate, const float* up, int N, int F, size_t ld,
+                    cudaStream_t stream);
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                     const float* up, int N, int F, size_t ld, cudaStream_t stream);
+void gqa_pack_forward(float* qkv, const float* q, const float* k, const float* v, int N, int NH,
+                      int NKV, int HS, cudaStream_t stream);
+void gqa_pack_backward(float* dq, float* dk, float* dv, const float* dqkv, int N, int NH, int NKV,
+                       int HS, cudaStream_t stream);
+
 // ---- residual -------------------------------------------------------------------------
 void residual_forward(float* out, const float* a, const float* b, size_t n, cudaStream_t stream);
 // da += dout; db += dout

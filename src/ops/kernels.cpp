@@ -77,6 +77,38 @@ public:
   void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const override {
     ops::gelu_backward(dinp, inp, dout, n);
   }
+  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C,
+                       double eps) const override {
+    ops::rmsnorm_forward(out, rstd, inp, w, N, C, eps);
+  }
+  void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp,
+                        const float* w, const float* rstd, int N, int C) const override {
+    ops::rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
+  }
+  void rope_forward(float* x, const float* cos, const float* sin, int B, int Tn, int heads, int HS,
+                    size_t ld) const override {
+    ops::rope_forward(x, cos, sin, B, Tn, heads, HS, ld);
+  }
+  void rope_backward(float* dx, const float* cos, const float* sin, int B, int Tn, int heads,
+                     int HS, size_t ld) const override {
+    ops::rope_backward(dx, cos, sin, B, Tn, heads, HS, ld);
+  }
+  void swiglu_forward(float* out, const float* gate, const float* up, int N, int F,
+                      size_t ld) const override {
+    ops::swiglu_forward(out, gate, up, N, F, ld);
+  }
+  void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                       const float* up, int N, int F, size_t ld) const override {
+    ops::swiglu_backward(dgate, dup, dout, gate, up, N, F, ld);
+  }
+  void gqa_pack_forward(float* qkv, const float* q, const float* k, const float* v, int N, int NH,
+                        int NKV, int HS) const override {
+    ops::gqa_pack_forward(qkv, q, k, v, N, NH, NKV, HS);
+  }
+  void gqa_pack_backward(float* dq, float* dk, float* dv, const float* dqkv, int N, int NH,
+                         int NKV, int HS) const override {
+    ops::gqa_pack_backward(dq, dk, dv, dqkv, N, NH, NKV, HS);
+  }
   void residual_forward(float* out, const float* a, const float* b, size_t n) const override {
     ops::residual_forward(out, a, b, n);
   }

@@ -62,6 +62,24 @@ public:
                                         int B, int Tn, int C, int NH) const = 0;
   virtual void gelu_forward(float* out, const float* inp, size_t n) const = 0;
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const = 0;
+  // Llama's ops (ops::rmsnorm_*, rope_*, swiglu_*, gqa_pack_*); the rope
+  // tables in the backend's memory.
+  virtual void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N,
+                               int C, double eps) const = 0;
+  virtual void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp,
+                                const float* w, const float* rstd, int N, int C) const = 0;
+  virtual void rope_forward(float* x, const float* cos, const float* sin, int B, int Tn, int heads,
+                            int HS, size_t ld) const = 0;
+  virtual void rope_backward(float* dx, const float* cos, const float* sin, int B, int Tn,
+                             int heads, int HS, size_t ld) const = 0;
+  virtual void swiglu_forward(float* out, const float* gate, const float* up, int N, int F,
+                              size_t ld) const = 0;
+  virtual void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                               const float* up, int N, int F, size_t ld) const = 0;
+  virtual void gqa_pack_forward(float* qkv, const float* q, const float* k, const float* v, int N,
+                                int NH, int NKV, int HS) const = 0;
+  virtual void gqa_pack_backward(float* dq, float* dk, float* dv, const float* dqkv, int N, int NH,
+                                 int NKV, int HS) const = 0;
   virtual void residual_forward(float* out, const float* a, const float* b, size_t n) const = 0;
   virtual void residual_backward(float* da, float* db, const float* dout, size_t n) const = 0;
   virtual void xent_local_max(float* rowmax, const float* logits, int N, int Vl, int v0,

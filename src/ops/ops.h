@@ -161,6 +161,17 @@ template <typename T>
 void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int N, int F,
                      size_t ld);
 
+// Grouped-query attention (NKV key/value heads, each shared by NH / NKV
+// query heads): qkv(N, 3C), C = NH HS, the packed layout the attention ops
+// read, from q(N, C), k(N, NKV HS) and v(N, NKV HS), query head h beside
+// key/value head h / (NH / NKV). NKV = NH copies q, k and v side by side.
+template <typename T>
+void gqa_pack_forward(T* qkv, const T* q, const T* k, const T* v, int N, int NH, int NKV, int HS);
+// dq, dk and dv overwritten from dqkv: dk and dv each the sum over its
+// group's query heads, in order.
+template <typename T>
+void gqa_pack_backward(T* dq, T* dk, T* dv, const T* dqkv, int N, int NH, int NKV, int HS);
+
 // ---- residual ---------------------------------------------------------------
 template <typename T>
 void residual_forward(T* out, const T* a, const T* b, size_t n);

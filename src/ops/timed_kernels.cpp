@@ -12,7 +12,9 @@ const char* kernel_op_name(KernelOp op) {
       "layernorm_forward", "layernorm_backward", "residual_layernorm_forward",
       "matmul_forward", "matmul_backward",
       "attention_forward", "attention_backward", "flash_attention_forward",
-      "flash_attention_backward", "gelu_forward", "gelu_backward", "residual_forward",
+      "flash_attention_backward", "gelu_forward", "gelu_backward", "rmsnorm_forward",
+      "rmsnorm_backward", "rope_forward", "rope_backward", "swiglu_forward", "swiglu_backward",
+      "gqa_pack_forward", "gqa_pack_backward", "residual_forward",
       "residual_backward", "xent_local_max", "xent_local_sums", "xent_losses",
       "xent_local_backward", "xent_rows", "gemm", "hold_rounded", "zero", "add", "add_bias",
       "fill", "upload", "download", "adamw_update", "sum_of_squares", "scale"};
@@ -112,6 +114,49 @@ void TimedKernels::gelu_forward(float* out, const float* inp, size_t n) const {
 
 void TimedKernels::gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const {
   timed(KernelOp::gelu_backward, [&] { inner_.gelu_backward(dinp, inp, dout, n); });
+}
+
+void TimedKernels::rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w,
+                                   int N, int C, double eps) const {
+  timed(KernelOp::rmsnorm_forward, [&] { inner_.rmsnorm_forward(out, rstd, inp, w, N, C, eps); });
+}
+
+void TimedKernels::rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp,
+                                    const float* w, const float* rstd, int N, int C) const {
+  timed(KernelOp::rmsnorm_backward,
+        [&] { inner_.rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C); });
+}
+
+void TimedKernels::rope_forward(float* x, const float* cos, const float* sin, int B, int Tn,
+                                int heads, int HS, size_t ld) const {
+  timed(KernelOp::rope_forward, [&] { inner_.rope_forward(x, cos, sin, B, Tn, heads, HS, ld); });
+}
+
+void TimedKernels::rope_backward(float* dx, const float* cos, const float* sin, int B, int Tn,
+                                 int heads, int HS, size_t ld) const {
+  timed(KernelOp::rope_backward, [&] { inner_.rope_backward(dx, cos, sin, B, Tn, heads, HS, ld); });
+}
+
+void TimedKernels::swiglu_forward(float* out, const float* gate, const float* up, int N, int F,
+                                  size_t ld) const {
+  timed(KernelOp::swiglu_forward, [&] { inner_.swiglu_forward(out, gate, up, N, F, ld); });
+}
+
+void TimedKernels::swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                                   const float* up, int N, int F, size_t ld) const {
+  timed(KernelOp::swiglu_backward,
+        [&] { inner_.swiglu_backward(dgate, dup, dout, gate, up, N, F, ld); });
+}
+
+void TimedKernels::gqa_pack_forward(float* qkv, const float* q, const float* k, const float* v,
+                                    int N, int NH, int NKV, int HS) const {
+  timed(KernelOp::gqa_pack_forward, [&] { inner_.gqa_pack_forward(qkv, q, k, v, N, NH, NKV, HS); });
+}
+
+void TimedKernels::gqa_pack_backward(float* dq, float* dk, float* dv, const float* dqkv, int N,
+                                     int NH, int NKV, int HS) const {
+  timed(KernelOp::gqa_pack_backward,
+        [&] { inner_.gqa_pack_backward(dq, dk, dv, dqkv, N, NH, NKV, HS); });
 }
 
 void TimedKernels::residual_forward(float* out, const float* a, const float* b, size_t n) const {

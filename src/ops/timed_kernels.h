@@ -23,7 +23,9 @@ enum class KernelOp : int {
   layernorm_forward, layernorm_backward, residual_layernorm_forward, matmul_forward,
   matmul_backward,
   attention_forward, attention_backward, flash_attention_forward, flash_attention_backward,
-  gelu_forward, gelu_backward, residual_forward, residual_backward,
+  gelu_forward, gelu_backward, rmsnorm_forward, rmsnorm_backward, rope_forward, rope_backward,
+  swiglu_forward, swiglu_backward, gqa_pack_forward, gqa_pack_backward, residual_forward,
+  residual_backward,
   xent_local_max, xent_local_sums, xent_losses, xent_local_backward, xent_rows,
   gemm, hold_rounded, zero, add, add_bias, fill, upload, download, adamw_update, sum_of_squares,
   scale, count
@@ -74,6 +76,22 @@ public:
                                 int NH) const override;
   void gelu_forward(float* out, const float* inp, size_t n) const override;
   void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) const override;
+  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C,
+                       double eps) const override;
+  void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp,
+                        const float* w, const float* rstd, int N, int C) const override;
+  void rope_forward(float* x, const float* cos, const float* sin, int B, int Tn, int heads, int HS,
+                    size_t ld) const override;
+  void rope_backward(float* dx, const float* cos, const float* sin, int B, int Tn, int heads,
+                     int HS, size_t ld) const override;
+  void swiglu_forward(float* out, const float* gate, const float* up, int N, int F,
+                      size_t ld) const override;
+  void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                       const float* up, int N, int F, size_t ld) const override;
+  void gqa_pack_forward(float* qkv, const float* q, const float* k, const float* v, int N, int NH,
+                        int NKV, int HS) const override;
+  void gqa_pack_backward(float* dq, float* dk, float* dv, const float* dqkv, int N, int NH,
+                         int NKV, int HS) const override;
   void residual_forward(float* out, const float* a, const float* b, size_t n) const override;
   void residual_backward(float* da, float* db, const float* dout, size_t n) const override;
   void xent_local_max(float* rowmax, const float* logits, int N, int Vl, int v0,

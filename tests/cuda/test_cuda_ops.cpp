@@ -1081,3 +1081,130 @@ TEST_F(CudaOps, XentRowsIsMaxSumsAndBackwardInOne) {
 }
 
 }  // namespace
+
+// ---- Llama's ops: RMSNorm, rope, SwiGLU, grouped-query packing ----------------------
+
+// out and rstd written; dinp and dw accumulate (dw null: frozen), dw the same
+// bits every run.
+TEST_F(CudaOps, RmsNorm) {
+  for (const LayerNormCase& k : kLayerNormCases) {
+    SCOPED_TRACE(k.str());
+    const int N = k.N, C = k.C;
+    Both<float> inp(layernorm_input(N, C, next_seed())), w = input(C);
+    Both<float> out = output(size_t(N) * C), rstd = output(N);
+    run_both([&] { ops::rmsnorm_forward<float>(out.c(), rstd.c(), inp.c(), w.c(), N, C, 1e-5); },
+             [&] { cuda::rmsnorm_forward(out.g(), rstd.g(), inp.g(), w.g(), N, C, 1e-5, stream_); });
+    EXPECT_TRUE(matches(out, kTol));
+    EXPECT_TRUE(matches(rstd, kTol));
+    Both<float> kept(rstd.cpu), dout = input(size_t(N) * C);
+    for (const bool frozen : {false, true}) {
+      Both<float> dinp = gradient(size_t(N) * C), dw = gradient(C);
+      run_both(
+          [&] {
+            ops::rmsnorm_backward<float>(dinp.c(), frozen ? nullptr : dw.c(), dout.c(), inp.c(),
+                                         w.c(), kept.c(), N, C);
+          },
+          [&] {
+            cuda::rmsnorm_backward(dinp.g(), frozen ? nullptr : dw.g(), dout.g(), inp.g(), w.g(),
+                                   kept.g(), N, C, stream_);
+          });
+      EXPECT_TRUE(matches(dinp, kTol));
+      if (frozen) {
+        EXPECT_TRUE(same_bits(dw.gpu(), dw.start()));
+        continue;
+      }
+      EXPECT_TRUE(matches(dw, kTol));
+      const std::vector<float> first = dw.gpu();
+      dw.restart_gpu();
+      dinp.restart_gpu();
+      run_gpu([&] {
+        cuda::rmsnorm_backward(dinp.g(), dw.g(), dout.g(), inp.g(), w.g(), kept.g(), N, C, stream_);
+      });
+      EXPECT_TRUE(same_bits(dw.gpu(), first));
+    }
+  }
+}
+
+// q's heads inside packed rows (ld larger than the heads), the rest of each
+// row untouched; forward then backward on the same tables.
+TEST_F(CudaOps, Rope) {
+  struct Case {
+    int B, T, heads, HS;
+    size_t ld;
+  };
+  for (const Case& k : {Case{1, 1, 1, 2, 2}, Case{2, 7, 3, 8, 44}, Case{3, 33, 12, 64, 2304},
+                        Case{1, 128, 8, 128, 3072}}) {
+    SCOPED_TRACE("B " + std::to_string(k.B) + " T " + std::to_string(k.T) + " heads " +
+                 std::to_string(k.heads) + " HS " + std::to_string(k.HS));
+    std::vector<float> inv(k.HS / 2);
+    ops::rope_inv_freq(inv.data(), k.HS, 500000.0,
+                       {.factor = 8, .low_freq_factor = 1, .high_freq_factor = 4,
+                        .original_max_positions = 64});
+    std::vector<float> c(size_t(k.T) * k.HS / 2), s(c.size());
+    ops::rope_tables(c.data(), s.data(), inv.data(), k.T, k.HS);
+    Both<float> cos(c), sin(s);
+    Both<float> x = input(size_t(k.B) * k.T * k.ld);
+    run_both([&] { ops::rope_forward<float>(x.c(), cos.c(), sin.c(), k.B, k.T, k.heads, k.HS, k.ld); },
+             [&] { cuda::rope_forward(x.g(), cos.g(), sin.g(), k.B, k.T, k.heads, k.HS, k.ld, stream_); });
+    EXPECT_TRUE(matches(x, kTol));
+    EXPECT_TRUE(same_bits(columns(x.gpu(), k.ld, k.heads * k.HS, k.ld),
+                          columns(x.start(), k.ld, k.heads * k.HS, k.ld)));
+    Both<float> dx = input(size_t(k.B) * k.T * k.ld);
+    run_both([&] { ops::rope_backward<float>(dx.c(), cos.c(), sin.c(), k.B, k.T, k.heads, k.HS, k.ld); },
+             [&] { cuda::rope_backward(dx.g(), cos.g(), sin.g(), k.B, k.T, k.heads, k.HS, k.ld, stream_); });
+    EXPECT_TRUE(matches(dx, kTol));
+  }
+}
+
+// gate and up separate (ld = F) and packed side by side (ld = 2F); the input
+// gradients overwritten.
+TEST_F(CudaOps, SwiGlu) {
+  for (const auto [N, F] : {std::pair{1, 1}, std::pair{7, 33}, std::pair{256, 1376}}) {
+    for (const bool packed : {false, true}) {
+      SCOPED_TRACE("N " + std::to_string(N) + " F " + std::to_string(F) + (packed ? " packed" : ""));
+      const size_t ld = packed ? 2 * size_t(F) : size_t(F);
+      Both<float> gu = input(size_t(N) * ld * (packed ? 1 : 2), -6.0, 6.0);
+      float* gate_c = gu.c();
+      float* up_c = gu.c() + (packed ? F : size_t(N) * F);
+      float* gate_g = gu.g();
+      float* up_g = gu.g() + (packed ? F : size_t(N) * F);
+      Both<float> out = output(size_t(N) * F);
+      run_both([&] { ops::swiglu_forward<float>(out.c(), gate_c, up_c, N, F, ld); },
+               [&] { cuda::swiglu_forward(out.g(), gate_g, up_g, N, F, ld, stream_); });
+      EXPECT_TRUE(matches(out, kTol));
+      Both<float> dout = input(size_t(N) * F), dgu = output(gu.cpu.size());
+      float* dgate_c = dgu.c();
+      float* dup_c = dgu.c() + (packed ? F : size_t(N) * F);
+      float* dgate_g = dgu.g();
+      float* dup_g = dgu.g() + (packed ? F : size_t(N) * F);
+      run_both([&] { ops::swiglu_backward<float>(dgate_c, dup_c, dout.c(), gate_c, up_c, N, F, ld); },
+               [&] { cuda::swiglu_backward(dgate_g, dup_g, dout.g(), gate_g, up_g, N, F, ld, stream_); });
+      EXPECT_TRUE(matches(dgu, kTol));
+    }
+  }
+}
+
+// The packing copies exactly; the key/value gradients are sums over each
+// group in order, as the CPU's.
+TEST_F(CudaOps, GroupedQueryPacking) {
+  struct Case {
+    int N, NH, NKV, HS;
+  };
+  for (const Case& k : {Case{1, 1, 1, 2}, Case{5, 6, 2, 8}, Case{64, 32, 8, 64}, Case{3, 4, 4, 16}}) {
+    SCOPED_TRACE("N " + std::to_string(k.N) + " NH " + std::to_string(k.NH) + " NKV " +
+                 std::to_string(k.NKV));
+    const size_t C = size_t(k.NH) * k.HS, Ckv = size_t(k.NKV) * k.HS;
+    Both<float> q = input(k.N * C), kk = input(k.N * Ckv), v = input(k.N * Ckv);
+    Both<float> qkv = output(k.N * 3 * C);
+    run_both([&] { ops::gqa_pack_forward<float>(qkv.c(), q.c(), kk.c(), v.c(), k.N, k.NH, k.NKV, k.HS); },
+             [&] { cuda::gqa_pack_forward(qkv.g(), q.g(), kk.g(), v.g(), k.N, k.NH, k.NKV, k.HS, stream_); });
+    EXPECT_TRUE(same_bits(qkv.gpu(), qkv.cpu));
+    Both<float> dqkv = input(k.N * 3 * C);
+    Both<float> dq = output(k.N * C), dk = output(k.N * Ckv), dv = output(k.N * Ckv);
+    run_both([&] { ops::gqa_pack_backward<float>(dq.c(), dk.c(), dv.c(), dqkv.c(), k.N, k.NH, k.NKV, k.HS); },
+             [&] { cuda::gqa_pack_backward(dq.g(), dk.g(), dv.g(), dqkv.g(), k.N, k.NH, k.NKV, k.HS, stream_); });
+    EXPECT_TRUE(same_bits(dq.gpu(), dq.cpu));
+    EXPECT_TRUE(same_bits(dk.gpu(), dk.cpu));
+    EXPECT_TRUE(same_bits(dv.gpu(), dv.cpu));
+  }
+}

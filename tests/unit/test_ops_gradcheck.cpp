@@ -601,3 +601,33 @@ TEST(OpsGradcheck, SwiGlu) {
   expect_close(yf, yd, "swiglu float vs double");
   for (float v : yf) EXPECT_TRUE(std::isfinite(v));
 }
+
+TEST(OpsGradcheck, GroupedQueryPacking) {
+  // 6 query heads over 2 key/value heads (groups of 3), and NKV = NH.
+  for (const auto [NH, NKV] : {std::pair{6, 2}, std::pair{4, 4}, std::pair{4, 1}}) {
+    SCOPED_TRACE("NH " + std::to_string(NH) + " NKV " + std::to_string(NKV));
+    const int N = 3, HS = 4, C = NH * HS, Ckv = NKV * HS;
+    auto q = randn(size_t(N) * C, 61), k = randn(size_t(N) * Ckv, 62), v = randn(size_t(N) * Ckv, 63);
+    auto R = randn(size_t(N) * 3 * C, 64);
+    std::vector<double> qkv(R.size());
+    auto loss = [&] {
+      ops::gqa_pack_forward(qkv.data(), q.data(), k.data(), v.data(), N, NH, NKV, HS);
+      return dot(qkv, R);
+    };
+    loss();
+    // Longhand: query head h reads key/value head h / (NH / NKV).
+    for (int n = 0; n < N; ++n)
+      for (int h = 0; h < NH; ++h)
+        for (int d = 0; d < HS; ++d) {
+          const size_t row = size_t(n) * 3 * C, kv = size_t(n) * Ckv + (h / (NH / NKV)) * HS + d;
+          EXPECT_EQ(qkv[row + h * HS + d], q[size_t(n) * C + h * HS + d]);
+          EXPECT_EQ(qkv[row + C + h * HS + d], k[kv]);
+          EXPECT_EQ(qkv[row + 2 * C + h * HS + d], v[kv]);
+        }
+    std::vector<double> dq(q.size(), kNaN), dk(k.size(), kNaN), dv(v.size(), kNaN);
+    ops::gqa_pack_backward(dq.data(), dk.data(), dv.data(), R.data(), N, NH, NKV, HS);
+    expect_matches_fd(q, dq, loss, "gqa dq");
+    expect_matches_fd(k, dk, loss, "gqa dk");
+    expect_matches_fd(v, dv, loss, "gqa dv");
+  }
+}
