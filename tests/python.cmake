@@ -61,6 +61,12 @@ set_tests_properties(torch_gpt2_grads_bf16_catches_fp32 PROPERTIES
 # AdamW steps with clipping against torch.optim.AdamW + clip_grad_norm_.
 add_test(NAME torch_adamw
   COMMAND ${MESHLM_PYTHON} ${_torch}/check_adamw.py $<TARGET_FILE:meshlm_refdump>)
+# Llama's ops (RMSNorm, rope with Llama 3's scaling, SwiGLU, grouped-query
+# packing), forward and backward, against llama_torch.py in float64; and
+# each of five wrong references (interleaved rope pairs, no rope scaling,
+# LayerNorm's centring, GELU, round-robin key heads) must fail.
+add_test(NAME torch_llama_ops
+  COMMAND ${MESHLM_PYTHON} ${_torch}/check_llama_ops.py $<TARGET_FILE:meshlm_refdump> --self-test)
 # The two checkers checked without meshlm (--self-test): a dump written by
 # an independent reference (the float32 torch model; a textbook numpy AdamW)
 # must pass, and each deliberately corrupted one (a gradient off by 0.1%,
@@ -78,7 +84,7 @@ add_test(NAME h5py_run_log
   COMMAND ${MESHLM_PYTHON} ${_torch}/check_run_log.py
           --mpiexec "${_mpiexec_line}"
           --meshlm $<TARGET_FILE:meshlm> --config ${PROJECT_SOURCE_DIR}/inputs/tiny.cfg)
-set_tests_properties(torch_gpt2_grads_v256 torch_gpt2_grads_v250 torch_adamw
+set_tests_properties(torch_gpt2_grads_v256 torch_gpt2_grads_v250 torch_adamw torch_llama_ops
   torch_gpt2_grads_self_test torch_adamw_self_test h5py_run_log
   PROPERTIES LABELS python TIMEOUT 300 ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
 # The int8 and NF4 formats byte for byte against an independent numpy

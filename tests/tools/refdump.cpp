@@ -12,6 +12,10 @@
 //       parameters, gradients and learning rates of a few AdamW steps with
 //       gradient clipping, and the parameters after them.
 //       Read by tests/torch/check_adamw.py.
+//   meshlm_refdump llama_ops OUT.h5
+//       Llama's ops (RMSNorm, rope with Llama 3's scaling, SwiGLU, the
+//       packing of grouped-query heads) on random inputs, forward and
+//       backward. Read by tests/torch/check_llama_ops.py.
 #include <mpi.h>
 
 #include <cstdio>
@@ -152,17 +156,117 @@ int dump_adamw(const std::string& out) {
 
 }  // namespace
 
+// Llama's ops (ops/ops.h) on random inputs, in float as training runs them:
+// RMSNorm, rope with Llama 3's scaling on q and k of grouped-query heads,
+// SwiGLU, the packing of grouped-query heads; forward and backward.
+int dump_llama_ops(const std::string& out) {
+  const int B = 2, T = 24, NH = 4, NKV = 2, HS = 16, C = NH * HS, N = B * T, F = 40;
+  const double eps = 1e-6, theta = 500000.0;
+  const ops::RopeScaling scaling{.factor = 8, .low_freq_factor = 1, .high_freq_factor = 4,
+                                 .original_max_positions = 256};
+  Rng rng(1234);
+  auto randn = [&](size_t n, float scale = 1.0f) {
+    std::vector<float> v(n);
+    for (float& x : v) x = scale * static_cast<float>(rng.normal());
+    return v;
+  };
+  h5::File file = h5::create_file(out);
+  // "group/name": the group made on first use.
+  auto put = [&](const std::string& path, const std::vector<float>& v, std::vector<hsize_t> dims) {
+    const size_t slash = path.find('/');
+    h5::Group g = h5::require_group(file, path.substr(0, slash));
+    h5::write_dataset(g, path.substr(slash + 1), v.data(), dims);
+  };
+  const hsize_t hN = N, hC = C, hF = F, hCkv = size_t(NKV) * HS;
+  h5::write_scalar_attr<int>(file, "batch", B);
+  h5::write_scalar_attr<int>(file, "seq_len", T);
+  h5::write_scalar_attr<int>(file, "n_head", NH);
+  h5::write_scalar_attr<int>(file, "n_kv_head", NKV);
+  h5::write_scalar_attr<int>(file, "head_size", HS);
+  h5::write_scalar_attr<double>(file, "rms_norm_eps", eps);
+  h5::write_scalar_attr<double>(file, "rope_theta", theta);
+  h5::write_scalar_attr<double>(file, "rope_factor", scaling.factor);
+  h5::write_scalar_attr<double>(file, "rope_low_freq_factor", scaling.low_freq_factor);
+  h5::write_scalar_attr<double>(file, "rope_high_freq_factor", scaling.high_freq_factor);
+  h5::write_scalar_attr<int>(file, "rope_original_max_positions", scaling.original_max_positions);
+  {  // RMSNorm
+    const std::vector<float> x = randn(size_t(N) * C, 2.0f), w = randn(C), dout = randn(size_t(N) * C);
+    std::vector<float> y(x.size()), rstd(N), dx(x.size(), 0.0f), dw(C, 0.0f);
+    ops::rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), N, C, eps);
+    ops::rmsnorm_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), N, C);
+    put("rmsnorm/x", x, {hN, hC});
+    put("rmsnorm/w", w, {hC});
+    put("rmsnorm/dout", dout, {hN, hC});
+    put("rmsnorm/out", y, {hN, hC});
+    put("rmsnorm/dx", dx, {hN, hC});
+    put("rmsnorm/dw", dw, {hC});
+  }
+  {  // rope on q (NH heads) and k (NKV heads)
+    std::vector<float> inv(HS / 2), cos(size_t(T) * HS / 2), sin(cos.size());
+    ops::rope_inv_freq(inv.data(), HS, theta, scaling);
+    ops::rope_tables(cos.data(), sin.data(), inv.data(), T, HS);
+    const std::vector<float> q = randn(size_t(N) * C), k = randn(size_t(N) * hCkv);
+    const std::vector<float> dq_out = randn(q.size()), dk_out = randn(k.size());
+    std::vector<float> qr = q, kr = k, dq = dq_out, dk = dk_out;
+    ops::rope_forward(qr.data(), cos.data(), sin.data(), B, T, NH, HS, C);
+    ops::rope_forward(kr.data(), cos.data(), sin.data(), B, T, NKV, HS, hCkv);
+    ops::rope_backward(dq.data(), cos.data(), sin.data(), B, T, NH, HS, C);
+    ops::rope_backward(dk.data(), cos.data(), sin.data(), B, T, NKV, HS, hCkv);
+    put("rope/inv_freq", inv, {hsize_t(HS / 2)});
+    put("rope/q", q, {hN, hC});
+    put("rope/k", k, {hN, hCkv});
+    put("rope/q_out", qr, {hN, hC});
+    put("rope/k_out", kr, {hN, hCkv});
+    put("rope/dq_out", dq_out, {hN, hC});
+    put("rope/dk_out", dk_out, {hN, hCkv});
+    put("rope/dq", dq, {hN, hC});
+    put("rope/dk", dk, {hN, hCkv});
+  }
+  {  // SwiGLU
+    const std::vector<float> g = randn(size_t(N) * F, 3.0f), u = randn(size_t(N) * F),
+                             dout = randn(size_t(N) * F);
+    std::vector<float> y(g.size()), dg(g.size()), du(g.size());
+    ops::swiglu_forward(y.data(), g.data(), u.data(), N, F, F);
+    ops::swiglu_backward(dg.data(), du.data(), dout.data(), g.data(), u.data(), N, F, F);
+    put("swiglu/gate", g, {hN, hF});
+    put("swiglu/up", u, {hN, hF});
+    put("swiglu/dout", dout, {hN, hF});
+    put("swiglu/out", y, {hN, hF});
+    put("swiglu/dgate", dg, {hN, hF});
+    put("swiglu/dup", du, {hN, hF});
+  }
+  {  // grouped-query packing
+    const std::vector<float> q = randn(size_t(N) * C), k = randn(size_t(N) * hCkv),
+                             v = randn(size_t(N) * hCkv), dqkv = randn(size_t(N) * 3 * C);
+    std::vector<float> qkv(dqkv.size()), dq(q.size()), dk(k.size()), dv(v.size());
+    ops::gqa_pack_forward(qkv.data(), q.data(), k.data(), v.data(), N, NH, NKV, HS);
+    ops::gqa_pack_backward(dq.data(), dk.data(), dv.data(), dqkv.data(), N, NH, NKV, HS);
+    put("gqa/q", q, {hN, hC});
+    put("gqa/k", k, {hN, hCkv});
+    put("gqa/v", v, {hN, hCkv});
+    put("gqa/dqkv", dqkv, {hN, 3 * hC});
+    put("gqa/qkv", qkv, {hN, 3 * hC});
+    put("gqa/dq", dq, {hN, hC});
+    put("gqa/dk", dk, {hN, hCkv});
+    put("gqa/dv", dv, {hN, hCkv});
+  }
+  h5::close_file(file, out);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int rc = 2;
   try {
     const std::string cmd = argc > 1 ? argv[1] : "";
     if (argc < 3) {
-      std::fprintf(stderr, "usage: meshlm_refdump grads|adamw OUT.h5 [--flag value ...]\n");
+      std::fprintf(stderr, "usage: meshlm_refdump grads|adamw|llama_ops OUT.h5 [--flag value ...]\n");
     } else if (cmd == "grads") {
       rc = dump_grads(argv[2], parse_flags(argc, argv, 3));
     } else if (cmd == "adamw") {
       rc = dump_adamw(argv[2]);
+    } else if (cmd == "llama_ops") {
+      rc = dump_llama_ops(argv[2]);
     } else {
       std::fprintf(stderr, "meshlm_refdump: unknown command '%s'\n", cmd.c_str());
     }
