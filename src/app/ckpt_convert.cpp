@@ -254,10 +254,16 @@ CkptMeta read_meta(hid_t file, const std::string& path) {
   m.lora_alpha = l.alpha;
   m.targets_text = l.targets;
   std::string bad;
-  if (!parse_slots(m.targets_text, m.targets, bad) || m.targets.empty())
+  // (Checkpoints hold GPT-2 today: its four linear layers.)
+  const LinearSlots gpt2 = LinearSlots::of(ModelArch::gpt2);
+  if (!parse_slots(m.targets_text, m.targets, bad) || m.targets.empty() ||
+      !m.targets.outside(ModelArch::gpt2).empty())
     fail("/meta lora_targets '" + log::printable(m.targets_text) + "' names no linear layers (" +
-         (bad.empty() ? std::string("empty") : "'" + log::printable(bad) + "' is none") + "; " +
-         enum_choices<LinearSlot>(", ") + ")");
+         (bad.empty() ? (m.targets.empty() ? std::string("empty")
+                                           : "'" + slots_text(m.targets.outside(ModelArch::gpt2)) +
+                                                 "' is none of GPT-2's")
+                      : "'" + log::printable(bad) + "' is none") +
+         "; " + slots_text(gpt2) + ")");
   m.quant_type_text = l.quant_type;
   const std::optional<quant::QuantType> qt = enum_from_name<quant::QuantType>(m.quant_type_text);
   if (!qt)

@@ -57,6 +57,16 @@ void validate(boost::any& v, const std::vector<std::string>& values, E*, int) {
   v = *e;
 }
 
+namespace {
+// "qkv, attn-out, ...": the linear layers of a block of `arch`.
+std::string slot_choices(ModelArch arch) {
+  std::string out;
+  for (const EnumName<LinearSlot>& n : kLinearSlotNames)
+    if (LinearSlots::of(arch).has(n.value)) out += (out.empty() ? "" : ", ") + std::string(n.name);
+  return out;
+}
+}  // namespace
+
 void validate(boost::any& v, const std::vector<std::string>& values, LinearSlots*, int) {
   po::validators::check_first_occurrence(v);
   const std::string& s = po::validators::get_single_string(values);
@@ -64,7 +74,7 @@ void validate(boost::any& v, const std::vector<std::string>& values, LinearSlots
   std::string bad;
   if (!parse_slots(s, slots, bad))
     throw BadValue(s, "unknown target '" + bad + "' (a comma-separated list of " +
-                          enum_choices<LinearSlot>(", ") + ")");
+                          slot_choices(ModelArch::gpt2) + ")");
   v = slots;
 }
 
@@ -330,7 +340,7 @@ void add_finetune_options(RunConfig& c, OptionTable& t) {
         Range::ints(1, kMaxChannels));
   t.add(finetune, "finetune.lora_alpha", &c.finetune.lora_alpha, "LoRA alpha: adapters are scaled by alpha / r",
         Range::reals(0, 1e6, true));
-  t.add(finetune, "finetune.lora_targets", &c.finetune.lora_targets, "matrices with adapters, comma-separated: " + enum_choices<LinearSlot>(", "));
+  t.add(finetune, "finetune.lora_targets", &c.finetune.lora_targets, "matrices with adapters, comma-separated: " + slot_choices(ModelArch::gpt2));
   auto& quant = t.section("[quant] the base model: its weights and, under LoRA, their quantization");
   t.add(quant, "quant.type", &c.quant.type, "format of the base's matrices: " + quant_type_help() + "; vectors stay f32");
   t.add(quant, "quant.share", &c.quant.share, enum_choices<quant::ShareMode>() + ": node = quantized once on rank 0, one copy per node in MPI shared memory; per_rank = every rank loads and quantizes its own copy");

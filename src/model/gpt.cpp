@@ -23,6 +23,7 @@ GPT::GPT(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts,
       dq_(opts.dequantizer != nullptr ? opts.dequantizer : &quant::Dequantizer::cpu()),
       tp_(tp, nullptr) {
   cfg_.validate();
+  MESHLM_CHECK(cfg_.arch == ModelArch::gpt2, "the GPT class builds GPT-2 (model.arch = gpt2)");
   if (shard_.layer_end < 0) shard_.layer_end = cfg_.n_layer;
   MESHLM_CHECK(shard_.tp_size == 1 || (tp != nullptr && tp->size() == shard_.tp_size),
                "tensor parallelism needs its group");
@@ -176,10 +177,12 @@ std::span<float> GPT::view(float* base, const std::string& name) const {
 namespace {
 // The field of BlockTensors that holds a block tensor of this role.
 float* BlockTensors::*block_field(const ParamSpec& p) {
+  // GPT-2's four slots (the class builds GPT-2 only: model.arch = gpt2).
   static constexpr float* BlockTensors::*kWeight[kLinearSlots] = {
       &BlockTensors::qkvw, &BlockTensors::attprojw, &BlockTensors::fcw, &BlockTensors::fcprojw};
   static constexpr float* BlockTensors::*kBias[kLinearSlots] = {
       &BlockTensors::qkvb, &BlockTensors::attprojb, &BlockTensors::fcb, &BlockTensors::fcprojb};
+  MESHLM_CHECK(!p.slot || static_cast<int>(*p.slot) < 4, p.name + " is not a layer of GPT-2");
   switch (p.role) {
     case ParamRole::ln1_weight: return &BlockTensors::ln1w;
     case ParamRole::ln1_bias: return &BlockTensors::ln1b;

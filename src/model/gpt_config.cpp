@@ -21,6 +21,23 @@ void GPTConfig::validate() const {
     fail("model.vocab_size must be at most " + std::to_string(kMaxVocabSize) + " (got " +
          std::to_string(vocab_size) + ")");
   if (max_seq_len < 1) fail("model.max_seq_len must be >= 1 (got " + std::to_string(max_seq_len) + ")");
+  if (arch != ModelArch::llama) return;
+  if (n_kv_head < 0 || (n_kv_head > 0 && n_head % n_kv_head != 0))
+    fail("model.n_head (" + std::to_string(n_head) + ") must be a multiple of model.n_kv_head (" +
+         std::to_string(n_kv_head) + ")");
+  if (head_size() % 2 != 0)
+    fail("model.arch = llama: the head size model.n_embd / model.n_head = " +
+         std::to_string(head_size()) + " must be even (the rotary embeddings turn pairs)");
+  if (intermediate_size < 0)
+    fail("model.intermediate_size must be >= 1, or 0 for 4 model.n_embd (got " +
+         std::to_string(intermediate_size) + ")");
+  if (!(norm_eps > 0)) fail("model.norm_eps must be > 0 (got " + std::to_string(norm_eps) + ")");
+  if (!(rope_theta > 1)) fail("model.rope_theta must be > 1 (got " + std::to_string(rope_theta) + ")");
+  const ops::RopeScaling& s = rope_scaling;
+  if (s.factor != 0 && !(s.factor >= 1 && s.low_freq_factor > 0 &&
+                         s.high_freq_factor > s.low_freq_factor && s.original_max_positions >= 1))
+    fail("model.rope_scaling: factor >= 1, 0 < low_freq_factor < high_freq_factor and "
+         "original_max_positions >= 1 (or factor 0: no scaling)");
 }
 
 }  // namespace meshlm

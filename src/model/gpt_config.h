@@ -1,20 +1,51 @@
-// The GPT-2 model configuration ([model] section of the parameter file).
+// The model configuration ([model] section of the parameter file): GPT-2's
+// shape, and what a Llama-family model adds (model/param_table.h,
+// llama_param_table).
 #pragma once
 
+#include <span>
 #include <string>
 
+#include "core/enum_names.h"
+#include "ops/ops.h"
+
 namespace meshlm {
+
+// The model family: its parameter table, its blocks and its Hugging Face
+// layout.
+enum class ModelArch : int { gpt2 = 0, llama = 1 };
+inline constexpr EnumName<ModelArch> kModelArchNames[] = {
+    {ModelArch::gpt2, "gpt2"},
+    {ModelArch::llama, "llama"},
+};
+constexpr std::span<const EnumName<ModelArch>> enum_names(ModelArch) { return kModelArchNames; }
 
 struct GPTConfig {
   int n_layer = 2;        // L
   int n_head = 4;         // NH
   int n_embd = 64;        // C
   int vocab_size = 256;   // V, real tokens
-  int max_seq_len = 64;   // rows of the position table wpe
+  int max_seq_len = 64;   // GPT-2: rows of the position table wpe; Llama: the longest sequence
+
+  ModelArch arch = ModelArch::gpt2;
+  // Llama only (GPT-2 has n_head key/value heads, an MLP of 4 C, LayerNorm
+  // with eps 1e-5, learned positions and its classifier tied to wte):
+  int n_kv_head = 0;           // key/value heads (grouped-query attention); 0 = n_head
+  int intermediate_size = 0;   // the SwiGLU MLP's width F; 0 = 4 C
+  double norm_eps = 1e-5;      // RMSNorm's eps (config.json: rms_norm_eps)
+  double rope_theta = 10000;   // the rotary embeddings' base
+  ops::RopeScaling rope_scaling;    // rope_scaling of type "llama3"; factor 0 = none
+  bool tie_word_embeddings = true;  // the classifier is the token embedding (else lm_head)
 
   // Vp: the vocabulary padded to a multiple of 64 for friendly GEMM shapes.
   int padded_vocab_size() const { return (vocab_size + 63) / 64 * 64; }
   int head_size() const { return n_embd / n_head; }
+  int kv_heads() const { return arch == ModelArch::llama && n_kv_head > 0 ? n_kv_head : n_head; }
+  int mlp_width() const {
+    return arch == ModelArch::llama && intermediate_size > 0 ? intermediate_size : 4 * n_embd;
+  }
+  // Whether the classifier is the token embedding (always for GPT-2).
+  bool tied_classifier() const { return arch == ModelArch::gpt2 || tie_word_embeddings; }
   // Throws CollectiveError naming the [model] key when impossible.
   void validate() const;
 };

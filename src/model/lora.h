@@ -51,7 +51,7 @@ struct FinetuneConfig {
   FinetuneMode mode = FinetuneMode::full;
   int lora_rank = 8;                              // r
   double lora_alpha = 16;                         // adapters scaled by alpha / r
-  LinearSlots lora_targets = LinearSlots::all();  // matrices with adapters
+  LinearSlots lora_targets = LinearSlots::of(ModelArch::gpt2);  // matrices with adapters
   // CollectiveError naming the key: rank < 1, alpha <= 0, no target.
   void validate() const;
 };
@@ -61,7 +61,7 @@ struct LoraOptions {
   bool enabled = false;
   int rank = 8;         // r
   float alpha = 16.0f;  // s = alpha / r
-  LinearSlots targets = LinearSlots::all();
+  LinearSlots targets = LinearSlots::of(ModelArch::gpt2);
   float scale() const { return alpha / static_cast<float>(rank); }
 };
 LoraOptions lora_options(const FinetuneConfig& f);

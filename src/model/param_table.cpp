@@ -14,6 +14,7 @@ std::vector<ParamSpec> gpt_param_table(const GPTConfig& cfg, const ModelShard& s
   const int64_t C = cfg.n_embd, Vp = cfg.padded_vocab_size(), maxT = cfg.max_seq_len;
   const int tp = shard.tp_size;
   const int lb = shard.layer_begin, le = shard.layer_end < 0 ? cfg.n_layer : shard.layer_end;
+  MESHLM_CHECK(cfg.arch == ModelArch::gpt2, "gpt_param_table of a model that is not GPT-2");
   MESHLM_CHECK(tp >= 1 && shard.tp_rank >= 0 && shard.tp_rank < tp, "bad tensor-parallel rank");
   MESHLM_CHECK(0 <= lb && lb <= le && le <= cfg.n_layer, "bad layer range");
   TableBuilder b(tp);

@@ -45,6 +45,7 @@ enum class ParamRole : uint8_t {
   linear_bias,         //   and its bias (OC)
   lora_a,              // the LoRA adapter of linear layer `slot`: A (r, IC)
   lora_b,              //   and B (OC, r)
+  lm_head,             // an untied classifier (Vp, C) (Llama, tie_word_embeddings = false)
 };
 
 // How a logical tensor starts (init_tensor).
@@ -116,6 +117,16 @@ private:
 // stage), the stage's blocks, ln_f (last stage). Without a shard: the whole
 // model.
 std::vector<ParamSpec> gpt_param_table(const GPTConfig& cfg, const ModelShard& shard = {});
+// The Llama table, in memory order: embed_tokens (first stage; also the last
+// stage's classifier when tied), the stage's blocks (input_layernorm, q, k,
+// v, o, post_attention_layernorm, gate, up, down; no biases), norm and, when
+// untied, lm_head (last stage). Names are Hugging Face's without "model.".
+// Tensor parallelism splits q, gate, up (rows) and o, down (columns) by
+// heads and width, k and v by key/value heads where n_kv_head is a multiple
+// of tp (replicated otherwise), embed_tokens and lm_head by vocabulary rows.
+std::vector<ParamSpec> llama_param_table(const GPTConfig& cfg, const ModelShard& shard = {});
+// The table of cfg.arch.
+std::vector<ParamSpec> model_param_table(const GPTConfig& cfg, const ModelShard& shard = {});
 size_t table_numel(const std::vector<ParamSpec>& table);
 // The first entry of `table` with `role`, or null (the tensors outside the
 // blocks, which a table holds once).

@@ -226,6 +226,10 @@ void resolve_run_config(RunConfig& c, int world_size) {
   validate_train(c);
   c.parallel.validate(c.model);
   c.finetune.validate();
+  if (const LinearSlots extra = c.finetune.lora_targets.outside(c.model.arch); !extra.empty())
+    fail("finetune.lora_targets names " + slots_text(extra) + ", which model.arch = " +
+         name_of(c.model.arch) + " does not have (its linear layers: " +
+         slots_text(LinearSlots::of(c.model.arch)) + ")");
   if (c.debug.fail_rank >= world_size)
     fail("debug.fail_rank (" + str(c.debug.fail_rank) + ") is not a rank of this job of " +
          str(world_size) + " ranks (-1 = none)");

@@ -149,6 +149,11 @@ TEST(Config, KeywordsBindToEnums) {
             std::string::npos);
   EXPECT_NE(error_of(kGood, {"--finetune.lora_targets="}).find("finetune.lora_targets must name"),
             std::string::npos);
+  // Llama's layers are names of the keyword, but not layers of GPT-2.
+  EXPECT_NE(error_of(kGood, {"--finetune.mode=lora", "--finetune.lora_targets=qkv,q"})
+                .find("finetune.lora_targets names q, which model.arch = gpt2 does not have (its "
+                      "linear layers: qkv,attn-out,mlp-up,mlp-down)"),
+            std::string::npos);
   EXPECT_NE(error_of(kGood, {"--parallel.stage_layers=2,0"}).find("parallel.stage_layers"),
             std::string::npos);
 }

@@ -146,7 +146,7 @@ struct Case {
   bool lora;
   Attention attention;
   int classifier_rows;  // 0: automatic (all rows here)
-  LinearSlots targets = LinearSlots::all();
+  LinearSlots targets = LinearSlots::of(ModelArch::gpt2);
   int qtile_rows = 0;   // 0: the CPU's 64
   bool whole_classifier = false;
 };
@@ -179,8 +179,8 @@ TEST(GpuWorkspace, PredictedCopiesAndScratchAreTheLargestTheModelAsksFor) {
       {"lora all, probabilities", true, Attention::probabilities, 0},
       {"lora all, flash, classifier 50 rows", true, Attention::flash, 50},
       {"lora mlp-down only, flash", true, Attention::flash, 0, only(LinearSlot::mlp_down)},
-      {"lora all, flash, tiles of 200 rows", true, Attention::flash, 0, LinearSlots::all(), 200},
-      {"lora all, flash, a GPU's tiles", true, Attention::flash, 0, LinearSlots::all(), 8192, true},
+      {"lora all, flash, tiles of 200 rows", true, Attention::flash, 0, LinearSlots::of(ModelArch::gpt2), 200},
+      {"lora all, flash, a GPU's tiles", true, Attention::flash, 0, LinearSlots::of(ModelArch::gpt2), 8192, true},
   };
   for (const Shape& sh : shapes) {
     const GPTConfig& cfg = sh.cfg;

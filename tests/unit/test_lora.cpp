@@ -225,7 +225,7 @@ TEST(LoraTable, TargetsParse) {
   ASSERT_TRUE(parse_slots("mlp-down, qkv", t, bad));
   EXPECT_EQ(t, kQkvAndMlpDown);
   ASSERT_TRUE(parse_slots("qkv,attn-out,mlp-up,mlp-down", t, bad));
-  EXPECT_EQ(t, LinearSlots::all());
+  EXPECT_EQ(t, LinearSlots::of(ModelArch::gpt2));
   LinearSlots au;
   au.add(LinearSlot::attn_out);
   au.add(LinearSlot::mlp_up);
@@ -243,7 +243,7 @@ TEST(Lora, StartsAsTheBaseModel) {
   // B = 0 at initialisation: the adapted model's loss is the base model's.
   const GPTConfig cfg = small_config();
   const Base base(cfg, quant::QuantType::f32);
-  GPT lora(cfg, {}, lora_options(4, 8.0f, LinearSlots::all()));
+  GPT lora(cfg, {}, lora_options(4, 8.0f, LinearSlots::of(ModelArch::gpt2)));
   lora.attach_base([&](const ParamSpec& p) { return base.tensor(p.name); });
   lora.init_weights(kLoraSeed);
   GPT full(cfg);
@@ -254,23 +254,23 @@ TEST(Lora, StartsAsTheBaseModel) {
 }
 
 TEST(Lora, GradientsEqualTheFullModelsOnAnF32Base) {
-  check_against_full(quant::QuantType::f32, LinearSlots::all());
+  check_against_full(quant::QuantType::f32, LinearSlots::of(ModelArch::gpt2));
 }
 
 TEST(Lora, GradientsOnAQuantizedBase) {
-  check_against_full(quant::QuantType::nf4, LinearSlots::all());
+  check_against_full(quant::QuantType::nf4, LinearSlots::of(ModelArch::gpt2));
   check_against_full(quant::QuantType::int8, kQkvAndMlpDown);
 }
 
 TEST(Lora, GradientsOnAQuantizedBaseInAGpusTiles) {
-  check_against_full(quant::QuantType::nf4, LinearSlots::all(), /*gpu_tiles=*/true);
+  check_against_full(quant::QuantType::nf4, LinearSlots::of(ModelArch::gpt2), /*gpu_tiles=*/true);
   check_against_full(quant::QuantType::int8, kQkvAndMlpDown, /*gpu_tiles=*/true);
 }
 
 TEST(Lora, TheBaseHasNoGradientsAndNoOptimizerState) {
   const GPTConfig cfg = small_config();
   RankPlan full_shape, lora_shape;
-  lora_shape.model = lora_options(4, 8.0f, LinearSlots::all());
+  lora_shape.model = lora_options(4, 8.0f, LinearSlots::of(ModelArch::gpt2));
   const MemoryByCategory f = predict_memory(cfg, full_shape, 0, false);
   const MemoryByCategory l = predict_memory(cfg, lora_shape, 0, false);
   const size_t n_lora = table_numel(lora_param_table(cfg, {}, lora_shape.model.lora));
@@ -294,7 +294,7 @@ TEST(Lora, TrainingMovesOnlyTheAdapters) {
   const GPTConfig cfg = small_config();
   const Base base(cfg, quant::QuantType::nf4);
   const std::vector<uint8_t> before(base.store.as<uint8_t>(), base.store.as<uint8_t>() + base.m.bytes);
-  GPT lora(cfg, {}, lora_options(4, 8.0f, LinearSlots::all()));
+  GPT lora(cfg, {}, lora_options(4, 8.0f, LinearSlots::of(ModelArch::gpt2)));
   lora.attach_base([&](const ParamSpec& p) { return base.tensor(p.name); });
   lora.init_weights(kLoraSeed);
   std::vector<int32_t> tok(16), tgt(16);
