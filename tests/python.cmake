@@ -101,6 +101,16 @@ add_test(NAME h5py_quant_cache
           --mpiexec "${_mpiexec_one}" --meshlm $<TARGET_FILE:meshlm>)
 set_tests_properties(h5py_quant_cache
   PROPERTIES LABELS python TIMEOUT 300 ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
+# quant.base = DIR, a Hugging Face GPT-2 directory (config.json, one file or
+# an index of shards, prefixed names, a bf16 shard): the losses of the same
+# weights in one safetensors file, bit for bit, with config.json's shape
+# taken; LoRA on it; and 15 bad directories and keys, each refused by name
+# with nothing written.
+add_test(NAME hf_directory_base
+  COMMAND ${MESHLM_PYTHON} ${_torch}/check_hf_dir.py
+          --mpiexec "${_mpiexec_one}" --meshlm $<TARGET_FILE:meshlm>)
+set_tests_properties(hf_directory_base
+  PROPERTIES LABELS python TIMEOUT 300 ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
 # The stored loss curve of inputs/tiny.cfg (tests/data/tiny_losses.json, with
 # its tolerance, its measurements and the command that regenerates it): every
 # one of the 20 steps within rel_tol, on one rank and on 8 ranks as

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <type_traits>
@@ -20,6 +21,7 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "core/log.h"
+#include "load/hf_dir.h"
 #include "plan/partition.h"
 #include "train/loss_scaler.h"
 
@@ -344,7 +346,7 @@ void add_finetune_options(RunConfig& c, OptionTable& t) {
   auto& quant = t.section("[quant] the base model: its weights and, under LoRA, their quantization");
   t.add(quant, "quant.type", &c.quant.type, "format of the base's matrices: " + quant_type_help() + "; vectors stay f32");
   t.add(quant, "quant.share", &c.quant.share, enum_choices<quant::ShareMode>() + ": node = quantized once on rank 0, one copy per node in MPI shared memory; per_rank = every rank loads and quantizes its own copy");
-  t.add(quant, "quant.base", &c.quant.base, "base weights: *.safetensors (Hugging Face GPT-2 names) or *.h5 (meshlm /params/<name>); empty = GPT-2 initialisation from train.seed. With finetune.mode = full the whole model starts from them (fp32, nothing quantized)");
+  t.add(quant, "quant.base", &c.quant.base, "base weights: *.safetensors (Hugging Face GPT-2 names), a Hugging Face model directory (config.json, whose shape the [model] keys take, and model.safetensors or the shards of model.safetensors.index.json) or *.h5 (meshlm /params/<name>); empty = GPT-2 initialisation from train.seed. With finetune.mode = full the whole model starts from them (fp32, nothing quantized)");
   t.add(quant, "quant.cache", &c.quant.cache, "HDF5 quantized-model cache: loaded when it matches the base and settings, (re)written otherwise; empty = none");
   t.add(finetune, "finetune.adapters_from", &c.checkpoint.adapters_from, "a checkpoint of a LoRA run whose adapters (/lora) start this fine-tune (step 0, fresh optimizer); its model, rank and targets must match; empty = adapters initialised from train.seed");
   auto& ckpt = t.section("[checkpoint] saving the training state, and resuming from it (docs/formats.md)");
@@ -478,6 +480,40 @@ std::vector<std::string> normalise_overrides(const std::vector<std::string>& arg
 
 }  // namespace
 
+namespace {
+// quant.base = DIR, a Hugging Face model directory: the model's shape keys
+// from DIR/config.json (load/hf_dir.h). A key the parameter file or the
+// command line gives must agree (model.max_seq_len may be less than
+// n_positions: the position table's first rows are taken).
+void take_model_from_directory(RunConfig& c, const std::function<bool(const char*)>& given) {
+  if (!load::is_directory(c.quant.base)) return;
+  load::HfDirectory d;
+  try {
+    d = load::read_hf_directory(c.quant.base);
+  } catch (const Error& e) {
+    fail(std::string("quant.base: ") + e.what());
+  }
+  const std::string from = (std::filesystem::path(c.quant.base) / load::kHfConfig).string();
+  auto take = [&](const char* key, const char* hf_key, int& field, int value, bool at_most) {
+    if (!given(key)) {
+      field = value;
+      return;
+    }
+    if (field == value || (at_most && field < value)) return;
+    fail(std::string(key) + " = " + std::to_string(field) + ", but quant.base's " + from + " has " +
+         hf_key + " " + std::to_string(value) + (at_most ? " (at most that)" : "") +
+         ": leave the key out to take the directory's, or give the same");
+  };
+  GPTConfig& m = c.model;
+  m.arch = d.model.arch;
+  take("model.n_layer", "n_layer", m.n_layer, d.model.n_layer, false);
+  take("model.n_head", "n_head", m.n_head, d.model.n_head, false);
+  take("model.n_embd", "n_embd", m.n_embd, d.model.n_embd, false);
+  take("model.vocab_size", "vocab_size", m.vocab_size, d.model.vocab_size, false);
+  take("model.max_seq_len", "n_positions", m.max_seq_len, d.model.max_seq_len, true);
+}
+}  // namespace
+
 RunConfig parse_run_config(const std::string& text, const std::string& source,
                            const std::vector<std::string>& overrides, int world_size,
                            const LayoutChooser& choose) {
@@ -510,8 +546,9 @@ RunConfig parse_run_config(const std::string& text, const std::string& source,
     fail(source + ": " + log::printable(message_of(e), kMaxMessage));
   }
   table.check();
+  auto given = [&](const char* key) { return vm.count(key) && !vm[key].defaulted(); };
+  take_model_from_directory(c, given);
   if (c.parallel.layout == LayoutChoice::automatic) {
-    auto given = [&](const char* key) { return vm.count(key) && !vm[key].defaulted(); };
     if (given("parallel.stage_layers") && !c.parallel.stage_layers.layers.empty())
       fail("parallel.stage_layers with parallel.layout = auto: the planner splits the stages; "
            "give one of them");

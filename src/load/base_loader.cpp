@@ -33,15 +33,8 @@ constexpr int32_t kFailed = 0, kFromCache = 1, kStreamed = 2;
 io::CacheKey cache_key(const GPTConfig& cfg, const QuantConfig& q, const BaseSource& src) {
   io::CacheKey key;
   const std::vector<std::string> files = src.files();
-  if (files.empty()) {
-    key.source_hash = io::xxh3_128_hex(src.describe().data(), src.describe().size());
-  } else if (files.size() == 1) {
-    key.source_hash = io::xxh3_128_file(files[0]);
-  } else {
-    std::string all;
-    for (const std::string& f : files) all += io::xxh3_128_file(f);
-    key.source_hash = io::xxh3_128_hex(all.data(), all.size());
-  }
+  key.source_hash = files.empty() ? io::xxh3_128_hex(src.describe().data(), src.describe().size())
+                                  : files_hash(files);
   key.settings = {
       {"quant_type", name_of(q.type)},
       {"q8_block", std::to_string(quant_format(QuantType::int8).block)},

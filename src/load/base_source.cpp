@@ -8,10 +8,13 @@
 #include <cctype>
 #include <cstring>
 #include <filesystem>
+#include <map>
 
 #include "core/error.h"
 #include "io/h5.h"
+#include "io/hash.h"
 #include "io/safetensors.h"
+#include "load/hf_dir.h"
 #include "load/hf_gpt2.h"
 
 namespace meshlm::load {
@@ -87,18 +90,40 @@ private:
 // The names and layouts of the file: load/hf_gpt2.h.
 using HFLayout = hf::Layout;
 
+// One file, or the shards of a Hugging Face directory (load/hf_dir.h): each
+// tensor in exactly one of them, and in the one the index names.
 class SafetensorsSource final : public TableSource {
 public:
-  SafetensorsSource(const std::string& path, const GPTConfig& cfg) : TableSource(cfg), file_(path) {
+  SafetensorsSource(const std::vector<std::string>& paths, const GPTConfig& cfg,
+                    std::string label, const std::map<std::string, std::string>& weight_map = {})
+      : TableSource(cfg), label_(std::move(label)) {
+    for (const std::string& path : paths) files_.emplace_back(path);
+    for (size_t f = 0; f < files_.size(); ++f)
+      for (const SafetensorsTensor& t : files_[f].tensors()) {
+        const auto [it, fresh] = where_.emplace(t.name, f);
+        if (!fresh)
+          fail("tensor '" + t.name + "' is in both '" + files_[it->second].path() + "' and '" +
+               files_[f].path() + "'");
+      }
+    for (const auto& [tensor, path] : weight_map) {
+      const auto it = where_.find(tensor);
+      if (it == where_.end() || files_[it->second].path() != path)
+        fail("the index puts tensor '" + tensor + "' in '" + path + "', which does not hold it");
+    }
     for (const ParamSpec& p : table_) file_names_.push_back(check(p));
   }
-  std::string describe() const override { return "safetensors file '" + file_.path() + "'"; }
-  std::vector<std::string> files() const override { return {file_.path()}; }
+  std::string describe() const override { return label_; }
+  std::vector<std::string> files() const override {
+    std::vector<std::string> out;
+    for (const SafetensorsFile& f : files_) out.push_back(f.path());
+    return out;
+  }
 
   void fetch_rows(const ParamSpec& spec, int64_t row0, int64_t nrows, float* out) override {
     const size_t i = find(spec);
     const ParamSpec& p = table_[i];
     const std::string& name = file_names_[i];
+    const SafetensorsFile& file_ = files_[where_.at(name)];
     const size_t rf = row_floats(p), r0 = static_cast<size_t>(row0), nr = static_cast<size_t>(nrows);
     switch (hf::layout_of(p)) {
       case HFLayout::same:
@@ -138,13 +163,14 @@ private:
   std::string check(const ParamSpec& p) const {
     const std::vector<std::string> names = hf::file_names(p.name);
     const std::string& prefixed = names[1];
-    const bool plain = file_.has(names[0]), pre = file_.has(prefixed);
+    const bool plain = where_.count(names[0]) != 0, pre = where_.count(prefixed) != 0;
     if (plain && pre)
       fail("holds both '" + p.name + "' and '" + prefixed + "'; meshlm cannot tell which to use");
     if (!plain && !pre)
       fail("no tensor '" + p.name + "' (nor '" + prefixed + "'), which " + model_str(cfg_) +
            " needs");
-    const SafetensorsTensor& t = file_.info(plain ? p.name : prefixed);
+    const std::string& found = plain ? p.name : prefixed;
+    const SafetensorsTensor& t = files_[where_.at(found)].info(found);
 
     const int64_t C = cfg_.n_embd;
     const std::vector<int64_t> full = dims_of(p.full_shape);
@@ -176,7 +202,9 @@ private:
     return t.name;
   }
 
-  SafetensorsFile file_;
+  std::string label_;
+  std::vector<SafetensorsFile> files_;
+  std::map<std::string, size_t> where_;  // each tensor's file
   std::vector<std::string> file_names_;  // per table entry: its name in the file
 };
 
@@ -272,14 +300,42 @@ void BaseSource::read_rows(const ParamSpec& spec, int64_t row0, int64_t nrows, f
 std::unique_ptr<BaseSource> open_base_source(const std::string& spec_string, const GPTConfig& cfg,
                                              uint64_t seed) {
   if (spec_string.empty() || spec_string == "init") return std::make_unique<InitSource>(cfg, seed);
+  if (is_directory(spec_string)) {
+    const HfDirectory d = read_hf_directory(spec_string);
+    const GPTConfig& m = d.model;
+    if (m.n_layer != cfg.n_layer || m.n_head != cfg.n_head || m.n_embd != cfg.n_embd ||
+        m.vocab_size != cfg.vocab_size || m.max_seq_len < cfg.max_seq_len)
+      throw RankError("Hugging Face directory '" + spec_string + "': its config.json is " +
+                          model_str(m) + "; the run's model is " + model_str(cfg),
+                      MESHLM_HERE);
+    return std::make_unique<SafetensorsSource>(d.shards, cfg,
+                                               "Hugging Face directory '" + spec_string + "'",
+                                               d.weight_map);
+  }
   const std::string ext = lower_extension(spec_string);
-  if (ext == ".safetensors") return std::make_unique<SafetensorsSource>(spec_string, cfg);
+  if (ext == ".safetensors")
+    return std::make_unique<SafetensorsSource>(std::vector<std::string>{spec_string}, cfg,
+                                               "safetensors file '" + spec_string + "'");
   if (ext == ".h5" || ext == ".hdf5") return std::make_unique<Hdf5Source>(spec_string, cfg);
   throw RankError("base weights '" + spec_string +
                       "': unknown kind of file; meshlm reads \"init\" (GPT-2 initialisation), "
-                      "*.safetensors (Hugging Face GPT-2) or *.h5 / *.hdf5 (meshlm /params/<name> "
+                      "*.safetensors (Hugging Face GPT-2), a Hugging Face model directory "
+                      "(config.json and its safetensors) or *.h5 / *.hdf5 (meshlm /params/<name> "
                       "layout)",
                   MESHLM_HERE);
+}
+
+std::string files_hash(const std::vector<std::string>& files) {
+  if (files.size() == 1) return io::xxh3_128_file(files[0]);
+  std::string all;
+  for (const std::string& f : files) all += io::xxh3_128_file(f);
+  return io::xxh3_128_hex(all.data(), all.size());
+}
+
+std::vector<std::string> base_files(const std::string& spec_string) {
+  if (spec_string.empty() || spec_string == "init") return {};
+  if (is_directory(spec_string)) return read_hf_directory(spec_string).shards;
+  return {spec_string};
 }
 
 void write_params_h5(const std::string& path, const GPTConfig& cfg,

@@ -15,6 +15,9 @@
 //    are taken. Tensors meshlm does not use (h.N.attn.bias, h.N.attn.
 //    masked_bias, the tied lm_head.weight, ...) are ignored. F32, F16, BF16
 //    and F64 are read; values are converted exactly to float (F64 rounds).
+//  * a directory: a Hugging Face model (load/hf_dir.h): config.json, whose
+//    shape must be the model's (max_seq_len at most its n_positions), and
+//    model.safetensors or the shards its index names, read as one file.
 //  * "*.h5" / "*.hdf5": a meshlm file, one float32 dataset per logical
 //    tensor at /params/<name> in meshlm names and layout (linear weights
 //    (out, in), wte already padded), as write_params_h5() writes it. The
@@ -69,6 +72,14 @@ protected:
 // what is accepted.
 std::unique_ptr<BaseSource> open_base_source(const std::string& spec_string, const GPTConfig& cfg,
                                              uint64_t seed);
+
+// The identity of a base's bytes: the XXH3-128 of its one file, or of the
+// concatenated hashes of its files in order (a directory's shards). What the
+// quantized cache's key and a LoRA checkpoint's base_hash hold.
+std::string files_hash(const std::vector<std::string>& files);
+// The files of the base `spec_string` names (a file, or a directory's
+// shards; none for initialisation).
+std::vector<std::string> base_files(const std::string& spec_string);
 
 // Writes a meshlm base file: /params/<name> for every tensor of
 // gpt_param_table(cfg) (float32, logical shapes), root attributes

@@ -34,6 +34,7 @@
 #include "io/checkpoint_meta.h"
 #include "io/h5.h"
 #include "io/hash.h"
+#include "load/base_source.h"
 #include "model/param_table.h"
 #include "plan/memory.h"
 #include "train/report.h"
@@ -105,7 +106,7 @@ Checkpointer::Checkpointer(const RunConfig& cfg, const ProcessMesh& mesh, Engine
   if (cfg.finetune.mode == FinetuneMode::lora && !cfg.quant.base.empty() && cfg.quant.base != "init") {
     std::unique_ptr<comm::Communicator> c = comm::make_mpi_communicator(mesh.world());
     try_all(mesh.world(), "quant.base: ", [&] {
-      if (mesh.rank() == 0) base_hash_ = io::xxh3_128_file(cfg.quant.base);
+      if (mesh.rank() == 0) base_hash_ = load::files_hash(load::base_files(cfg.quant.base));
     }, MESHLM_HERE);
     base_hash_ = comm::broadcast_string(*c, base_hash_);
   }

@@ -26,6 +26,7 @@
 #include "plan/memory.h"
 #include "quant/qlinear.h"
 #include "load/base_loader.h"
+#include "load/hf_dir.h"
 #include "mesh/mesh.h"
 #include "train/backend.h"
 #include "train/checkpoint.h"
@@ -90,6 +91,8 @@ void check_run_files(const RunConfig& cfg, MPI_Comm job, int rank) {
     for (const auto& [key, path] : {std::pair<const char*, std::string>{"data.path", cfg.data.path},
                                     {"quant.base", cfg.quant.base}}) {
       if (path.empty() || (std::string(key) == "quant.base" && path == "init")) continue;
+      // A Hugging Face model directory is a base too (load/hf_dir.h).
+      if (std::string(key) == "quant.base" && load::is_directory(path)) continue;
       if (const std::string kind = non_regular_kind(path); !kind.empty())
         throw RankError(std::string(key) + ": '" + path + "' is " + kind, MESHLM_HERE);
     }

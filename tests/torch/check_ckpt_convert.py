@@ -56,6 +56,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import gpt2_torch  # noqa: E402
 import check_nf4  # noqa: E402  (the numpy reference of the nf4 and int8 formats)
+from safetensors_io import write_safetensors  # noqa: E402
 
 try:
     import xxhash
@@ -89,31 +90,6 @@ def check(cond, what):
 # ---------------------------------------------------------------------------
 # safetensors by hand
 # ---------------------------------------------------------------------------
-
-def write_safetensors(path, tensors, metadata=None):
-    """tensors: name -> numpy float32 array (or (array, "BF16"))."""
-    header, blobs, offset = {}, [], 0
-    if metadata:
-        header["__metadata__"] = metadata
-    for name, t in tensors.items():
-        dtype = "F32"
-        if isinstance(t, tuple):
-            t, dtype = t
-        if dtype == "BF16":
-            raw = torch.from_numpy(np.ascontiguousarray(t)).to(torch.bfloat16).view(torch.int16).numpy().tobytes()
-        else:
-            raw = np.ascontiguousarray(t, dtype="<f4").tobytes()
-        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for b in blobs:
-            f.write(b)
-
 
 def read_safetensors(path):
     """(header without __metadata__, metadata, name -> raw bytes as numpy array of its dtype)."""

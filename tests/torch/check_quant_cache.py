@@ -22,11 +22,9 @@ decodes from the published formats alone (not from meshlm's code):
     check_quant_cache.py --meshlm build/meshlm --mpiexec "mpiexec -n 1 ..."
 """
 import argparse
-import json
 import os
 import re
 import shlex
-import struct
 import subprocess
 import sys
 import tempfile
@@ -34,6 +32,9 @@ import tempfile
 import h5py
 import numpy as np
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from safetensors_io import write_safetensors  # noqa: E402
 
 try:
     import xxhash
@@ -79,26 +80,6 @@ def hf_gpt2(L, C, V, T, seed):
     sd["ln_f.weight"] = 1 + rnd(C, scale=0.1)
     sd["ln_f.bias"] = rnd(C)
     return sd
-
-
-def write_safetensors(path, tensors):
-    """tensors: name -> (torch tensor, "F32" | "BF16")."""
-    header, blobs, offset = {}, [], 0
-    for name, (t, dtype) in tensors.items():
-        if dtype == "BF16":
-            raw = t.to(torch.bfloat16).contiguous().view(torch.int16).numpy().tobytes()
-        else:
-            raw = t.to(torch.float32).contiguous().numpy().tobytes()
-        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for b in blobs:
-            f.write(b)
 
 
 def meshlm_layout(sd, name, V, Vp):
