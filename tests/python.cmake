@@ -61,12 +61,29 @@ set_tests_properties(torch_gpt2_grads_bf16_catches_fp32 PROPERTIES
 # AdamW steps with clipping against torch.optim.AdamW + clip_grad_norm_.
 add_test(NAME torch_adamw
   COMMAND ${MESHLM_PYTHON} ${_torch}/check_adamw.py $<TARGET_FILE:meshlm_refdump>)
+# A Llama model's loss and every gradient against llama_torch.Llama in
+# float64 (1e-5): grouped-query attention with Llama 3's rope scaling and an
+# untied classifier; every head its own key (tied classifier, flash
+# attention); one key/value head for four (an MLP width of its own). The
+# first also requires two wrong references to fail.
+add_test(NAME torch_llama_grads_gqa
+  COMMAND ${MESHLM_PYTHON} ${_torch}/check_llama.py grads $<TARGET_FILE:meshlm_refdump> --self-test
+          --n_layer 2 --n_head 4 --n_embd 32 --vocab_size 250 --seq_len 24 --batch 2
+          --n_kv_head 2 --intermediate_size 48 --rope_factor 8)
+add_test(NAME torch_llama_grads_tied_flash
+  COMMAND ${MESHLM_PYTHON} ${_torch}/check_llama.py grads $<TARGET_FILE:meshlm_refdump>
+          --n_layer 2 --n_head 4 --n_embd 32 --vocab_size 256 --seq_len 24 --batch 2
+          --n_kv_head 4 --tie 1 --attention flash)
+add_test(NAME torch_llama_grads_mqa
+  COMMAND ${MESHLM_PYTHON} ${_torch}/check_llama.py grads $<TARGET_FILE:meshlm_refdump>
+          --n_layer 2 --n_head 4 --n_embd 32 --vocab_size 250 --seq_len 24 --batch 2
+          --n_kv_head 1 --intermediate_size 40)
 # Llama's ops (RMSNorm, rope with Llama 3's scaling, SwiGLU, grouped-query
 # packing), forward and backward, against llama_torch.py in float64; and
 # each of five wrong references (interleaved rope pairs, no rope scaling,
 # LayerNorm's centring, GELU, round-robin key heads) must fail.
 add_test(NAME torch_llama_ops
-  COMMAND ${MESHLM_PYTHON} ${_torch}/check_llama_ops.py $<TARGET_FILE:meshlm_refdump> --self-test)
+  COMMAND ${MESHLM_PYTHON} ${_torch}/check_llama.py ops $<TARGET_FILE:meshlm_refdump> --self-test)
 # The two checkers checked without meshlm (--self-test): a dump written by
 # an independent reference (the float32 torch model; a textbook numpy AdamW)
 # must pass, and each deliberately corrupted one (a gradient off by 0.1%,
@@ -85,6 +102,7 @@ add_test(NAME h5py_run_log
           --mpiexec "${_mpiexec_line}"
           --meshlm $<TARGET_FILE:meshlm> --config ${PROJECT_SOURCE_DIR}/inputs/tiny.cfg)
 set_tests_properties(torch_gpt2_grads_v256 torch_gpt2_grads_v250 torch_adamw torch_llama_ops
+  torch_llama_grads_gqa torch_llama_grads_tied_flash torch_llama_grads_mqa
   torch_gpt2_grads_self_test torch_adamw_self_test h5py_run_log
   PROPERTIES LABELS python TIMEOUT 300 ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
 # The int8 and NF4 formats byte for byte against an independent numpy

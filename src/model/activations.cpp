@@ -27,7 +27,9 @@ void plan_activations(const GPTConfig& cfg, const ModelShard& shard, const GPTOp
                       int Tn, ActLayout& L) {
   const size_t BT = static_cast<size_t>(B) * Tn, C = cfg.n_embd;
   const size_t tp = shard.tp_size, Cl = C / tp, NHl = cfg.n_head / tp;
-  const size_t Fl = 4 * C / tp, Vl = cfg.padded_vocab_size() / tp;
+  const size_t Fl = static_cast<size_t>(cfg.mlp_width()) / tp, Vl = cfg.padded_vocab_size() / tp;
+  const bool llama = cfg.arch == ModelArch::llama;
+  const size_t HS = static_cast<size_t>(cfg.head_size()), Ckvl = cfg.kv_heads() * HS / tp;
   const int le = shard.layer_end < 0 ? cfg.n_layer : shard.layer_end;
   const int n_local = le - shard.layer_begin;
   const bool full = opts.checkpointing == Checkpointing::full;
@@ -49,7 +51,7 @@ void plan_activations(const GPTConfig& cfg, const ModelShard& shard, const GPTOp
   // Everything of one block but its output (res3).
   auto cut_block_inner = [&](BlockActs& a) {
     cut(a.ln1, BT * C);
-    cut(a.ln1_mean, BT);
+    if (!llama) cut(a.ln1_mean, BT);  // RMSNorm keeps no mean
     cut(a.ln1_rstd, BT);
     cut(a.qkv, BT * 3 * Cl);
     cut(a.atty, BT * Cl);
@@ -57,9 +59,10 @@ void plan_activations(const GPTConfig& cfg, const ModelShard& shard, const GPTOp
     cut(a.attproj, BT * C);
     cut(a.res2, BT * C);
     cut(a.ln2, BT * C);
-    cut(a.ln2_mean, BT);
+    if (!llama) cut(a.ln2_mean, BT);
     cut(a.ln2_rstd, BT);
     cut(a.fch, BT * Fl);
+    if (llama) cut(a.up, BT * Fl);  // the up projection, beside the gate's (fch)
     cut(a.fch_gelu, BT * Fl);
     cut(a.fcproj, BT * C);
   };
@@ -75,7 +78,7 @@ void plan_activations(const GPTConfig& cfg, const ModelShard& shard, const GPTOp
     }
     if (shard.last_stage) {
       cut(s.lnf, BT * C);
-      cut(s.lnf_mean, BT);
+      if (!llama) cut(s.lnf_mean, BT);
       cut(s.lnf_rstd, BT);
       cut(s.dlnf, BT * C);
       cut(s.losses, BT);
@@ -92,6 +95,15 @@ void plan_activations(const GPTConfig& cfg, const ModelShard& shard, const GPTOp
   cut(L.g.dfch_gelu, BT * Fl, true);
   cut(L.g.dlosses, BT, true);
   if (shard.last_stage) cut(L.g.logits, classifier_rows(cfg, shard, opts, BT) * Vl, true);
+  if (llama) {
+    cut(L.g.dq, BT * Cl, true);
+    cut(L.g.dk, BT * Ckvl, true);
+    cut(L.g.dv, BT * Ckvl, true);
+    cut(L.g.dup, BT * Fl, true);
+    cut(L.g.dln2, BT * C, true);
+    cut(L.g.rope_cos, static_cast<size_t>(Tn) * HS / 2);
+    cut(L.g.rope_sin, static_cast<size_t>(Tn) * HS / 2);
+  }
   if (opts.lora.enabled) {
     const size_t r = opts.lora.rank;
     cut(L.g.lora_u, BT * r, true);
@@ -100,7 +112,7 @@ void plan_activations(const GPTConfig& cfg, const ModelShard& shard, const GPTOp
     const size_t classifier = opts.whole_classifier_tile && shard.last_stage ? Vl * C : 0;
     cut(L.g.qtile, std::max(static_cast<size_t>(qtile_rows(opts)) * std::max(C, Fl), classifier),
         true);
-    if (shard.first_stage) cut(L.g.wpe_rows, static_cast<size_t>(Tn) * C, true);
+    if (shard.first_stage && !llama) cut(L.g.wpe_rows, static_cast<size_t>(Tn) * C, true);
   }
 }
 

@@ -4,7 +4,8 @@
 // allocations. The planner sizes activation memory from the same layout.
 //
 // Local sizes per micro-batch of (B, T), N = B T, with tensor parallelism
-// tp: C, Cl = C / tp, NHl = NH / tp, Fl = 4C / tp, Vl = Vp / tp.
+// tp: C, Cl = C / tp, NHl = NH / tp, Fl = 4C / tp (Llama: F / tp), Vl = Vp / tp,
+// Llama's Ckvl = NKV HS / tp.
 #pragma once
 
 #include <cstddef>
@@ -31,10 +32,11 @@ struct BlockActs {
   float* ln2;       // (B,T,C)
   float* ln2_mean;  // (B,T)
   float* ln2_rstd;  // (B,T)
-  float* fch;       // (B,T,Fl)
-  float* fch_gelu;  // (B,T,Fl)
+  float* fch;       // (B,T,Fl)  Llama: the gate projection
+  float* fch_gelu;  // (B,T,Fl)  Llama: silu(gate) * up
   float* fcproj;    // (B,T,C)
   float* res3;      // (B,T,C) residual after the MLP = block output
+  float* up;        // (B,T,Fl) Llama: the up projection (null for GPT-2)
 };
 
 // The activations of one micro-batch. With checkpointing, only input and
@@ -76,6 +78,17 @@ struct GradActs {
   float* lora_tmp;   // (r*C) a replicated adapter's partial gradient, summed over TP
   float* qtile;      // (qtile_rows, max(C, Fl)) dequantized rows of a frozen matrix
   float* wpe_rows;   // (T, C) dequantized positions (first stage)
+  // Llama (null for GPT-2): the gradients of q, k and v (the forward's
+  // projections before the rotary embeddings and the packing, in the
+  // forward), of the up projection, a second (B,T,C) input gradient, and
+  // the rotary tables (T, HS/2), constant.
+  float* dq;         // (B,T,Cl)
+  float* dk;         // (B,T,Ckvl)
+  float* dv;         // (B,T,Ckvl)
+  float* dup;        // (B,T,Fl)
+  float* dln2;       // (B,T,C)
+  float* rope_cos;
+  float* rope_sin;
 };
 
 // Every array in allocation order, then bound to two buffers by bind().

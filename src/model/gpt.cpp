@@ -11,7 +11,7 @@ namespace meshlm {
 
 std::vector<ParamSpec> trainable_table(const GPTConfig& cfg, const ModelShard& shard,
                                        const GPTOptions& opts) {
-  return opts.lora.enabled ? lora_param_table(cfg, shard, opts.lora) : gpt_param_table(cfg, shard);
+  return opts.lora.enabled ? lora_param_table(cfg, shard, opts.lora) : model_param_table(cfg, shard);
 }
 
 GPT::GPT(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts,
@@ -23,7 +23,10 @@ GPT::GPT(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts,
       dq_(opts.dequantizer != nullptr ? opts.dequantizer : &quant::Dequantizer::cpu()),
       tp_(tp, nullptr) {
   cfg_.validate();
-  MESHLM_CHECK(cfg_.arch == ModelArch::gpt2, "the GPT class builds GPT-2 (model.arch = gpt2)");
+  llama_ = cfg_.arch == ModelArch::llama;
+  // (Llama's tensor-parallel blocks, and its untied classifier under ZeRO 2,
+  // are to come: one rank holds its layers whole.)
+  MESHLM_CHECK(!llama_ || shard.tp_size == 1, "a Llama model is split over tp = 1 only, for now");
   if (shard_.layer_end < 0) shard_.layer_end = cfg_.n_layer;
   MESHLM_CHECK(shard_.tp_size == 1 || (tp != nullptr && tp->size() == shard_.tp_size),
                "tensor parallelism needs its group");
@@ -39,7 +42,7 @@ GPT::GPT(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts,
                    std::string(name_of(k_->precision())));
   MESHLM_CHECK(!opts_.lora.enabled || dq_->device() == k_->device(),
                "LoRA: the dequantizer and the kernels are of two backends");
-  base_table_ = gpt_param_table(cfg_, shard_);
+  base_table_ = model_param_table(cfg_, shard_);
   table_ = opts_.lora.enabled ? lora_param_table(cfg_, shard_, opts_.lora) : base_table_;
   n_local_ = shard_.layer_end - shard_.layer_begin;
 
@@ -53,6 +56,7 @@ GPT::GPT(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts,
       case ParamRole::position_embedding: idx_wpe_ = static_cast<int>(i); break;
       case ParamRole::lnf_weight: idx_lnfw_ = static_cast<int>(i); break;
       case ParamRole::lnf_bias: idx_lnfb_ = static_cast<int>(i); break;
+      case ParamRole::lm_head: idx_lm_head_ = static_cast<int>(i); break;
       case ParamRole::linear_weight:
         linear_index_[p.layer - shard_.layer_begin][static_cast<int>(*p.slot)] = i;
         break;
@@ -64,6 +68,7 @@ GPT::GPT(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts,
       r.second = i + 1;
     }
   }
+  idx_cls_ = cfg_.tied_classifier() ? idx_wte_ : idx_lm_head_;
   adapter_.assign(n_local_, {});
   for (size_t i = 0; i < table_.size() && opts_.lora.enabled; ++i) {
     const ParamSpec& p = table_[i];
@@ -82,7 +87,7 @@ GPT::GPT(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts,
 
 size_t GPT::frozen_numel(const GPTConfig& cfg, const ModelShard& shard) {
   size_t n = 0;
-  for (const ParamSpec& p : gpt_param_table(cfg, shard))
+  for (const ParamSpec& p : model_param_table(cfg, shard))
     if (p.shape.ndim == 1) n += p.numel();
   return n;
 }
@@ -90,7 +95,7 @@ size_t GPT::frozen_numel(const GPTConfig& cfg, const ModelShard& shard) {
 size_t GPT::quantized_matrix_bytes(const GPTConfig& cfg, const ModelShard& shard,
                                    quant::QuantType type) {
   size_t bytes = 0;
-  for (const ParamSpec& p : gpt_param_table(cfg, shard))
+  for (const ParamSpec& p : model_param_table(cfg, shard))
     if (p.shape.ndim != 1)
       bytes += quant::qlayout(type, static_cast<size_t>(p.full_shape.numel())).total_bytes;
   return bytes;
@@ -166,7 +171,7 @@ const quant::QSlice* GPT::qbase(size_t i) const {
 const ParamSpec& GPT::spec(const std::string& name) const {
   for (const auto& p : table_)
     if (p.name == name) return p;
-  throw RankError("no parameter named '" + name + "' in this rank's GPT-2 table", MESHLM_HERE);
+  throw RankError("no parameter named '" + name + "' in this rank's table", MESHLM_HERE);
 }
 
 std::span<float> GPT::view(float* base, const std::string& name) const {
@@ -177,12 +182,14 @@ std::span<float> GPT::view(float* base, const std::string& name) const {
 namespace {
 // The field of BlockTensors that holds a block tensor of this role.
 float* BlockTensors::*block_field(const ParamSpec& p) {
-  // GPT-2's four slots (the class builds GPT-2 only: model.arch = gpt2).
   static constexpr float* BlockTensors::*kWeight[kLinearSlots] = {
-      &BlockTensors::qkvw, &BlockTensors::attprojw, &BlockTensors::fcw, &BlockTensors::fcprojw};
+      &BlockTensors::qkvw, &BlockTensors::attprojw, &BlockTensors::fcw,
+      &BlockTensors::fcprojw, &BlockTensors::qw, &BlockTensors::kw,
+      &BlockTensors::vw, &BlockTensors::ow, &BlockTensors::gatew,
+      &BlockTensors::upw, &BlockTensors::downw};
+  // (Only GPT-2's linear layers have biases.)
   static constexpr float* BlockTensors::*kBias[kLinearSlots] = {
       &BlockTensors::qkvb, &BlockTensors::attprojb, &BlockTensors::fcb, &BlockTensors::fcprojb};
-  MESHLM_CHECK(!p.slot || static_cast<int>(*p.slot) < 4, p.name + " is not a layer of GPT-2");
   switch (p.role) {
     case ParamRole::ln1_weight: return &BlockTensors::ln1w;
     case ParamRole::ln1_bias: return &BlockTensors::ln1b;
@@ -214,10 +221,9 @@ GPTTensors GPT::tensors(float* base) const {
   if (idx_wte_ >= 0) t.wte = at(idx_wte_);
   if (idx_wpe_ >= 0) t.wpe = at(idx_wpe_);
   for (int l = 0; l < n_local_; ++l) t.blocks.push_back(block_tensors(l, at));
-  if (idx_lnfw_ >= 0) {
-    t.lnfw = at(idx_lnfw_);
-    t.lnfb = at(idx_lnfb_);
-  }
+  if (idx_lnfw_ >= 0) t.lnfw = at(idx_lnfw_);
+  if (idx_lnfb_ >= 0) t.lnfb = at(idx_lnfb_);
+  if (idx_cls_ >= 0) t.cls = at(idx_cls_);
   return t;
 }
 
@@ -234,6 +240,8 @@ void GPT::set_grad_target(std::function<float*(size_t)> where, std::function<voi
 void GPT::set_wte_grad_blocks(float* buffer, int rows, std::function<void(int, int)> done) {
   MESHLM_CHECK(grad_where_ != nullptr, "set_wte_grad_blocks() needs set_grad_target() first");
   MESHLM_CHECK(buffer != nullptr && rows > 0, "set_wte_grad_blocks() needs a buffer of rows");
+  MESHLM_CHECK(cfg_.tied_classifier(),
+               "set_wte_grad_blocks(): an untied classifier's gradient is not made in blocks yet");
   wte_block_ = buffer;
   wte_block_rows_ = rows;
   wte_block_done_ = std::move(done);
@@ -314,6 +322,16 @@ void GPT::ensure_activations(int B, int Tn) {
   gacts_ = L.g;
   B_ = B;
   T_ = Tn;
+  if (llama_) fill_rope_tables(Tn);
+}
+
+void GPT::fill_rope_tables(int Tn) {
+  const int HS = cfg_.head_size();
+  std::vector<float> inv(HS / 2), cos(static_cast<size_t>(Tn) * HS / 2), sin(cos.size());
+  ops::rope_inv_freq(inv.data(), HS, cfg_.rope_theta, cfg_.rope_scaling);
+  ops::rope_tables(cos.data(), sin.data(), inv.data(), Tn, HS);
+  k_->upload(gacts_.rope_cos, cos.data(), cos.size() * sizeof(float));
+  k_->upload(gacts_.rope_sin, sin.data(), sin.size() * sizeof(float));
 }
 
 float* GPT::stage_input(int slot) { return slots_.at(slot).input; }

@@ -1,4 +1,5 @@
-// GPT-2 on either backend (ops::Kernels): one rank's shard of the model (its pipeline
+// GPT-2, or a Llama-family model (model.arch), on either backend
+// (ops::Kernels): one rank's shard of the model (its pipeline
 // stage's layers, each split tensor cut to its tensor-parallel part), its
 // flat parameter and gradient buffers laid out by the parameter table
 // (model/param_table.h), and the forward/backward of that shard for one
@@ -52,13 +53,22 @@ struct BlockTensors {
   float* fcb;       // (Fl)
   float* fcprojw;   // (C, Fl)    row-parallel
   float* fcprojb;   // (C)
+  // Llama (ln1w and ln2w are its RMSNorm gains; no biases):
+  float* qw;        // (Cl, C)     column-parallel
+  float* kw;        // (Ckvl, C)   column-parallel
+  float* vw;        // (Ckvl, C)
+  float* ow;        // (C, Cl)     row-parallel
+  float* gatew;     // (Fl, C)     column-parallel
+  float* upw;       // (Fl, C)
+  float* downw;     // (C, Fl)     row-parallel
 };
 struct GPTTensors {
   float* wte = nullptr;  // (Vl, C)   vocabulary-parallel; null where the stage has no wte
-  float* wpe = nullptr;  // (maxT, C) first stage only
+  float* wpe = nullptr;  // (maxT, C) first stage only (GPT-2)
   std::vector<BlockTensors> blocks;  // the stage's layers
   float* lnfw = nullptr;  // (C) last stage only
-  float* lnfb = nullptr;  // (C)
+  float* lnfb = nullptr;  // (C) (GPT-2)
+  float* cls = nullptr;   // (Vl, C)   the classifier's weight: wte, or Llama's untied lm_head
 };
 
 // What a rank trains: the base table (full training) or the adapters (LoRA).
@@ -197,6 +207,16 @@ private:
   GPTTensors tensors(float* base) const;
   BlockTensors block_tensors(int local_layer, const std::function<float*(size_t)>& at) const;
   void block_forward(int l, const BlockTensors& w, BlockActs& a, const float* x, int B, int Tn);
+  // Llama's block (model/llama_block.cpp): RMSNorm, q, k, v with the rotary
+  // embeddings and grouped-query heads, o; RMSNorm, SwiGLU's gate, up and down.
+  void llama_block_forward(int l, const BlockTensors& w, BlockActs& a, const float* x, int B,
+                           int Tn);
+  void llama_block_backward(int l, const BlockTensors& w, const BlockTensors& gw, BlockActs& a,
+                            const float* x, int B, int Tn);
+  void gpt2_block_backward(int l, const BlockTensors& w, const BlockTensors& gw, BlockActs& a,
+                           const float* x, int B, int Tn);
+  // The rotary tables of positions [0, Tn) into gacts_ (Llama).
+  void fill_rope_tables(int Tn);
   // One linear layer `slot` of local block l with its fp32 weight w or its
   // frozen quantized base, plus its adapter when there is one.
   void linear_forward(int l, LinearSlot slot, float* out, const float* inp, const float* w,
@@ -226,7 +246,9 @@ private:
   // base_table_ indices, found by role: the tensors outside the blocks (-1
   // where the stage has none), each local block's [begin, end) and its
   // linear weights per slot.
-  int idx_wte_ = -1, idx_wpe_ = -1, idx_lnfw_ = -1, idx_lnfb_ = -1;
+  int idx_wte_ = -1, idx_wpe_ = -1, idx_lnfw_ = -1, idx_lnfb_ = -1, idx_lm_head_ = -1;
+  int idx_cls_ = -1;  // the classifier's weight: idx_wte_, or Llama's untied lm_head
+  bool llama_ = false;
   std::vector<std::pair<size_t, size_t>> block_range_;
   std::vector<std::array<size_t, kLinearSlots>> linear_index_;
   std::vector<ParamSpec> table_;       // trained: base_table_ (full) or the adapters (LoRA)

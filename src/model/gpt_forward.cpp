@@ -60,7 +60,7 @@ void GPT::block_forward(int l, const BlockTensors& w, BlockActs& a, const float*
 // head_backward_rows calls that follow (nothing else uses the buffer between).
 void GPT::classifier_tile() {
   if (!opts_.whole_classifier_tile) return;
-  const quant::QSlice* q = qbase(idx_wte_);
+  const quant::QSlice* q = qbase(idx_cls_);
   if (q == nullptr) return;
   MESHLM_CHECK(q->local_rows() == cfg_.padded_vocab_size() / shard_.tp_size,
                "the quantized wte is not this rank's vocabulary part");
@@ -72,7 +72,7 @@ void GPT::classifier_tile() {
 // multiplied a tile at a time. The chunk loops hold it rounded
 // (Kernels::hold_rounded): one copy for all of their GEMMs.
 const float* GPT::classifier_weight(const GPTTensors& p) const {
-  if (qbase(idx_wte_) == nullptr) return p.wte;
+  if (qbase(idx_cls_) == nullptr) return p.cls;
   return opts_.whole_classifier_tile ? gacts_.qtile : nullptr;
 }
 
@@ -81,13 +81,13 @@ const float* GPT::classifier_weight(const GPTTensors& p) const {
 void GPT::head_logits(const SlotActs& s, const GPTTensors& p, int r0, int nr) {
   const int C = cfg_.n_embd, Vl = cfg_.padded_vocab_size() / shard_.tp_size;
   const float* x = s.lnf + static_cast<size_t>(r0) * C;
-  if (opts_.whole_classifier_tile && qbase(idx_wte_))  // dequantized by classifier_tile()
+  if (opts_.whole_classifier_tile && qbase(idx_cls_))  // dequantized by classifier_tile()
     k_->matmul_forward(gacts_.logits, x, gacts_.qtile, nullptr, nr, C, Vl);
-  else if (const quant::QSlice* q = qbase(idx_wte_))
+  else if (const quant::QSlice* q = qbase(idx_cls_))
     quant::qlinear_forward(*k_, *dq_, gacts_.logits, x, *q, nullptr, nr, gacts_.qtile,
                            qtile_rows(opts_));
   else
-    k_->matmul_forward(gacts_.logits, x, p.wte, nullptr, nr, C, Vl);
+    k_->matmul_forward(gacts_.logits, x, p.cls, nullptr, nr, C, Vl);
 }
 
 // The classifier's backward on the same rows, once their logits are in
@@ -106,14 +106,14 @@ void GPT::head_backward_rows(SlotActs& s, const GPTTensors& p, int r0, int nr) {
 void GPT::head_dlogits_backward(SlotActs& s, const GPTTensors& p, int r0, int nr) {
   const int C = cfg_.n_embd, Vl = cfg_.padded_vocab_size() / shard_.tp_size;
   float* dx = s.dlnf + static_cast<size_t>(r0) * C;
-  if (opts_.whole_classifier_tile && qbase(idx_wte_))
+  if (opts_.whole_classifier_tile && qbase(idx_cls_))
     k_->matmul_backward(dx, nullptr, nullptr, gacts_.logits, nullptr, gacts_.qtile, nr, C, Vl);
-  else if (const quant::QSlice* q = qbase(idx_wte_))
+  else if (const quant::QSlice* q = qbase(idx_cls_))
     quant::qlinear_backward_input(*k_, *dq_, dx, gacts_.logits, *q, nr, gacts_.qtile,
                                   qtile_rows(opts_));
   else
-    k_->matmul_backward(dx, wte_block_ ? nullptr : grad_at(idx_wte_), nullptr, gacts_.logits,
-                        s.lnf + static_cast<size_t>(r0) * C, p.wte, nr, C, Vl);
+    k_->matmul_backward(dx, wte_block_ ? nullptr : grad_at(idx_cls_), nullptr, gacts_.logits,
+                        s.lnf + static_cast<size_t>(r0) * C, p.cls, nr, C, Vl);
 }
 
 // Each block of rows [r0, r0 + n) of this rank's vocabulary part in turn:
@@ -176,7 +176,9 @@ float GPT::forward(int slot, const int32_t* tokens, const int32_t* targets, int 
       k_->embedding_forward(s.input, s.tokens, p.wte, N, C, v0, Vl);
     }
     tp_.reduce_from_region_forward(s.input, static_cast<size_t>(N) * C);
-    if (const quant::QSlice* q = qbase(idx_wpe_)) {
+    if (llama_) {
+      // No position table: the rotary embeddings turn q and k in each block.
+    } else if (const quant::QSlice* q = qbase(idx_wpe_)) {
       dq_->rows(*q, 0, Tn, gacts_.wpe_rows);
       k_->position_forward(s.input, static_cast<const float*>(gacts_.wpe_rows), B, Tn, C);
     } else {
@@ -185,7 +187,10 @@ float GPT::forward(int slot, const int32_t* tokens, const int32_t* targets, int 
   }
   const float* x = s.input;
   for (int l = 0; l < n_local_; ++l) {
-    block_forward(l, p.blocks[l], s.blocks[l], x, B, Tn);
+    if (llama_)
+      llama_block_forward(l, p.blocks[l], s.blocks[l], x, B, Tn);
+    else
+      block_forward(l, p.blocks[l], s.blocks[l], x, B, Tn);
     x = s.blocks[l].res3;
   }
   s.forwarded = true;
@@ -193,7 +198,10 @@ float GPT::forward(int slot, const int32_t* tokens, const int32_t* targets, int 
 
   check_ids(targets, N, V, "target");
   k_->upload(s.targets, targets, static_cast<size_t>(N) * sizeof(int32_t));
-  k_->layernorm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, x, p.lnfw, p.lnfb, N, C);
+  if (llama_)
+    k_->rmsnorm_forward(s.lnf, s.lnf_rstd, x, p.lnfw, N, C, cfg_.norm_eps);
+  else
+    k_->layernorm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, x, p.lnfw, p.lnfb, N, C);
   tp_.copy_to_region_forward(s.lnf, static_cast<size_t>(N) * C);
   // The classifier a chunk of rows at a time; the softmax of each row is
   // assembled from two small reductions over TP, never from all logits.
@@ -232,12 +240,45 @@ float GPT::forward(int slot, const int32_t* tokens, const int32_t* targets, int 
   return static_cast<float>(sum / N);
 }
 
+// The backward of one GPT-2 block, its forward's activations in `a` (recomputed
+// under full checkpointing): gacts_.dres holds d loss / d res3 and leaves with
+// d loss / d x; the parameter gradients accumulate into gw.
+void GPT::gpt2_block_backward(int l, const BlockTensors& w, const BlockTensors& gw, BlockActs& a,
+                              const float* x, int B, int Tn) {
+  const int tp = shard_.tp_size, C = cfg_.n_embd, Cl = C / tp, NHl = cfg_.n_head / tp;
+  const int Fl = 4 * C / tp, N = B * Tn;
+  const size_t NC = static_cast<size_t>(N) * C;
+  // MLP branch: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2))))
+  tp_.reduce_from_region_backward(gacts_.dres, NC);
+  linear_backward(l, LinearSlot::mlp_down, gacts_.dfch_gelu, gw.fcprojw, gw.fcprojb, gacts_.dres, a.fch_gelu,
+                  w.fcprojw, N, Fl, C);
+  k_->gelu_backward(gacts_.dfch, a.fch, gacts_.dfch_gelu, static_cast<size_t>(N) * Fl);
+  linear_backward(l, LinearSlot::mlp_up, gacts_.dln, gw.fcw, gw.fcb, gacts_.dfch, a.ln2, w.fcw, N, C, Fl);
+  tp_.copy_to_region_backward(gacts_.dln, NC);
+  k_->layernorm_backward(gacts_.dres, gw.ln2w, gw.ln2b, gacts_.dln, a.res2, w.ln2w, a.ln2_mean,
+                          a.ln2_rstd, N, C);
+
+  // Attention branch: res2 = x + c_proj(attn(c_attn(ln_1(x))))
+  tp_.reduce_from_region_backward(gacts_.dres, NC);
+  linear_backward(l, LinearSlot::attn_out, gacts_.datty, gw.attprojw, gw.attprojb, gacts_.dres, a.atty,
+                  w.attprojw, N, Cl, C);
+  if (opts_.attention == Attention::flash)
+    k_->flash_attention_backward(gacts_.dqkv, gacts_.datt, gacts_.datty, a.atty, a.qkv, a.att,
+                                 B, Tn, Cl, NHl);
+  else
+    k_->attention_backward(gacts_.dqkv, gacts_.datt, gacts_.datty, a.qkv, a.att, B, Tn, Cl, NHl);
+  linear_backward(l, LinearSlot::qkv, gacts_.dln, gw.qkvw, gw.qkvb, gacts_.dqkv, a.ln1, w.qkvw, N, C, 3 * Cl);
+  tp_.copy_to_region_backward(gacts_.dln, NC);
+  k_->layernorm_backward(gacts_.dres, gw.ln1w, gw.ln1b, gacts_.dln, x, w.ln1w, a.ln1_mean,
+                          a.ln1_rstd, N, C);
+}
+
 void GPT::backward(int slot, float loss_scale) {
   MESHLM_CHECK(slot >= 0 && slot < static_cast<int>(slots_.size()), "activation slot out of range");
   SlotActs& s = slots_[slot];
   MESHLM_CHECK(s.forwarded, "backward() needs a forward() of its own first");
   const int B = B_, Tn = T_, tp = shard_.tp_size;
-  const int C = cfg_.n_embd, Cl = C / tp, NHl = cfg_.n_head / tp, Fl = 4 * C / tp;
+  const int C = cfg_.n_embd;
   const int Vl = cfg_.padded_vocab_size() / tp, v0 = shard_.tp_rank * Vl;
   const int N = B * Tn;
   const size_t NC = static_cast<size_t>(N) * C;
@@ -270,8 +311,12 @@ void GPT::backward(int slot, float loss_scale) {
     // dlnf summed over TP (each rank has its vocabulary part's)
     tp_.copy_to_region_backward(s.dlnf, NC);
     k_->zero(gacts_.dres, NC);
-    k_->layernorm_backward(gacts_.dres, gat(idx_lnfw_), gat(idx_lnfb_), s.dlnf,
-                            stage_output(slot), p.lnfw, s.lnf_mean, s.lnf_rstd, N, C);
+    if (llama_)
+      k_->rmsnorm_backward(gacts_.dres, gat(idx_lnfw_), s.dlnf, stage_output(slot), p.lnfw,
+                           s.lnf_rstd, N, C);
+    else
+      k_->layernorm_backward(gacts_.dres, gat(idx_lnfw_), gat(idx_lnfb_), s.dlnf,
+                              stage_output(slot), p.lnfw, s.lnf_mean, s.lnf_rstd, N, C);
   }
   // dres holds d loss / d (output of block l); walking down, the residual
   // adds pass it through unchanged and each branch accumulates into it.
@@ -280,31 +325,13 @@ void GPT::backward(int slot, float loss_scale) {
     const BlockTensors gw = block_tensors(l, gat);
     BlockActs& a = s.blocks[l];
     const float* x = (l == 0) ? s.input : s.blocks[l - 1].res3;
-    if (full) block_forward(l, w, a, x, B, Tn);  // recompute from the kept input
-
-    // MLP branch: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2))))
-    tp_.reduce_from_region_backward(gacts_.dres, NC);
-    linear_backward(l, LinearSlot::mlp_down, gacts_.dfch_gelu, gw.fcprojw, gw.fcprojb, gacts_.dres, a.fch_gelu,
-                    w.fcprojw, N, Fl, C);
-    k_->gelu_backward(gacts_.dfch, a.fch, gacts_.dfch_gelu, static_cast<size_t>(N) * Fl);
-    linear_backward(l, LinearSlot::mlp_up, gacts_.dln, gw.fcw, gw.fcb, gacts_.dfch, a.ln2, w.fcw, N, C, Fl);
-    tp_.copy_to_region_backward(gacts_.dln, NC);
-    k_->layernorm_backward(gacts_.dres, gw.ln2w, gw.ln2b, gacts_.dln, a.res2, w.ln2w, a.ln2_mean,
-                            a.ln2_rstd, N, C);
-
-    // Attention branch: res2 = x + c_proj(attn(c_attn(ln_1(x))))
-    tp_.reduce_from_region_backward(gacts_.dres, NC);
-    linear_backward(l, LinearSlot::attn_out, gacts_.datty, gw.attprojw, gw.attprojb, gacts_.dres, a.atty,
-                    w.attprojw, N, Cl, C);
-    if (opts_.attention == Attention::flash)
-      k_->flash_attention_backward(gacts_.dqkv, gacts_.datt, gacts_.datty, a.atty, a.qkv, a.att,
-                                   B, Tn, Cl, NHl);
-    else
-      k_->attention_backward(gacts_.dqkv, gacts_.datt, gacts_.datty, a.qkv, a.att, B, Tn, Cl, NHl);
-    linear_backward(l, LinearSlot::qkv, gacts_.dln, gw.qkvw, gw.qkvb, gacts_.dqkv, a.ln1, w.qkvw, N, C, 3 * Cl);
-    tp_.copy_to_region_backward(gacts_.dln, NC);
-    k_->layernorm_backward(gacts_.dres, gw.ln1w, gw.ln1b, gacts_.dln, x, w.ln1w, a.ln1_mean,
-                            a.ln1_rstd, N, C);
+    if (llama_) {
+      if (full) llama_block_forward(l, w, a, x, B, Tn);  // recompute from the kept input
+      llama_block_backward(l, w, gw, a, x, B, Tn);
+    } else {
+      if (full) block_forward(l, w, a, x, B, Tn);
+      gpt2_block_backward(l, w, gw, a, x, B, Tn);
+    }
     if (block_done_) block_done_(shard_.layer_begin + l);
   }
   if (shard_.first_stage && !frozen) {
@@ -313,7 +340,7 @@ void GPT::backward(int slot, float loss_scale) {
       embedding_grad_blocks(s, N);
     else
       k_->embedding_backward(grad_at(idx_wte_), gacts_.dres, s.tokens, N, C, v0, Vl);
-    k_->position_backward(grad_at(idx_wpe_), gacts_.dres, B, Tn, C);
+    if (!llama_) k_->position_backward(grad_at(idx_wpe_), gacts_.dres, B, Tn, C);
   }
   // dlnf was summed over TP in place: a second backward() needs a new forward().
   s.forwarded = false;

@@ -32,7 +32,7 @@ LoraOptions lora_options(const FinetuneConfig& f) {
 std::vector<ParamSpec> lora_param_table(const GPTConfig& cfg, const ModelShard& shard,
                                         const LoraOptions& lora) {
   MESHLM_CHECK(lora.rank >= 1, "LoRA rank must be >= 1");
-  const std::vector<ParamSpec> full = gpt_param_table(cfg);
+  const std::vector<ParamSpec> full = model_param_table(cfg);
   const int tp = shard.tp_size, le = shard.layer_end < 0 ? cfg.n_layer : shard.layer_end;
   const int64_t r = lora.rank;
   TableBuilder t(tp);  // index: position in the whole model's adapter table

@@ -7,6 +7,10 @@
 //       parameters (perturbed away from the GPT-2 init so that every tensor
 //       matters), a random batch, meshlm's loss and every parameter gradient.
 //       At bf16/fp16 the CPU backend's emulated rounding of the GEMM inputs.
+//       --arch llama [--n_kv_head K] [--intermediate_size F] [--tie 0|1]
+//       [--rope_factor X] [--attention flash]: a Llama-family model instead (RMSNorm eps 1e-6,
+//       rope theta 500000, Llama 3 scaling over 16 original positions).
+//       Read by tests/torch/check_llama_grads.py.
 //       Read by tests/torch/check_gpt2_grads.py.
 //   meshlm_refdump adamw OUT.h5
 //       parameters, gradients and learning rates of a few AdamW steps with
@@ -64,11 +68,23 @@ int dump_grads(const std::string& out, const std::map<std::string, std::string>&
   const int T = flag(f, "seq_len", 32);
   const int B = flag(f, "batch", 2);
   const uint64_t seed = static_cast<uint64_t>(flag(f, "seed", 42));
-  const GPTConfig cfg{.n_layer = flag(f, "n_layer", 2),
-                      .n_head = flag(f, "n_head", 4),
-                      .n_embd = flag(f, "n_embd", 64),
-                      .vocab_size = flag(f, "vocab_size", 256),
-                      .max_seq_len = T + 3};  // a position table longer than the sequence
+  GPTConfig cfg{.n_layer = flag(f, "n_layer", 2),
+                .n_head = flag(f, "n_head", 4),
+                .n_embd = flag(f, "n_embd", 64),
+                .vocab_size = flag(f, "vocab_size", 256),
+                .max_seq_len = T + 3};  // a position table longer than the sequence
+  // --arch llama: its keys (model/gpt_config.h); rope scaling with --rope_factor.
+  if (auto it = f.find("arch"); it != f.end() && it->second == "llama") {
+    cfg.arch = ModelArch::llama;
+    cfg.n_kv_head = flag(f, "n_kv_head", 0);
+    cfg.intermediate_size = flag(f, "intermediate_size", 0);
+    cfg.tie_word_embeddings = flag(f, "tie", 0) != 0;
+    cfg.norm_eps = 1e-6;
+    cfg.rope_theta = 500000.0;
+    if (flag(f, "rope_factor", 0) > 0)
+      cfg.rope_scaling = {.factor = double(flag(f, "rope_factor", 0)), .low_freq_factor = 1,
+                          .high_freq_factor = 4, .original_max_positions = 16};
+  }
 
   GPTOptions opts;
   if (auto it = f.find("precision"); it != f.end()) {
@@ -76,6 +92,8 @@ int dump_grads(const std::string& out, const std::map<std::string, std::string>&
     if (!p) throw std::runtime_error("--precision " + it->second + ": not fp32, bf16 or fp16");
     opts.kernels = &ops::Kernels::cpu(*p);
   }
+  if (auto it = f.find("attention"); it != f.end() && it->second == "flash")
+    opts.attention = Attention::flash;
   GPT model(cfg, {}, opts);
   model.init_weights(seed);
   // Perturb every tensor (LayerNorm gains and biases too) so that a wrong
@@ -84,7 +102,8 @@ int dump_grads(const std::string& out, const std::map<std::string, std::string>&
   for (const auto& p : model.table()) {
     float* x = model.params() + p.offset;
     size_t n = p.numel();
-    if (p.name == "wte.weight") n = static_cast<size_t>(cfg.vocab_size) * cfg.n_embd;
+    if (p.role == ParamRole::token_embedding || p.role == ParamRole::lm_head)
+      n = static_cast<size_t>(cfg.vocab_size) * cfg.n_embd;
     const double sd = p.decay() ? 0.15 : 0.2;
     for (size_t i = 0; i < n; ++i) x[i] += static_cast<float>(sd * rng.normal());
   }
@@ -106,6 +125,18 @@ int dump_grads(const std::string& out, const std::map<std::string, std::string>&
   h5::write_scalar_attr<int>(file, "batch", B);
   h5::write_scalar_attr<int>(file, "seq_len", T);
   h5::write_scalar_attr<double>(file, "loss", loss);
+  if (cfg.arch == ModelArch::llama) {
+    h5::write_scalar_attr<int>(file, "n_kv_head", cfg.kv_heads());
+    h5::write_scalar_attr<int>(file, "intermediate_size", cfg.mlp_width());
+    h5::write_scalar_attr<int>(file, "tie_word_embeddings", cfg.tie_word_embeddings ? 1 : 0);
+    h5::write_scalar_attr<double>(file, "rms_norm_eps", cfg.norm_eps);
+    h5::write_scalar_attr<double>(file, "rope_theta", cfg.rope_theta);
+    h5::write_scalar_attr<double>(file, "rope_factor", cfg.rope_scaling.factor);
+    h5::write_scalar_attr<double>(file, "rope_low_freq_factor", cfg.rope_scaling.low_freq_factor);
+    h5::write_scalar_attr<double>(file, "rope_high_freq_factor", cfg.rope_scaling.high_freq_factor);
+    h5::write_scalar_attr<int>(file, "rope_original_max_positions",
+                               cfg.rope_scaling.original_max_positions);
+  }
   h5::write_dataset(file, "tokens", tokens.data(), {hsize_t(B), hsize_t(T)});
   h5::write_dataset(file, "targets", targets.data(), {hsize_t(B), hsize_t(T)});
   write_table(file, "params", model.table(), model.params());

@@ -12,6 +12,8 @@ are checked against (check_llama_ops.py). Independent of meshlm's code.
   repeat_kv(x, group)             (..., heads, hs) -> (..., heads * group, hs),
                                   each key/value head beside its group's queries
   swiglu(gate, up)                silu(gate) * up
+  causal_attention(q, k, v)       softmax(q k^T / sqrt(hs), causal) v per head
+  Llama(cfg, params).loss(t, y)   the whole model's mean cross-entropy
 """
 import math
 
@@ -65,3 +67,55 @@ def repeat_kv(x, group):
 
 def swiglu(gate, up):
     return F.silu(gate) * up
+
+
+def causal_attention(q, k, v):
+    """q, k, v: (B, T, heads, hs) -> (B, T, heads * hs), softmax in q's dtype."""
+    B, T, H, hs = q.shape
+    q, k, v = (a.transpose(1, 2) for a in (q, k, v))  # (B, H, T, hs)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(hs)
+    mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+    att = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+    return (att @ v).transpose(1, 2).reshape(B, T, H * hs)
+
+
+class Llama:
+    """A Llama-family model on the tensors `p` (meshlm's names: Hugging
+    Face's without "model."; embed_tokens and lm_head may have padded rows,
+    of which the first `vocab_size` are used). `cfg`: n_layer, n_head,
+    n_kv_head, n_embd, vocab_size, rms_norm_eps, rope_theta, rope_scaling (a
+    dict or None), tie_word_embeddings. `variant` makes it wrong on purpose
+    (the checkers' self-tests): "round_robin" shares key heads round-robin,
+    "no_scaling" drops the rope scaling."""
+
+    def __init__(self, cfg, p, variant=None):
+        self.cfg, self.p, self.variant = cfg, p, variant
+
+    def loss(self, tokens, targets):
+        c, p = self.cfg, self.p
+        V, C, NH, NKV = c["vocab_size"], c["n_embd"], c["n_head"], c["n_kv_head"]
+        hs, group = C // NH, NH // NKV
+        B, T = tokens.shape
+        scaling = None if self.variant == "no_scaling" else c.get("rope_scaling")
+        inv = rope_inv_freq(hs, c["rope_theta"], scaling)
+        cos, sin = rope_cos_sin(inv, T, dtype=p["embed_tokens.weight"].dtype)
+        x = p["embed_tokens.weight"][:V][tokens]
+        eps = c["rms_norm_eps"]
+        for i in range(c["n_layer"]):
+            w = lambda n: p[f"layers.{i}.{n}.weight"]  # noqa: E731
+            h = rms_norm(x, w("input_layernorm"), eps)
+            q = (h @ w("self_attn.q_proj").T).reshape(B, T, NH, hs)
+            k = (h @ w("self_attn.k_proj").T).reshape(B, T, NKV, hs)
+            v = (h @ w("self_attn.v_proj").T).reshape(B, T, NKV, hs)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            if self.variant == "round_robin":
+                k, v = k.repeat(1, 1, group, 1), v.repeat(1, 1, group, 1)
+            else:
+                k, v = repeat_kv(k, group), repeat_kv(v, group)
+            x = x + causal_attention(q, k, v) @ w("self_attn.o_proj").T
+            h = rms_norm(x, w("post_attention_layernorm"), eps)
+            x = x + swiglu(h @ w("mlp.gate_proj").T, h @ w("mlp.up_proj").T) @ w("mlp.down_proj").T
+        x = rms_norm(x, p["norm.weight"], eps)
+        cls = p["embed_tokens.weight" if c["tie_word_embeddings"] else "lm_head.weight"][:V]
+        logits = x @ cls.T
+        return F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1))
