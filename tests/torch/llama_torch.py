@@ -1,7 +1,7 @@
 """Llama's building blocks in PyTorch, written from their published
 definitions (Hugging Face transformers' modeling_llama.py and
 modeling_rope_utils.py, the Llama 3 paper): the reference meshlm's Llama ops
-are checked against (check_llama_ops.py). Independent of meshlm's code.
+and model are checked against (check_llama.py). Independent of meshlm's code.
 
   rms_norm(x, w, eps)             x / sqrt(mean(x^2) + eps) * w, in x's dtype
   rope_inv_freq(hs, theta, s)     the rotation frequencies, float32, with the
