@@ -26,6 +26,20 @@ constexpr std::pair<const char*, int64_t RunMeta::*> kRunInt64[] = {
     {"layout_zero_stage", &RunMeta::layout_zero_stage},
     {"layout_micro_batches", &RunMeta::layout_micro_batches},
 };
+// Llama's attributes, each named as its field.
+constexpr std::pair<const char*, int64_t LlamaMeta::*> kLlamaInt64[] = {
+    {"n_kv_head", &LlamaMeta::n_kv_head},
+    {"intermediate_size", &LlamaMeta::intermediate_size},
+    {"tie_word_embeddings", &LlamaMeta::tie_word_embeddings},
+    {"rope_original_max_positions", &LlamaMeta::rope_original_max_positions},
+};
+constexpr std::pair<const char*, double LlamaMeta::*> kLlamaReal[] = {
+    {"norm_eps", &LlamaMeta::norm_eps},
+    {"rope_theta", &LlamaMeta::rope_theta},
+    {"rope_factor", &LlamaMeta::rope_factor},
+    {"rope_low_freq_factor", &LlamaMeta::rope_low_freq_factor},
+    {"rope_high_freq_factor", &LlamaMeta::rope_high_freq_factor},
+};
 constexpr std::pair<const char*, uint64_t RunMeta::*> kRunUInt64[] = {
     {"data_epoch", &RunMeta::data_epoch},
     {"data_position", &RunMeta::data_position},
@@ -36,6 +50,11 @@ constexpr std::pair<const char*, uint64_t RunMeta::*> kRunUInt64[] = {
 
 void write_meta(hid_t file, const Meta& m) {
   h5::Group meta = write_identity(file, m.sizes, m.created, m.config, m.lora ? "lora" : "full");
+  h5::write_string_attr(meta, "arch", m.arch);
+  if (m.llama) {
+    for (const auto& [name, field] : kLlamaInt64) h5::write_scalar_attr<int64_t>(meta, name, (*m.llama).*field);
+    for (const auto& [name, field] : kLlamaReal) h5::write_scalar_attr<double>(meta, name, (*m.llama).*field);
+  }
   if (m.lora) {
     const LoraMeta& l = *m.lora;
     h5::write_scalar_attr<int64_t>(meta, "lora_rank", l.rank);
@@ -143,6 +162,15 @@ Meta read_meta(hid_t file, const std::string& path) {
   Meta m;
   m.sizes = {r.model_size("n_layer"), r.model_size("n_head"), r.model_size("n_embd"),
              r.model_size("vocab_size"), r.model_size("max_seq_len")};
+  if (r.has("arch")) m.arch = r.text("arch");
+  if (m.arch == "llama") {
+    LlamaMeta l;
+    for (const auto& [name, field] : kLlamaInt64) l.*field = r.i64(name);
+    for (const auto& [name, field] : kLlamaReal) l.*field = r.real(name);
+    m.llama = l;
+  } else if (m.arch != "gpt2") {
+    r.fail("/meta arch is '" + log::printable(m.arch) + "', neither 'gpt2' nor 'llama'");
+  }
   const std::string mode = r.text("finetune_mode");
   if (mode != "full" && mode != "lora")
     r.fail("/meta finetune_mode is '" + log::printable(mode) + "', neither 'full' nor 'lora'");

@@ -40,8 +40,18 @@ struct RunMeta {
           layout_micro_batches = 1;
 };
 
+// model arch = "llama": what the model adds to its sizes (model/gpt_config.h).
+struct LlamaMeta {
+  int64_t n_kv_head = 0, intermediate_size = 0, tie_word_embeddings = 1;
+  double norm_eps = 0, rope_theta = 0;
+  double rope_factor = 0, rope_low_freq_factor = 0, rope_high_freq_factor = 0;
+  int64_t rope_original_max_positions = 0;
+};
+
 struct Meta {
   ModelSizes sizes;
+  std::string arch = "gpt2";      // the model family ("gpt2" where /meta names none)
+  std::optional<LlamaMeta> llama;  // arch "llama"
   std::string created, config;  // written (write_identity); not read back
   std::optional<LoraMeta> lora;  // finetune_mode "lora" when set, else "full"
   int64_t step = 0, tokens_seen = 0, adamw_step = 0;
@@ -55,7 +65,8 @@ struct Meta {
 void write_meta(hid_t file, const Meta& m);
 
 // Reads /meta of `file` (`path` names it in errors), checking what it reads:
-// kind and format_version, the model sizes in [1, 2^31), finetune_mode full
+// kind and format_version, the model sizes in [1, 2^31), arch gpt2 (or
+// none) or llama with every one of its attributes, finetune_mode full
 // or lora, the LoRA attributes under lora (a rank >= 1, a positive finite
 // alpha), step; tokens_seen, adamw_step and seed where they are there (0,
 // 0, none otherwise); `run` where /meta has a loss_scale (a training

@@ -238,6 +238,9 @@ CkptMeta read_meta(hid_t file, const std::string& path) {
   auto fail = [&](const std::string& what) -> void {
     throw RankError("checkpoint '" + path + "': " + what, MESHLM_HERE);
   };
+  if (raw.arch != "gpt2")
+    fail("a " + raw.arch + " checkpoint: meshlm ckpt export writes GPT-2's Hugging Face layout "
+         "only, for now");
   CkptMeta m;
   m.path = path;
   m.cfg.n_layer = static_cast<int>(raw.sizes.n_layer);

@@ -225,7 +225,7 @@ constexpr double kMaxLossScale = LossScaler::kMax;
 
 // The keys of [model] and [train]: the architecture and the optimisation.
 void add_model_and_train_options(RunConfig& c, OptionTable& t) {
-  auto& model = t.section("[model] the GPT-2 architecture");
+  auto& model = t.section("[model] the architecture: GPT-2 or a Llama-family model");
   t.add(model, "model.n_layer", &c.model.n_layer, "transformer blocks (L)",
         Range::ints(1, kMaxLayers));
   t.add(model, "model.n_head", &c.model.n_head, "attention heads (NH); must divide n_embd",
@@ -238,6 +238,24 @@ void add_model_and_train_options(RunConfig& c, OptionTable& t) {
         Range::ints(1, kMaxSequence));
   t.add(model, "model.max_seq_len", &c.model.max_seq_len, "rows of the position table wpe; at least seq_len (GPT-2 uses 1024)",
         Range::ints(1, kMaxSequence));
+  t.add(model, "model.arch", &c.model.arch, enum_choices<ModelArch>() + ": the model family; llama = RMSNorm, rotary position embeddings, grouped-query attention, SwiGLU, no biases (the keys below; parallel.tp = 1 and runtime.backend = cpu for now)");
+  t.add(model, "model.n_kv_head", &c.model.n_kv_head, "llama: key/value heads (grouped-query attention), dividing n_head; 0 = n_head",
+        Range::ints(0, kMaxHeads));
+  t.add(model, "model.intermediate_size", &c.model.intermediate_size, "llama: the SwiGLU MLP's width; 0 = 4 n_embd",
+        Range::ints(0, kMaxChannels * 8));
+  t.add(model, "model.norm_eps", &c.model.norm_eps, "llama: RMSNorm's eps",
+        Range::reals(0, 1, true));
+  t.add(model, "model.rope_theta", &c.model.rope_theta, "llama: the rotary embeddings' base",
+        Range::reals(1, 1e12, true));
+  t.add(model, "model.rope_factor", &c.model.rope_scaling.factor, "llama: Llama 3's rope scaling factor (0 = no scaling)",
+        Range::reals(0, 1e6));
+  t.add(model, "model.rope_low_freq_factor", &c.model.rope_scaling.low_freq_factor, "llama: Llama 3's rope scaling, low_freq_factor",
+        Range::reals(0, 1e6, true));
+  t.add(model, "model.rope_high_freq_factor", &c.model.rope_scaling.high_freq_factor, "llama: Llama 3's rope scaling, high_freq_factor",
+        Range::reals(0, 1e6, true));
+  t.add(model, "model.rope_original_max_positions", &c.model.rope_scaling.original_max_positions, "llama: Llama 3's rope scaling, the original context (original_max_position_embeddings)",
+        Range::ints(1, kMaxSequence));
+  t.add(model, "model.tie_word_embeddings", &c.model.tie_word_embeddings, "llama: the classifier is the token embedding (false: a classifier lm_head of its own)");
   auto& train = t.section("[train] optimisation");
   t.add(train, "train.steps", &c.train.steps, "optimizer steps",
         Range::ints(1, kMaxInt));
@@ -548,6 +566,8 @@ RunConfig parse_run_config(const std::string& text, const std::string& source,
   table.check();
   auto given = [&](const char* key) { return vm.count(key) && !vm[key].defaulted(); };
   take_model_from_directory(c, given);
+  // finetune.lora_targets by default: every linear layer of the architecture.
+  if (!given("finetune.lora_targets")) c.finetune.lora_targets = LinearSlots::of(c.model.arch);
   if (c.parallel.layout == LayoutChoice::automatic) {
     if (given("parallel.stage_layers") && !c.parallel.stage_layers.layers.empty())
       fail("parallel.stage_layers with parallel.layout = auto: the planner splits the stages; "

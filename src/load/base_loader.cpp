@@ -75,7 +75,7 @@ size_t store_pages_read(const StoreManifest& m, const GPTConfig& cfg, const Mode
   auto mark = [&](size_t first_byte, size_t last_byte) {  // inclusive
     for (size_t p = first_byte / page; p <= last_byte / page; ++p) read[p] = true;
   };
-  for (const ParamSpec& p : gpt_param_table(cfg, shard)) {
+  for (const ParamSpec& p : model_param_table(cfg, shard)) {
     const StoreEntry& e = m.at(p.name);
     const bool matrix = p.full_shape.ndim == 2;
     const int64_t R = matrix ? p.full_shape[0] : p.full_shape.numel(), K = matrix ? p.full_shape[1] : 1;
@@ -129,7 +129,7 @@ size_t store_pages_read(const StoreManifest& m, const GPTConfig& cfg, const Mode
 StoreManifest make_manifest(const GPTConfig& cfg, QuantType matrices) {
   StoreManifest m;
   size_t offset = 0;
-  for (const ParamSpec& p : gpt_param_table(cfg)) {
+  for (const ParamSpec& p : model_param_table(cfg)) {
     StoreEntry e;
     e.spec = p;
     e.type = p.full_shape.ndim >= 2 ? matrices : QuantType::f32;

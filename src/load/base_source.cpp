@@ -33,7 +33,8 @@ std::string dims_str(const std::vector<int64_t>& d) {
 std::vector<int64_t> dims_of(const Shape& s) { return {s.dims.begin(), s.dims.begin() + s.ndim}; }
 
 std::string model_str(const GPTConfig& c) {
-  return "GPT-2 with n_layer " + std::to_string(c.n_layer) + ", n_embd " +
+  return std::string(c.arch == ModelArch::llama ? "Llama" : "GPT-2") + " with n_layer " +
+         std::to_string(c.n_layer) + ", n_embd " +
          std::to_string(c.n_embd) + ", vocab_size " + std::to_string(c.vocab_size) +
          ", max_seq_len " + std::to_string(c.max_seq_len);
 }
@@ -43,7 +44,7 @@ std::string model_str(const GPTConfig& c) {
 // silently read the wrong values).
 class TableSource : public BaseSource {
 protected:
-  explicit TableSource(const GPTConfig& cfg) : cfg_(cfg), table_(gpt_param_table(cfg)) {}
+  explicit TableSource(const GPTConfig& cfg) : cfg_(cfg), table_(model_param_table(cfg)) {}
 
   // Position of `spec` in the whole model's table.
   size_t find(const ParamSpec& spec) const {
@@ -72,7 +73,8 @@ class InitSource final : public TableSource {
 public:
   InitSource(const GPTConfig& cfg, uint64_t seed) : TableSource(cfg), seed_(seed) {}
   std::string describe() const override {
-    return "GPT-2 initialisation, seed " + std::to_string(seed_);
+    return std::string(cfg_.arch == ModelArch::llama ? "Llama" : "GPT-2") +
+           " initialisation, seed " + std::to_string(seed_);
   }
   std::vector<std::string> files() const override { return {}; }
   void fetch_rows(const ParamSpec& spec, int64_t row0, int64_t nrows, float* out) override {
@@ -300,6 +302,12 @@ void BaseSource::read_rows(const ParamSpec& spec, int64_t row0, int64_t nrows, f
 std::unique_ptr<BaseSource> open_base_source(const std::string& spec_string, const GPTConfig& cfg,
                                              uint64_t seed) {
   if (spec_string.empty() || spec_string == "init") return std::make_unique<InitSource>(cfg, seed);
+  if (cfg.arch != ModelArch::gpt2 && lower_extension(spec_string) != ".h5" &&
+      lower_extension(spec_string) != ".hdf5")
+    throw RankError("base weights '" + spec_string + "': a " + name_of(cfg.arch) +
+                        " base is read from a meshlm *.h5 file (or \"init\") for now; Hugging "
+                        "Face's layout is GPT-2's here",
+                    MESHLM_HERE);
   if (is_directory(spec_string)) {
     const HfDirectory d = read_hf_directory(spec_string);
     const GPTConfig& m = d.model;
@@ -340,7 +348,7 @@ std::vector<std::string> base_files(const std::string& spec_string) {
 
 void write_params_h5(const std::string& path, const GPTConfig& cfg,
                      const std::vector<float>& full_params) {
-  const std::vector<ParamSpec> table = gpt_param_table(cfg);
+  const std::vector<ParamSpec> table = model_param_table(cfg);
   const size_t n = table_numel(table);
   if (full_params.size() != n)
     throw RankError("cannot write base file '" + path + "': " + std::to_string(full_params.size()) +

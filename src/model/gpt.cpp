@@ -240,8 +240,6 @@ void GPT::set_grad_target(std::function<float*(size_t)> where, std::function<voi
 void GPT::set_wte_grad_blocks(float* buffer, int rows, std::function<void(int, int)> done) {
   MESHLM_CHECK(grad_where_ != nullptr, "set_wte_grad_blocks() needs set_grad_target() first");
   MESHLM_CHECK(buffer != nullptr && rows > 0, "set_wte_grad_blocks() needs a buffer of rows");
-  MESHLM_CHECK(cfg_.tied_classifier(),
-               "set_wte_grad_blocks(): an untied classifier's gradient is not made in blocks yet");
   wte_block_ = buffer;
   wte_block_rows_ = rows;
   wte_block_done_ = std::move(done);

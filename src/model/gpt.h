@@ -235,6 +235,9 @@ private:
   void head_wte_grad_blocks(const SlotActs& s, const GPTTensors& p, int N);
   void embedding_grad_blocks(const SlotActs& s, int N);
   float* grad_at(size_t index);
+  // Whether the classifier's weight gradient is made in wte's blocks
+  // (set_wte_grad_blocks, and the classifier is wte).
+  bool cls_in_blocks() const { return wte_block_ != nullptr && cfg_.tied_classifier(); }
 
   GPTConfig cfg_;
   ModelShard shard_;

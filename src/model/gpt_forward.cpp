@@ -112,7 +112,7 @@ void GPT::head_dlogits_backward(SlotActs& s, const GPTTensors& p, int r0, int nr
     quant::qlinear_backward_input(*k_, *dq_, dx, gacts_.logits, *q, nr, gacts_.qtile,
                                   qtile_rows(opts_));
   else
-    k_->matmul_backward(dx, wte_block_ ? nullptr : grad_at(idx_cls_), nullptr, gacts_.logits,
+    k_->matmul_backward(dx, cls_in_blocks() ? nullptr : grad_at(idx_cls_), nullptr, gacts_.logits,
                         s.lnf + static_cast<size_t>(r0) * C, p.cls, nr, C, Vl);
 }
 
@@ -231,7 +231,7 @@ float GPT::forward(int slot, const int32_t* tokens, const int32_t* targets, int 
     tp_.sum_over_region(sums, 2 * static_cast<size_t>(nr));
     if (head_grad_scale) head_backward_rows(s, p, r0, nr);
   }
-  if (head_grad_scale && wte_block_) head_wte_grad_blocks(s, p, N);
+  if (head_grad_scale && cls_in_blocks()) head_wte_grad_blocks(s, p, N);
   k_->xent_losses(s.losses, s.xent_max, s.xent_sums, N);
   host_losses_.resize(N);
   k_->download(host_losses_.data(), s.losses, static_cast<size_t>(N) * sizeof(float));
@@ -306,7 +306,7 @@ void GPT::backward(int slot, float loss_scale) {
         head_logits(s, p, r0, nr);
         head_backward_rows(s, p, r0, nr);
       }
-      if (wte_block_) head_wte_grad_blocks(s, p, N);
+      if (cls_in_blocks()) head_wte_grad_blocks(s, p, N);
     }
     // dlnf summed over TP (each rank has its vocabulary part's)
     tp_.copy_to_region_backward(s.dlnf, NC);

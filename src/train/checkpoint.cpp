@@ -62,6 +62,8 @@ ck::Meta meta_of(const RunConfig& cfg, const TrainingState& st, const OptimizerM
   const GPTConfig& g = cfg.model;
   ck::Meta m;
   m.sizes = {g.n_layer, g.n_head, g.n_embd, g.vocab_size, g.max_seq_len};
+  m.arch = name_of(g.arch);
+  m.llama = llama_meta_of(g);
   m.created = created;
   m.config = cfg.resolved;
   if (cfg.finetune.mode == FinetuneMode::lora)

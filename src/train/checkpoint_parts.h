@@ -12,12 +12,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/tensor.h"
 #include "io/checkpoint_file.h"
+#include "io/checkpoint_meta.h"
 #include "io/h5.h"
 #include "model/param_table.h"
 #include "ops/kernels.h"
@@ -33,6 +35,9 @@ namespace meshlm::checkpoint_detail {
 
 namespace h5 = io::h5;
 namespace ck = io::ckpt;
+
+// The model family of /meta and what a Llama adds to the sizes (none for GPT-2).
+std::optional<ck::LlamaMeta> llama_meta_of(const GPTConfig& g);
 
 // One dataset of the checkpoint: a trained tensor's values or one of its moments.
 struct DatasetRef {

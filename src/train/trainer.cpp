@@ -402,7 +402,7 @@ std::unique_ptr<load::FrozenBase> load_frozen_base(const RunConfig& cfg, const R
 void print_run_lines(const RunConfig& cfg, const RankPlan& shape, const Backend& backend) {
   const TrainConfig& tc = cfg.train;
   const ParallelConfig& pc = cfg.parallel;
-  const size_t n_full = table_numel(gpt_param_table(cfg.model));
+  const size_t n_full = table_numel(model_param_table(cfg.model));
   log::info("# model: GPT-2 L={} NH={} C={} V={} (padded {}) | {} parameters ({})",
             cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.vocab_size,
             cfg.model.padded_vocab_size(), n_full,
