@@ -106,10 +106,18 @@ size_t store_pages_read(const StoreManifest& m, const GPTConfig& cfg, const Mode
         mark(e.offset + arr.offset + lo * elem, e.offset + arr.offset + (hi + 1) * elem - 1);
       }
     };
+    // Whole rows: consecutive ones read as one run (the same pages).
+    int64_t first = -1, next = -1;
+    auto flush = [&] {
+      if (first >= 0) run(first * K, next * K);
+      first = -1;
+    };
     for (int64_t i = 0; i < rows; ++i) {
       const int64_t r = part.tp_dim == 0 ? part.logical_index(i) : i;
       if (part.tp_dim != 1 || shard.tp_size == 1) {
-        run(r * K, (r + 1) * K);
+        if (r != next) flush();
+        if (first < 0) first = r;
+        next = r + 1;
         continue;
       }
       // Split columns: the runs of this rank's part of the row.
@@ -122,6 +130,7 @@ size_t store_pages_read(const StoreManifest& m, const GPTConfig& cfg, const Mode
         j += len;
       }
     }
+    flush();
   }
   return static_cast<size_t>(std::count(read.begin(), read.end(), true)) * page;
 }
