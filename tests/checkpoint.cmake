@@ -10,7 +10,8 @@ if(MESHLM_PYTHON)
   set_tests_properties(checkpoint_kill_and_resume PROPERTIES LABELS cli TIMEOUT 300
     ENVIRONMENT "OMP_NUM_THREADS=1")
   # A Llama checkpoint resumes (the same layout: the same bits; pp 2 within
-  # 1e-5); a GPT-2 run, another Llama and ckpt export refuse it by name.
+  # 1e-5); a GPT-2 run and another Llama refuse it by name; ckpt export
+  # writes it as a Hugging Face directory.
   add_test(NAME checkpoint_llama_resume
     COMMAND bash ${_ck}/llama_resume.sh "${_ck_mpiexec2}" $<TARGET_FILE:meshlm>
             ${PROJECT_SOURCE_DIR}/inputs/llama-tiny.cfg ${PROJECT_SOURCE_DIR}/inputs/tiny.cfg

@@ -1,7 +1,8 @@
 // `meshlm ckpt export` and `meshlm ckpt import` (app/ckpt_convert.h).
 //
 // export: a checkpoint (docs/formats.md, "Checkpoints") to a Hugging Face
-// GPT-2 safetensors file. Each output tensor is made a block of its rows at a
+// model directory (config.json and sharded safetensors) or one safetensors
+// file, in the names and layout of load/hf_layout.h. Each output tensor is made a block of its rows at a
 // time (at most kBlockFloats floats) from a MatrixSource, a view of one
 // logical tensor in meshlm's layout (linear weights (out, in)):
 //
@@ -16,25 +17,30 @@
 //     (alpha / r) B A for an adapted matrix. Only this tensor's quantized
 //     bytes (and its A and B) are held while it is written.
 //
-//   Hugging Face's layout from meshlm's: Conv1D weights (c_attn, c_proj,
-//   c_fc) are written (in, out), so a block of output rows is a block of
-//   columns of meshlm's (out, in) tensor, transposed; wte is cut to its
-//   vocab_size rows (the padding dropped); every other tensor as it is.
+//   Hugging Face's layout from meshlm's: GPT-2's Conv1D weights (c_attn,
+//   c_proj, c_fc) are written (in, out), so a block of output rows is a
+//   block of columns of meshlm's (out, in) tensor, transposed; token
+//   embeddings and lm_head are cut to their vocab_size rows (the padding
+//   dropped); every other tensor as it is.
 //
-// import: a Hugging Face GPT-2 safetensors file (read through
-// load::open_base_source, which transposes the Conv1D weights, pads wte and
-// refuses NaN and infinities) to a checkpoint with /params only, written
-// serially a block of rows at a time, each dataset hashed as it is written.
+// import: a Hugging Face directory (GPT-2 or Llama) or GPT-2 safetensors
+// file (read through load::open_base_source, which transposes the Conv1D
+// weights, pads the vocabulary rows and refuses NaN and infinities) to a
+// checkpoint with /params only, written serially a block of rows at a time,
+// each dataset hashed as it is written.
 //
 // Both write under a temporary name and rename when complete (an error at
-// any tensor leaves nothing), and replace only a file of their own kind.
+// any tensor leaves nothing), and replace only a file (or directory) of
+// their own kind.
 #include "app/ckpt_convert.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <bit>
+#include <cstdio>
 #include <cmath>
 #include <ctime>
 #include <filesystem>
@@ -58,7 +64,9 @@
 #include "io/safetensors_writer.h"
 #include "load/base_loader.h"
 #include "load/base_source.h"
-#include "load/hf_gpt2.h"
+#include "load/hf_dir.h"
+#include "load/hf_layout.h"
+#include "load/model_meta.h"
 #include "model/gpt_config.h"
 #include "model/lora.h"
 #include "model/param_table.h"
@@ -77,43 +85,67 @@ constexpr size_t kBlockFloats = size_t{1} << 20;
 // GPT-2's head count, the import's default: a safetensors file's shapes do
 // not tell it.
 constexpr int kDefaultHeads = 12;
+// A directory's shards hold at most this many MB (10^6 bytes) each, as
+// transformers' save_pretrained by default ("5GB").
+constexpr int kDefaultShardMB = 5000;
 
 // ---------------------------------------------------------------------------
 // Command lines
 // ---------------------------------------------------------------------------
 
 const char* kExportUsage =
-    "usage: meshlm ckpt export CKPT.h5 -o OUT.safetensors [--format safetensors]\n"
-    "                          [--dtype fp32|bf16|fp16] [--merge] [--base FILE]\n"
+    "usage: meshlm ckpt export CKPT.h5 -o OUT.safetensors|DIR [--dtype fp32|bf16|fp16]\n"
+    "                          [--shard-mb N] [--merge] [--base FILE|DIR] [--format safetensors]\n"
     "\n"
-    "Writes the model of a checkpoint as a Hugging Face GPT-2 safetensors file:\n"
-    "names as GPT2Model's state dict (wte.weight, h.0.attn.c_attn.weight, ...),\n"
-    "Conv1D weights (c_attn, c_proj, c_fc) stored (in, out), wte cut to vocab_size\n"
-    "rows; __metadata__ holds format = pt and the checkpoint's step and path.\n"
+    "Writes the model of a checkpoint (GPT-2 or Llama) in Hugging Face's layout:\n"
     "\n"
-    "  -o, --output FILE  the file to write (replaced only if it is a safetensors file)\n"
-    "  --dtype T          fp32 (default, exact), bf16 or fp16: rounded to nearest,\n"
-    "                     ties to even; a value past fp16's range is an error\n"
+    "  -o DIR             (any name not ending in .safetensors) a Hugging Face model\n"
+    "                     directory: config.json (GPT2LMHeadModel or LlamaForCausalLM)\n"
+    "                     and model.safetensors, or shards model-0000K-of-0000N.safetensors\n"
+    "                     with model.safetensors.index.json; names as transformers saves\n"
+    "                     them (GPT-2: GPT2Model's; Llama: \"model.\" prefixed, lm_head.weight).\n"
+    "                     Written whole under a temporary name, then renamed; a directory\n"
+    "                     there is replaced only if it is empty or meshlm exported it\n"
+    "  -o OUT.safetensors one file: GPT-2 as GPT2Model's state dict (wte.weight,\n"
+    "                     h.0.attn.c_attn.weight, ...), a Llama under its directory names;\n"
+    "                     replaced only if it is a safetensors file\n"
+    "\n"
+    "GPT-2's Conv1D weights (c_attn, c_proj, c_fc) are stored (in, out), token\n"
+    "embeddings and lm_head cut to vocab_size rows; __metadata__ holds format = pt\n"
+    "and the checkpoint's step, path and model.\n"
+    "\n"
+    "  --dtype T          bf16 (a directory's default), fp32 (one file's default; exact)\n"
+    "                     or fp16: rounded to nearest, ties to even; a value past fp16's\n"
+    "                     range is an error\n"
+    "  --shard-mb X       a directory's shards hold at most X MB (10^6 bytes; 0.5 is\n"
+    "                     half a MB) each (default 5000, as transformers); a larger\n"
+    "                     tensor is a shard alone\n"
     "  --format F         safetensors (the only one)\n"
     "  --merge            LoRA checkpoint: write the whole model, each adapted matrix\n"
     "                     W + (alpha/r) B A, W the base as the run used it: every\n"
-    "                     matrix (wte and wpe too) quantized in quant_type and\n"
+    "                     matrix (embeddings too) quantized in quant_type and\n"
     "                     dequantized again, vectors as they are.\n"
-    "                     Without it a LoRA checkpoint exports its adapters\n"
+    "                     Without it a LoRA checkpoint exports its adapters to one file\n"
     "                     (<matrix>.lora_A (r, in), <matrix>.lora_B (out, r))\n"
-    "  --base FILE        under --merge: the base instead of /meta quant_base (\"\" is\n"
-    "                     GPT-2's initialisation from /meta seed); its XXH3-128 must\n"
+    "  --base FILE|DIR    under --merge: the base instead of /meta quant_base (\"\" is the\n"
+    "                     model's initialisation from /meta seed); its XXH3-128 must\n"
     "                     match /meta base_hash when that is set\n";
 
 const char* kImportUsage =
-    "usage: meshlm ckpt import IN.safetensors -o OUT.h5 [--n_head N] [--n_layer N]\n"
+    "usage: meshlm ckpt import DIR -o OUT.h5\n"
+    "       meshlm ckpt import IN.safetensors -o OUT.h5 [--n_head N] [--n_layer N]\n"
     "                          [--n_embd N] [--vocab_size N] [--max_seq_len N]\n"
     "\n"
-    "Writes a Hugging Face GPT-2 safetensors file as a meshlm checkpoint: /params\n"
-    "in meshlm's layout (linear weights (out, in), wte padded to a multiple of 64\n"
-    "rows), checksums, step 0, no optimizer state. The file is also a meshlm base\n"
+    "Writes a Hugging Face model as a meshlm checkpoint: /params in meshlm's layout\n"
+    "(linear weights (out, in), token embeddings and lm_head padded to a multiple of\n"
+    "64 rows), checksums, step 0, no optimizer state. The file is also a meshlm base\n"
     "file (quant.base = OUT.h5).\n"
     "\n"
+    "  DIR                a Hugging Face directory (GPT-2 or Llama): config.json gives\n"
+    "                     the model, model.safetensors or the shards of its index the\n"
+    "                     weights (quant.base = DIR reads the same way)\n"
+    "  IN.safetensors     one GPT-2 file (GPT2Model's names, \"transformer.\" prefixed or\n"
+    "                     not); its shapes give the model, with:\n"
     "  -o, --output FILE  the checkpoint to write (replaced only if it is a meshlm checkpoint)\n"
     "  --n_head N         attention heads: the shapes do not tell them. Default: the\n"
     "                     file's __metadata__ meshlm.n_head when meshlm wrote it, else\n"
@@ -198,8 +230,12 @@ std::string dims_str(const std::vector<int64_t>& d) { return fmt::format("[{}]",
 std::vector<int64_t> dims_of(const Shape& s) { return {s.dims.begin(), s.dims.begin() + s.ndim}; }
 
 std::string model_str(const GPTConfig& c) {
-  return fmt::format("n_layer {}, n_head {}, n_embd {}, vocab_size {}, max_seq_len {}", c.n_layer,
-                     c.n_head, c.n_embd, c.vocab_size, c.max_seq_len);
+  std::string s = fmt::format("{}, n_layer {}, n_head {}, n_embd {}, vocab_size {}, max_seq_len {}",
+                              name_of(c.arch), c.n_layer, c.n_head, c.n_embd, c.vocab_size,
+                              c.max_seq_len);
+  if (c.arch == ModelArch::llama)
+    s += fmt::format(", n_kv_head {}, intermediate_size {}", c.kv_heads(), c.mlp_width());
+  return s;
 }
 
 // The configuration checked; a CollectiveError of validate() becomes this
@@ -238,16 +274,9 @@ CkptMeta read_meta(hid_t file, const std::string& path) {
   auto fail = [&](const std::string& what) -> void {
     throw RankError("checkpoint '" + path + "': " + what, MESHLM_HERE);
   };
-  if (raw.arch != "gpt2")
-    fail("a " + raw.arch + " checkpoint: meshlm ckpt export writes GPT-2's Hugging Face layout "
-         "only, for now");
   CkptMeta m;
   m.path = path;
-  m.cfg.n_layer = static_cast<int>(raw.sizes.n_layer);
-  m.cfg.n_head = static_cast<int>(raw.sizes.n_head);
-  m.cfg.n_embd = static_cast<int>(raw.sizes.n_embd);
-  m.cfg.vocab_size = static_cast<int>(raw.sizes.vocab_size);
-  m.cfg.max_seq_len = static_cast<int>(raw.sizes.max_seq_len);
+  m.cfg = load::model_of_meta(raw);
   validate_model(m.cfg, "checkpoint '" + path + "'");
   m.step = raw.step;
   m.lora = raw.lora.has_value();
@@ -257,16 +286,15 @@ CkptMeta read_meta(hid_t file, const std::string& path) {
   m.lora_alpha = l.alpha;
   m.targets_text = l.targets;
   std::string bad;
-  // (Checkpoints hold GPT-2 today: its four linear layers.)
-  const LinearSlots gpt2 = LinearSlots::of(ModelArch::gpt2);
+  const ModelArch arch = m.cfg.arch;
   if (!parse_slots(m.targets_text, m.targets, bad) || m.targets.empty() ||
-      !m.targets.outside(ModelArch::gpt2).empty())
+      !m.targets.outside(arch).empty())
     fail("/meta lora_targets '" + log::printable(m.targets_text) + "' names no linear layers (" +
          (bad.empty() ? (m.targets.empty() ? std::string("empty")
-                                           : "'" + slots_text(m.targets.outside(ModelArch::gpt2)) +
-                                                 "' is none of GPT-2's")
+                                           : "'" + slots_text(m.targets.outside(arch)) +
+                                                 "' is none of " + name_of(arch) + "'s")
                       : "'" + log::printable(bad) + "' is none") +
-         "; " + slots_text(gpt2) + ")");
+         "; " + slots_text(LinearSlots::of(arch)) + ")");
   m.quant_type_text = l.quant_type;
   const std::optional<quant::QuantType> qt = enum_from_name<quant::QuantType>(m.quant_type_text);
   if (!qt)
@@ -429,7 +457,7 @@ private:
 // Writing the safetensors file
 // ---------------------------------------------------------------------------
 
-// How a tensor of the file sits in its meshlm source: load/hf_gpt2.h
+// How a tensor of the file sits in its meshlm source: load/hf_layout.h
 // (wpe's first_rows is all of meshlm's rows here).
 using HFLayout = load::hf::Layout;
 
@@ -446,12 +474,13 @@ struct DTypeInfo {
   OutDType type;
   const char* option;       // --dtype
   const char* safetensors;  // the header's dtype
+  const char* torch;        // config.json's torch_dtype
   size_t bytes;
 };
 constexpr DTypeInfo kOutDTypes[] = {
-    {OutDType::fp32, "fp32", "F32", 4},
-    {OutDType::bf16, "bf16", "BF16", 2},
-    {OutDType::fp16, "fp16", "F16", 2},
+    {OutDType::fp32, "fp32", "F32", "float32", 4},
+    {OutDType::bf16, "bf16", "BF16", "bfloat16", 2},
+    {OutDType::fp16, "fp16", "F16", "float16", 2},
 };
 
 // Writes every tensor of `tensors` in turn, a block of rows at a time.
@@ -531,14 +560,138 @@ void write_safetensors(const std::string& out_path, const std::vector<OutTensor>
   w.commit();
 }
 
+// Removes a directory tree when it goes out of scope, unless released.
+class TreeGuard {
+public:
+  explicit TreeGuard(std::string path) : path_(std::move(path)) {}
+  ~TreeGuard() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  TreeGuard(const TreeGuard&) = delete;
+  TreeGuard& operator=(const TreeGuard&) = delete;
+  void release() { path_.clear(); }
+
+private:
+  std::string path_;
+};
+
+void write_text_file(const std::string& path, const std::string& text) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  const bool ok = f && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (f && std::fclose(f) != 0) f = nullptr;
+  if (!ok || !f) throw RankError("cannot write '" + path + "'", MESHLM_HERE);
+}
+
+// The shards of a Hugging Face directory: consecutive tensors, a new shard
+// where the next tensor would take one past `shard_bytes` (a tensor larger
+// than that alone in its shard), as transformers' save_pretrained splits.
+std::vector<std::vector<OutTensor>> split_shards(const std::vector<OutTensor>& tensors,
+                                                 const DTypeInfo& dt, uint64_t shard_bytes) {
+  std::vector<std::vector<OutTensor>> shards(1);
+  uint64_t used = 0;
+  for (const OutTensor& t : tensors) {
+    uint64_t bytes = dt.bytes;
+    for (int64_t d : t.shape) bytes *= static_cast<uint64_t>(d);
+    if (!shards.back().empty() && used + bytes > shard_bytes) {
+      shards.emplace_back();
+      used = 0;
+    }
+    shards.back().push_back(t);
+    used += bytes;
+  }
+  return shards;
+}
+
+// A Hugging Face model directory at `out`: config.json (for `cfg`, marked
+// as meshlm's with `origin`), model.safetensors or the shards of
+// model.safetensors.index.json. Written whole in a directory of a temporary
+// name, then renamed onto `out`; what was at `out` is replaced only when it
+// is an empty directory or one that meshlm exported.
+void write_hf_directory(const std::string& out, const std::vector<OutTensor>& tensors,
+                        const DTypeInfo& dt, const std::map<std::string, std::string>& metadata,
+                        const GPTConfig& cfg, uint64_t shard_bytes,
+                        const std::map<std::string, std::string>& origin, const std::string& source) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const bool there = fs::exists(out, ec);
+  if (there) {
+    if (!fs::is_directory(out, ec))
+      throw RankError("output '" + out + "': a file is there, and it is not a safetensors file "
+                          "that meshlm may replace (an output ending in .safetensors is written "
+                          "as one file, any other as a Hugging Face directory)",
+                      MESHLM_HERE);
+    if (!fs::is_empty(out, ec) && !load::written_by_meshlm(out))
+      throw RankError("Hugging Face directory '" + out + "': a directory meshlm did not export "
+                          "is there; meshlm replaces only its own (remove it or name another)",
+                      MESHLM_HERE);
+  }
+  remove_stale_temp_files(out);
+  const std::string tmp = temp_name_for(out);
+  if (!fs::create_directory(tmp, ec) || ec)
+    throw RankError("Hugging Face directory '" + out + "': cannot make '" + tmp + "' (" +
+                        ec.message() + ")",
+                    MESHLM_HERE);
+  TreeGuard guard(tmp);
+  const std::vector<std::vector<OutTensor>> shards = split_shards(tensors, dt, shard_bytes);
+  nlohmann::json weight_map = nlohmann::json::object();
+  uint64_t total = 0;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string name = shards.size() == 1 ? std::string(load::kHfWeights)
+                                                : fmt::format("model-{:05d}-of-{:05d}.safetensors",
+                                                              i + 1, shards.size());
+    log::info("# ckpt export: shard {} of {}: {} ({} tensors)", i + 1, shards.size(), name,
+              shards[i].size());
+    write_safetensors((fs::path(tmp) / name).string(), shards[i], dt, metadata, source);
+    for (const OutTensor& t : shards[i]) {
+      uint64_t bytes = dt.bytes;
+      for (int64_t d : t.shape) bytes *= static_cast<uint64_t>(d);
+      total += bytes;
+      weight_map[t.name] = name;
+    }
+  }
+  if (shards.size() > 1) {
+    const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    write_text_file((fs::path(tmp) / load::kHfIndex).string(), index.dump(2) + "\n");
+  }
+  const std::string config = (fs::path(tmp) / load::kHfConfig).string();
+  write_text_file(config, load::hf_config_json(cfg, dt.torch, origin));
+  sync_file_and_dir(config);
+  if (there) {
+    const std::string old = temp_name_for(out);
+    fs::rename(out, old, ec);
+    if (ec)
+      throw RankError("Hugging Face directory '" + out + "': cannot move the old one aside (" +
+                          ec.message() + ")",
+                      MESHLM_HERE);
+    fs::rename(tmp, out, ec);
+    if (ec) {
+      std::error_code back;
+      fs::rename(old, out, back);
+      throw RankError("Hugging Face directory '" + out + "': cannot rename '" + tmp + "' onto it (" +
+                          ec.message() + ")",
+                      MESHLM_HERE);
+    }
+    fs::remove_all(old, ec);
+  } else {
+    fs::rename(tmp, out, ec);
+    if (ec)
+      throw RankError("Hugging Face directory '" + out + "': cannot rename '" + tmp + "' onto it (" +
+                          ec.message() + ")",
+                      MESHLM_HERE);
+  }
+  guard.release();
+  sync_file_and_dir((fs::path(out) / load::kHfConfig).string());
+}
+
 // The tensors of a full-training checkpoint's /params, every one checked
 // (present, its shape, its checksum attribute) before anything is written.
 std::vector<OutTensor> model_tensors(hid_t file, const CkptMeta& m) {
   std::vector<OutTensor> out;
-  for (const ParamSpec& p : gpt_param_table(m.cfg)) {
+  for (const ParamSpec& p : model_param_table(m.cfg)) {
     const std::string ds = ckpt::params_path(p.name);
     open_checked(file, m.path, ds, dims_of(p.full_shape));
-    out.push_back({p.name, load::hf::file_shape(p, m.cfg), load::hf::layout_of(p), [file, &m, ds, p] {
+    out.push_back({p.name, load::hf::file_shape(p, m.cfg), load::hf::layout_of(p, m.cfg.arch), [file, &m, ds, p] {
                      return dataset_source(file, m.path, ds, p.full_shape);
                    }});
   }
@@ -606,7 +759,7 @@ std::vector<OutTensor> merged_tensors(hid_t file, const CkptMeta& m,
     const ParamSpec& p = e.spec;
     std::optional<std::pair<ParamSpec, ParamSpec>> ab;
     if (adapter_of.count(p.name)) ab = adapter_of.at(p.name);
-    out.push_back({p.name, load::hf::file_shape(p, m.cfg), load::hf::layout_of(p), [file, &m, &base, e, ab, s] {
+    out.push_back({p.name, load::hf::file_shape(p, m.cfg), load::hf::layout_of(p, m.cfg.arch), [file, &m, &base, e, ab, s] {
                      auto src = std::make_unique<MergedSource>(e, base);
                      if (ab)
                        src->set_adapter(read_adapter(file, m, ab->first),
@@ -625,9 +778,9 @@ std::unique_ptr<load::BaseSource> open_lora_base(const CkptMeta& m, const std::s
     if (!m.base_hash.empty())
       throw RankError(where + " was trained on a base file (/meta base_hash " + m.base_hash +
                           ", quant_base '" + m.quant_base +
-                          "'), not on GPT-2's initialisation; name that file with --base",
+                          "'), not on the model's initialisation; name that file with --base",
                       MESHLM_HERE);
-    log::info("# ckpt export: base = GPT-2 initialisation, seed {}", m.seed);
+    log::info("# ckpt export: base = the model's initialisation, seed {}", m.seed);
     return load::open_base_source(base, m.cfg, m.seed);
   }
   std::error_code ec;
@@ -638,11 +791,11 @@ std::unique_ptr<load::BaseSource> open_lora_base(const CkptMeta& m, const std::s
                                               : ""),
                     MESHLM_HERE);
   if (m.base_hash.empty()) {
-    log::warn("{} was trained on GPT-2's initialisation (/meta base_hash is empty); merging onto "
+    log::warn("{} was trained on the model's initialisation (/meta base_hash is empty); merging onto "
               "'{}' as --base asks",
               where, base);
   } else {
-    const std::string hash = io::xxh3_128_file(base);
+    const std::string hash = load::files_hash(load::base_files(base));
     if (hash != m.base_hash)
       throw RankError(where + ": the base '" + base + "' is not the one it was trained on: its " +
                           "XXH3-128 is " + hash + ", /meta base_hash is " + m.base_hash +
@@ -659,30 +812,77 @@ std::unique_ptr<load::BaseSource> open_lora_base(const CkptMeta& m, const std::s
 // export
 // ---------------------------------------------------------------------------
 
+namespace {
+
+// meshlm ckpt export's command line.
+struct ExportOptions {
+  std::string in, out, base;
+  bool directory = false;  // a Hugging Face directory (else one safetensors file)
+  bool merge = false, base_given = false;
+  const DTypeInfo* dt = nullptr;
+  uint64_t shard_bytes = 0;
+};
+
+ExportOptions export_options(const Args& a) {
+  auto bad = [](const std::string& what) {
+    throw RankError(what + " (meshlm ckpt export --help)", MESHLM_HERE);
+  };
+  ExportOptions o;
+  if (a.positional.size() != 1)
+    bad(a.positional.empty() ? "no checkpoint named" : "one checkpoint at a time");
+  o.in = a.positional[0];
+  if (!a.values.count("output")) bad("no output (-o OUT.safetensors or -o DIR)");
+  o.out = a.values.at("output");
+  while (o.out.size() > 1 && o.out.back() == '/') o.out.pop_back();
+  std::string ext = std::filesystem::path(o.out).extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  o.directory = ext != ".safetensors";
+  const std::string format = a.values.count("format") ? a.values.at("format") : "safetensors";
+  if (format != "safetensors") bad("--format '" + log::printable(format) + "': only safetensors");
+  const std::string dtype =
+      a.values.count("dtype") ? a.values.at("dtype") : (o.directory ? "bf16" : "fp32");
+  for (const DTypeInfo& d : kOutDTypes)
+    if (dtype == d.option) o.dt = &d;
+  if (!o.dt) bad("--dtype '" + log::printable(dtype) + "': fp32, bf16 or fp16");
+  double shard_mb = kDefaultShardMB;
+  if (a.values.count("shard-mb")) {
+    const std::string& text = a.values.at("shard-mb");
+    size_t used = 0;
+    try {
+      shard_mb = std::stod(text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != text.size() || !(shard_mb > 0) || shard_mb > 1e9)
+      bad("--shard-mb must be a positive number of MB (got '" + log::printable(text) + "')");
+    if (!o.directory) bad("--shard-mb is for a directory output");
+  }
+  o.shard_bytes = std::max<uint64_t>(1, static_cast<uint64_t>(shard_mb * 1e6));
+  o.merge = a.flags.count("merge") != 0;
+  o.base_given = a.values.count("base") != 0;
+  if (o.base_given) o.base = a.values.at("base");
+  if (o.base_given && !o.merge) bad("--base is for --merge");
+  if (same_file(o.in, o.out)) bad("the output '" + o.out + "' is the checkpoint itself");
+  return o;
+}
+
+}  // namespace
+
 int ckpt_export(const std::vector<std::string>& args) {
-  const Args a = parse_args(args, "export", {"output", "dtype", "format", "base"}, {"merge"});
+  const Args a =
+      parse_args(args, "export", {"output", "dtype", "format", "base", "shard-mb"}, {"merge"});
   if (a.help) {
     std::fputs(kExportUsage, stdout);
     return 0;
   }
+  const ExportOptions o = export_options(a);
   auto bad = [](const std::string& what) {
     throw RankError(what + " (meshlm ckpt export --help)", MESHLM_HERE);
   };
-  if (a.positional.size() != 1)
-    bad(a.positional.empty() ? "no checkpoint named" : "one checkpoint at a time");
-  const std::string in = a.positional[0];
-  if (!a.values.count("output")) bad("no output file (-o OUT.safetensors)");
-  const std::string out = a.values.at("output");
-  const std::string format = a.values.count("format") ? a.values.at("format") : "safetensors";
-  if (format != "safetensors") bad("--format '" + log::printable(format) + "': only safetensors");
-  const std::string dtype = a.values.count("dtype") ? a.values.at("dtype") : "fp32";
-  const DTypeInfo* dt = nullptr;
-  for (const DTypeInfo& d : kOutDTypes)
-    if (dtype == d.option) dt = &d;
-  if (!dt) bad("--dtype '" + log::printable(dtype) + "': fp32, bf16 or fp16");
-  const bool merge = a.flags.count("merge") != 0;
-  if (a.values.count("base") && !merge) bad("--base is for --merge");
-  if (same_file(in, out)) bad("the output '" + out + "' is the checkpoint itself");
+  const std::string& in = o.in;
+  const std::string& out = o.out;
+  const DTypeInfo* dt = o.dt;
 
   const double t0 = now_seconds();
   const std::string kind = non_regular_kind(in);
@@ -693,13 +893,17 @@ int ckpt_export(const std::vector<std::string>& args) {
                     MESHLM_HERE);
   h5::File file = h5::open_file(in);
   const CkptMeta m = read_meta(file, in);
-  if (merge && !m.lora)
+  if (o.merge && !m.lora)
     bad("--merge is for LoRA checkpoints; '" + in + "' is a full-training one (export it without --merge)");
+  if (m.lora && !o.merge && o.directory)
+    bad("a LoRA checkpoint's adapters are exported to one file (-o OUT.safetensors); --merge "
+        "exports the whole model, to a directory too");
 
   std::map<std::string, std::string> meta = {
       {"format", "pt"},
       {"meshlm.source", in},
       {"meshlm.step", std::to_string(m.step)},
+      {"meshlm.arch", name_of(m.cfg.arch)},
       {"meshlm.n_layer", std::to_string(m.cfg.n_layer)},
       {"meshlm.n_head", std::to_string(m.cfg.n_head)},
       {"meshlm.n_embd", std::to_string(m.cfg.n_embd)},
@@ -721,13 +925,13 @@ int ckpt_export(const std::vector<std::string>& args) {
     meta["meshlm.base_hash"] = m.base_hash;
     const std::vector<ParamSpec> adapters = adapter_table(m);
     check_adapters(file, m, adapters);
-    if (!merge) {
+    if (!o.merge) {
       content = "lora adapters";
       meta["meshlm.base"] = m.quant_base;
       tensors = adapter_tensors(file, m, adapters);
     } else {
       content = "model, lora adapters merged";
-      const std::string base_path = a.values.count("base") ? a.values.at("base") : m.quant_base;
+      const std::string base_path = o.base_given ? o.base : m.quant_base;
       if (!base_path.empty() && base_path != "init" && same_file(base_path, out))
         bad("the output '" + out + "' is the base itself");
       meta["meshlm.base"] = base_path;
@@ -736,9 +940,19 @@ int ckpt_export(const std::vector<std::string>& args) {
     }
   }
   meta["meshlm.content"] = content;
-  log::info("# ckpt export: {} (step {}, {}; {}) -> {} ({}, {} tensors)", in, m.step, content,
-            model_str(m.cfg), out, dt->option, tensors.size());
-  write_safetensors(out, tensors, *dt, meta, "checkpoint '" + in + "'");
+  // The model's tensors under Hugging Face's names: a directory's, and a
+  // Llama's in one file too (GPT-2's file keeps GPT2Model's names).
+  if (content != "lora adapters" && (o.directory || m.cfg.arch != ModelArch::gpt2))
+    for (OutTensor& t : tensors) t.name = load::hf::directory_name(t.name, m.cfg.arch);
+  log::info("# ckpt export: {} (step {}, {}; {}) -> {} ({}{}, {} tensors)", in, m.step, content,
+            model_str(m.cfg), out, o.directory ? "Hugging Face directory, " : "", dt->option,
+            tensors.size());
+  if (o.directory)
+    write_hf_directory(out, tensors, *dt, meta, m.cfg, o.shard_bytes,
+                       {{"source", in}, {"step", std::to_string(m.step)}, {"content", content}},
+                       "checkpoint '" + in + "'");
+  else
+    write_safetensors(out, tensors, *dt, meta, "checkpoint '" + in + "'");
   log::info("# ckpt export: wrote {} in {:.2f} s", out, now_seconds() - t0);
   return 0;
 }
@@ -755,7 +969,7 @@ namespace {
 GPTConfig infer_model(const io::SafetensorsFile& f, int heads) {
   const std::string in = "safetensors file '" + f.path() + "'";
   auto find = [&](const std::string& name) -> const io::SafetensorsTensor& {
-    const std::vector<std::string> names = load::hf::file_names(name);
+    const std::vector<std::string> names = load::hf::file_names(name, ModelArch::gpt2);
     for (const std::string& n : names)
       if (f.has(n)) return f.info(n);
     throw RankError(in + ": no tensor '" + name + "' (nor '" + names[1] +
@@ -777,7 +991,7 @@ GPTConfig infer_model(const io::SafetensorsFile& f, int heads) {
   c.n_head = heads;
   std::set<long long> layers;
   for (const io::SafetensorsTensor& t : f.tensors())
-    if (const std::optional<long long> l = load::hf::block_of(t.name)) layers.insert(*l);
+    if (const std::optional<long long> l = load::hf::block_of(t.name, ModelArch::gpt2)) layers.insert(*l);
   if (layers.empty())
     throw RankError(in + ": no transformer blocks (tensors h.0.*); is this a GPT-2 file?", MESHLM_HERE);
   const long long top = *layers.rbegin();
@@ -788,6 +1002,24 @@ GPTConfig infer_model(const io::SafetensorsFile& f, int heads) {
                       MESHLM_HERE);
   c.n_layer = static_cast<int>(top + 1);
   return c;
+}
+
+// The [model] keys of `cfg`, as a parameter file gives them.
+std::string model_keys(const GPTConfig& c) {
+  std::string s = fmt::format("arch = {}\nn_layer = {}\nn_head = {}\nn_embd = {}\nvocab_size = {}\n"
+                              "max_seq_len = {}\n",
+                              name_of(c.arch), c.n_layer, c.n_head, c.n_embd, c.vocab_size,
+                              c.max_seq_len);
+  if (c.arch == ModelArch::llama) {
+    const ops::RopeScaling& r = c.rope_scaling;
+    s += fmt::format("n_kv_head = {}\nintermediate_size = {}\nnorm_eps = {}\nrope_theta = {}\n"
+                     "rope_factor = {}\nrope_low_freq_factor = {}\nrope_high_freq_factor = {}\n"
+                     "rope_original_max_positions = {}\ntie_word_embeddings = {}\n",
+                     c.kv_heads(), c.mlp_width(), c.norm_eps, c.rope_theta, r.factor,
+                     r.low_freq_factor, r.high_freq_factor, r.original_max_positions,
+                     c.tie_word_embeddings);
+  }
+  return s;
 }
 
 // Creates the float32 dataset /params/<name> and fills it a block of rows at
@@ -848,7 +1080,7 @@ int ckpt_import(const std::vector<std::string>& args) {
   }
 
   const double t0 = now_seconds();
-  const std::string kind = non_regular_kind(in);
+  const std::string kind = load::is_directory(in) ? "" : non_regular_kind(in);
   if (!kind.empty()) throw RankError("safetensors file '" + in + "' is " + kind, MESHLM_HERE);
   if (same_file(in, out)) bad("the output '" + out + "' is the input itself");
   const std::string out_kind = non_regular_kind(out);
@@ -862,7 +1094,13 @@ int ckpt_import(const std::vector<std::string>& args) {
 
   GPTConfig cfg;
   std::string heads_from = "--n_head";
-  {
+  if (load::is_directory(in)) {
+    if (!given.empty())
+      bad("--" + given.begin()->first + " with a Hugging Face directory: its config.json gives the "
+          "model");
+    cfg = load::read_hf_directory(in).model;
+    heads_from = "config.json";
+  } else {
     const io::SafetensorsFile f(in);
     int heads = kDefaultHeads;
     if (given.count("n_head")) {
@@ -875,11 +1113,11 @@ int ckpt_import(const std::vector<std::string>& args) {
       heads_from = "GPT-2's default; --n_head sets it";
     }
     cfg = infer_model(f, heads);
+    if (given.count("n_layer")) cfg.n_layer = given.at("n_layer");
+    if (given.count("n_embd")) cfg.n_embd = given.at("n_embd");
+    if (given.count("vocab_size")) cfg.vocab_size = given.at("vocab_size");
+    if (given.count("max_seq_len")) cfg.max_seq_len = given.at("max_seq_len");
   }
-  if (given.count("n_layer")) cfg.n_layer = given.at("n_layer");
-  if (given.count("n_embd")) cfg.n_embd = given.at("n_embd");
-  if (given.count("vocab_size")) cfg.vocab_size = given.at("vocab_size");
-  if (given.count("max_seq_len")) cfg.max_seq_len = given.at("max_seq_len");
   validate_model(cfg, "import of '" + in + "' (n_head " + std::to_string(cfg.n_head) + " from " +
                          heads_from + ")");
   // Every tensor's presence, shape and dtype checked here, before the
@@ -888,7 +1126,7 @@ int ckpt_import(const std::vector<std::string>& args) {
   log::info("# ckpt import: {} -> {} ({}; n_head {} from {})", in, out, model_str(cfg), cfg.n_head,
             heads_from);
 
-  const std::vector<ParamSpec> table = gpt_param_table(cfg);
+  const std::vector<ParamSpec> table = model_param_table(cfg);
   h5::AtomicWrite tmp(out);
   h5::File f = h5::create_file(tmp.tmp_path());
   std::vector<std::pair<std::string, uint64_t>> sums;
@@ -904,12 +1142,10 @@ int ckpt_import(const std::vector<std::string>& args) {
   }
   {
     ckpt::Meta meta;  // a full model at step 0, no training state
-    meta.sizes = {cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, cfg.max_seq_len};
+    load::set_model_meta(meta, cfg);
     meta.created = utc_timestamp();
-    meta.config =
-        fmt::format("# meshlm ckpt import of '{}'\n[model]\nn_layer = {}\nn_head = {}\nn_embd = "
-                    "{}\nvocab_size = {}\nmax_seq_len = {}\n\n[finetune]\nmode = full\n",
-                    in, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, cfg.max_seq_len);
+    meta.config = "# meshlm ckpt import of '" + in + "'\n[model]\n" + model_keys(cfg) +
+                  "\n[finetune]\nmode = full\n";
     ckpt::write_meta(f, meta);
     h5::Group checks = h5::require_group(f, ckpt::kChecksumGroup);
     for (const auto& [path, sum] : sums) h5::write_scalar_attr<uint64_t>(checks, path, sum);

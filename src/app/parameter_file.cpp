@@ -512,23 +512,48 @@ void take_model_from_directory(RunConfig& c, const std::function<bool(const char
     fail(std::string("quant.base: ") + e.what());
   }
   const std::string from = (std::filesystem::path(c.quant.base) / load::kHfConfig).string();
-  auto take = [&](const char* key, const char* hf_key, int& field, int value, bool at_most) {
+  auto show = [](const auto& v) {
+    using V = std::decay_t<decltype(v)>;
+    if constexpr (std::is_same_v<V, bool>) return std::string(v ? "true" : "false");
+    else if constexpr (std::is_same_v<V, ModelArch>) return std::string(name_of(v));
+    else return fmt::format("{}", v);
+  };
+  auto take = [&](const char* key, const char* hf_key, auto& field, auto value, bool at_most = false) {
     if (!given(key)) {
       field = value;
       return;
     }
     if (field == value || (at_most && field < value)) return;
-    fail(std::string(key) + " = " + std::to_string(field) + ", but quant.base's " + from + " has " +
-         hf_key + " " + std::to_string(value) + (at_most ? " (at most that)" : "") +
+    fail(std::string(key) + " = " + show(field) + ", but quant.base's " + from + " has " + hf_key +
+         " " + show(value) + (at_most ? " (at most that)" : "") +
          ": leave the key out to take the directory's, or give the same");
   };
   GPTConfig& m = c.model;
-  m.arch = d.model.arch;
-  take("model.n_layer", "n_layer", m.n_layer, d.model.n_layer, false);
-  take("model.n_head", "n_head", m.n_head, d.model.n_head, false);
-  take("model.n_embd", "n_embd", m.n_embd, d.model.n_embd, false);
-  take("model.vocab_size", "vocab_size", m.vocab_size, d.model.vocab_size, false);
-  take("model.max_seq_len", "n_positions", m.max_seq_len, d.model.max_seq_len, true);
+  const GPTConfig& h = d.model;
+  take("model.arch", "model_type", m.arch, h.arch);
+  const bool llama = h.arch == ModelArch::llama;
+  take("model.n_layer", llama ? "num_hidden_layers" : "n_layer", m.n_layer, h.n_layer);
+  take("model.n_head", llama ? "num_attention_heads" : "n_head", m.n_head, h.n_head);
+  take("model.n_embd", llama ? "hidden_size" : "n_embd", m.n_embd, h.n_embd);
+  take("model.vocab_size", "vocab_size", m.vocab_size, h.vocab_size);
+  take("model.max_seq_len", llama ? "max_position_embeddings" : "n_positions", m.max_seq_len,
+       h.max_seq_len, true);
+  if (!llama) return;
+  take("model.n_kv_head", "num_key_value_heads", m.n_kv_head, h.n_kv_head);
+  take("model.intermediate_size", "intermediate_size", m.intermediate_size, h.intermediate_size);
+  take("model.norm_eps", "rms_norm_eps", m.norm_eps, h.norm_eps);
+  take("model.rope_theta", "rope_theta", m.rope_theta, h.rope_theta);
+  take("model.tie_word_embeddings", "tie_word_embeddings", m.tie_word_embeddings,
+       h.tie_word_embeddings);
+  ops::RopeScaling& r = m.rope_scaling;
+  const ops::RopeScaling& hr = h.rope_scaling;
+  take("model.rope_factor", "rope_scaling factor", r.factor, hr.factor);
+  take("model.rope_low_freq_factor", "rope_scaling low_freq_factor", r.low_freq_factor,
+       hr.low_freq_factor);
+  take("model.rope_high_freq_factor", "rope_scaling high_freq_factor", r.high_freq_factor,
+       hr.high_freq_factor);
+  take("model.rope_original_max_positions", "rope_scaling original_max_position_embeddings",
+       r.original_max_positions, hr.original_max_positions);
 }
 }  // namespace
 

@@ -235,8 +235,8 @@ std::vector<std::string> remove_stale_temp_files(const std::string& path) {
     if (pid_err != std::errc() || pid_end != rest.data() + dot || pid <= 0) continue;
     if (rest.find_first_not_of("0123456789abcdef", dot + 1) != std::string::npos) continue;
     if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // still running
-    std::error_code rm;
-    if (fs::remove(it->path(), rm)) removed.push_back(it->path().string());
+    std::error_code rm;  // a file, or a directory written under a temporary name
+    if (fs::remove_all(it->path(), rm) > 0 && !rm) removed.push_back(it->path().string());
   }
   return removed;
 }

@@ -79,8 +79,9 @@ private:
   std::unique_ptr<State> state_;
 };
 
-// Removes the temporary files of `path` left by processes of this host that
-// no longer run (killed by SIGKILL, a node crash); returns their names.
+// Removes the temporary files (or directories) of `path` left by processes
+// of this host that no longer run (killed by SIGKILL, a node crash); returns
+// their names.
 std::vector<std::string> remove_stale_temp_files(const std::string& path);
 
 }  // namespace meshlm

@@ -15,7 +15,7 @@
 #include "io/hash.h"
 #include "io/safetensors.h"
 #include "load/hf_dir.h"
-#include "load/hf_gpt2.h"
+#include "load/hf_layout.h"
 
 namespace meshlm::load {
 
@@ -33,10 +33,31 @@ std::string dims_str(const std::vector<int64_t>& d) {
 std::vector<int64_t> dims_of(const Shape& s) { return {s.dims.begin(), s.dims.begin() + s.ndim}; }
 
 std::string model_str(const GPTConfig& c) {
-  return std::string(c.arch == ModelArch::llama ? "Llama" : "GPT-2") + " with n_layer " +
-         std::to_string(c.n_layer) + ", n_embd " +
-         std::to_string(c.n_embd) + ", vocab_size " + std::to_string(c.vocab_size) +
-         ", max_seq_len " + std::to_string(c.max_seq_len);
+  std::string s = fmt::format("{} with n_layer {}, n_head {}, n_embd {}, vocab_size {}, max_seq_len {}",
+                              c.arch == ModelArch::llama ? "Llama" : "GPT-2", c.n_layer, c.n_head,
+                              c.n_embd, c.vocab_size, c.max_seq_len);
+  if (c.arch == ModelArch::llama)
+    s += fmt::format(", n_kv_head {}, intermediate_size {}, norm_eps {}, rope_theta {}, rope_factor "
+                     "{}, tie_word_embeddings {}",
+                     c.kv_heads(), c.mlp_width(), c.norm_eps, c.rope_theta, c.rope_scaling.factor,
+                     c.tie_word_embeddings);
+  return s;
+}
+
+// Whether a directory's model `dir` is the run's `run` (its position table
+// may have more rows than the run's sequences).
+bool same_model(const GPTConfig& dir, const GPTConfig& run) {
+  if (dir.arch != run.arch || dir.n_layer != run.n_layer || dir.n_head != run.n_head ||
+      dir.n_embd != run.n_embd || dir.vocab_size != run.vocab_size ||
+      dir.max_seq_len < run.max_seq_len)
+    return false;
+  if (run.arch != ModelArch::llama) return true;
+  const ops::RopeScaling &a = dir.rope_scaling, &b = run.rope_scaling;
+  return dir.kv_heads() == run.kv_heads() && dir.mlp_width() == run.mlp_width() &&
+         dir.norm_eps == run.norm_eps && dir.rope_theta == run.rope_theta &&
+         dir.tie_word_embeddings == run.tie_word_embeddings && a.factor == b.factor &&
+         a.low_freq_factor == b.low_freq_factor && a.high_freq_factor == b.high_freq_factor &&
+         a.original_max_positions == b.original_max_positions;
 }
 
 // The part every source shares: the whole model's table, and the check that
@@ -89,7 +110,7 @@ private:
 // Hugging Face safetensors
 // ---------------------------------------------------------------------------
 
-// The names and layouts of the file: load/hf_gpt2.h.
+// The names and layouts of the file: load/hf_layout.h.
 using HFLayout = hf::Layout;
 
 // One file, or the shards of a Hugging Face directory (load/hf_dir.h): each
@@ -127,7 +148,7 @@ public:
     const std::string& name = file_names_[i];
     const SafetensorsFile& file_ = files_[where_.at(name)];
     const size_t rf = row_floats(p), r0 = static_cast<size_t>(row0), nr = static_cast<size_t>(nrows);
-    switch (hf::layout_of(p)) {
+    switch (hf::layout_of(p, cfg_.arch)) {
       case HFLayout::same:
       case HFLayout::first_rows:
         file_.read_f32(name, out, r0 * rf, nr * rf);
@@ -163,7 +184,7 @@ private:
   // The name in the file of meshlm tensor `p`, after checking its shape
   // and dtype.
   std::string check(const ParamSpec& p) const {
-    const std::vector<std::string> names = hf::file_names(p.name);
+    const std::vector<std::string> names = hf::file_names(p.name, cfg_.arch);
     const std::string& prefixed = names[1];
     const bool plain = where_.count(names[0]) != 0, pre = where_.count(prefixed) != 0;
     if (plain && pre)
@@ -177,7 +198,7 @@ private:
     const int64_t C = cfg_.n_embd;
     const std::vector<int64_t> full = dims_of(p.full_shape);
     const std::string has = "tensor '" + t.name + "' has shape " + dims_str(t.shape);
-    switch (hf::layout_of(p)) {
+    switch (hf::layout_of(p, cfg_.arch)) {
       case HFLayout::same:
         if (t.shape != full) fail(has + "; meshlm expects " + dims_str(full));
         break;
@@ -302,17 +323,10 @@ void BaseSource::read_rows(const ParamSpec& spec, int64_t row0, int64_t nrows, f
 std::unique_ptr<BaseSource> open_base_source(const std::string& spec_string, const GPTConfig& cfg,
                                              uint64_t seed) {
   if (spec_string.empty() || spec_string == "init") return std::make_unique<InitSource>(cfg, seed);
-  if (cfg.arch != ModelArch::gpt2 && lower_extension(spec_string) != ".h5" &&
-      lower_extension(spec_string) != ".hdf5")
-    throw RankError("base weights '" + spec_string + "': a " + name_of(cfg.arch) +
-                        " base is read from a meshlm *.h5 file (or \"init\") for now; Hugging "
-                        "Face's layout is GPT-2's here",
-                    MESHLM_HERE);
   if (is_directory(spec_string)) {
     const HfDirectory d = read_hf_directory(spec_string);
     const GPTConfig& m = d.model;
-    if (m.n_layer != cfg.n_layer || m.n_head != cfg.n_head || m.n_embd != cfg.n_embd ||
-        m.vocab_size != cfg.vocab_size || m.max_seq_len < cfg.max_seq_len)
+    if (!same_model(m, cfg))
       throw RankError("Hugging Face directory '" + spec_string + "': its config.json is " +
                           model_str(m) + "; the run's model is " + model_str(cfg),
                       MESHLM_HERE);
@@ -326,8 +340,9 @@ std::unique_ptr<BaseSource> open_base_source(const std::string& spec_string, con
                                                "safetensors file '" + spec_string + "'");
   if (ext == ".h5" || ext == ".hdf5") return std::make_unique<Hdf5Source>(spec_string, cfg);
   throw RankError("base weights '" + spec_string +
-                      "': unknown kind of file; meshlm reads \"init\" (GPT-2 initialisation), "
-                      "*.safetensors (Hugging Face GPT-2), a Hugging Face model directory "
+                      "': unknown kind of file; meshlm reads \"init\" (the model's initialisation), "
+                      "*.safetensors (Hugging Face GPT-2 or Llama names), a Hugging Face model "
+                      "directory "
                       "(config.json and its safetensors) or *.h5 / *.hdf5 (meshlm /params/<name> "
                       "layout)",
                   MESHLM_HERE);

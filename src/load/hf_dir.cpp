@@ -79,6 +79,91 @@ GPTConfig gpt2_config(const json& j, const std::string& path) {
   return c;
 }
 
+// A number of config.json, `fallback` where the key is absent.
+double number_key(const json& j, const std::string& path, const char* key, double fallback,
+                  bool positive = true) {
+  if (!j.contains(key) || j.at(key).is_null()) return fallback;
+  const json& v = j.at(key);
+  if (!v.is_number() || !std::isfinite(v.get<double>()) || (positive && v.get<double>() <= 0))
+    fail(path, std::string("'") + key + "' must be a " + (positive ? "positive " : "") +
+                   "number (got " + log::printable(v.dump(), 60) + ")");
+  return v.get<double>();
+}
+
+// A key that, where present, must be `want` for meshlm to compute the model.
+void must_be(const json& j, const std::string& path, const char* key, const json& want,
+             const std::string& why) {
+  if (j.contains(key) && !j.at(key).is_null() && j.at(key) != want)
+    fail(path, std::string("'") + key + "' is " + log::printable(j.at(key).dump(), 60) + "; " + why);
+}
+
+// Llama's rope scaling: rope_scaling (or transformers 5's rope_parameters),
+// absent, null, of type "default" or of type "llama3" with its four keys.
+ops::RopeScaling llama_rope_scaling(const json& j, const std::string& path) {
+  const char* key = j.contains("rope_scaling") ? "rope_scaling" : "rope_parameters";
+  ops::RopeScaling r;
+  if (!j.contains(key) || j.at(key).is_null()) return r;
+  const json& s = j.at(key);
+  if (!s.is_object()) fail(path, std::string("'") + key + "' must be an object or null");
+  const char* type_key = s.contains("rope_type") ? "rope_type" : "type";
+  const std::string type =
+      s.contains(type_key) && s.at(type_key).is_string() ? s.at(type_key).get<std::string>() : "";
+  if (type == "default") return r;
+  if (type != "llama3")
+    fail(path, std::string("'") + key + "' of type '" + log::printable(type, 60) +
+                   "': meshlm computes Llama 3's scaling (\"llama3\") or none");
+  for (const char* k : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
+    if (!s.contains(k)) fail(path, std::string("'") + key + "' of type llama3 has no '" + k + "'");
+  r.factor = number_key(s, path, "factor", 0);
+  r.low_freq_factor = number_key(s, path, "low_freq_factor", 0);
+  r.high_freq_factor = number_key(s, path, "high_freq_factor", 0);
+  r.original_max_positions = int_key(s, path, "original_max_position_embeddings");
+  if (r.factor < 1 || r.high_freq_factor <= r.low_freq_factor)
+    fail(path, std::string("'") + key + "': factor must be at least 1 and high_freq_factor above "
+               "low_freq_factor");
+  return r;
+}
+
+// A Llama-family config.json (LlamaConfig's keys and defaults).
+GPTConfig llama_config(const json& j, const std::string& path) {
+  GPTConfig c;
+  c.arch = ModelArch::llama;
+  c.n_layer = int_key(j, path, "num_hidden_layers");
+  c.n_head = int_key(j, path, "num_attention_heads");
+  c.n_kv_head = j.contains("num_key_value_heads") && !j.at("num_key_value_heads").is_null()
+                    ? int_key(j, path, "num_key_value_heads")
+                    : c.n_head;
+  c.n_embd = int_key(j, path, "hidden_size");
+  c.intermediate_size = int_key(j, path, "intermediate_size");
+  c.vocab_size = int_key(j, path, "vocab_size");
+  c.max_seq_len = int_key(j, path, "max_position_embeddings");
+  c.norm_eps = number_key(j, path, "rms_norm_eps", 1e-6);
+  const json& params = j.contains("rope_parameters") && j.at("rope_parameters").is_object()
+                           ? j.at("rope_parameters")
+                           : j;
+  c.rope_theta = number_key(params, path, "rope_theta", number_key(j, path, "rope_theta", 10000));
+  c.rope_scaling = llama_rope_scaling(j, path);
+  if (j.contains("tie_word_embeddings")) {
+    if (!j.at("tie_word_embeddings").is_boolean())
+      fail(path, "'tie_word_embeddings' must be true or false");
+    c.tie_word_embeddings = j.at("tie_word_embeddings").get<bool>();
+  } else {
+    c.tie_word_embeddings = false;  // LlamaConfig's default
+  }
+  must_be(j, path, "hidden_act", "silu", "meshlm's Llama MLP is SwiGLU (silu)");
+  must_be(j, path, "attention_bias", false, "meshlm's Llama attention has no biases");
+  must_be(j, path, "mlp_bias", false, "meshlm's Llama MLP has no biases");
+  must_be(j, path, "pretraining_tp", 1, "meshlm computes the unsplit layers (pretraining_tp 1)");
+  if (c.n_head > 0 && c.n_embd % c.n_head == 0)
+    must_be(j, path, "head_dim", c.n_embd / c.n_head,
+            "meshlm's heads are hidden_size / num_attention_heads = " +
+                std::to_string(c.n_embd / c.n_head) + " wide");
+  if (c.n_head % c.n_kv_head != 0)
+    fail(path, "num_attention_heads " + std::to_string(c.n_head) +
+                   " is not a multiple of num_key_value_heads " + std::to_string(c.n_kv_head));
+  return c;
+}
+
 // `name` of the index as a file inside `dir` (symbolic links followed).
 std::string inside(const std::string& dir, const std::string& index, const std::string& name) {
   if (name.empty() || fs::path(name).is_absolute())
@@ -113,11 +198,15 @@ HfDirectory read_hf_directory(const std::string& dir) {
   const std::string config = (fs::path(dir) / kHfConfig).string();
   const json j = read_json(config);
   if (!j.contains("model_type") || !j.at("model_type").is_string())
-    fail(config, "has no string 'model_type' (meshlm reads gpt2)");
+    fail(config, "has no string 'model_type' (meshlm reads gpt2 and llama)");
   const std::string type = j.at("model_type").get<std::string>();
-  if (type != "gpt2")
-    fail(config, "model_type '" + log::printable(type, 60) + "' is not one meshlm trains (gpt2)");
-  d.model = gpt2_config(j, config);
+  if (type == "gpt2")
+    d.model = gpt2_config(j, config);
+  else if (type == "llama")
+    d.model = llama_config(j, config);
+  else
+    fail(config, "model_type '" + log::printable(type, 60) +
+                     "' is not one meshlm trains (gpt2, llama)");
 
   const std::string index = (fs::path(dir) / kHfIndex).string();
   const std::string single = (fs::path(dir) / kHfWeights).string();
@@ -140,6 +229,64 @@ HfDirectory read_hf_directory(const std::string& dir) {
     if (seen.insert(path).second) d.shards.push_back(path);
   }
   return d;
+}
+
+std::string hf_config_json(const GPTConfig& cfg, const std::string& dtype,
+                           const std::map<std::string, std::string>& origin) {
+  json j;
+  if (cfg.arch == ModelArch::llama) {
+    j["architectures"] = {"LlamaForCausalLM"};
+    j["model_type"] = "llama";
+    j["num_hidden_layers"] = cfg.n_layer;
+    j["num_attention_heads"] = cfg.n_head;
+    j["num_key_value_heads"] = cfg.kv_heads();
+    j["hidden_size"] = cfg.n_embd;
+    j["head_dim"] = cfg.head_size();
+    j["intermediate_size"] = cfg.mlp_width();
+    j["vocab_size"] = cfg.vocab_size;
+    j["max_position_embeddings"] = cfg.max_seq_len;
+    j["rms_norm_eps"] = cfg.norm_eps;
+    j["rope_theta"] = cfg.rope_theta;
+    const ops::RopeScaling& r = cfg.rope_scaling;
+    if (r.factor > 0)
+      j["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", r.factor},
+                           {"low_freq_factor", r.low_freq_factor},
+                           {"high_freq_factor", r.high_freq_factor},
+                           {"original_max_position_embeddings", r.original_max_positions}};
+    else
+      j["rope_scaling"] = nullptr;
+    j["hidden_act"] = "silu";
+    j["attention_bias"] = false;
+    j["mlp_bias"] = false;
+    j["tie_word_embeddings"] = cfg.tie_word_embeddings;
+  } else {
+    j["architectures"] = {"GPT2LMHeadModel"};
+    j["model_type"] = "gpt2";
+    j["n_layer"] = cfg.n_layer;
+    j["n_head"] = cfg.n_head;
+    j["n_embd"] = cfg.n_embd;
+    j["vocab_size"] = cfg.vocab_size;
+    j["n_positions"] = cfg.max_seq_len;
+    j["n_ctx"] = cfg.max_seq_len;
+    j["activation_function"] = "gelu_new";
+    j["layer_norm_epsilon"] = 1e-5;
+    j["tie_word_embeddings"] = true;
+  }
+  j["torch_dtype"] = dtype;
+  j["meshlm"] = origin;
+  return j.dump(2) + "\n";
+}
+
+bool written_by_meshlm(const std::string& dir) {
+  const fs::path config = fs::path(dir) / kHfConfig;
+  std::error_code ec;
+  if (!fs::is_regular_file(config, ec)) return false;
+  std::ifstream in(config, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  const json j = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  return j.is_object() && j.contains("meshlm") && j.at("meshlm").is_object();
 }
 
 }  // namespace meshlm::load

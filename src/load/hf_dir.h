@@ -2,10 +2,22 @@
 // gives the architecture and the model's shape, DIR/model.safetensors or the
 // shards that DIR/model.safetensors.index.json names hold the weights.
 //
-// config.json (model_type "gpt2"): n_layer, n_head, n_embd, vocab_size and
+// config.json, model_type "gpt2": n_layer, n_head, n_embd, vocab_size and
 // n_positions (or n_ctx) are the model's shape keys; activation_function,
 // layer_norm_epsilon and tie_word_embeddings, where present, must be what
-// meshlm's GPT-2 computes (gelu_new, 1e-5, true). The index's weight_map
+// meshlm's GPT-2 computes (gelu_new, 1e-5, true).
+//
+// model_type "llama" (LlamaConfig's keys, its defaults where a key is
+// absent): num_hidden_layers, num_attention_heads, num_key_value_heads
+// (default: the heads), hidden_size, intermediate_size, vocab_size,
+// max_position_embeddings, rms_norm_eps (1e-6), rope_theta (10000; or
+// inside rope_parameters), rope_scaling null, "default" or "llama3" with
+// factor, low_freq_factor, high_freq_factor and
+// original_max_position_embeddings, tie_word_embeddings (false). hidden_act,
+// attention_bias, mlp_bias, pretraining_tp and head_dim, where present, must
+// be what meshlm computes (silu, false, false, 1, hidden_size / heads).
+//
+// The index's weight_map
 // names, for each tensor, a file that must lie inside DIR once symbolic
 // links are followed (no absolute path, no "..", no link out of DIR).
 //
@@ -26,8 +38,9 @@ inline constexpr const char* kHfIndex = "model.safetensors.index.json";
 
 struct HfDirectory {
   std::string dir;
-  // The shape keys config.json gives: n_layer, n_head, n_embd, vocab_size
-  // and (GPT-2) max_seq_len = n_positions, the rows of its position table.
+  // The model config.json gives: its arch and every [model] key of it;
+  // max_seq_len is GPT-2's n_positions (the rows of its position table) or
+  // Llama's max_position_embeddings.
   GPTConfig model;
   // The safetensors files: the one file, or the index's, in the order it
   // first names them.
@@ -40,5 +53,14 @@ struct HfDirectory {
 bool is_directory(const std::string& path);
 // Reads and checks config.json and the index (or finds model.safetensors).
 HfDirectory read_hf_directory(const std::string& dir);
+
+// config.json for `cfg` as transformers writes it for GPT2LMHeadModel or
+// LlamaForCausalLM (architectures, model_type, the shape keys, torch_dtype
+// `dtype` as "float32" / "bfloat16" / "float16"), plus "meshlm": `origin`,
+// the mark by which meshlm recognises a directory it wrote.
+std::string hf_config_json(const GPTConfig& cfg, const std::string& dtype,
+                           const std::map<std::string, std::string>& origin);
+// Whether `dir`'s config.json carries that mark.
+bool written_by_meshlm(const std::string& dir);
 
 }  // namespace meshlm::load

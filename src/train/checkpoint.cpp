@@ -35,6 +35,7 @@
 #include "io/h5.h"
 #include "io/hash.h"
 #include "load/base_source.h"
+#include "load/model_meta.h"
 #include "model/param_table.h"
 #include "plan/memory.h"
 #include "train/report.h"
@@ -59,11 +60,8 @@ struct OptimizerMeta {
 ck::Meta meta_of(const RunConfig& cfg, const TrainingState& st, const OptimizerMeta& opt,
                  uint64_t windows_per_epoch, const std::string& base_hash,
                  const std::string& created) {
-  const GPTConfig& g = cfg.model;
   ck::Meta m;
-  m.sizes = {g.n_layer, g.n_head, g.n_embd, g.vocab_size, g.max_seq_len};
-  m.arch = name_of(g.arch);
-  m.llama = llama_meta_of(g);
+  load::set_model_meta(m, cfg.model);
   m.created = created;
   m.config = cfg.resolved;
   if (cfg.finetune.mode == FinetuneMode::lora)

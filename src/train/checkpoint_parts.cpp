@@ -12,14 +12,6 @@
 
 namespace meshlm::checkpoint_detail {
 
-std::optional<ck::LlamaMeta> llama_meta_of(const GPTConfig& g) {
-  if (g.arch != ModelArch::llama) return std::nullopt;
-  const ops::RopeScaling& r = g.rope_scaling;
-  return ck::LlamaMeta{g.kv_heads(), g.mlp_width(), g.tie_word_embeddings ? 1 : 0, g.norm_eps,
-                       g.rope_theta, r.factor, r.low_freq_factor, r.high_freq_factor,
-                       r.original_max_positions};
-}
-
 // ---- who holds what ---------------------------------------------------------------
 
 // The datasets of a model whose trained tensors are `full_table`, in the

@@ -36,9 +36,6 @@ namespace meshlm::checkpoint_detail {
 namespace h5 = io::h5;
 namespace ck = io::ckpt;
 
-// The model family of /meta and what a Llama adds to the sizes (none for GPT-2).
-std::optional<ck::LlamaMeta> llama_meta_of(const GPTConfig& g);
-
 // One dataset of the checkpoint: a trained tensor's values or one of its moments.
 struct DatasetRef {
   std::string path;             // "params/wte.weight", "optimizer/wte.weight/m", ...

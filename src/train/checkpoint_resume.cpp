@@ -20,6 +20,7 @@
 #include "io/checkpoint_file.h"
 #include "io/checkpoint_meta.h"
 #include "io/h5.h"
+#include "load/model_meta.h"
 #include "train/report.h"
 
 namespace meshlm {
@@ -46,39 +47,9 @@ TrainingState state_of(const ck::Meta& m) {
 // The checkpoint must be of this run's model and of what it trains.
 void check_meta(const ck::Meta& m, const RunConfig& cfg, const std::string& path,
                 const std::string& base_hash, bool adapters_only) {
-  const GPTConfig& g = cfg.model;
-  const ck::ModelSizes& z = m.sizes;
-  const std::pair<const char*, std::pair<int64_t, int64_t>> model[] = {
-      {"model.n_layer", {z.n_layer, g.n_layer}},   {"model.n_head", {z.n_head, g.n_head}},
-      {"model.n_embd", {z.n_embd, g.n_embd}},      {"model.vocab_size", {z.vocab_size, g.vocab_size}},
-      {"model.max_seq_len", {z.max_seq_len, g.max_seq_len}}};
-  if (m.arch != name_of(g.arch))
-    throw RankError(fmt::format("checkpoint '{}' is of another model: model.arch = {} there, {} "
-                                "in this run",
-                                path, m.arch, name_of(g.arch)),
-                    MESHLM_HERE);
-  for (const auto& [key, v] : model)
-    if (v.first != v.second)
-      throw RankError(fmt::format("checkpoint '{}' is of another model: {} = {} there, {} in this "
-                                  "run",
-                                  path, key, v.first, v.second),
-                      MESHLM_HERE);
-  if (const std::optional<ck::LlamaMeta> l = llama_meta_of(g)) {
-    const ck::LlamaMeta& t = *m.llama;
-    const bool same = t.n_kv_head == l->n_kv_head && t.intermediate_size == l->intermediate_size &&
-                      t.tie_word_embeddings == l->tie_word_embeddings &&
-                      t.norm_eps == l->norm_eps && t.rope_theta == l->rope_theta &&
-                      t.rope_factor == l->rope_factor &&
-                      t.rope_low_freq_factor == l->rope_low_freq_factor &&
-                      t.rope_high_freq_factor == l->rope_high_freq_factor &&
-                      t.rope_original_max_positions == l->rope_original_max_positions;
-    if (!same)
-      throw RankError(fmt::format("checkpoint '{}' is of another Llama: its key/value heads, MLP "
-                                  "width, tied classifier, RMSNorm eps or rotary embeddings "
-                                  "differ from this run's ([model])",
-                                  path),
-                      MESHLM_HERE);
-  }
+  const std::string model = load::model_meta_difference(m, cfg.model, "in this run");
+  if (!model.empty())
+    throw RankError(fmt::format("checkpoint '{}' is of another model: {}", path, model), MESHLM_HERE);
   const bool lora = cfg.finetune.mode == FinetuneMode::lora;
   if (m.lora.has_value() != lora)
     throw RankError(fmt::format("checkpoint '{}' was written by finetune.mode = {}; this run has "

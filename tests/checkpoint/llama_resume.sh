@@ -4,7 +4,7 @@
 # A Llama checkpoint (/meta arch = llama and its keys) resumes: in the same
 # layout (dp 2) the losses of an uninterrupted run bit for bit, in another
 # (pp 2) within 1e-5; a GPT-2 run or a Llama of another shape refuses it by
-# name; `meshlm ckpt export` refuses it (GPT-2's layout only, for now).
+# name; `meshlm ckpt export` writes it as a Hugging Face Llama directory.
 set -u
 mpiexec=$1; meshlm=$2; cfg=$3; tiny=$4; python=$5
 dir=$(mktemp -d /tmp/meshlm_llama_XXXXXX)
@@ -51,10 +51,10 @@ grep -q "model.arch = llama there, gpt2 in this run" "$dir/gpt2.log" && [ ! -e "
   && echo "ok: a GPT-2 run refuses the Llama checkpoint" \
   || { cat "$dir/gpt2.log"; echo "FAIL: GPT-2 resumed a Llama checkpoint"; fail=1; }
 run kv --model.n_kv_head=4 --checkpoint.resume="$ck"
-grep -q "is of another Llama" "$dir/kv.log" && echo "ok: another Llama refuses it" \
+grep -q "is of another model: model.n_kv_head = 2 there, 4 in this run" "$dir/kv.log" && echo "ok: another Llama refuses it" \
   || { cat "$dir/kv.log"; echo "FAIL: another Llama resumed it"; fail=1; }
-timeout 60 $mpiexec "$meshlm" ckpt export "$ck" -o "$dir/x.safetensors" > "$dir/export.log" 2>&1
-grep -q "a llama checkpoint: meshlm ckpt export writes GPT-2's" "$dir/export.log" && [ ! -e "$dir/x.safetensors" ] \
-  && echo "ok: export refuses it, nothing written" \
+timeout 60 $mpiexec "$meshlm" ckpt export "$ck" -o "$dir/hf" > "$dir/export.log" 2>&1
+grep -q '"model_type": "llama"' "$dir/hf/config.json" && [ -s "$dir/hf/model.safetensors" ] \
+  && echo "ok: export writes a Hugging Face Llama directory" \
   || { cat "$dir/export.log"; echo "FAIL: export of a Llama checkpoint"; fail=1; }
 exit $fail

@@ -1,0 +1,25 @@
+// The model of a checkpoint's /meta (io/checkpoint_meta.h) and back: its
+// sizes, arch and, for a Llama, what the family adds. One mapping for the
+// saves and resume of training and for the meshlm ckpt tools.
+#pragma once
+
+#include <string>
+
+#include "io/checkpoint_meta.h"
+#include "model/gpt_config.h"
+
+namespace meshlm::load {
+
+// Sets m.sizes, m.arch and m.llama from `cfg`.
+void set_model_meta(io::ckpt::Meta& m, const GPTConfig& cfg);
+
+// The model /meta describes (not validated: GPTConfig::validate() is the
+// caller's, naming the file).
+GPTConfig model_of_meta(const io::ckpt::Meta& m);
+
+// "" when `m` describes `cfg`; else the first [model] key that differs, as
+// "model.KEY = <m's> there, <cfg's> " + `here` ("in this run").
+std::string model_meta_difference(const io::ckpt::Meta& m, const GPTConfig& cfg,
+                                  const std::string& here);
+
+}  // namespace meshlm::load
