@@ -150,12 +150,12 @@ public:
     cuda::swiglu_backward(dgate, dup, dout, gate, up, N, F, ld, s_);
   }
   void gqa_pack_forward(float* qkv, const float* q, const float* k, const float* v, int N, int NH,
-                        int NKV, int HS) const override {
-    cuda::gqa_pack_forward(qkv, q, k, v, N, NH, NKV, HS, s_);
+                        int NKV, int HS, ops::GqaMap m) const override {
+    cuda::gqa_pack_forward(qkv, q, k, v, N, NH, NKV, HS, m, s_);
   }
   void gqa_pack_backward(float* dq, float* dk, float* dv, const float* dqkv, int N, int NH,
-                         int NKV, int HS) const override {
-    cuda::gqa_pack_backward(dq, dk, dv, dqkv, N, NH, NKV, HS, s_);
+                         int NKV, int HS, ops::GqaMap m) const override {
+    cuda::gqa_pack_backward(dq, dk, dv, dqkv, N, NH, NKV, HS, m, s_);
   }
   void residual_forward(float* out, const float* a, const float* b, size_t n) const override {
     cuda::residual_forward(out, a, b, n, s_);

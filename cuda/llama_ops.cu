@@ -112,9 +112,9 @@ __global__ void swiglu_backward_kernel(float* dgate, float* dup, const float* do
 
 // Thread per element of the packed row (3C of them).
 __global__ void gqa_pack_forward_kernel(float* qkv, const float* q, const float* k,
-                                        const float* v, int N, int NH, int NKV, int HS) {
+                                        const float* v, int N, int NH, int NKV, int HS,
+                                        int q_head0, int group) {
   const size_t C = size_t(NH) * HS, Ckv = size_t(NKV) * HS;
-  const int group = NH / NKV;
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < size_t(N) * 3 * C;
        i += size_t(gridDim.x) * blockDim.x) {
     const size_t n = i / (3 * C), c = i % (3 * C);
@@ -123,17 +123,16 @@ __global__ void gqa_pack_forward_kernel(float* qkv, const float* q, const float*
     } else {
       const size_t cc = (c - C) % C, h = cc / HS, d = cc % HS;
       const float* src = c < 2 * C ? k : v;
-      qkv[i] = src[n * Ckv + (h / group) * HS + d];
+      qkv[i] = src[n * Ckv + ((q_head0 + h) / group) * HS + d];
     }
   }
 }
 
 // Thread per element of dq and per element of dk and dv (the sum over the
-// group's query heads, in order).
+// query heads that read it, in order).
 __global__ void gqa_pack_backward_kernel(float* dq, float* dk, float* dv, const float* dqkv, int N,
-                                         int NH, int NKV, int HS) {
+                                         int NH, int NKV, int HS, int q_head0, int group) {
   const size_t C = size_t(NH) * HS, Ckv = size_t(NKV) * HS;
-  const int group = NH / NKV;
   const size_t per_row = C + 2 * Ckv;
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < size_t(N) * per_row;
        i += size_t(gridDim.x) * blockDim.x) {
@@ -147,7 +146,9 @@ __global__ void gqa_pack_backward_kernel(float* dq, float* dk, float* dv, const 
     const size_t cc = c - C - (is_k ? 0 : Ckv), g = cc / HS, d = cc % HS;
     const float* part = row + (is_k ? C : 2 * C);
     float s = 0.0f;
-    for (size_t h = g * group; h < (g + 1) * group; ++h) s += part[h * HS + d];
+    const long long h0 = max(0LL, (long long)g * group - q_head0),
+                    h1 = min((long long)NH, (long long)(g + 1) * group - q_head0);
+    for (long long h = h0; h < h1; ++h) s += part[size_t(h) * HS + d];
     (is_k ? dk : dv)[n * Ckv + cc] = s;
   }
 }
@@ -218,23 +219,31 @@ void swiglu_backward(float* dgate, float* dup, const float* dout, const float* g
   CUDA_CHECK(cudaGetLastError());
 }
 
+// The group of `m` (0: NH / NKV), checked: every query head reads a held head.
+static int gqa_group(int NH, int NKV, ops::GqaMap m, const char* what, int N) {
+  const int group = m.group > 0 ? m.group : (NKV > 0 ? NH / NKV : 0);
+  check_launch(NKV > 0 && group > 0 && m.q_head0 >= 0 && (m.q_head0 + NH - 1) / group < NKV, what,
+               N, 3LL * NH);
+  return group;
+}
+
 void gqa_pack_forward(float* qkv, const float* q, const float* k, const float* v, int N, int NH,
-                      int NKV, int HS, cudaStream_t stream) {
+                      int NKV, int HS, ops::GqaMap m, cudaStream_t stream) {
   if (N == 0) return;
-  check_launch(qkv && q && k && v && NKV > 0 && NH % NKV == 0 && HS > 0, "gqa_pack_forward", N,
-               3LL * NH * HS);
+  const int group = gqa_group(NH, NKV, m, "gqa_pack_forward", N);
+  check_launch(qkv && q && k && v && HS > 0, "gqa_pack_forward", N, 3LL * NH * HS);
   gqa_pack_forward_kernel<<<grid_for(size_t(N) * 3 * NH * HS), kThreads, 0, stream>>>(
-      qkv, q, k, v, N, NH, NKV, HS);
+      qkv, q, k, v, N, NH, NKV, HS, m.q_head0, group);
   CUDA_CHECK(cudaGetLastError());
 }
 
 void gqa_pack_backward(float* dq, float* dk, float* dv, const float* dqkv, int N, int NH, int NKV,
-                       int HS, cudaStream_t stream) {
+                       int HS, ops::GqaMap m, cudaStream_t stream) {
   if (N == 0) return;
-  check_launch(dq && dk && dv && dqkv && NKV > 0 && NH % NKV == 0 && HS > 0, "gqa_pack_backward",
-               N, 3LL * NH * HS);
+  const int group = gqa_group(NH, NKV, m, "gqa_pack_backward", N);
+  check_launch(dq && dk && dv && dqkv && HS > 0, "gqa_pack_backward", N, 3LL * NH * HS);
   gqa_pack_backward_kernel<<<grid_for(size_t(N) * (NH + 2 * NKV) * HS), kThreads, 0, stream>>>(
-      dq, dk, dv, dqkv, N, NH, NKV, HS);
+      dq, dk, dv, dqkv, N, NH, NKV, HS, m.q_head0, group);
   CUDA_CHECK(cudaGetLastError());
 }
 

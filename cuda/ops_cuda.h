@@ -148,9 +148,9 @@ void swiglu_forward(float* out, const float* gate, const float* up, int N, int F
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
                      const float* up, int N, int F, size_t ld, cudaStream_t stream);
 void gqa_pack_forward(float* qkv, const float* q, const float* k, const float* v, int N, int NH,
-                      int NKV, int HS, cudaStream_t stream);
+                      int NKV, int HS, ops::GqaMap m, cudaStream_t stream);
 void gqa_pack_backward(float* dq, float* dk, float* dv, const float* dqkv, int N, int NH, int NKV,
-                       int HS, cudaStream_t stream);
+                       int HS, ops::GqaMap m, cudaStream_t stream);
 
 // ---- residual -------------------------------------------------------------------------
 void residual_forward(float* out, const float* a, const float* b, size_t n, cudaStream_t stream);

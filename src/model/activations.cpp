@@ -29,7 +29,11 @@ void plan_activations(const GPTConfig& cfg, const ModelShard& shard, const GPTOp
   const size_t tp = shard.tp_size, Cl = C / tp, NHl = cfg.n_head / tp;
   const size_t Fl = static_cast<size_t>(cfg.mlp_width()) / tp, Vl = cfg.padded_vocab_size() / tp;
   const bool llama = cfg.arch == ModelArch::llama;
-  const size_t HS = static_cast<size_t>(cfg.head_size()), Ckvl = cfg.kv_heads() * HS / tp;
+  const size_t HS = static_cast<size_t>(cfg.head_size()),
+               Ckvl = static_cast<size_t>(cfg.kv_heads_held(static_cast<int>(tp))) * HS;
+  // Replicated key/value heads under tp: their weights' gradients are partial
+  // sums on each rank, made apart and summed over the group.
+  const bool kv_partial = llama && tp > 1 && !cfg.kv_heads_split(static_cast<int>(tp));
   const int le = shard.layer_end < 0 ? cfg.n_layer : shard.layer_end;
   const int n_local = le - shard.layer_begin;
   const bool full = opts.checkpointing == Checkpointing::full;
@@ -103,12 +107,13 @@ void plan_activations(const GPTConfig& cfg, const ModelShard& shard, const GPTOp
     cut(L.g.dln2, BT * C, true);
     cut(L.g.rope_cos, static_cast<size_t>(Tn) * HS / 2);
     cut(L.g.rope_sin, static_cast<size_t>(Tn) * HS / 2);
+    if (kv_partial && !opts.lora.enabled) cut(L.g.kv_dw, Ckvl * C, true);
   }
   if (opts.lora.enabled) {
     const size_t r = opts.lora.rank;
     cut(L.g.lora_u, BT * r, true);
     cut(L.g.lora_du, BT * r, true);
-    cut(L.g.lora_tmp, r * C, true);
+    cut(L.g.lora_tmp, r * C + (kv_partial ? r * Ckvl : 0), true);
     const size_t classifier = opts.whole_classifier_tile && shard.last_stage ? Vl * C : 0;
     cut(L.g.qtile, std::max(static_cast<size_t>(qtile_rows(opts)) * std::max(C, Fl), classifier),
         true);

@@ -75,7 +75,8 @@ struct GradActs {
   // LoRA / quantized base scratch (null in full training)
   float* lora_u;     // (B*T, r)
   float* lora_du;    // (B*T, r)
-  float* lora_tmp;   // (r*C) a replicated adapter's partial gradient, summed over TP
+  float* lora_tmp;   // (r*C) a replicated adapter's partial gradient, summed over TP;
+                     // (r*(C + Ckvl)) with replicated key/value heads (both factors)
   float* qtile;      // (qtile_rows, max(C, Fl)) dequantized rows of a frozen matrix
   float* wpe_rows;   // (T, C) dequantized positions (first stage)
   // Llama (null for GPT-2): the gradients of q, k and v (the forward's
@@ -89,6 +90,9 @@ struct GradActs {
   float* dln2;       // (B,T,C)
   float* rope_cos;
   float* rope_sin;
+  // Key/value heads replicated over tp > 1, full training: one k or v
+  // weight's partial gradient (Ckv, C), summed over TP (null otherwise).
+  float* kv_dw;
 };
 
 // Every array in allocation order, then bound to two buffers by bind().

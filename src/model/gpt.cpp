@@ -24,9 +24,6 @@ GPT::GPT(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts,
       tp_(tp, nullptr) {
   cfg_.validate();
   llama_ = cfg_.arch == ModelArch::llama;
-  // (Llama's tensor-parallel blocks, and its untied classifier under ZeRO 2,
-  // are to come: one rank holds its layers whole.)
-  MESHLM_CHECK(!llama_ || shard.tp_size == 1, "a Llama model is split over tp = 1 only, for now");
   if (shard_.layer_end < 0) shard_.layer_end = cfg_.n_layer;
   MESHLM_CHECK(shard_.tp_size == 1 || (tp != nullptr && tp->size() == shard_.tp_size),
                "tensor parallelism needs its group");

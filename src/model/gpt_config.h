@@ -41,6 +41,12 @@ struct GPTConfig {
   int padded_vocab_size() const { return (vocab_size + 63) / 64 * 64; }
   int head_size() const { return n_embd / n_head; }
   int kv_heads() const { return arch == ModelArch::llama && n_kv_head > 0 ? n_kv_head : n_head; }
+  // Under tp-way tensor parallelism the key/value heads are split like the
+  // query heads when each rank gets whole ones (kv_heads() a multiple of tp),
+  // else every rank holds them all (replicated, their gradients summed over
+  // the group). The heads a rank holds:
+  bool kv_heads_split(int tp) const { return kv_heads() % tp == 0; }
+  int kv_heads_held(int tp) const { return kv_heads_split(tp) ? kv_heads() / tp : kv_heads(); }
   int mlp_width() const {
     return arch == ModelArch::llama && intermediate_size > 0 ? intermediate_size : 4 * n_embd;
   }

@@ -47,34 +47,46 @@ void GPT::linear_backward(int l, LinearSlot slot, float* dinp, float* dw, float*
   // gradient, the adapter's four products): rounded once for all of them.
   const ops::HeldRounded held_inp(*k_, lora ? inp : nullptr, static_cast<size_t>(N) * IC);
   const ops::HeldRounded held_dout(*k_, lora ? dout : nullptr, static_cast<size_t>(N) * OC);
-  if (q)
+  const bool split = shard_.tp_size > 1;
+  if (q) {
     // Frozen: no dW, no dbias; dinp through the base and the merged adapter.
     quant::qlinear_backward_input(*k_, *dq_, dinp, dout, *q, N, gacts_.qtile, qtile_rows(opts_),
                                   lora ? &*lora : nullptr);
-  else
+  } else if (split && dw != nullptr && table_[linear_index_[l][t]].tp_dim < 0) {
+    // A weight every TP rank holds whole whose output gradient each rank has
+    // only in part (Llama's replicated key/value heads: each rank's query
+    // heads' share): its gradient made apart, summed over the group, added.
+    MESHLM_CHECK(dbias == nullptr && gacts_.kv_dw != nullptr,
+                 "a replicated linear layer's partial gradient needs its scratch");
+    const size_t n = static_cast<size_t>(OC) * IC;
+    k_->zero(gacts_.kv_dw, n);
+    k_->matmul_backward(dinp, gacts_.kv_dw, nullptr, dout, inp, w, N, IC, OC);
+    tp_.sum_over_region(gacts_.kv_dw, n);
+    k_->add(dw, gacts_.kv_dw, n);
+  } else {
     k_->matmul_backward(dinp, dw, dbias, dout, inp, w, N, IC, OC);
+  }
   if (!lora) return;
   const AdapterIndex ai = adapter_[l][t];
   const ParamSpec &sa = table_[ai.a], &sb = table_[ai.b];
-  // The replicated factor (A of a column-parallel layer, B of a row-parallel
-  // one) gets a partial gradient on each TP rank: computed apart, summed over
-  // the group, then accumulated.
-  const bool split = shard_.tp_size > 1;
+  // A replicated factor (A of a column-parallel layer, B of a row-parallel
+  // one, both of a replicated layer) gets a partial gradient on each TP rank:
+  // computed apart, summed over the group, then accumulated.
   const bool a_partial = split && sa.tp_dim < 0, b_partial = split && sb.tp_dim < 0;
   float* dA = grad_at(ai.a);
   float* dB = grad_at(ai.b);
-  float* tmp = gacts_.lora_tmp;
-  if (a_partial) k_->zero(tmp, sa.numel());
-  if (b_partial) k_->zero(tmp, sb.numel());
-  lora_backward(*k_, q ? nullptr : dinp, a_partial ? tmp : dA, b_partial ? tmp : dB, dout, inp,
+  float* tmp_a = gacts_.lora_tmp;
+  float* tmp_b = gacts_.lora_tmp + (a_partial ? sa.numel() : 0);
+  if (a_partial) k_->zero(tmp_a, sa.numel());
+  if (b_partial) k_->zero(tmp_b, sb.numel());
+  lora_backward(*k_, q ? nullptr : dinp, a_partial ? tmp_a : dA, b_partial ? tmp_b : dB, dout, inp,
                 lora->A, lora->B, lora->scale, N, IC, OC, lora->rank, gacts_.lora_u,
                 gacts_.lora_du);
-  if (a_partial || b_partial) {
-    const size_t n = a_partial ? sa.numel() : sb.numel();
-    float* g = a_partial ? dA : dB;
-    tp_.sum_over_region(tmp, n);
-    k_->add(g, tmp, n);
-  }
+  const size_t n = (a_partial ? sa.numel() : 0) + (b_partial ? sb.numel() : 0);
+  if (n == 0) return;
+  tp_.sum_over_region(gacts_.lora_tmp, n);  // the two factors' in one sum
+  if (a_partial) k_->add(dA, tmp_a, sa.numel());
+  if (b_partial) k_->add(dB, tmp_b, sb.numel());
 }
 
 }  // namespace meshlm

@@ -32,16 +32,20 @@ LoraOptions lora_options(const FinetuneConfig& f) {
 std::vector<ParamSpec> lora_param_table(const GPTConfig& cfg, const ModelShard& shard,
                                         const LoraOptions& lora) {
   MESHLM_CHECK(lora.rank >= 1, "LoRA rank must be >= 1");
-  const std::vector<ParamSpec> full = model_param_table(cfg);
   const int tp = shard.tp_size, le = shard.layer_end < 0 ? cfg.n_layer : shard.layer_end;
+  // Every tensor of the model, split as over this tp (which of Llama's
+  // key/value weights are replicated depends on it).
+  const std::vector<ParamSpec> full = model_param_table(cfg, ModelShard{.tp_size = tp});
   const int64_t r = lora.rank;
   TableBuilder t(tp);  // index: position in the whole model's adapter table
   for (const ParamSpec& w : full) {
     if (w.role != ParamRole::linear_weight || !lora.targets.has(*w.slot)) continue;
     const int64_t OC = w.full_shape.dims[0], IC = w.full_shape.dims[1];
     const bool mine = shard.layer_begin <= w.layer && w.layer < le;
-    const bool column_parallel = w.tp_dim == 0;
-    t.add({.name = w.name + ".lora_A", .shape = {}, .tp_dim = column_parallel ? -1 : 1, .layer = w.layer,
+    // A replicated W (Llama's key/value heads when they do not split over
+    // tp) gets both factors replicated.
+    const bool column_parallel = w.tp_dim == 0, row_parallel = w.tp_dim == 1;
+    t.add({.name = w.name + ".lora_A", .shape = {}, .tp_dim = row_parallel ? 1 : -1, .layer = w.layer,
            .full_shape = {r, IC}, .role = ParamRole::lora_a, .slot = w.slot,
            .init = InitKind::kaiming_uniform},
           mine);

@@ -15,8 +15,11 @@
 //     (q, k and v each split for c_attn); A is replicated;
 //   row-parallel W (columns split: both c_proj): A is split by columns like
 //     W; B is replicated.
+//   replicated W (Llama's key/value heads when n_kv_head is not a multiple
+//     of tp): A and B replicated.
 // The replicated factor's gradient is a partial sum on each TP rank (it sees
-// only its part of the other factor) and is summed over the TP group.
+// only its part of the other factor, or of the output's gradient) and is
+// summed over the TP group.
 #pragma once
 
 #include <span>

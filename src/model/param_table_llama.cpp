@@ -15,7 +15,7 @@ std::vector<ParamSpec> llama_param_table(const GPTConfig& cfg, const ModelShard&
   const bool first = shard.first_stage, last = shard.last_stage, tied = cfg.tie_word_embeddings;
   // Key/value heads split like the query heads when every rank gets whole
   // ones; fewer than tp are held whole by every rank.
-  const int kv_dim = cfg.kv_heads() % tp == 0 ? 0 : -1;
+  const int kv_dim = cfg.kv_heads_split(tp) ? 0 : -1;
   using R = ParamRole;
   using I = InitKind;
   TableBuilder b(tp);

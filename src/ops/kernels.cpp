@@ -102,12 +102,12 @@ public:
     ops::swiglu_backward(dgate, dup, dout, gate, up, N, F, ld);
   }
   void gqa_pack_forward(float* qkv, const float* q, const float* k, const float* v, int N, int NH,
-                        int NKV, int HS) const override {
-    ops::gqa_pack_forward(qkv, q, k, v, N, NH, NKV, HS);
+                        int NKV, int HS, ops::GqaMap m) const override {
+    ops::gqa_pack_forward(qkv, q, k, v, N, NH, NKV, HS, m);
   }
   void gqa_pack_backward(float* dq, float* dk, float* dv, const float* dqkv, int N, int NH,
-                         int NKV, int HS) const override {
-    ops::gqa_pack_backward(dq, dk, dv, dqkv, N, NH, NKV, HS);
+                         int NKV, int HS, ops::GqaMap m) const override {
+    ops::gqa_pack_backward(dq, dk, dv, dqkv, N, NH, NKV, HS, m);
   }
   void residual_forward(float* out, const float* a, const float* b, size_t n) const override {
     ops::residual_forward(out, a, b, n);

@@ -77,9 +77,9 @@ public:
   virtual void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
                                const float* up, int N, int F, size_t ld) const = 0;
   virtual void gqa_pack_forward(float* qkv, const float* q, const float* k, const float* v, int N,
-                                int NH, int NKV, int HS) const = 0;
+                                int NH, int NKV, int HS, ops::GqaMap m) const = 0;
   virtual void gqa_pack_backward(float* dq, float* dk, float* dv, const float* dqkv, int N, int NH,
-                                 int NKV, int HS) const = 0;
+                                 int NKV, int HS, ops::GqaMap m) const = 0;
   virtual void residual_forward(float* out, const float* a, const float* b, size_t n) const = 0;
   virtual void residual_backward(float* da, float* db, const float* dout, size_t n) const = 0;
   virtual void xent_local_max(float* rowmax, const float* logits, int N, int Vl, int v0,

@@ -161,16 +161,29 @@ template <typename T>
 void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int N, int F,
                      size_t ld);
 
-// Grouped-query attention (NKV key/value heads, each shared by NH / NKV
+// Which of the key/value heads a rank holds each of its NH query heads
+// reads: query head h is the model's head q_head0 + h and reads held head
+// (q_head0 + h) / group. A rank with every head, or with its share of both
+// query and key/value heads (tensor parallelism, NKV a multiple of tp):
+// q_head0 0, group NH / NKV (group 0 means that). A rank whose key/value
+// heads are replicated (NKV not a multiple of tp): q_head0 its first query
+// head, group the model's n_head / n_kv_head.
+struct GqaMap {
+  int q_head0 = 0, group = 0;
+};
+
+// Grouped-query attention (NKV key/value heads held, each shared by `group`
 // query heads): qkv(N, 3C), C = NH HS, the packed layout the attention ops
 // read, from q(N, C), k(N, NKV HS) and v(N, NKV HS), query head h beside
-// key/value head h / (NH / NKV). NKV = NH copies q, k and v side by side.
+// the key/value head `m` gives it. NKV = NH copies q, k and v side by side.
 template <typename T>
-void gqa_pack_forward(T* qkv, const T* q, const T* k, const T* v, int N, int NH, int NKV, int HS);
-// dq, dk and dv overwritten from dqkv: dk and dv each the sum over its
-// group's query heads, in order.
+void gqa_pack_forward(T* qkv, const T* q, const T* k, const T* v, int N, int NH, int NKV, int HS,
+                      GqaMap m = {});
+// dq, dk and dv overwritten from dqkv: dk and dv each the sum over the query
+// heads that read it, in order (zero for a held head none of them reads).
 template <typename T>
-void gqa_pack_backward(T* dq, T* dk, T* dv, const T* dqkv, int N, int NH, int NKV, int HS);
+void gqa_pack_backward(T* dq, T* dk, T* dv, const T* dqkv, int N, int NH, int NKV, int HS,
+                       GqaMap m = {});
 
 // ---- residual ---------------------------------------------------------------
 template <typename T>

@@ -149,14 +149,15 @@ void TimedKernels::swiglu_backward(float* dgate, float* dup, const float* dout, 
 }
 
 void TimedKernels::gqa_pack_forward(float* qkv, const float* q, const float* k, const float* v,
-                                    int N, int NH, int NKV, int HS) const {
-  timed(KernelOp::gqa_pack_forward, [&] { inner_.gqa_pack_forward(qkv, q, k, v, N, NH, NKV, HS); });
+                                    int N, int NH, int NKV, int HS, ops::GqaMap m) const {
+  timed(KernelOp::gqa_pack_forward,
+        [&] { inner_.gqa_pack_forward(qkv, q, k, v, N, NH, NKV, HS, m); });
 }
 
 void TimedKernels::gqa_pack_backward(float* dq, float* dk, float* dv, const float* dqkv, int N,
-                                     int NH, int NKV, int HS) const {
+                                     int NH, int NKV, int HS, ops::GqaMap m) const {
   timed(KernelOp::gqa_pack_backward,
-        [&] { inner_.gqa_pack_backward(dq, dk, dv, dqkv, N, NH, NKV, HS); });
+        [&] { inner_.gqa_pack_backward(dq, dk, dv, dqkv, N, NH, NKV, HS, m); });
 }
 
 void TimedKernels::residual_forward(float* out, const float* a, const float* b, size_t n) const {

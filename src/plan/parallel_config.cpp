@@ -20,6 +20,9 @@ void ParallelConfig::validate(const GPTConfig& m) const {
   if (m.n_head % tp != 0)
     fail("model.n_head (" + str(m.n_head) + ") must be divisible by parallel.tp (" + str(tp) +
          "): tensor parallelism splits the heads");
+  if (m.mlp_width() % tp != 0)
+    fail("model.intermediate_size (" + str(m.mlp_width()) + ") must be divisible by parallel.tp (" +
+         str(tp) + "): tensor parallelism splits the MLP");
   if (m.padded_vocab_size() % tp != 0)
     fail("the padded vocabulary (model.vocab_size " + str(m.vocab_size) + " -> " +
          str(m.padded_vocab_size()) + ") must be divisible by parallel.tp (" + str(tp) + ")");

@@ -62,7 +62,7 @@ Engine::Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& tim
                "the optimizer's elements are among those ZeRO gives this rank");
   opt_ = std::make_unique<AdamW>(model_->table(), cfg.train.adamw, opt_begin, opt_end,
                                  model_->kernels());
-  if (emb_ && emb_->size() > 1 && shape_.zero_stage == 2 &&
+  if (emb_ && emb_->size() > 1 && shape_.zero_stage == 2 && cfg.model.tied_classifier() &&
       find_role(model_->table(), ParamRole::token_embedding)) {
     // Where wte lies in the first and the last stage's flat buffers.
     auto stage = [&](int pp) {
@@ -102,7 +102,7 @@ void Engine::sum_tied_gradients() {
   // The first and last stage hold the same wte: the first stage (rank 0 of
   // the embedding group, which is ordered by stage) gets the sum of their
   // gradients and alone updates it (plan/memory.h, optimizer_range).
-  if (!emb_ || emb_->size() == 1) return;
+  if (!emb_ || emb_->size() == 1 || !cfg_.model.tied_classifier()) return;  // (untied: lm_head)
   const std::vector<ParamSpec>& table = model_->table();
   if (!find_role(table, ParamRole::token_embedding)) return;  // LoRA: the base's wte is frozen
   if (zero_->stage() == 2) {

@@ -227,9 +227,6 @@ void resolve_run_config(RunConfig& c, int world_size) {
   c.parallel.validate(c.model);
   c.finetune.validate();
   if (c.model.arch == ModelArch::llama) {
-    if (c.parallel.tp != 1)
-      fail("model.arch = llama: parallel.tp must be 1 (got " + str(c.parallel.tp) +
-           "); Llama's tensor-parallel blocks are to come");
     if (c.runtime.backend != ComputeBackend::cpu)
       fail(std::string("model.arch = llama runs on runtime.backend = cpu for now (got ") +
            name_of(c.runtime.backend) + ")");

@@ -1185,24 +1185,27 @@ TEST_F(CudaOps, SwiGlu) {
 }
 
 // The packing copies exactly; the key/value gradients are sums over each
-// group in order, as the CPU's.
+// group in order, as the CPU's. Also a tensor-parallel rank's map: its query
+// heads from q_head0 on, reading replicated key/value heads.
 TEST_F(CudaOps, GroupedQueryPacking) {
   struct Case {
     int N, NH, NKV, HS;
+    ops::GqaMap map;
   };
-  for (const Case& k : {Case{1, 1, 1, 2}, Case{5, 6, 2, 8}, Case{64, 32, 8, 64}, Case{3, 4, 4, 16}}) {
+  for (const Case& k : {Case{1, 1, 1, 2, {}}, Case{5, 6, 2, 8, {}}, Case{64, 32, 8, 64, {}},
+                        Case{3, 4, 4, 16, {}}, Case{5, 4, 4, 8, {4, 3}}, Case{7, 2, 2, 8, {2, 3}}}) {
     SCOPED_TRACE("N " + std::to_string(k.N) + " NH " + std::to_string(k.NH) + " NKV " +
-                 std::to_string(k.NKV));
+                 std::to_string(k.NKV) + " q_head0 " + std::to_string(k.map.q_head0));
     const size_t C = size_t(k.NH) * k.HS, Ckv = size_t(k.NKV) * k.HS;
     Both<float> q = input(k.N * C), kk = input(k.N * Ckv), v = input(k.N * Ckv);
     Both<float> qkv = output(k.N * 3 * C);
-    run_both([&] { ops::gqa_pack_forward<float>(qkv.c(), q.c(), kk.c(), v.c(), k.N, k.NH, k.NKV, k.HS); },
-             [&] { cuda::gqa_pack_forward(qkv.g(), q.g(), kk.g(), v.g(), k.N, k.NH, k.NKV, k.HS, stream_); });
+    run_both([&] { ops::gqa_pack_forward<float>(qkv.c(), q.c(), kk.c(), v.c(), k.N, k.NH, k.NKV, k.HS, k.map); },
+             [&] { cuda::gqa_pack_forward(qkv.g(), q.g(), kk.g(), v.g(), k.N, k.NH, k.NKV, k.HS, k.map, stream_); });
     EXPECT_TRUE(same_bits(qkv.gpu(), qkv.cpu));
     Both<float> dqkv = input(k.N * 3 * C);
     Both<float> dq = output(k.N * C), dk = output(k.N * Ckv), dv = output(k.N * Ckv);
-    run_both([&] { ops::gqa_pack_backward<float>(dq.c(), dk.c(), dv.c(), dqkv.c(), k.N, k.NH, k.NKV, k.HS); },
-             [&] { cuda::gqa_pack_backward(dq.g(), dk.g(), dv.g(), dqkv.g(), k.N, k.NH, k.NKV, k.HS, stream_); });
+    run_both([&] { ops::gqa_pack_backward<float>(dq.c(), dk.c(), dv.c(), dqkv.c(), k.N, k.NH, k.NKV, k.HS, k.map); },
+             [&] { cuda::gqa_pack_backward(dq.g(), dk.g(), dv.g(), dqkv.g(), k.N, k.NH, k.NKV, k.HS, k.map, stream_); });
     EXPECT_TRUE(same_bits(dq.gpu(), dq.cpu));
     EXPECT_TRUE(same_bits(dk.gpu(), dk.cpu));
     EXPECT_TRUE(same_bits(dv.gpu(), dv.cpu));

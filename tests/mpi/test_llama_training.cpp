@@ -3,8 +3,8 @@
 // data and pipeline parallelism, ZeRO 1 and 2 and activation checkpointing,
 // against one rank: the losses within 1e-5 relative and the gathered final
 // parameters within 1e-5 (norm-wise), every rank's memory equal to its
-// prediction per category; LoRA on an NF4 base of it likewise. (Tensor
-// parallelism of Llama's blocks is to come: parallel.tp = 1.)
+// prediction per category; LoRA on an NF4 base of it likewise. Tensor
+// parallelism and the full list of layouts: test_llama_layouts.
 // meshlm-test-ranks: 4
 #include <gtest/gtest.h>
 

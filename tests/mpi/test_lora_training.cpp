@@ -66,47 +66,23 @@ share = node
 shuffle = true
 )";
 
-struct Layout {
-  int dp, tp, pp, zero;
-  const char* schedule;
-  const char* ckpt;
-  int ranks_per_node = 0;
-  const char* share = "node";
-  std::string name() const {
-    return "dp" + std::to_string(dp) + " tp" + std::to_string(tp) + " pp" + std::to_string(pp) +
-           " zero" + std::to_string(zero) + " " + schedule + " ckpt=" + ckpt +
-           " rpn=" + std::to_string(ranks_per_node) + " " + share;
-  }
-};
-
 class LoraTraining : public ::testing::Test {
 protected:
   static void SetUpTestSuite() { dir_ = make_run_dir("meshlm_lora"); }
   static void TearDownTestSuite() { remove_run_dir(dir_); }
 
-  static std::vector<std::string> layout_overrides(const Layout& l) {
-    return {"--parallel.dp=" + std::to_string(l.dp),
-            "--parallel.tp=" + std::to_string(l.tp),
-            "--parallel.pp=" + std::to_string(l.pp),
-            "--parallel.zero_stage=" + std::to_string(l.zero),
-            "--parallel.schedule=" + std::string(l.schedule),
-            "--parallel.activation_checkpointing=" + std::string(l.ckpt),
-            "--parallel.ranks_per_node=" + std::to_string(l.ranks_per_node),
-            "--quant.share=" + std::string(l.share)};
-  }
-
   static RunConfig config(const Layout& l, int w, std::vector<std::string> extra = {}) {
     std::vector<std::string> o = {"--data.path=" + (dir_ / "tokens.h5").string()};
-    for (auto& v : layout_overrides(l)) o.push_back(v);
+    for (auto& v : l.overrides()) o.push_back(v);
     o.insert(o.end(), extra.begin(), extra.end());
     return parse_run_config(kConfig, "test", o, w);
   }
 
   // Collective over the world: trains `l` on the first dp*tp*pp ranks.
   static RunResult train(const Layout& l, std::vector<std::string> extra = {}) {
-    std::vector<std::string> o = layout_overrides(l);
+    std::vector<std::string> o = l.overrides();
     o.insert(o.end(), extra.begin(), extra.end());
-    return train_on_first_ranks(kConfig, o, l.dp * l.tp * l.pp, dir_);
+    return train_on_first_ranks(kConfig, o, l.ranks(), dir_);
   }
 
   static const RunResult& reference() {
@@ -121,20 +97,6 @@ fs::path LoraTraining::dir_;
 constexpr double kLossTol = 1e-5;
 constexpr double kAdapterTol = 1e-5;
 
-const Layout kLayouts[] = {
-    {2, 1, 1, 0, "1f1b", "none"},
-    {1, 2, 1, 0, "1f1b", "full"},
-    {1, 1, 2, 0, "gpipe", "none"},
-    {2, 2, 1, 2, "1f1b", "none"},
-    {1, 2, 2, 0, "1f1b", "none", 2},
-    {2, 2, 2, 0, "1f1b", "none"},
-    {2, 2, 2, 1, "gpipe", "full", 4},
-    {2, 2, 2, 2, "1f1b", "none", 2, "per_rank"},
-    {1, 8, 1, 0, "gpipe", "none"},
-    {4, 2, 1, 1, "1f1b", "none", 4},
-    {1, 2, 4, 0, "gpipe", "none"},
-    {8, 1, 1, 2, "1f1b", "none", 1},
-};
 
 // XXH3-64 of the bytes a rank sees.
 uint64_t view_checksum(const load::FrozenBase& b) {
@@ -146,7 +108,7 @@ uint64_t view_checksum(const load::FrozenBase& b) {
 TEST_F(LoraTraining, EveryLayoutMatchesOneRank) {
   ASSERT_EQ(world_size(), 8) << "run this test on 8 ranks";
   const RunResult& ref = reference();
-  for (const Layout& l : kLayouts) {
+  for (const Layout& l : lora_layouts()) {
     const RunResult r = train(l);
     if (world_rank() != 0) continue;
     SCOPED_TRACE(l.name());

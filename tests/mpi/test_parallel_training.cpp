@@ -58,16 +58,6 @@ log_every = 100
 shuffle = true
 )";
 
-struct Layout {
-  int dp, tp, pp, zero;
-  const char* schedule;
-  const char* ckpt;
-  std::string name() const {
-    return "dp" + std::to_string(dp) + " tp" + std::to_string(tp) + " pp" + std::to_string(pp) +
-           " zero" + std::to_string(zero) + " " + schedule + " ckpt=" + ckpt;
-  }
-};
-
 class ParallelTraining : public ::testing::Test {
 protected:
   static void SetUpTestSuite() { dir_ = make_run_dir("meshlm_parallel"); }
@@ -75,13 +65,7 @@ protected:
 
   // Collective over the world: trains `l` on the first dp*tp*pp ranks.
   static RunResult train(const Layout& l) {
-    return train_on_first_ranks(
-        kConfig,
-        {"--parallel.dp=" + std::to_string(l.dp), "--parallel.tp=" + std::to_string(l.tp),
-         "--parallel.pp=" + std::to_string(l.pp), "--parallel.zero_stage=" + std::to_string(l.zero),
-         "--parallel.schedule=" + std::string(l.schedule),
-         "--parallel.activation_checkpointing=" + std::string(l.ckpt)},
-        l.dp * l.tp * l.pp, dir_);
+    return train_on_first_ranks(kConfig, l.overrides(), l.ranks(), dir_);
   }
 
   static const RunResult& reference() {
@@ -96,51 +80,12 @@ fs::path ParallelTraining::dir_;
 constexpr double kLossTol = 1e-5;
 constexpr double kParamTol = 1e-5;
 
-const Layout kLayouts[] = {
-    // 2 ranks
-    {2, 1, 1, 0, "1f1b", "none"},
-    {1, 2, 1, 0, "1f1b", "full"},
-    {1, 1, 2, 0, "1f1b", "none"},
-    {1, 1, 2, 0, "gpipe", "full"},
-    {2, 1, 1, 2, "1f1b", "none"},
-    // 4 ranks
-    {4, 1, 1, 1, "1f1b", "none"},
-    {4, 1, 1, 2, "1f1b", "full"},
-    {1, 4, 1, 0, "1f1b", "none"},
-    {1, 1, 4, 0, "1f1b", "none"},
-    {1, 1, 4, 0, "gpipe", "none"},
-    {2, 2, 1, 2, "1f1b", "none"},
-    {2, 1, 2, 1, "gpipe", "none"},
-    {1, 2, 2, 0, "1f1b", "full"},
-    {2, 1, 2, 2, "1f1b", "full"},
-    // 8 ranks
-    {2, 2, 2, 0, "1f1b", "none"},
-    {2, 2, 2, 1, "gpipe", "full"},
-    {2, 2, 2, 2, "1f1b", "full"},
-    {2, 2, 2, 1, "1f1b", "none"},
-    {8, 1, 1, 2, "1f1b", "none"},
-    {1, 8, 1, 0, "gpipe", "none"},
-    {4, 2, 1, 1, "1f1b", "none"},
-    {2, 4, 1, 2, "1f1b", "full"},
-    {1, 2, 4, 0, "gpipe", "none"},
-    {4, 1, 2, 2, "1f1b", "none"},
-    {2, 1, 4, 1, "1f1b", "full"},
-};
-
-// Every category of every rank: the tracked allocator's peak is the prediction.
-void expect_predicted_exactly(const RunResult& r) {
-  for (size_t q = 0; q < r.peaks.size(); ++q)
-    for (int c = 0; c < kNumMemCategories; ++c)
-      EXPECT_EQ(r.peaks[q][c], r.predicted[q][c])
-          << "rank " << q << " category " << mem_category_name(static_cast<MemCategory>(c));
-}
-
 }  // namespace
 
 TEST_F(ParallelTraining, EveryLayoutMatchesOneRank) {
   ASSERT_EQ(world_size(), 8) << "run this test on 8 ranks";
   const RunResult& ref = reference();
-  for (const Layout& l : kLayouts) {
+  for (const Layout& l : parallel_layouts()) {
     const RunResult r = train(l);
     if (world_rank() != 0) continue;
     SCOPED_TRACE(l.name());

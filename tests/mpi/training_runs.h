@@ -1,5 +1,6 @@
 // Training runs of one job under many layouts, for the tests that compare
-// them with one rank (test_parallel_training, test_lora_training).
+// them with one rank (test_parallel_training, test_lora_training,
+// test_llama_layouts), and the layouts they run.
 //
 // A run of W ranks trains on the first W ranks of MPI_COMM_WORLD (a
 // sub-communicator); the others wait at the barrier that ends every run.
@@ -145,6 +146,100 @@ inline double worst_loss_rel(const std::vector<double>& a, const std::vector<dou
   for (size_t i = 0; i < ref.size(); ++i)
     worst = std::max(worst, std::abs(a[i] - ref[i]) / std::abs(ref[i]));
   return worst;
+}
+
+// A layout of the mesh and how a run uses it.
+struct Layout {
+  int dp, tp, pp, zero;
+  const char* schedule;
+  const char* ckpt;
+  int ranks_per_node = 0;     // 0: the machine's
+  const char* share = "node";  // quant.share (LoRA)
+  int ranks() const { return dp * tp * pp; }
+  std::string name() const {
+    std::string s = "dp" + std::to_string(dp) + " tp" + std::to_string(tp) + " pp" +
+                    std::to_string(pp) + " zero" + std::to_string(zero) + " " + schedule +
+                    " ckpt=" + ckpt;
+    if (ranks_per_node > 0) s += " rpn=" + std::to_string(ranks_per_node);
+    if (std::string(share) != "node") s += std::string(" ") + share;
+    return s;
+  }
+  // The parameter-file overrides (the quant.share only where it is not the default).
+  std::vector<std::string> overrides() const {
+    std::vector<std::string> o = {"--parallel.dp=" + std::to_string(dp),
+                                  "--parallel.tp=" + std::to_string(tp),
+                                  "--parallel.pp=" + std::to_string(pp),
+                                  "--parallel.zero_stage=" + std::to_string(zero),
+                                  "--parallel.schedule=" + std::string(schedule),
+                                  "--parallel.activation_checkpointing=" + std::string(ckpt),
+                                  "--parallel.ranks_per_node=" + std::to_string(ranks_per_node)};
+    if (std::string(share) != "node") o.push_back("--quant.share=" + std::string(share));
+    return o;
+  }
+};
+
+// The 25 layouts of full training on 2, 4 and 8 ranks: every axis alone and
+// together, ZeRO 0/1/2, GPipe and 1F1B, activation checkpointing.
+inline const std::vector<Layout>& parallel_layouts() {
+  static const std::vector<Layout> layouts = {
+      // 2 ranks
+      {2, 1, 1, 0, "1f1b", "none"},
+      {1, 2, 1, 0, "1f1b", "full"},
+      {1, 1, 2, 0, "1f1b", "none"},
+      {1, 1, 2, 0, "gpipe", "full"},
+      {2, 1, 1, 2, "1f1b", "none"},
+      // 4 ranks
+      {4, 1, 1, 1, "1f1b", "none"},
+      {4, 1, 1, 2, "1f1b", "full"},
+      {1, 4, 1, 0, "1f1b", "none"},
+      {1, 1, 4, 0, "1f1b", "none"},
+      {1, 1, 4, 0, "gpipe", "none"},
+      {2, 2, 1, 2, "1f1b", "none"},
+      {2, 1, 2, 1, "gpipe", "none"},
+      {1, 2, 2, 0, "1f1b", "full"},
+      {2, 1, 2, 2, "1f1b", "full"},
+      // 8 ranks
+      {2, 2, 2, 0, "1f1b", "none"},
+      {2, 2, 2, 1, "gpipe", "full"},
+      {2, 2, 2, 2, "1f1b", "full"},
+      {2, 2, 2, 1, "1f1b", "none"},
+      {8, 1, 1, 2, "1f1b", "none"},
+      {1, 8, 1, 0, "gpipe", "none"},
+      {4, 2, 1, 1, "1f1b", "none"},
+      {2, 4, 1, 2, "1f1b", "full"},
+      {1, 2, 4, 0, "gpipe", "none"},
+      {4, 1, 2, 2, "1f1b", "none"},
+      {2, 1, 4, 1, "1f1b", "full"},
+  };
+  return layouts;
+}
+
+// The layouts of LoRA on a node-shared quantized base: besides the axes,
+// machines split into nodes (ranks_per_node) and a private copy per rank.
+inline const std::vector<Layout>& lora_layouts() {
+  static const std::vector<Layout> layouts = {
+      {2, 1, 1, 0, "1f1b", "none"},
+      {1, 2, 1, 0, "1f1b", "full"},
+      {1, 1, 2, 0, "gpipe", "none"},
+      {2, 2, 1, 2, "1f1b", "none"},
+      {1, 2, 2, 0, "1f1b", "none", 2},
+      {2, 2, 2, 0, "1f1b", "none"},
+      {2, 2, 2, 1, "gpipe", "full", 4},
+      {2, 2, 2, 2, "1f1b", "none", 2, "per_rank"},
+      {1, 8, 1, 0, "gpipe", "none"},
+      {4, 2, 1, 1, "1f1b", "none", 4},
+      {1, 2, 4, 0, "gpipe", "none"},
+      {8, 1, 1, 2, "1f1b", "none", 1},
+  };
+  return layouts;
+}
+
+// Every category of every rank: the tracked allocator's peak is the prediction.
+inline void expect_predicted_exactly(const RunResult& r) {
+  for (size_t q = 0; q < r.peaks.size(); ++q)
+    for (int c = 0; c < kNumMemCategories; ++c)
+      EXPECT_EQ(r.peaks[q][c], r.predicted[q][c])
+          << "rank " << q << " category " << mem_category_name(static_cast<MemCategory>(c));
 }
 
 }  // namespace meshlm::testing

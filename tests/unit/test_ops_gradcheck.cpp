@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/error.h"
 #include "core/rng.h"
 #include "ops/ops.h"
 
@@ -603,31 +604,47 @@ TEST(OpsGradcheck, SwiGlu) {
 }
 
 TEST(OpsGradcheck, GroupedQueryPacking) {
-  // 6 query heads over 2 key/value heads (groups of 3), and NKV = NH.
-  for (const auto [NH, NKV] : {std::pair{6, 2}, std::pair{4, 4}, std::pair{4, 1}}) {
-    SCOPED_TRACE("NH " + std::to_string(NH) + " NKV " + std::to_string(NKV));
+  // 6 query heads over 2 key/value heads (groups of 3), NKV = NH, one
+  // key/value head; and tensor-parallel ranks' maps: 2 of the model's 6
+  // query heads from head 2 on (groups of 3: heads 2 and 3 read 0 and 1 of
+  // 2 replicated key/value heads), 3 from head 3 on (groups of 2, 4 held).
+  struct Case {
+    int NH, NKV;
+    ops::GqaMap map;
+  };
+  for (const Case c : {Case{6, 2, {}}, Case{4, 4, {}}, Case{4, 1, {}}, Case{2, 2, {2, 3}},
+                       Case{3, 4, {3, 2}}}) {
+    const int NH = c.NH, NKV = c.NKV, group = c.map.group > 0 ? c.map.group : NH / NKV;
+    SCOPED_TRACE("NH " + std::to_string(NH) + " NKV " + std::to_string(NKV) + " q_head0 " +
+                 std::to_string(c.map.q_head0));
     const int N = 3, HS = 4, C = NH * HS, Ckv = NKV * HS;
     auto q = randn(size_t(N) * C, 61), k = randn(size_t(N) * Ckv, 62), v = randn(size_t(N) * Ckv, 63);
     auto R = randn(size_t(N) * 3 * C, 64);
     std::vector<double> qkv(R.size());
     auto loss = [&] {
-      ops::gqa_pack_forward(qkv.data(), q.data(), k.data(), v.data(), N, NH, NKV, HS);
+      ops::gqa_pack_forward(qkv.data(), q.data(), k.data(), v.data(), N, NH, NKV, HS, c.map);
       return dot(qkv, R);
     };
     loss();
-    // Longhand: query head h reads key/value head h / (NH / NKV).
+    // Longhand: query head h reads key/value head (q_head0 + h) / group.
     for (int n = 0; n < N; ++n)
       for (int h = 0; h < NH; ++h)
         for (int d = 0; d < HS; ++d) {
-          const size_t row = size_t(n) * 3 * C, kv = size_t(n) * Ckv + (h / (NH / NKV)) * HS + d;
+          const size_t row = size_t(n) * 3 * C,
+                       kv = size_t(n) * Ckv + ((c.map.q_head0 + h) / group) * HS + d;
           EXPECT_EQ(qkv[row + h * HS + d], q[size_t(n) * C + h * HS + d]);
           EXPECT_EQ(qkv[row + C + h * HS + d], k[kv]);
           EXPECT_EQ(qkv[row + 2 * C + h * HS + d], v[kv]);
         }
     std::vector<double> dq(q.size(), kNaN), dk(k.size(), kNaN), dv(v.size(), kNaN);
-    ops::gqa_pack_backward(dq.data(), dk.data(), dv.data(), R.data(), N, NH, NKV, HS);
+    ops::gqa_pack_backward(dq.data(), dk.data(), dv.data(), R.data(), N, NH, NKV, HS, c.map);
     expect_matches_fd(q, dq, loss, "gqa dq");
-    expect_matches_fd(k, dk, loss, "gqa dk");
+    expect_matches_fd(k, dk, loss, "gqa dk");  // zero for a head no query reads
     expect_matches_fd(v, dv, loss, "gqa dv");
   }
+  // A map that reads past the held heads is refused.
+  std::vector<float> x(64);
+  const ops::GqaMap past{4, 2};  // heads 4 and 5 would read held head 2 of 2
+  EXPECT_THROW(ops::gqa_pack_forward(x.data(), x.data(), x.data(), x.data(), 1, 2, 2, 2, past),
+               RankError);
 }
