@@ -144,6 +144,23 @@ add_test(NAME loss_curve_tiny_dp2_tp2_pp2
           --parallel.dp=2 --parallel.tp=2 --parallel.pp=2)
 set_tests_properties(loss_curve_tiny_1rank loss_curve_tiny_dp2_tp2_pp2
   PROPERTIES LABELS python TIMEOUT 300 ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
+# Hugging Face Llama directories (tests/torch/check_hf_llama.py says what each
+# case checks): loss (quant.base = DIR: step-1 loss = the PyTorch Llama's
+# within 1e-5, sharded bf16, GQA, Llama 3 rope scaling; tied; the [model]
+# keys taken or refused), export (ckpt export to a sharded directory, fp32
+# bit for bit, bf16 as torch rounds, the reference's loss on it), import_export
+# (import then export: the same bytes; the import as a base), lora_merge
+# (export --merge: the reference's loss = meshlm's LoRA loss), bad (20 bad
+# directories and keys refused by name, nothing written), layouts
+# (llama-tiny.cfg from a directory on dp 2 x tp 2 x pp 2 and LoRA on its NF4
+# base, one copy per node).
+foreach(_case loss export import_export lora_merge bad layouts)
+  add_test(NAME hf_llama_${_case}
+    COMMAND ${MESHLM_PYTHON} ${_torch}/check_hf_llama.py --meshlm $<TARGET_FILE:meshlm>
+            --mpiexec "${_mpiexec_one}" --mpiexec-many "${_mpiexec_eight}" --case ${_case})
+  set_tests_properties(hf_llama_${_case} PROPERTIES LABELS python TIMEOUT 300
+    ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
+endforeach()
 
 # Deliver of the memory model: every rank's predicted peak against VmHWM,
 # read from /proc by tests/tools/memprobe.cpp (not by meshlm), within 3% or

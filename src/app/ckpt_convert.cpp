@@ -49,6 +49,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <regex>
 #include <set>
 
 #include "core/error.h"
@@ -105,7 +106,8 @@ const char* kExportUsage =
     "                     with model.safetensors.index.json; names as transformers saves\n"
     "                     them (GPT-2: GPT2Model's; Llama: \"model.\" prefixed, lm_head.weight).\n"
     "                     Written whole under a temporary name, then renamed; a directory\n"
-    "                     there is replaced only if it is empty or meshlm exported it\n"
+    "                     there is replaced only if it is empty or meshlm exported it, and\n"
+    "                     what else it holds (a tokenizer, a README) is kept\n"
     "  -o OUT.safetensors one file: GPT-2 as GPT2Model's state dict (wte.weight,\n"
     "                     h.0.attn.c_attn.weight, ...), a Llama under its directory names;\n"
     "                     replaced only if it is a safetensors file\n"
@@ -607,7 +609,8 @@ std::vector<std::vector<OutTensor>> split_shards(const std::vector<OutTensor>& t
 // as meshlm's with `origin`), model.safetensors or the shards of
 // model.safetensors.index.json. Written whole in a directory of a temporary
 // name, then renamed onto `out`; what was at `out` is replaced only when it
-// is an empty directory or one that meshlm exported.
+// is an empty directory or one that meshlm exported, and the files there
+// that meshlm does not write are kept.
 void write_hf_directory(const std::string& out, const std::vector<OutTensor>& tensors,
                         const DTypeInfo& dt, const std::map<std::string, std::string>& metadata,
                         const GPTConfig& cfg, uint64_t shard_bytes,
@@ -658,6 +661,26 @@ void write_hf_directory(const std::string& out, const std::vector<OutTensor>& te
   write_text_file(config, load::hf_config_json(cfg, dt.torch, origin));
   sync_file_and_dir(config);
   if (there) {
+    // What the old directory holds besides meshlm's export (a tokenizer, a
+    // README) moves into the new one.
+    static const std::regex ours(
+        R"(^(config\.json|model\.safetensors|model\.safetensors\.index\.json|model-\d{5}-of-\d{5}\.safetensors)$)");
+    std::vector<std::string> kept;
+    for (const fs::directory_entry& e : fs::directory_iterator(out, ec)) {
+      const std::string name = e.path().filename().string();
+      if (std::regex_match(name, ours)) continue;
+      fs::rename(e.path(), fs::path(tmp) / name, ec);
+      if (ec) {
+        const std::string why = ec.message();
+        for (const std::string& k : kept) fs::rename(fs::path(tmp) / k, fs::path(out) / k, ec);
+        throw RankError("Hugging Face directory '" + out + "': cannot keep '" + name + "' (" + why +
+                            "); nothing was replaced",
+                        MESHLM_HERE);
+      }
+      kept.push_back(name);
+    }
+    if (!kept.empty())
+      log::info("# ckpt export: kept what meshlm does not write: {}", fmt::join(kept, ", "));
     const std::string old = temp_name_for(out);
     fs::rename(out, old, ec);
     if (ec)

@@ -22,6 +22,7 @@
 #include "core/files.h"
 #include "core/log.h"
 #include "load/hf_dir.h"
+#include "load/model_meta.h"
 #include "plan/partition.h"
 #include "train/loss_scaler.h"
 
@@ -499,60 +500,81 @@ std::vector<std::string> normalise_overrides(const std::vector<std::string>& arg
 }  // namespace
 
 namespace {
-// quant.base = DIR, a Hugging Face model directory: the model's shape keys
-// from DIR/config.json (load/hf_dir.h). A key the parameter file or the
-// command line gives must agree (model.max_seq_len may be less than
-// n_positions: the position table's first rows are taken).
-void take_model_from_directory(RunConfig& c, const std::function<bool(const char*)>& given) {
-  if (!load::is_directory(c.quant.base)) return;
-  load::HfDirectory d;
+// The model of quant.base where the base says it: a Hugging Face model
+// directory (DIR/config.json, load/hf_dir.h) or a meshlm checkpoint (its
+// /meta: meshlm ckpt import's, a run's). Every [model] key the parameter
+// file and the command line leave out is taken from it; one they give must
+// agree (model.max_seq_len may be less than a directory's n_positions or
+// max_position_embeddings, or a Llama checkpoint's: the position table's
+// first rows are taken, or the rotary embeddings need none).
+void take_model_from_base(RunConfig& c, const std::function<bool(const char*)>& given) {
+  const bool dir = load::is_directory(c.quant.base);
+  GPTConfig h;
+  std::string from;
   try {
-    d = load::read_hf_directory(c.quant.base);
+    if (dir) {
+      h = load::read_hf_directory(c.quant.base).model;
+      from = "quant.base's " + (std::filesystem::path(c.quant.base) / load::kHfConfig).string();
+    } else if (const std::optional<GPTConfig> m = load::checkpoint_model(c.quant.base)) {
+      h = *m;
+      from = "quant.base '" + c.quant.base + "' (its /meta)";
+    } else {
+      return;
+    }
   } catch (const Error& e) {
     fail(std::string("quant.base: ") + e.what());
   }
-  const std::string from = (std::filesystem::path(c.quant.base) / load::kHfConfig).string();
+  const bool llama = h.arch == ModelArch::llama;
+  // The key's name where the model comes from: config.json's, or meshlm's.
+  auto named = [&](const char* key, const char* gpt2_name, const char* llama_name) {
+    return !dir ? std::string(key + 6) : std::string(llama ? llama_name : gpt2_name);
+  };
   auto show = [](const auto& v) {
     using V = std::decay_t<decltype(v)>;
     if constexpr (std::is_same_v<V, bool>) return std::string(v ? "true" : "false");
     else if constexpr (std::is_same_v<V, ModelArch>) return std::string(name_of(v));
     else return fmt::format("{}", v);
   };
-  auto take = [&](const char* key, const char* hf_key, auto& field, auto value, bool at_most = false) {
+  auto take = [&](const char* key, const std::string& hf_key, auto& field, auto value,
+                  bool at_most = false) {
     if (!given(key)) {
       field = value;
       return;
     }
     if (field == value || (at_most && field < value)) return;
-    fail(std::string(key) + " = " + show(field) + ", but quant.base's " + from + " has " + hf_key +
-         " " + show(value) + (at_most ? " (at most that)" : "") +
-         ": leave the key out to take the directory's, or give the same");
+    fail(std::string(key) + " = " + show(field) + ", but " + from + " has " + hf_key + " " +
+         show(value) + (at_most ? " (at most that)" : "") +
+         ": leave the key out to take the base's, or give the same");
   };
   GPTConfig& m = c.model;
-  const GPTConfig& h = d.model;
-  take("model.arch", "model_type", m.arch, h.arch);
-  const bool llama = h.arch == ModelArch::llama;
-  take("model.n_layer", llama ? "num_hidden_layers" : "n_layer", m.n_layer, h.n_layer);
-  take("model.n_head", llama ? "num_attention_heads" : "n_head", m.n_head, h.n_head);
-  take("model.n_embd", llama ? "hidden_size" : "n_embd", m.n_embd, h.n_embd);
-  take("model.vocab_size", "vocab_size", m.vocab_size, h.vocab_size);
-  take("model.max_seq_len", llama ? "max_position_embeddings" : "n_positions", m.max_seq_len,
-       h.max_seq_len, true);
+  take("model.arch", named("model.arch", "model_type", "model_type"), m.arch, h.arch);
+  take("model.n_layer", named("model.n_layer", "n_layer", "num_hidden_layers"), m.n_layer, h.n_layer);
+  take("model.n_head", named("model.n_head", "n_head", "num_attention_heads"), m.n_head, h.n_head);
+  take("model.n_embd", named("model.n_embd", "n_embd", "hidden_size"), m.n_embd, h.n_embd);
+  take("model.vocab_size", named("model.vocab_size", "vocab_size", "vocab_size"), m.vocab_size,
+       h.vocab_size);
+  take("model.max_seq_len", named("model.max_seq_len", "n_positions", "max_position_embeddings"),
+       m.max_seq_len, h.max_seq_len, dir || llama);
   if (!llama) return;
-  take("model.n_kv_head", "num_key_value_heads", m.n_kv_head, h.n_kv_head);
-  take("model.intermediate_size", "intermediate_size", m.intermediate_size, h.intermediate_size);
-  take("model.norm_eps", "rms_norm_eps", m.norm_eps, h.norm_eps);
-  take("model.rope_theta", "rope_theta", m.rope_theta, h.rope_theta);
-  take("model.tie_word_embeddings", "tie_word_embeddings", m.tie_word_embeddings,
-       h.tie_word_embeddings);
+  take("model.n_kv_head", named("model.n_kv_head", "", "num_key_value_heads"), m.n_kv_head,
+       h.n_kv_head);
+  take("model.intermediate_size", named("model.intermediate_size", "", "intermediate_size"),
+       m.intermediate_size, h.intermediate_size);
+  take("model.norm_eps", named("model.norm_eps", "", "rms_norm_eps"), m.norm_eps, h.norm_eps);
+  take("model.rope_theta", named("model.rope_theta", "", "rope_theta"), m.rope_theta, h.rope_theta);
+  take("model.tie_word_embeddings", named("model.tie_word_embeddings", "", "tie_word_embeddings"),
+       m.tie_word_embeddings, h.tie_word_embeddings);
   ops::RopeScaling& r = m.rope_scaling;
   const ops::RopeScaling& hr = h.rope_scaling;
-  take("model.rope_factor", "rope_scaling factor", r.factor, hr.factor);
-  take("model.rope_low_freq_factor", "rope_scaling low_freq_factor", r.low_freq_factor,
-       hr.low_freq_factor);
-  take("model.rope_high_freq_factor", "rope_scaling high_freq_factor", r.high_freq_factor,
-       hr.high_freq_factor);
-  take("model.rope_original_max_positions", "rope_scaling original_max_position_embeddings",
+  take("model.rope_factor", named("model.rope_factor", "", "rope_scaling factor"), r.factor,
+       hr.factor);
+  take("model.rope_low_freq_factor", named("model.rope_low_freq_factor", "", "rope_scaling low_freq_factor"),
+       r.low_freq_factor, hr.low_freq_factor);
+  take("model.rope_high_freq_factor",
+       named("model.rope_high_freq_factor", "", "rope_scaling high_freq_factor"),
+       r.high_freq_factor, hr.high_freq_factor);
+  take("model.rope_original_max_positions",
+       named("model.rope_original_max_positions", "", "rope_scaling original_max_position_embeddings"),
        r.original_max_positions, hr.original_max_positions);
 }
 }  // namespace
@@ -590,7 +612,7 @@ RunConfig parse_run_config(const std::string& text, const std::string& source,
   }
   table.check();
   auto given = [&](const char* key) { return vm.count(key) && !vm[key].defaulted(); };
-  take_model_from_directory(c, given);
+  take_model_from_base(c, given);
   // finetune.lora_targets by default: every linear layer of the architecture.
   if (!given("finetune.lora_targets")) c.finetune.lora_targets = LinearSlots::of(c.model.arch);
   if (c.parallel.layout == LayoutChoice::automatic) {

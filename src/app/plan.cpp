@@ -367,9 +367,8 @@ void print_plan_text(const Options& o, const Plan& plan) {
              o.ranks, o.ranks_per_node, name_of(plan.base.runtime.backend),
              m.mem_per_rank ? format_bytes(double(m.mem_per_rank)) : std::string("no limit"),
              device ? "of device memory" : "of host memory", format_bytes(double(m.host_mem_per_node)));
-  fmt::print("# model: L={} H={} C={} V={}, T={}, batch {} sequences per step\n", base.model.n_layer,
-             base.model.n_head, base.model.n_embd, base.model.vocab_size, base.train.seq_len,
-             base.train.batch_size);
+  fmt::print("# model: {}, T={}, batch {} sequences per step\n", base.model.describe(),
+             base.train.seq_len, base.train.batch_size);
   fmt::print("# runtime per rank {} ({} in the node's sum){}; rates ({}): {:.0f} GFLOP/s per rank, "
              "{:.0f} / {:.0f} GB/s and {:.1f} / {:.1f} us within / between nodes\n",
              format_bytes(double(m.runtime)), format_bytes(double(m.runtime_pss)),

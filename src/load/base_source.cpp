@@ -11,11 +11,13 @@
 #include <map>
 
 #include "core/error.h"
+#include "io/checkpoint_meta.h"
 #include "io/h5.h"
 #include "io/hash.h"
 #include "io/safetensors.h"
 #include "load/hf_dir.h"
 #include "load/hf_layout.h"
+#include "load/model_meta.h"
 
 namespace meshlm::load {
 
@@ -193,24 +195,29 @@ private:
       fail("no tensor '" + p.name + "' (nor '" + prefixed + "'), which " + model_str(cfg_) +
            " needs");
     const std::string& found = plain ? p.name : prefixed;
-    const SafetensorsTensor& t = files_[where_.at(found)].info(found);
+    const SafetensorsFile& file = files_[where_.at(found)];
+    const SafetensorsTensor& t = file.info(found);
+    // Named with its file where there are several (a directory's shards).
+    const std::string tensor =
+        "tensor '" + t.name + "'" + (files_.size() > 1 ? " (in '" + file.path() + "')" : "");
+    const std::string model = " for " + model_str(cfg_);
 
     const int64_t C = cfg_.n_embd;
     const std::vector<int64_t> full = dims_of(p.full_shape);
-    const std::string has = "tensor '" + t.name + "' has shape " + dims_str(t.shape);
+    const std::string has = tensor + " has shape " + dims_str(t.shape);
     switch (hf::layout_of(p, cfg_.arch)) {
       case HFLayout::same:
-        if (t.shape != full) fail(has + "; meshlm expects " + dims_str(full));
+        if (t.shape != full) fail(has + "; meshlm expects " + dims_str(full) + model);
         break;
       case HFLayout::transposed:
         if (t.shape != std::vector<int64_t>{full[1], full[0]})
           fail(has + "; meshlm expects " + dims_str({full[1], full[0]}) +
-               " (Hugging Face Conv1D weights are stored (in, out))");
+               " (Hugging Face Conv1D weights are stored (in, out))" + model);
         break;
       case HFLayout::vocab_rows:
         if (t.shape != std::vector<int64_t>{cfg_.vocab_size, C})
           fail(has + "; meshlm expects " + dims_str({cfg_.vocab_size, C}) +
-               " (vocab_size rows of n_embd)");
+               " (vocab_size rows of n_embd)" + model);
         break;
       case HFLayout::first_rows:
         if (t.shape.size() != 2 || t.shape[1] != C || t.shape[0] < cfg_.max_seq_len)
@@ -220,7 +227,7 @@ private:
         break;
     }
     if (!safetensors_dtype_is_float(t.dtype))
-      fail("tensor '" + t.name + "' has dtype '" + t.dtype +
+      fail(tensor + " has dtype '" + t.dtype +
            "' which meshlm cannot read as float (F32, F16, BF16 and F64 can be)");
     return t.name;
   }
@@ -254,6 +261,17 @@ public:
       if (v != cfg_.vocab_size)
         fail("written for vocab_size " + std::to_string(v) + ", the model has " +
              std::to_string(cfg_.vocab_size));
+    }
+    if (h5::exists(file_, "meta")) {
+      // A checkpoint (meshlm ckpt import's, or a run's): its /meta says the
+      // model, tensors or not (tied classifier, rope, eps). A Llama's
+      // max_seq_len (no position table) may be less than the file's.
+      io::ckpt::Meta m = io::ckpt::read_meta(file_, path_);
+      if (cfg_.arch == ModelArch::llama && m.sizes.max_seq_len >= cfg_.max_seq_len)
+        m.sizes.max_seq_len = cfg_.max_seq_len;
+      const std::string d = model_meta_difference(m, cfg_, "in this run");
+      if (!d.empty())
+        fail("its /meta is of another model: " + d + " (the [model] keys must be the file's)");
     }
     for (const ParamSpec& p : table_) {
       const std::string ds = dataset_path(p.name);

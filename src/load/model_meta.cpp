@@ -4,6 +4,8 @@
 
 #include <optional>
 
+#include "io/h5.h"
+
 namespace meshlm::load {
 
 namespace ck = io::ckpt;
@@ -37,6 +39,13 @@ GPTConfig model_of_meta(const ck::Meta& m) {
   g.rope_scaling = {l.rope_factor, l.rope_low_freq_factor, l.rope_high_freq_factor,
                     static_cast<int>(l.rope_original_max_positions)};
   return g;
+}
+
+std::optional<GPTConfig> checkpoint_model(const std::string& path) {
+  if (!io::h5::is_hdf5_file(path)) return std::nullopt;
+  io::h5::File f = io::h5::open_file(path);
+  if (!io::h5::exists(f, "meta")) return std::nullopt;
+  return model_of_meta(ck::read_meta(f, path));
 }
 
 std::string model_meta_difference(const ck::Meta& m, const GPTConfig& cfg,

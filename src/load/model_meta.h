@@ -3,6 +3,7 @@
 // saves and resume of training and for the meshlm ckpt tools.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "io/checkpoint_meta.h"
@@ -16,6 +17,11 @@ void set_model_meta(io::ckpt::Meta& m, const GPTConfig& cfg);
 // The model /meta describes (not validated: GPTConfig::validate() is the
 // caller's, naming the file).
 GPTConfig model_of_meta(const io::ckpt::Meta& m);
+
+// The model of the meshlm checkpoint at `path` (its /meta); none when the
+// path is not an HDF5 file with a /meta group (a base file of /params only).
+// RankError naming the file when /meta is there but unreadable.
+std::optional<GPTConfig> checkpoint_model(const std::string& path);
 
 // "" when `m` describes `cfg`; else the first [model] key that differs, as
 // "model.KEY = <m's> there, <cfg's> " + `here` ("in this run").

@@ -40,4 +40,14 @@ void GPTConfig::validate() const {
          "original_max_positions >= 1 (or factor 0: no scaling)");
 }
 
+std::string GPTConfig::describe() const {
+  if (arch != ModelArch::llama)
+    return "GPT-2 L=" + std::to_string(n_layer) + " NH=" + std::to_string(n_head) +
+           " C=" + std::to_string(n_embd) + " V=" + std::to_string(vocab_size);
+  return "Llama L=" + std::to_string(n_layer) + " NH=" + std::to_string(n_head) +
+         " NKV=" + std::to_string(kv_heads()) + " C=" + std::to_string(n_embd) +
+         " F=" + std::to_string(mlp_width()) + " V=" + std::to_string(vocab_size) +
+         (tie_word_embeddings ? " tied" : "");
+}
+
 }  // namespace meshlm

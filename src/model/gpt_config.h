@@ -54,6 +54,9 @@ struct GPTConfig {
   bool tied_classifier() const { return arch == ModelArch::gpt2 || tie_word_embeddings; }
   // Throws CollectiveError naming the [model] key when impossible.
   void validate() const;
+  // "GPT-2 L=12 NH=12 C=768 V=50257", "Llama L=16 NH=32 NKV=8 C=2048 F=8192
+  // V=128256 tied": the family and its shape, for the run's lines.
+  std::string describe() const;
 };
 
 }  // namespace meshlm

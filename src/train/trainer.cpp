@@ -403,8 +403,7 @@ void print_run_lines(const RunConfig& cfg, const RankPlan& shape, const Backend&
   const TrainConfig& tc = cfg.train;
   const ParallelConfig& pc = cfg.parallel;
   const size_t n_full = table_numel(model_param_table(cfg.model));
-  log::info("# model: GPT-2 L={} NH={} C={} V={} (padded {}) | {} parameters ({})",
-            cfg.model.n_layer, cfg.model.n_head, cfg.model.n_embd, cfg.model.vocab_size,
+  log::info("# model: {} (padded {}) | {} parameters ({})", cfg.model.describe(),
             cfg.model.padded_vocab_size(), n_full,
             format_bytes(static_cast<double>(n_full) * sizeof(float)));
   if (tc.precision == ops::Precision::fp32)

@@ -5,6 +5,7 @@ Llama (tests/torch/llama_torch.py, float64) and safetensors files written and
 parsed here by hand.
 
 usage: check_hf_llama.py --meshlm PATH --mpiexec "mpiexec -n 1 ..." --case CASE
+                         [--mpiexec-many "mpiexec -n 8 ..."]
 
 The model: a random Llama, L=2, C=64, NH=4, NKV=2, F=96, V=300 (meshlm pads
 the vocabulary to 320 rows), rms_norm_eps 1e-5, rope_theta 500000, "llama3"
@@ -44,13 +45,15 @@ CASE:
                 torch_dtype bfloat16. Exporting over a non-empty directory
                 meshlm did not write fails naming it, every byte unchanged;
                 re-exporting over meshlm's own export (other dtype, other shard
-                count) replaces it, no stale shard left.
+                count) replaces it, no stale shard left, the files meshlm does
+                not write (tokenizer.json, a folder) kept as they were.
   import_export `ckpt import` of the BF16 sharded directory, then `ckpt export`
                 (bf16, the default): per name the same dtype, shape and raw
                 bytes as the input, and config.json's model values equal the
-                input's; the imported checkpoint as quant.base with every
-                [model] key given gives the same step-1 loss bits as the
-                directory, and a run that leaves out tie_word_embeddings or the
+                input's; the imported checkpoint as quant.base with no
+                [model] key (its /meta's taken), or with every one given,
+                gives the same step-1 loss bits as the directory, one that
+                disagrees with /meta is refused naming it, and a run that leaves out tie_word_embeddings or the
                 rope keys, which the checkpoint's /meta records, takes /meta's
                 values (the same bits) or is refused naming the key and the
                 file, never a silently different model. The tied variant (F32,
@@ -76,6 +79,13 @@ CASE:
                 I64 tensor; a [model] key that disagrees (model.n_layer = 3).
                 Tensor errors name DIR and the tensor, config errors
                 DIR/config.json and the key, index errors the index file.
+  layouts       inputs/llama-tiny.cfg with quant.base = a directory of its
+                shape (two BF16 shards, untied): 6 steps on one rank and on
+                dp 2 x tp 2 x pp 2 (--mpiexec-many, 8 ranks), the losses within
+                1e-5; LoRA on an NF4 base of it (quant.cache) likewise, with
+                the 8 ranks as two nodes of four: the quantized base held once
+                per node (memory/quantized of run.h5: ranks 0 and 4 only, each
+                the one-rank run's bytes).
 Exit status 1 on any failure.
 """
 import argparse
@@ -412,8 +422,9 @@ def train_final(m, base, steps, *args):
     return os.path.join(out, "checkpoints", f"step_{steps:08d}.h5")
 
 
-def check_export_dir(what, e, ck, dtype, torch_dtype):
-    """The directory `e` exported from checkpoint `ck` in `dtype` (F32 or BF16)."""
+def check_export_dir(what, e, ck, dtype, torch_dtype, kept=()):
+    """The directory `e` exported from checkpoint `ck` in `dtype` (F32 or BF16);
+    `kept`: the user's files there besides meshlm's."""
     cfg, index, tensors, where = read_dir(e)
     names = sorted(tensors)
     with h5py.File(ck, "r") as f:
@@ -432,6 +443,7 @@ def check_export_dir(what, e, ck, dtype, torch_dtype):
         extra = set(os.listdir(e)) - on_disk - {"config.json", "model.safetensors.index.json"}
     else:
         extra = set(os.listdir(e)) - {"config.json", "model.safetensors"}
+    extra -= set(kept)
     check(not extra, f"{what}: nothing else in the directory ({sorted(extra)})")
     check(all(v[0] == dtype for v in tensors.values()), f"{what}: every tensor {dtype}")
     bad = []
@@ -525,14 +537,23 @@ def case_export(m, d):
     check(rc != 0 and snapshot(base) == before,
           "export over the input directory (not meshlm's export): refused, unchanged")
 
-    # Over its own export: fp32 in several shards replaced by bf16 in one file.
+    # Over its own export: fp32 in several shards replaced by bf16 in one
+    # file; what the user put beside the weights (a tokenizer, a folder) kept.
+    open(os.path.join(e32, "tokenizer.json"), "w").write('{"model": {}}\n')
+    os.makedirs(os.path.join(e32, "extra"))
+    open(os.path.join(e32, "extra", "notes.txt"), "w").write("mine\n")
     m.run("ckpt", "export", ck, "-o", e32, "--dtype", "bf16")
     left = sorted(os.listdir(e32))
-    check(left == ["config.json", "model.safetensors"],
-          f"re-export over meshlm's own export: replaced, no stale shard or index ({left})")
-    check_export_dir("re-export (bf16, one file)", e32, ck, "BF16", "bfloat16")
+    check(left == ["config.json", "extra", "model.safetensors", "tokenizer.json"],
+          f"re-export over meshlm's own export: replaced, no stale shard or index, the user's "
+          f"files kept ({left})")
+    check(open(os.path.join(e32, "tokenizer.json")).read() == '{"model": {}}\n'
+          and open(os.path.join(e32, "extra", "notes.txt")).read() == "mine\n",
+          "  ... their contents unchanged")
+    mine = ("tokenizer.json", "extra")
+    check_export_dir("re-export (bf16, one file)", e32, ck, "BF16", "bfloat16", mine)
     m.run("ckpt", "export", ck, "-o", e32, "--dtype", "fp32", "--shard-mb", "0.1")
-    check_export_dir("re-export again (fp32, shards)", e32, ck, "F32", "float32")
+    check_export_dir("re-export again (fp32, shards)", e32, ck, "F32", "float32", mine)
     check(not [f for f in os.listdir(d) if f.startswith("e32") and f != "e32"],
           "no temporary directory left beside the export")
 
@@ -557,6 +578,14 @@ def case_import_export(m, d):
     check(np.float32(x).tobytes() == np.float32(y).tobytes(),
           f"the imported checkpoint as quant.base (its model's [model] keys given): the directory's "
           f"step-1 loss bits ({y!r} vs {x!r})")
+    y = m.loss(f"--quant.base={imp}")
+    check(np.float32(x).tobytes() == np.float32(y).tobytes(),
+          f"the imported checkpoint as quant.base, no [model] key given (its /meta's taken): the "
+          f"directory's step-1 loss bits ({y!r} vs {x!r})")
+    rc, msg, out = m.train(f"--quant.base={imp}", "--model.rope_theta=10000", ok=False)
+    check(rc != 0 and "imp.h5" in msg and "rope_theta" in msg and not os.path.exists(out),
+          "the imported checkpoint as quant.base with a [model] key that disagrees with its /meta: "
+          "an error naming the key and the file, nothing written")
     # The checkpoint's /meta records tie_word_embeddings and the rope: a run
     # that leaves those keys out must not silently build another model (the
     # classifier tied, lm_head.weight unused; rope without its scaling).
@@ -743,15 +772,69 @@ def case_bad(m, d):
         print("      " + error_line(msg))
 
 
+def case_layouts(m, d, many):
+    """inputs/llama-tiny.cfg from a directory of its shape on one rank and on
+    dp 2 x tp 2 x pp 2; LoRA on an NF4 base of it likewise, the machine split
+    into two nodes of four ranks."""
+    g = torch.Generator().manual_seed(9)
+    Ct, Ft, Vt, Lt = 64, 160, 256, 2
+    r = lambda *shape: (torch.randn(*shape, generator=g) * 0.1)  # noqa: E731
+    t = {"model.embed_tokens.weight": r(Vt, Ct) * 5, "model.norm.weight": 1 + r(Ct),
+         "lm_head.weight": r(Vt, Ct)}
+    for i in range(Lt):
+        h = f"model.layers.{i}."
+        t[h + "input_layernorm.weight"], t[h + "post_attention_layernorm.weight"] = 1 + r(Ct), 1 + r(Ct)
+        for n, shape in (("self_attn.q_proj", (Ct, Ct)), ("self_attn.k_proj", (Ct // 2, Ct)),
+                         ("self_attn.v_proj", (Ct // 2, Ct)), ("self_attn.o_proj", (Ct, Ct)),
+                         ("mlp.gate_proj", (Ft, Ct)), ("mlp.up_proj", (Ft, Ct)), ("mlp.down_proj", (Ct, Ft))):
+            t[h + n + ".weight"] = r(*shape)
+    base = os.path.join(d, "tiny")
+    write_dir(base, t, shards=2, cfg=config(num_hidden_layers=Lt, intermediate_size=Ft, vocab_size=Vt,
+                                            max_position_embeddings=32, rope_theta=10000.0,
+                                            rope_scaling=None))
+    cfg = os.path.join(os.path.dirname(HERE), "..", "inputs", "llama-tiny.cfg")
+    many_m = Meshlm(m.exe, many, d)
+
+    def run(runner, name, *args):
+        out = os.path.join(d, name)
+        rc, msg = runner.run("train", os.path.abspath(cfg), f"--quant.base={base}", "--train.steps=6",
+                             "--train.log_every=1", f"--output.dir={out}", *args)
+        with h5py.File(os.path.join(out, "run.h5"), "r") as f:
+            return (np.asarray(f["metrics/loss"][:], np.float64),
+                    np.asarray(f["memory/quantized/peak_bytes"][:]))
+
+    layout = ["--parallel.dp=2", "--parallel.tp=2", "--parallel.pp=2"]
+    one, _ = run(m, "full1")
+    eight, _ = run(many_m, "full8", *layout)
+    rel = float(np.max(np.abs(eight - one) / np.abs(one)))
+    check(len(one) == 6 and one[-1] < one[0], f"llama-tiny.cfg from the directory learns on one rank {one}")
+    check(len(eight) == 6 and rel <= TOL,
+          f"dp 2 x tp 2 x pp 2: the one-rank losses within {TOL} (worst {rel:.2e})")
+    lora = ["--finetune.mode=lora", "--quant.type=nf4", "--train.lr=1e-2",
+            f"--quant.cache={os.path.join(d, 'cache.h5')}"]
+    lone, q1 = run(m, "lora1", *lora)
+    leight, q8 = run(many_m, "lora8", *lora, *layout, "--parallel.ranks_per_node=4")
+    rel = float(np.max(np.abs(leight - lone) / np.abs(lone)))
+    check(np.all(np.isfinite(leight)) and rel <= TOL,
+          f"LoRA on an NF4 base of it under dp 2 x tp 2 x pp 2: the one-rank losses within {TOL} "
+          f"(worst {rel:.2e})")
+    check(q1[0] > 0 and list(np.nonzero(q8)[0]) == [0, 4] and q8[0] == q1[0] and q8[4] == q1[0],
+          f"one copy of the quantized base per node (two nodes of four ranks): held by ranks 0 and "
+          f"4 only, each the whole base of one rank's run ({list(q8)} vs {q1[0]})")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--meshlm", required=True)
     ap.add_argument("--mpiexec", required=True)
-    ap.add_argument("--case", required=True, choices=["loss", "export", "import_export", "lora_merge", "bad"])
+    ap.add_argument("--mpiexec-many", help="mpiexec of 8 ranks (the layouts case)")
+    ap.add_argument("--case", required=True,
+                    choices=["loss", "export", "import_export", "lora_merge", "bad", "layouts"])
     ap.add_argument("--keep", help="work in this directory and keep it")
     a = ap.parse_args()
     cases = {"loss": case_loss, "export": case_export, "import_export": case_import_export,
-             "lora_merge": case_lora_merge, "bad": case_bad}
+             "lora_merge": case_lora_merge, "bad": case_bad,
+             "layouts": lambda m, d: case_layouts(m, d, a.mpiexec_many)}
     exe = os.path.abspath(a.meshlm)
     t0 = time.time()
     try:
