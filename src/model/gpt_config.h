@@ -50,6 +50,13 @@ struct GPTConfig {
   int mlp_width() const {
     return arch == ModelArch::llama && intermediate_size > 0 ? intermediate_size : 4 * n_embd;
   }
+  // Elements of one block's linear weights, its multiply-adds per token:
+  // GPT-2 12 C^2 (c_attn 3, c_proj 1, the MLP 8); Llama 2 C^2 + 2 C Ckv
+  // (q and o, k and v) + 3 C F (gate, up, down).
+  double block_matmul_elements() const {
+    const double C = n_embd, Ckv = double(kv_heads()) * head_size(), F = mlp_width();
+    return arch == ModelArch::llama ? 2 * C * C + 2 * C * Ckv + 3 * C * F : 12 * C * C;
+  }
   // Whether the classifier is the token embedding (always for GPT-2).
   bool tied_classifier() const { return arch == ModelArch::gpt2 || tie_word_embeddings; }
   // Throws CollectiveError naming the [model] key when impossible.

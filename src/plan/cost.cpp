@@ -131,7 +131,8 @@ class StageModel {
   StageModel(const GPTConfig& model, const ParallelConfig& p, const StepWork& w, const ClusterRates& rates,
              double tp_one)
       : p_(p), w_(w), o_(rates.ops), B_(w.micro_batch), T_(w.seq_len), C_(model.n_embd),
-        V_(model.padded_vocab_size()), tp_(p.tp), tokens_(B_ * T_), tp_one_(tp_one) {
+        V_(model.padded_vocab_size()), tp_(p.tp), tokens_(B_ * T_), tp_one_(tp_one),
+        block_(model.block_matmul_elements()), mlp_(model.mlp_width()) {
     gemm_rate_ = rates.flops_per_s * gemm_efficiency(rates, tokens_, C_);
     const double head = C_ / model.n_head;
     const bool flash = w.attention == Attention::flash;
@@ -144,11 +145,12 @@ class StageModel {
   StagePass pass(double L, bool last) const {
     const double B = B_, T = T_, C = C_, tp = tp_, tokens = tokens_;
     const bool recompute = p_.activation_checkpointing == Checkpointing::full;
-    const double gemm = 2.0 * 12.0 * C * C * L * tokens / tp / gemm_rate_;
+    const double gemm = 2.0 * block_ * L * tokens / tp / gemm_rate_;
     const double cls = last ? 2.0 * V_ * C * tokens / tp / gemm_rate_ : 0;
     const double att_f = 4.0 * L * B * T * T * C / tp / att_f_rate_;
     const double att_b = 8.0 * L * B * T * T * C / tp / att_b_rate_;
-    const double gelu = 4.0 * C * tokens * L / tp * 1e-9;
+    // The MLP's activation (GELU, or SwiGLU) over its width.
+    const double gelu = mlp_ * tokens * L / tp * 1e-9;
     // The blocks' two LayerNorms each, and the final one before the classifier.
     const double norm_blocks = C * tokens * 2.0 * L * 1e-9, norm_final = last ? C * tokens * 1e-9 : 0;
     const double logits = tokens * V_ / tp * 1e-9;
@@ -182,6 +184,7 @@ class StageModel {
   const StepWork& w_;
   const OpClassRates& o_;
   double B_, T_, C_, V_, tp_, tokens_, tp_one_;
+  double block_, mlp_;  // a block's linear weights' elements; the MLP's width
   double gemm_rate_ = 0, att_f_rate_ = 0, att_b_rate_ = 0;
 };
 

@@ -11,7 +11,7 @@ namespace meshlm {
 StageCosts gpt_stage_costs(const GPTConfig& cfg, int seq_len) {
   const double C = cfg.n_embd, T = seq_len, Vp = cfg.padded_vocab_size();
   StageCosts c;
-  c.layer = 3 * (24 * C * C + 4 * T * C);
+  c.layer = 3 * (2 * cfg.block_matmul_elements() + 4 * T * C);
   c.embedding = 3 * C;
   c.head = 3 * (2 * C * Vp) + 3 * 5 * Vp;
   return c;

@@ -29,9 +29,12 @@ struct StageCosts {
 // FLOPs of one training token (forward + backward = 3x forward: the backward
 // of a matmul is two matmuls of the same size), C = n_embd, T = seq_len,
 // Vp = padded vocabulary:
-//   layer     = 3 (24 C^2 + 4 T C)    QKV 6C^2, proj 2C^2, MLP 16C^2 (2 flops per
-//                                     multiply-add); scores QK^T 2TC, att V 2TC
-//   embedding = 3 C                   lookup + add of wte and wpe rows
+//   layer     = 3 (2 P + 4 T C)       P = the block's linear weights (2 flops per
+//                                     multiply-add; GPT-2 12 C^2: QKV 3, proj 1,
+//                                     MLP 8; Llama 2 C^2 + 2 C Ckv + 3 C F:
+//                                     GPTConfig::block_matmul_elements); scores
+//                                     QK^T 2TC, att V 2TC
+//   embedding = 3 C                   lookup + add of the embedding rows
 //   head      = 3 (2 C Vp) + 3 (5 Vp) lm_head matmul; softmax cross-entropy
 // Layernorms, GELU and residual adds are left out: O(C) against O(C^2). The
 // attention term counts the full T x T product although it is causal, as

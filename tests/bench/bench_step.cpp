@@ -5,7 +5,11 @@
 //   meshlm_bench --n_layer 12 --n_head 12 --n_embd 768 --vocab_size 50304
 //                --seq_len 64 --batch 4 --threads 2 [--steps 5] [--warmup 2] [--cuda 1]
 //                [--bf16 1] [--flash 1] [--lora R] [--op_timings 1]
+//                [--llama 1 --n_kv_head K --intermediate_size F [--tied 1]]
 //
+// --llama 1 times a Llama-family model instead (RMSNorm, rotary embeddings
+// with theta 500000, grouped-query attention with K key/value heads, a SwiGLU
+// MLP of width F, an untied lm_head unless --tied 1).
 // --cuda 1 runs the step on GPU 0 (runtime.backend = cuda, fp32), timed to
 // the end of the device's work, and adds the device memory to the line: the
 // tracked Buffers' peak, the caching allocator's reservation, and what
@@ -23,7 +27,8 @@
 //
 // Prints one JSON line (same keys as torch_step.py). Training FLOPs per step
 // (docs/PERFORMANCE.md):
-//   tokens = B*T; forward per token = 2 (L 12 C^2 + V C) + 4 L T C;
+//   tokens = B*T; forward per token = 2 (L P + V C) + 4 L T C, P a block's
+//   linear weights (GPTConfig::block_matmul_elements: GPT-2 12 C^2);
 //   training = 3 x forward.
 #include <cblas.h>
 #include <mpi.h>
@@ -53,7 +58,9 @@ int main(int argc, char** argv) {
   std::map<std::string, long> f = {{"n_layer", 12}, {"n_head", 12},   {"n_embd", 768},
                                    {"vocab_size", 50304}, {"seq_len", 64}, {"batch", 4},
                                    {"threads", 1},  {"steps", 5},     {"warmup", 2}, {"cuda", 0},
-                                   {"bf16", 0}, {"flash", 0}, {"lora", 0}, {"op_timings", 0}};
+                                   {"bf16", 0}, {"flash", 0}, {"lora", 0}, {"op_timings", 0},
+                                   {"llama", 0}, {"n_kv_head", 0}, {"intermediate_size", 0},
+                                   {"tied", 0}};
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     if (k.rfind("--", 0) != 0 || !f.count(k.substr(2))) {
@@ -74,6 +81,13 @@ int main(int argc, char** argv) {
   cfg.vocab_size = static_cast<int>(f["vocab_size"]);
   const int B = static_cast<int>(f["batch"]), T = static_cast<int>(f["seq_len"]);
   cfg.max_seq_len = T;
+  if (f["llama"] != 0) {
+    cfg.arch = ModelArch::llama;
+    cfg.n_kv_head = static_cast<int>(f["n_kv_head"]);
+    cfg.intermediate_size = static_cast<int>(f["intermediate_size"]);
+    cfg.tie_word_embeddings = f["tied"] != 0;
+    cfg.rope_theta = 500000;
+  }
   const ops::Precision precision = f["bf16"] != 0 ? ops::Precision::bf16 : ops::Precision::fp32;
   const ComputeBackend kind = f["cuda"] != 0 ? ComputeBackend::cuda : ComputeBackend::cpu;
   const BackendCaps& caps = backend_caps(kind);
@@ -143,7 +157,7 @@ int main(int argc, char** argv) {
     std::sort(times.begin(), times.end());
     const double med = times[times.size() / 2];
     const double L = cfg.n_layer, C = cfg.n_embd, V = cfg.vocab_size;
-    const double fwd_per_token = 2 * (L * 12 * C * C + V * C) + 4 * L * T * C;
+    const double fwd_per_token = 2 * (L * cfg.block_matmul_elements() + V * C) + 4 * L * T * C;
     const double flops = 3 * fwd_per_token * B * T;
     std::string memory;
     if (caps.device_memory)
@@ -166,10 +180,10 @@ int main(int argc, char** argv) {
     }
     const std::string mode = f["lora"] > 0 ? "lora-nf4" : "full";
     std::printf(
-        "{\"impl\": \"meshlm\", \"mode\": \"%s\", \"device\": \"%s\", \"precision\": \"%s\", \"attention\": \"%s\", \"threads\": %d, \"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d, "
+        "{\"impl\": \"meshlm\", \"arch\": \"%s\", \"mode\": \"%s\", \"device\": \"%s\", \"precision\": \"%s\", \"attention\": \"%s\", \"threads\": %d, \"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d, "
         "\"vocab_size\": %d, \"seq_len\": %d, \"batch\": %d, \"ms_per_step\": %.3f, "
         "\"tokens_per_s\": %.1f, \"gflops\": %.2f, \"loss\": %.4f%s}\n",
-        mode.c_str(), device.c_str(), name_of(precision), name_of(opts.attention), threads, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, T, B, 1e3 * med, B * T / med,
+        name_of(cfg.arch), mode.c_str(), device.c_str(), name_of(precision), name_of(opts.attention), threads, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, T, B, 1e3 * med, B * T / med,
         flops / med / 1e9, loss, memory.c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "meshlm_bench: %s\n", e.what());

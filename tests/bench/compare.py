@@ -34,6 +34,10 @@ Configs (steps timed after warmup unless --steps/--warmup are given):
   gpt2-124m  L=12 NH=12 C=768 V=50304 B=4 T=64    5 after 2
   small-a    L=4  NH=4  C=256 V=50304 B=8 T=128   10 after 3
   small-b    L=6  NH=6  C=384 V=50304 B=8 T=256   10 after 3
+  llama-124m Llama L=12 NH=12 NKV=4 C=768 F=2048 V=50304 tied B=4 T=64   5 after 2
+             (meshlm_bench and torch_step.py with --llama 1: RMSNorm, rope,
+             grouped-query attention, SwiGLU; the peer tests/torch/llama_torch.py's
+             LlamaModule)
 """
 
 import argparse
@@ -54,6 +58,9 @@ CONFIGS = {
                     steps=10, warmup=3),
     "small-b": dict(n_layer=6, n_head=6, n_embd=384, vocab_size=50304, batch=8, seq_len=256,
                     steps=10, warmup=3),
+    # A Llama of about GPT-2 124M's size (tied, as Llama 3.2's small models).
+    "llama-124m": dict(n_layer=12, n_head=12, n_embd=768, vocab_size=50304, batch=4, seq_len=64,
+                       steps=5, warmup=2, llama=dict(n_kv_head=4, intermediate_size=2048, tied=1)),
 }
 SMALL = ["small-a", "small-b"]
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -206,6 +213,8 @@ def main():
                       "--vocab_size", str(c["vocab_size"]), "--seq_len", str(c["seq_len"]),
                       "--batch", str(c["batch"]), "--threads", str(n), "--steps", str(steps),
                       "--warmup", str(warmup)]
+            if "llama" in c:
+                common += ["--llama", "1"] + [a for k, v in c["llama"].items() for a in (f"--{k}", str(v))]
             m, err = run_one([bench] + common, n, args.timeout)
             if err:
                 errors.append(f"{name} threads={n} meshlm: {err}")

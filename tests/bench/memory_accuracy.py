@@ -59,6 +59,12 @@ G124 = ["--model.n_layer=12", "--model.n_head=12", "--model.n_embd=768",
 SMALL = ["--model.n_layer=4", "--model.n_head=4", "--model.n_embd=256", "--model.vocab_size=8192",
          "--model.seq_len=128", "--model.max_seq_len=128", "--train.micro_batch_size=4"]
 LORA = ["--finetune.mode=lora", "--quant.type=nf4"]
+# A Llama of SMALL's size: grouped-query attention (2 key/value heads for 8
+# query heads: split over tp 2, replicated over tp 4), SwiGLU, untied lm_head.
+LLAMA = ["--model.arch=llama", "--model.n_layer=4", "--model.n_head=8", "--model.n_kv_head=2",
+         "--model.n_embd=256", "--model.intermediate_size=704", "--model.vocab_size=8192",
+         "--model.seq_len=128", "--model.max_seq_len=128", "--model.tie_word_embeddings=false",
+         "--train.micro_batch_size=4"]
 
 # name: (ranks, overrides). batch_size = dp x micro_batches x micro_batch_size.
 CONFIGS = {
@@ -95,6 +101,14 @@ CONFIGS = {
                                  "--parallel.micro_batches=2", "--train.batch_size=32"]),
     "mid_tp2_ckpt": (2, MID + ["--parallel.tp=2", "--parallel.activation_checkpointing=full",
                                "--train.batch_size=8"]),
+    "llama": (1, LLAMA + ["--train.batch_size=4"]),
+    "llama_d2t2p2_z2": (8, LLAMA + ["--parallel.dp=2", "--parallel.tp=2", "--parallel.pp=2",
+                                    "--parallel.zero_stage=2", "--parallel.micro_batches=2",
+                                    "--train.batch_size=16"]),
+    "llama_tp4_ckpt": (4, LLAMA + ["--parallel.tp=4", "--parallel.activation_checkpointing=full",
+                                   "--train.batch_size=4"]),
+    "llama_lora_d2t2_z2": (4, LLAMA + LORA + ["--parallel.dp=2", "--parallel.tp=2",
+                                              "--parallel.zero_stage=2", "--train.batch_size=8"]),
 }
 # The node: its summed PSS, sampled, against meshlm's predicted node peak.
 NODE_TOLERANCE = 0.03
@@ -106,7 +120,8 @@ MARK_LAG_MS = 500
 COPIES_MIN_STORE = 32 * MIB
 # What the ctest (label memory) runs: the configurations that take seconds.
 QUICK = ["small", "small_dp2_z1", "small_tp4_ckpt", "small_pp4", "small_dp8_z2", "small_lora",
-         "small_lora_d2t2_z2", "small_d2t2p2_z2", "g124_lora_tp2"]
+         "small_lora_d2t2_z2", "small_d2t2p2_z2", "g124_lora_tp2", "llama", "llama_d2t2p2_z2",
+         "llama_tp4_ckpt", "llama_lora_d2t2_z2"]
 
 
 def mpiexec(n):

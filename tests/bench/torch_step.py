@@ -4,6 +4,11 @@
 Usage:
   torch_step.py --n_layer L --n_head NH --n_embd C --vocab_size V --seq_len T
                 --batch B --threads N [--steps 10] [--warmup 3] [--seed 0]
+                [--llama 1 --n_kv_head K --intermediate_size F [--tied 1]]
+
+--llama 1 builds tests/torch/llama_torch.py's LlamaModule instead (RMSNorm,
+rotary embeddings, K key/value heads, SwiGLU of width F; its FLOPs count a
+block's linear weights 2 C^2 + 2 C (K C / NH) + 3 C F for 12 C^2).
 
 Builds the GPT-2 of tests/torch/gpt2_torch.py in float32 (wte padded to a
 multiple of 64 rows like meshlm's; logits over the V real rows), AdamW
@@ -45,10 +50,13 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "torch"))
 from gpt2_torch import GPT2, GPT2Config, padded_vocab  # noqa: E402
+from llama_torch import LlamaModule  # noqa: E402
 
 
-def train_flops_per_step(L, C, V, T, B):
-    fwd_per_token = 2 * (L * 12 * C * C + V * C) + 4 * L * T * C
+def train_flops_per_step(L, C, V, T, B, block=None):
+    """`block`: a block's linear weights' elements (12 C^2 for GPT-2)."""
+    block = 12 * C * C if block is None else block
+    fwd_per_token = 2 * (L * block + V * C) + 4 * L * T * C
     return 3 * fwd_per_token * B * T
 
 
@@ -79,6 +87,10 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--llama", type=int, default=0, help="1: a Llama (llama_torch.LlamaModule)")
+    ap.add_argument("--n_kv_head", type=int, default=0)
+    ap.add_argument("--intermediate_size", type=int, default=0)
+    ap.add_argument("--tied", type=int, default=0)
     args = ap.parse_args()
     if args.steps < 1:
         ap.error("--steps must be >= 1")
@@ -102,10 +114,17 @@ def main():
         torch.backends.mkldnn.enabled = True
 
     L, NH, C, V, T, B = args.n_layer, args.n_head, args.n_embd, args.vocab_size, args.seq_len, args.batch
-    cfg = GPT2Config(n_layer=L, n_head=NH, n_embd=C, vocab_size=V,
-                     padded_vocab_size=padded_vocab(V), max_seq_len=T)
     torch.manual_seed(args.seed)
-    model = GPT2(cfg).init_weights(seed=args.seed).float().train()
+    block = None
+    if args.llama:
+        NKV, Fw = args.n_kv_head, args.intermediate_size
+        model = LlamaModule(L, NH, NKV, C, Fw, V, padded_vocab(V), T, tied=bool(args.tied),
+                            seed=args.seed).float().train()
+        block = 2 * C * C + 2 * C * (NKV * C // NH) + 3 * C * Fw
+    else:
+        cfg = GPT2Config(n_layer=L, n_head=NH, n_embd=C, vocab_size=V,
+                         padded_vocab_size=padded_vocab(V), max_seq_len=T)
+        model = GPT2(cfg).init_weights(seed=args.seed).float().train()
 
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
@@ -146,7 +165,8 @@ def main():
         "n_layer": L, "n_head": NH, "n_embd": C, "vocab_size": V, "seq_len": T, "batch": B,
         "ms_per_step": med * 1e3,
         "tokens_per_s": B * T / med,
-        "gflops": train_flops_per_step(L, C, V, T, B) / med / 1e9,
+        "gflops": train_flops_per_step(L, C, V, T, B, block) / med / 1e9,
+        "arch": "llama" if args.llama else "gpt2",
     }
     print(json.dumps(result), flush=True)
 

@@ -650,24 +650,6 @@ def case_lora_merge(m, d):
           f"the merged model's loss ({ref:.6f}) is not the base's ({base_loss:.6f})")
 
 
-def f8_safetensors(path, tensors, f8_name):
-    """write_safetensors, but `f8_name` stored as F8_E4M3 (raw bytes: a value's bf16 top byte
-    stands in; only the dtype matters here)."""
-    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
-    for name, a in tensors.items():
-        if name == f8_name:
-            raw, dt = np.full(a.numel(), 0x38, np.uint8).tobytes(), "F8_E4M3"
-        else:
-            raw, dt = a.to(torch.bfloat16).view(torch.int16).numpy().tobytes(), "BF16"
-        header[name] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
-
-
 def case_bad(m, d):
     t = llama_tensors(5)
     first = shard_names(3)
@@ -721,7 +703,10 @@ def case_bad(m, d):
 
     def f8(dd):
         write_dir(dd, t, shards=1)
-        f8_safetensors(os.path.join(dd, "model.safetensors"), t, "model.layers.1.mlp.up_proj.weight")
+        up = "model.layers.1.mlp.up_proj.weight"
+        write_safetensors(os.path.join(dd, "model.safetensors"),
+                          {k: (v, "F8_E4M3" if k == up else "BF16") for k, v in t.items()},
+                          {"format": "pt"})
 
     k0 = sorted(t)[0]
     cj = "DIR/config.json"

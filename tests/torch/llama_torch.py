@@ -14,6 +14,8 @@ and model are checked against (check_llama.py). Independent of meshlm's code.
   swiglu(gate, up)                silu(gate) * up
   causal_attention(q, k, v)       softmax(q k^T / sqrt(hs), causal) v per head
   Llama(cfg, params).loss(t, y)   the whole model's mean cross-entropy
+  LlamaModule(...)                the same as trainable torch.nn modules (the
+                                  CPU benchmark's peer, tests/bench/torch_step.py)
 """
 import math
 
@@ -119,3 +121,65 @@ class Llama:
         cls = p["embed_tokens.weight" if c["tie_word_embeddings"] else "lm_head.weight"][:V]
         logits = x @ cls.T
         return F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1))
+
+
+class LlamaModule(torch.nn.Module):
+    """The same Llama as trainable torch.nn modules, for the CPU benchmark's
+    peer (tests/bench/torch_step.py --llama): nn.Linear layers without
+    biases, the rotary tables precomputed for T positions, grouped-query heads
+    repeated for a batched matmul attention, token embeddings of Vp rows
+    (meshlm's padding) of which the classifier uses the V real ones."""
+
+    def __init__(self, L, NH, NKV, C, F, V, Vp, T, theta=500000.0, tied=False, eps=1e-5, seed=0):
+        super().__init__()
+        nn = torch.nn
+        self.NH, self.NKV, self.hs, self.V, self.eps, self.tied = NH, NKV, C // NH, V, eps, tied
+        g = torch.Generator().manual_seed(seed)
+
+        def lin(o, i):
+            m = nn.Linear(i, o, bias=False)
+            with torch.no_grad():
+                m.weight.normal_(0.0, 0.02, generator=g)
+            return m
+
+        self.embed = nn.Embedding(Vp, C)
+        with torch.no_grad():
+            self.embed.weight.normal_(0.0, 0.02, generator=g)
+        kv = NKV * self.hs
+        self.blocks = nn.ModuleList()
+        for _ in range(L):
+            b = nn.Module()
+            b.ln1, b.ln2 = nn.Parameter(torch.ones(C)), nn.Parameter(torch.ones(C))
+            b.q, b.k, b.v, b.o = lin(C, C), lin(kv, C), lin(kv, C), lin(C, C)
+            b.gate, b.up, b.down = lin(F, C), lin(F, C), lin(C, F)
+            self.blocks.append(b)
+        self.norm = nn.Parameter(torch.ones(C))
+        self.lm_head = None if tied else lin(Vp, C)
+        cos, sin = rope_cos_sin(rope_inv_freq(self.hs, theta), T, dtype=torch.float32)
+        self.register_buffer("cos", cos[:, None, :])
+        self.register_buffer("sin", sin[:, None, :])
+        self.register_buffer("mask", torch.full((T, T), float("-inf")).triu(1))
+
+    def rms(self, x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * w
+
+    def forward(self, tokens, targets):
+        B, T = tokens.shape
+        NH, NKV, hs = self.NH, self.NKV, self.hs
+        cos, sin = self.cos[:T], self.sin[:T]
+        x = self.embed(tokens)
+        for b in self.blocks:
+            h = self.rms(x, b.ln1)
+            q = apply_rope(b.q(h).view(B, T, NH, hs), cos[:, 0], sin[:, 0])
+            k = apply_rope(b.k(h).view(B, T, NKV, hs), cos[:, 0], sin[:, 0])
+            v = b.v(h).view(B, T, NKV, hs)
+            k, v = repeat_kv(k, NH // NKV), repeat_kv(v, NH // NKV)
+            q, k, v = (a.transpose(1, 2) for a in (q, k, v))  # (B, NH, T, hs)
+            att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hs) + self.mask[:T, :T], dim=-1)
+            x = x + b.o((att @ v).transpose(1, 2).reshape(B, T, NH * hs))
+            h = self.rms(x, b.ln2)
+            x = x + b.down(F.silu(b.gate(h)) * b.up(h))
+        x = self.rms(x, self.norm)
+        w = self.embed.weight if self.tied else self.lm_head.weight
+        logits = F.linear(x, w[: self.V])
+        return logits, F.cross_entropy(logits.reshape(-1, self.V), targets.reshape(-1))

@@ -5,7 +5,7 @@ check_hf_dir.py. No dependency beyond numpy and torch.
 
   write_safetensors(path, tensors, metadata=None)
       tensors: name -> array, or (array, dtype) with dtype one of F32
-      (the default), BF16, F16, I64; an array is a numpy array or a torch
+      (the default), BF16, F16, I64, F8_E4M3 (every element 1.0); an array is a numpy array or a torch
       tensor.
 """
 import json
@@ -23,6 +23,8 @@ def _raw(t, dtype):
         return t.to(torch.float16).contiguous().numpy().tobytes()
     if dtype == "I64":
         return t.to(torch.int64).contiguous().numpy().astype("<i8").tobytes()
+    if dtype == "F8_E4M3":  # 1.0 (0x38) in every element: a dtype meshlm refuses
+        return np.full(t.numel(), 0x38, np.uint8).tobytes()
     return t.to(torch.float32).contiguous().numpy().astype("<f4").tobytes()
 
 
