@@ -112,23 +112,28 @@ size_t store_pages_read(const StoreManifest& m, const GPTConfig& cfg, const Mode
       if (first >= 0) run(first * K, next * K);
       first = -1;
     };
-    for (int64_t i = 0; i < rows; ++i) {
-      const int64_t r = part.tp_dim == 0 ? part.logical_index(i) : i;
-      if (part.tp_dim != 1 || shard.tp_size == 1) {
-        if (r != next) flush();
-        if (first < 0) first = r;
-        next = r + 1;
-        continue;
-      }
-      // Split columns: the runs of this rank's part of the row.
+    // Split columns: the runs (first column, length) of this rank's part of
+    // a row, the same in every row.
+    std::vector<std::pair<int64_t, int64_t>> col_runs;
+    if (part.tp_dim == 1 && shard.tp_size > 1) {
       const int64_t cols = part.local_cols();
       for (int64_t j = 0; j < cols;) {
         const int64_t c = part.logical_index(j);
         int64_t len = 1;
         while (j + len < cols && part.logical_index(j + len) == c + len) ++len;
-        run(r * K + c, r * K + c + len);
+        col_runs.emplace_back(c, len);
         j += len;
       }
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t r = part.tp_dim == 0 ? part.logical_index(i) : i;
+      if (col_runs.empty()) {
+        if (r != next) flush();
+        if (first < 0) first = r;
+        next = r + 1;
+        continue;
+      }
+      for (const auto& [c, len] : col_runs) run(r * K + c, r * K + c + len);
     }
     flush();
   }
