@@ -69,9 +69,9 @@ TEST(StorePages, EveryRankReadsThePagesOfItsPart) {
   for (const GPTConfig& cfg : {gpt2, llama()})
     for (const quant::QuantType q : {quant::QuantType::int8, quant::QuantType::nf4}) {
       const load::StoreManifest m = load::make_manifest(cfg, q);
-      for (const int tp : {1, 2})
+      // tp 4: Llama's two key/value heads replicated on every rank.
+      for (const int tp : {1, 2, 4})
         for (const int stage : {0, 1, 2}) {
-          if (cfg.arch == ModelArch::llama && tp > 1) continue;  // tp = 1 only, for now
           // Stages: [0, 1), [1, 3), or the whole model.
           ModelShard s{.tp_size = tp};
           if (stage == 0) s.layer_end = 1, s.last_stage = false;
@@ -89,5 +89,5 @@ TEST(StorePages, EveryRankReadsThePagesOfItsPart) {
             }
         }
     }
-  EXPECT_EQ(cases, 2 * 3 * (1 + 2) * 2 + 2 * 3 * 1 * 2);
+  EXPECT_EQ(cases, 2 * 2 * 3 * (1 + 2 + 4) * 2);
 }
