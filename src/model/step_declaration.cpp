@@ -35,17 +35,17 @@ public:
   void rounds(size_t a, size_t b = 0, size_t c = 0) { d_.roundings.push_back({a, b, c}); }
   void hold(int depth, size_t elements) { d_.holds.push_back({depth, elements}); }
 
-  // A linear layer of n rows, (IC -> OC): trained (ops::matmul_*), or
+  // A linear layer of n rows, (IC -> OC), with a bias or not: trained (ops::matmul_*), or
   // frozen and quantized (quant::qlinear_*: tiles of tile_rows rows, each
   // with the layer's LoRA adapter merged into it when it has one; the
   // adapter's gradients by model/lora.cpp, with the layer's input and dout
   // held for its backward: GPT::linear_backward).
-  void linear(int n, int IC, int OC, bool adapter, int tile_rows) {
+  void linear(int n, int IC, int OC, bool adapter, int tile_rows, bool bias) {
     if (!o_.lora.enabled) {
       gemm(false, true, n, OC, IC, IC, IC);  // out = inp w^T
       // dinp += dout w and dw += dout^T inp on one copy of dout
       rounds(size_t(n) * OC, size_t(OC) * IC, size_t(n) * IC);
-      d_.row_sums.push_back({n, size_t(OC)});  // the bias gradient
+      if (bias) d_.row_sums.push_back({n, size_t(OC)});  // the bias gradient
       return;
     }
     const int tr = std::min(tile_rows, OC);
@@ -80,19 +80,22 @@ StepDeclaration declare_step(const GPTConfig& m, const ModelShard& shard, const 
   const int Vl = m.padded_vocab_size() / tp;
   const bool lora = o.lora.enabled;
   const int tiles = qtile_rows(o);
-  // The blocks' linear layers, one of each (every block has the same).
-  const std::vector<ParamSpec> table = gpt_param_table(m, shard);
+  // The blocks' linear layers, one of each (every block has the same);
+  // GPT-2's have biases, Llama's none.
+  const bool llama = m.arch == ModelArch::llama;
+  const std::vector<ParamSpec> table = model_param_table(m, shard);
   for (const BlockLinear& l : block_linears(table, shard.layer_begin))
-    d.linear(N, l.IC, l.OC, lora && o.lora.targets.has(l.slot), tiles);
-  // LayerNorm's dw and db together, where they train.
+    d.linear(N, l.IC, l.OC, lora && o.lora.targets.has(l.slot), tiles, !llama);
+  // LayerNorm's dw and db together (RMSNorm's dw alone), where they train.
   if (!lora)
     for (const ParamSpec& p : table)
       if (p.role == ParamRole::ln1_weight || p.role == ParamRole::ln2_weight ||
           p.role == ParamRole::lnf_weight)
-        d.out().row_sums.push_back({N, 2 * p.numel()});
+        d.out().row_sums.push_back({N, (llama ? 1 : 2) * p.numel()});
   // The token embedding's gradient, summed by index on the first stage.
   if (!lora && shard.first_stage) d.out().embedding_rows = N;
-  // The classifier, a chunk of rows at a time (tied to wte, no adapter).
+  // The classifier, a chunk of rows at a time (wte, or Llama's lm_head; no
+  // adapter).
   // Its weight (wte, or all of it dequantized at once under LoRA) is held
   // rounded for the chunks (Kernels::hold_rounded, GPT::classifier_weight):
   // one copy of this rank's part beside the buffer, none per GEMM. A
@@ -105,7 +108,7 @@ StepDeclaration declare_step(const GPTConfig& m, const ModelShard& shard, const 
       // dx = dlogits w, and (full training) dwte += dlogits^T x on the same copy of dlogits
       d.rounds(size_t(n_cls) * Vl, 0, lora ? 0 : size_t(n_cls) * C);
     } else {
-      d.linear(n_cls, C, Vl, false, tiles);
+      d.linear(n_cls, C, Vl, false, tiles, false);
     }
   }
   if (shard.layer_begin == (shard.layer_end < 0 ? m.n_layer : shard.layer_end))

@@ -7,7 +7,7 @@
 // cuda/flash_attention.cu rounds its inputs), and the copies it holds for
 // several GEMMs (Kernels::hold_rounded). Every layout the CUDA
 // backend trains (one rank: full training or LoRA, probabilities or flash,
-// the classifier in chunks) gives the prediction exactly. The scratch of the
+// the classifier in chunks; GPT-2 and a Llama) gives the prediction exactly. The scratch of the
 // reductions over rows (device_reduction_scratch_bytes) likewise.
 #include <gtest/gtest.h>
 
@@ -106,13 +106,19 @@ public:
     copies(unheld(A, a), unheld(B, b));
     TimedKernels::gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
-  // The reductions over rows (cuda/scratch.cuh): LayerNorm's dw and db, the
+  // The reductions over rows (cuda/scratch.cuh): LayerNorm's dw and db, RMSNorm's dw, the
   // bias gradients (above) and the embedding's index.
   void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
                           const float* w, const float* mean, const float* rstd, int N,
                           int C) const override {
     if (dw) partials_ = std::max(partials_, ops::column_partials_bytes(N, 2 * size_t(C)));
     TimedKernels::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+  }
+  // RMSNorm's dw alone (cuda/llama_ops.cu).
+  void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp,
+                        const float* w, const float* rstd, int N, int C) const override {
+    if (dw) partials_ = std::max(partials_, ops::column_partials_bytes(N, size_t(C)));
+    TimedKernels::rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
   }
   void embedding_backward(float* dwte_part, const float* dout, const int32_t* tokens, int N, int C,
                           int v0, int Vl) const override {
@@ -167,10 +173,18 @@ TEST(GpuWorkspace, PredictedCopiesAndScratchAreTheLargestTheModelAsksFor) {
     GPTConfig cfg;
     int B, T;
   };
+  GPTConfig llama{.n_layer = 2, .n_head = 4, .n_embd = 64, .vocab_size = 300, .max_seq_len = 40};
+  llama.arch = ModelArch::llama;
+  llama.n_kv_head = 2;
+  llama.intermediate_size = 176;
+  llama.tie_word_embeddings = false;
   const Shape shapes[] = {
       {{.n_layer = 2, .n_head = 4, .n_embd = 128, .vocab_size = 300, .max_seq_len = 40}, 3, 40},
       {{.n_layer = 1, .n_head = 8, .n_embd = 32, .vocab_size = 60, .max_seq_len = 64}, 3, 64},
       {{.n_layer = 1, .n_head = 2, .n_embd = 32, .vocab_size = 1000, .max_seq_len = 40}, 3, 40},
+      // A Llama (no biases, RMSNorm's dw, grouped-query k and v, SwiGLU, an
+      // untied lm_head) as the CUDA backend would run it.
+      {llama, 3, 40},
   };
   const Case cases[] = {
       {"full, probabilities", false, Attention::probabilities, 0},
@@ -200,7 +214,10 @@ TEST(GpuWorkspace, PredictedCopiesAndScratchAreTheLargestTheModelAsksFor) {
       if (k.lora) {
         ft.mode = FinetuneMode::lora;
         ft.lora_rank = 3;
-        ft.lora_targets = k.targets;
+        // A Llama's layers for GPT-2's: all of them, or its MLP's down projection.
+        ft.lora_targets = cfg.arch == ModelArch::gpt2 ? k.targets
+                          : k.targets == only(LinearSlot::mlp_down) ? only(LinearSlot::down)
+                                                                     : LinearSlots::of(cfg.arch);
       }
       RankPlan shape = plan_rank(cfg, par, ft, B, T, {}, k.attention);
       shape.model.classifier_rows = k.classifier_rows;
