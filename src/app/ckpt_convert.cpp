@@ -96,7 +96,7 @@ constexpr int kDefaultShardMB = 5000;
 
 const char* kExportUsage =
     "usage: meshlm ckpt export CKPT.h5 -o OUT.safetensors|DIR [--dtype fp32|bf16|fp16]\n"
-    "                          [--shard-mb N] [--merge] [--base FILE|DIR] [--format safetensors]\n"
+    "                          [--shard-mb X] [--merge] [--base FILE|DIR] [--format safetensors]\n"
     "\n"
     "Writes the model of a checkpoint (GPT-2 or Llama) in Hugging Face's layout:\n"
     "\n"

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <optional>
 
 #include "io/h5.h"
@@ -42,6 +43,10 @@ GPTConfig model_of_meta(const ck::Meta& m) {
 }
 
 std::optional<GPTConfig> checkpoint_model(const std::string& path) {
+  // Only a regular file is opened: a FIFO would block the reader forever
+  // (the base's own reader names what it is).
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return std::nullopt;
   if (!io::h5::is_hdf5_file(path)) return std::nullopt;
   io::h5::File f = io::h5::open_file(path);
   if (!io::h5::exists(f, "meta")) return std::nullopt;

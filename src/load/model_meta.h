@@ -19,7 +19,8 @@ void set_model_meta(io::ckpt::Meta& m, const GPTConfig& cfg);
 GPTConfig model_of_meta(const io::ckpt::Meta& m);
 
 // The model of the meshlm checkpoint at `path` (its /meta); none when the
-// path is not an HDF5 file with a /meta group (a base file of /params only).
+// path is not a regular HDF5 file with a /meta group (a base file of
+// /params only, a FIFO, nothing at all: never opened but a regular file).
 // RankError naming the file when /meta is there but unreadable.
 std::optional<GPTConfig> checkpoint_model(const std::string& path);
 
