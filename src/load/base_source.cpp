@@ -46,22 +46,6 @@ std::string model_str(const GPTConfig& c) {
   return s;
 }
 
-// Whether a directory's model `dir` is the run's `run` (its position table
-// may have more rows than the run's sequences).
-bool same_model(const GPTConfig& dir, const GPTConfig& run) {
-  if (dir.arch != run.arch || dir.n_layer != run.n_layer || dir.n_head != run.n_head ||
-      dir.n_embd != run.n_embd || dir.vocab_size != run.vocab_size ||
-      dir.max_seq_len < run.max_seq_len)
-    return false;
-  if (run.arch != ModelArch::llama) return true;
-  const ops::RopeScaling &a = dir.rope_scaling, &b = run.rope_scaling;
-  return dir.kv_heads() == run.kv_heads() && dir.mlp_width() == run.mlp_width() &&
-         dir.norm_eps == run.norm_eps && dir.rope_theta == run.rope_theta &&
-         dir.tie_word_embeddings == run.tie_word_embeddings && a.factor == b.factor &&
-         a.low_freq_factor == b.low_freq_factor && a.high_freq_factor == b.high_freq_factor &&
-         a.original_max_positions == b.original_max_positions;
-}
-
 // The part every source shares: the whole model's table, and the check that
 // a requested spec is one of its tensors (a spec of another config would
 // silently read the wrong values).
@@ -344,7 +328,10 @@ std::unique_ptr<BaseSource> open_base_source(const std::string& spec_string, con
   if (is_directory(spec_string)) {
     const HfDirectory d = read_hf_directory(spec_string);
     const GPTConfig& m = d.model;
-    if (!same_model(m, cfg))
+    // Its position table may have more rows than the run's sequences.
+    GPTConfig there = m;
+    if (there.max_seq_len >= cfg.max_seq_len) there.max_seq_len = cfg.max_seq_len;
+    if (!model_difference(there, cfg, "in this run").empty())
       throw RankError("Hugging Face directory '" + spec_string + "': its config.json is " +
                           model_str(m) + "; the run's model is " + model_str(cfg),
                       MESHLM_HERE);

@@ -57,7 +57,12 @@ std::string model_meta_difference(const ck::Meta& m, const GPTConfig& cfg,
                                   const std::string& here) {
   if (m.arch != name_of(cfg.arch))
     return fmt::format("model.arch = {} there, {} {}", m.arch, name_of(cfg.arch), here);
-  const GPTConfig t = model_of_meta(m);
+  return model_difference(model_of_meta(m), cfg, here);
+}
+
+std::string model_difference(const GPTConfig& t, const GPTConfig& cfg, const std::string& here) {
+  if (t.arch != cfg.arch)
+    return fmt::format("model.arch = {} there, {} {}", name_of(t.arch), name_of(cfg.arch), here);
   auto differs = [&](const char* key, const auto& there, const auto& ours) -> std::string {
     return there == ours ? "" : fmt::format("model.{} = {} there, {} {}", key, there, ours, here);
   };

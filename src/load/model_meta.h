@@ -28,5 +28,7 @@ std::optional<GPTConfig> checkpoint_model(const std::string& path);
 // "model.KEY = <m's> there, <cfg's> " + `here` ("in this run").
 std::string model_meta_difference(const io::ckpt::Meta& m, const GPTConfig& cfg,
                                   const std::string& here);
+// The same between two models: `there`'s and `cfg`'s.
+std::string model_difference(const GPTConfig& there, const GPTConfig& cfg, const std::string& here);
 
 }  // namespace meshlm::load
