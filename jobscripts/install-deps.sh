@@ -3,7 +3,8 @@
 #
 # Installs what meshlm needs from Debian's packages (Debian 12 "bookworm" or
 # newer): compiler, CMake, Open MPI, parallel HDF5, Boost.Program_options,
-# OpenBLAS (OpenMP flavour), {fmt}, nlohmann-json, xxHash, GoogleTest.
+# OpenBLAS (OpenMP flavour), {fmt}, nlohmann-json, xxHash, PCRE2,
+# libsentencepiece, GoogleTest.
 # --tests adds the Python cross-check references: python3-torch, python3-h5py,
 # python3-xxhash, and python3-matplotlib for jobscripts/plot_run.py; and
 # munge, slurmctld, slurmd and slurm-client for the one-node SLURM cluster
@@ -25,6 +26,7 @@ packages=(
   libboost-program-options-dev
   libopenblas0-openmp libopenblas-openmp-dev
   libfmt-dev nlohmann-json3-dev libxxhash-dev
+  libpcre2-dev libsentencepiece-dev
   libgtest-dev
 )
 for arg in "$@"; do

@@ -2,7 +2,7 @@
 //
 //   meshlm train FILE.cfg [--section.key=value ...]
 //   meshlm quantize FILE.cfg [--section.key=value ...]
-//   meshlm tokenize IN.txt OUT.h5
+//   meshlm tokenize IN [IN ...] OUT.h5 [--tokenizer FILE ...]
 //   meshlm ckpt inspect|stats|diff|verify|export|import ...
 //
 // Error contract (core/error.h): a CollectiveError (every rank fails the same
@@ -18,6 +18,7 @@
 
 #include "app/ckpt.h"
 #include "app/plan.h"
+#include "app/tokenize.h"
 #include "app/parameter_file.h"
 #include "comm/mpi_session.h"
 #include "core/alloc.h"
@@ -37,7 +38,7 @@ const char* kUsage =
     "commands:\n"
     "  train FILE.cfg [--section.key=value ...]   train a model from a parameter file\n"
     "  quantize FILE.cfg [--section.key=value]    build the quantized base model's cache (quant.cache) ahead of a run\n"
-    "  tokenize IN.txt OUT.h5                     byte-level tokens (vocabulary 256) of a text file\n"
+    "  tokenize IN [IN ...] OUT.h5 [options]      a corpus to a token file with a model's tokenizer (meshlm tokenize --help)\n"
     "  ckpt TOOL ARGS                             inspect, stats, diff, verify, export, import checkpoints (meshlm ckpt --help)\n"
     "  plan FILE.cfg --ranks N --ranks-per-node G the layouts of N ranks that fit, fastest first (meshlm plan --help)\n"
     "  help [train]                               this text, or every parameter of train\n"
@@ -110,25 +111,6 @@ int cmd_quantize(const std::vector<std::string>& args) {
   return 0;
 }
 
-int cmd_tokenize(const std::vector<std::string>& args) {
-  if (args.size() != 2)
-    throw meshlm::CollectiveError("usage: meshlm tokenize IN.txt OUT.h5", MESHLM_HERE);
-  const int rank = meshlm::log::rank();
-  bool ok = true;
-  std::string err;
-  if (rank == 0) {
-    try {
-      const uint64_t n = meshlm::io::tokenize_bytes(args[0], args[1]);
-      meshlm::log::info("{}: {} tokens (byte-level, vocabulary 256) -> {}", args[0], n, args[1]);
-    } catch (const std::exception& e) {
-      ok = false;
-      err = e.what();
-    }
-  }
-  meshlm::check_all(MPI_COMM_WORLD, ok, err, MESHLM_HERE);
-  return 0;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -147,7 +129,7 @@ int main(int argc, char** argv) {
     } else if (cmd == "ckpt") {
       status = meshlm::cmd_ckpt(args);
     } else if (cmd == "tokenize") {
-      status = cmd_tokenize(args);
+      status = meshlm::cmd_tokenize(MPI_COMM_WORLD, args);
     } else if (cmd == "plan") {
       // One process plans; the other ranks of a job (if any) have nothing to
       // do, but for --calibrate's MPI figures between ranks 0 and 1.

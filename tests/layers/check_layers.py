@@ -27,6 +27,7 @@ ALLOWED = {
     "core": [],
     "ops": ["core"],
     "comm": ["core"],
+    "text": ["core"],
     "io": ["core"],
     "mesh": ["core", "comm"],
     "quant": ["core", "ops", "comm"],
@@ -34,7 +35,7 @@ ALLOWED = {
     "load": ["core", "comm", "mesh", "quant", "model", "io"],
     "plan": ["core", "ops", "comm", "mesh", "quant", "model"],
     "train": ["core", "ops", "comm", "mesh", "quant", "model", "io", "load", "plan", "cuda"],
-    "app": ["core", "ops", "comm", "mesh", "quant", "model", "io", "load", "plan", "train"],
+    "app": ["core", "ops", "comm", "mesh", "quant", "model", "io", "load", "plan", "train", "text"],
     "cuda": ["core", "ops", "quant"],
 }
 # Only these folders call MPI functions (types such as MPI_Comm may appear

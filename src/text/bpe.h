@@ -1,0 +1,87 @@
+// Byte-level BPE (GPT-2, Llama 3, ...): the text's bytes are mapped to
+// printable characters (GPT-2's bytes_to_unicode), cut into pieces by the
+// pre-tokenizer's regular expressions, and each piece's bytes are merged by
+// the ranked merge list, lowest rank first, leftmost first on a tie (Hugging
+// Face's order; OpenAI's "merge every occurrence of the best pair" gives the
+// same ids for a merge list learnt by BPE).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "text/pretokenize.h"
+#include "text/tokenizer.h"
+
+namespace meshlm::text {
+
+// The character GPT-2's byte-level alphabet gives byte b, as UTF-8.
+const std::string& byte_char(uint8_t b);
+
+// What a loader read, in the vocabulary's own (byte-mapped) strings.
+struct BpeSpec {
+  std::string source;                                   // the file(s), for messages
+  std::vector<std::pair<std::string, uint64_t>> vocab;  // token -> id
+  std::vector<std::pair<std::string, std::string>> merges;  // in rank order
+  struct Added {
+    std::string content;  // raw text, matched in the input before pre-tokenizing
+    uint64_t id = 0;
+  };
+  std::vector<Added> added;               // split out of the text (specials)
+  std::vector<std::string> patterns;      // applied in turn ("Isolated" splits)
+  bool add_prefix_space = false;          // ByteLevel's: a space before each segment
+  bool ignore_merges = false;             // a piece that is a token is not merged
+  std::optional<uint64_t> bos;            // what a post-processor puts first
+};
+
+class BpeTokenizer final : public Tokenizer {
+public:
+  // Throws RankError naming spec.source for a merge that names an unknown
+  // token, a vocabulary without one of the 256 byte characters, two tokens
+  // with one id, or an id that does not fit 32 bits.
+  explicit BpeTokenizer(const BpeSpec& spec);
+
+  void encode(std::string_view text, std::vector<uint32_t>& out) const override;
+  std::string token_bytes(uint32_t id) const override;
+  uint64_t vocab_size() const override { return bytes_.size(); }
+  std::optional<uint32_t> token_id(std::string_view content) const override;
+  std::optional<uint32_t> bos_id() const override { return bos_; }
+  std::string kind() const override { return "bpe"; }
+
+private:
+  struct Merge {
+    uint32_t rank;
+    uint32_t id;
+  };
+  // The ids of one piece (raw bytes), appended to `out`.
+  void encode_piece(std::string_view piece, std::vector<uint32_t>& out) const;
+  void merge_piece(std::string_view piece, std::vector<uint32_t>& out) const;
+  // A segment between two added tokens: pre-tokenized, then merged.
+  void encode_segment(std::string_view text, std::vector<uint32_t>& out) const;
+  // Where the next added token starts in text[from:], and which one.
+  size_t find_added(std::string_view text, size_t from, size_t* which) const;
+
+  std::vector<std::string> bytes_;       // id -> raw bytes
+  std::vector<bool> assigned_;           // id -> has a token
+  std::unordered_map<std::string, uint32_t> by_bytes_;  // vocabulary, raw bytes -> id
+  std::unordered_map<uint64_t, Merge> merges_;         // (left << 32 | right) -> merge
+  std::array<uint32_t, 256> byte_id_{};
+  std::vector<std::pair<std::string, uint32_t>> added_;  // longest first
+  std::array<bool, 256> added_first_{};                  // first bytes of added tokens
+  std::vector<std::unique_ptr<Regex>> regexes_;
+  bool add_prefix_space_ = false, ignore_merges_ = false;
+  std::optional<uint32_t> bos_;
+
+  // Encoding state: the regexes' match buffers and a cache of short pieces.
+  mutable std::mutex mutex_;
+  mutable std::unordered_map<std::string, std::pair<uint32_t, uint32_t>> cache_;  // -> pool range
+  mutable std::vector<uint32_t> cache_pool_;
+  mutable std::vector<std::string_view> pieces_, subpieces_;
+};
+
+}  // namespace meshlm::text

@@ -1,0 +1,319 @@
+#include "text/tokenizer.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/files.h"
+#include "text/bpe.h"
+#include "text/sentencepiece.h"
+
+namespace meshlm::text {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string Tokenizer::decode(std::span<const uint32_t> ids) const {
+  std::string out;
+  for (uint32_t id : ids) out += token_bytes(id);
+  return out;
+}
+
+std::optional<uint32_t> Tokenizer::eot_id() const {
+  for (const char* name : {"<|endoftext|>", "<|end_of_text|>", "</s>"})
+    if (auto id = token_id(name)) return id;
+  return std::nullopt;
+}
+
+namespace {
+
+class ByteTokenizer final : public Tokenizer {
+public:
+  void encode(std::string_view text, std::vector<uint32_t>& out) const override {
+    for (unsigned char c : text) out.push_back(c);
+  }
+  std::string token_bytes(uint32_t id) const override {
+    if (id >= 256)
+      throw RankError(fmt::format("token id {} is not a byte (the byte tokenizer's vocabulary "
+                                  "is 256)",
+                                  id),
+                      MESHLM_HERE);
+    return std::string(1, static_cast<char>(id));
+  }
+  uint64_t vocab_size() const override { return 256; }
+  std::optional<uint32_t> token_id(std::string_view content) const override {
+    if (content.size() == 1) return static_cast<unsigned char>(content[0]);
+    return std::nullopt;
+  }
+  std::optional<uint32_t> bos_id() const override { return std::nullopt; }
+  std::string kind() const override { return "byte"; }
+};
+
+std::string read_text_file(const std::string& path) {
+  const std::string kind = non_regular_kind(path);
+  if (!kind.empty()) throw RankError("tokenizer '" + path + "' is " + kind, MESHLM_HERE);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw RankError("cannot read tokenizer file '" + path + "'", MESHLM_HERE);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+json parse_json(const std::string& text, const std::string& path) {
+  try {
+    return json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw RankError(fmt::format("{}: not valid JSON: {}", path, e.what()), MESHLM_HERE);
+  }
+}
+
+// A JSON value of the expected kind, or an error naming the key.
+const json& member(const json& obj, const char* key, json::value_t type, const std::string& where) {
+  if (!obj.is_object() || !obj.contains(key))
+    throw RankError(fmt::format("{}: key '{}' is missing", where, key), MESHLM_HERE);
+  const json& v = obj[key];
+  if (v.type() != type && !(type == json::value_t::number_unsigned && v.is_number_integer()))
+    throw RankError(fmt::format("{}: key '{}' is {}, not {}", where, key, v.type_name(),
+                                json(type).type_name()),
+                    MESHLM_HERE);
+  return v;
+}
+
+std::vector<std::pair<std::string, uint64_t>> read_vocab(const json& vocab, const std::string& where) {
+  if (!vocab.is_object())
+    throw RankError(where + ": the vocabulary is not a JSON object of token -> id", MESHLM_HERE);
+  std::vector<std::pair<std::string, uint64_t>> out;
+  out.reserve(vocab.size());
+  for (const auto& [tok, id] : vocab.items()) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0)
+      throw RankError(fmt::format("{}: the id of token '{}' is not a non-negative integer", where, tok),
+                      MESHLM_HERE);
+    out.emplace_back(tok, id.get<uint64_t>());
+  }
+  return out;
+}
+
+std::pair<std::string, std::string> split_merge(const std::string& line, size_t n, const std::string& where) {
+  const size_t sp = line.find(' ');
+  if (sp == std::string::npos || sp == 0 || sp + 1 >= line.size() ||
+      line.find(' ', sp + 1) != std::string::npos)
+    throw RankError(fmt::format("{}: merge {} ('{}') is not two tokens separated by one space",
+                                where, n, line),
+                    MESHLM_HERE);
+  return {line.substr(0, sp), line.substr(sp + 1)};
+}
+
+// A pre-tokenizer of tokenizer.json into the spec's patterns; true when it
+// (or a step of its Sequence) is the ByteLevel one.
+bool read_pre_tokenizer(const json& pt, BpeSpec& spec, const std::string& where) {
+  const std::string type = member(pt, "type", json::value_t::string, where + ": pre_tokenizer").get<std::string>();
+  if (type == "Sequence") {
+    bool byte_level = false;
+    for (const auto& step : member(pt, "pretokenizers", json::value_t::array, where + ": pre_tokenizer"))
+      byte_level |= read_pre_tokenizer(step, spec, where);
+    return byte_level;
+  }
+  if (type == "ByteLevel") {
+    spec.add_prefix_space = pt.value("add_prefix_space", false);
+    if (pt.value("use_regex", true)) spec.patterns.push_back(kGpt2Pattern);
+    return true;
+  }
+  if (type == "Split") {
+    const json& pattern = member(pt, "pattern", json::value_t::object, where + ": Split pre-tokenizer");
+    const std::string behavior = pt.value("behavior", std::string("Isolated"));
+    if (behavior != "Isolated" || pt.value("invert", false))
+      throw RankError(fmt::format("{}: Split pre-tokenizer with behavior '{}'{} is not supported "
+                                  "(meshlm reads 'Isolated', not inverted)",
+                                  where, behavior, pt.value("invert", false) ? " inverted" : ""),
+                      MESHLM_HERE);
+    if (pattern.contains("Regex")) {
+      spec.patterns.push_back(pattern["Regex"].get<std::string>());
+    } else if (pattern.contains("String")) {
+      // A literal string: escaped for PCRE2 with \Q...\E.
+      spec.patterns.push_back("\\Q" + pattern["String"].get<std::string>() + "\\E");
+    } else {
+      throw RankError(where + ": Split pre-tokenizer's pattern is neither Regex nor String", MESHLM_HERE);
+    }
+    return false;
+  }
+  throw RankError(fmt::format("{}: pre-tokenizer '{}' is not supported (meshlm reads byte-level BPE: "
+                              "ByteLevel, optionally after Split; SentencePiece models as "
+                              "tokenizer.model)",
+                              where, type),
+                  MESHLM_HERE);
+}
+
+// The id a post-processor puts before a single sequence.
+std::optional<uint64_t> read_bos(const json& pp, const BpeSpec& spec, const std::string& where) {
+  if (pp.is_null()) return std::nullopt;
+  const std::string type = member(pp, "type", json::value_t::string, where + ": post_processor").get<std::string>();
+  if (type == "ByteLevel") return std::nullopt;
+  if (type == "Sequence") {
+    for (const auto& p : member(pp, "processors", json::value_t::array, where + ": post_processor"))
+      if (auto bos = read_bos(p, spec, where)) return bos;
+    return std::nullopt;
+  }
+  if (type != "TemplateProcessing")
+    throw RankError(fmt::format("{}: post-processor '{}' is not supported (meshlm reads "
+                                "TemplateProcessing and ByteLevel)",
+                                where, type),
+                    MESHLM_HERE);
+  for (const auto& piece : member(pp, "single", json::value_t::array, where + ": post_processor")) {
+    if (piece.contains("Sequence")) return std::nullopt;
+    if (piece.contains("SpecialToken")) {
+      const std::string name = piece["SpecialToken"].value("id", std::string());
+      for (const auto& a : spec.added)
+        if (a.content == name) return a.id;
+      throw RankError(fmt::format("{}: the post-processor's special token '{}' is not an added token",
+                                  where, name),
+                      MESHLM_HERE);
+    }
+  }
+  return std::nullopt;
+}
+
+void read_added_tokens(const json& root, BpeSpec& spec, const std::string& where) {
+  if (!root.contains("added_tokens") || root["added_tokens"].is_null()) return;
+  for (const auto& a : member(root, "added_tokens", json::value_t::array, where)) {
+    const std::string w = where + ": added token";
+    BpeSpec::Added t;
+    t.content = member(a, "content", json::value_t::string, w).get<std::string>();
+    const json& id = member(a, "id", json::value_t::number_unsigned, w);
+    if (id.get<int64_t>() < 0)
+      throw RankError(fmt::format("{} '{}' has a negative id", w, t.content), MESHLM_HERE);
+    t.id = id.get<uint64_t>();
+    for (const char* flag : {"single_word", "lstrip", "rstrip"})
+      if (a.value(flag, false))
+        throw RankError(fmt::format("{} '{}' has {} = true, which meshlm does not support", w,
+                                    t.content, flag),
+                        MESHLM_HERE);
+    spec.added.push_back(std::move(t));
+  }
+}
+
+std::unique_ptr<Tokenizer> hf_tokenizer_json(const json& root, const std::string& where) {
+  const json& model = member(root, "model", json::value_t::object, where);
+  const std::string type = model.value("type", std::string("BPE"));
+  if (type != "BPE")
+    throw RankError(fmt::format("{}: model type '{}' is not supported (meshlm reads byte-level BPE "
+                                "tokenizer.json files and SentencePiece tokenizer.model files)",
+                                where, type),
+                    MESHLM_HERE);
+  if (root.contains("normalizer") && !root["normalizer"].is_null())
+    throw RankError(fmt::format("{}: normalizer '{}' is not supported (meshlm reads byte-level BPE "
+                                "without a normalizer)",
+                                where, root["normalizer"].value("type", std::string("?"))),
+                    MESHLM_HERE);
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
+    if (model.contains(key) && model[key].is_string() && !model[key].get<std::string>().empty())
+      throw RankError(fmt::format("{}: model.{} is not supported", where, key), MESHLM_HERE);
+  if (model.contains("dropout") && model["dropout"].is_number() && model["dropout"].get<double>() > 0)
+    throw RankError(where + ": model.dropout is set: BPE dropout makes encoding random", MESHLM_HERE);
+  if (model.value("byte_fallback", false))
+    throw RankError(where + ": model.byte_fallback = true is not a byte-level BPE (use the "
+                            "model's tokenizer.model)",
+                    MESHLM_HERE);
+  BpeSpec spec;
+  spec.source = where;
+  spec.vocab = read_vocab(member(model, "vocab", json::value_t::object, where + ": model"), where);
+  const json& merges = member(model, "merges", json::value_t::array, where + ": model");
+  spec.merges.reserve(merges.size());
+  for (size_t i = 0; i < merges.size(); ++i) {
+    const json& m = merges[i];
+    if (m.is_string()) {
+      spec.merges.push_back(split_merge(m.get<std::string>(), i + 1, where));
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+      spec.merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
+    } else {
+      throw RankError(fmt::format("{}: merge {} is neither \"a b\" nor [\"a\", \"b\"]", where, i + 1),
+                      MESHLM_HERE);
+    }
+  }
+  spec.ignore_merges = model.value("ignore_merges", false);
+  const json pt = root.value("pre_tokenizer", json());
+  if (pt.is_null() || !read_pre_tokenizer(pt, spec, where))
+    throw RankError(where + ": no ByteLevel pre-tokenizer: meshlm reads byte-level BPE only (use "
+                            "the model's tokenizer.model for SentencePiece models)",
+                    MESHLM_HERE);
+  read_added_tokens(root, spec, where);
+  spec.bos = read_bos(root.value("post_processor", json()), spec, where);
+  return std::make_unique<BpeTokenizer>(spec);
+}
+
+std::string beside(const std::string& path, std::initializer_list<const char*> names) {
+  const fs::path dir = fs::path(path).parent_path();
+  for (const char* n : names) {
+    std::error_code ec;
+    if (fs::is_regular_file(dir / n, ec)) return (dir / n).string();
+  }
+  return "";
+}
+
+// GPT-2's own pair: encoder.json (token -> id) and vocab.bpe (a "#version"
+// line, then one merge per line). Added tokens are not split out of the text
+// (OpenAI's encoder reads "<|endoftext|>" in a text as text).
+std::unique_ptr<Tokenizer> gpt2_pair(const json& vocab, const std::string& path, const std::string& merges) {
+  if (merges.empty())
+    throw RankError(fmt::format("{} is a vocabulary without merges: name its merges file "
+                                "(merges.txt or vocab.bpe) with --merges",
+                                path),
+                    MESHLM_HERE);
+  BpeSpec spec;
+  spec.source = path + " + " + merges;
+  spec.vocab = read_vocab(vocab, path);
+  std::istringstream in(read_text_file(merges));
+  std::string line;
+  for (size_t n = 1; std::getline(in, line); ++n) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || (n == 1 && line.rfind("#version", 0) == 0)) continue;
+    auto m = split_merge(line, n, merges + " line " + std::to_string(n));
+    spec.merges.push_back(std::move(m));
+  }
+  spec.patterns.push_back(kGpt2Pattern);
+  return std::make_unique<BpeTokenizer>(spec);
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> byte_tokenizer() { return std::make_unique<ByteTokenizer>(); }
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path, const std::string& merges) {
+  if (path == "byte") return byte_tokenizer();
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    for (const char* n : {"tokenizer.json", "vocab.json", "encoder.json", "tokenizer.model"})
+      if (fs::is_regular_file(fs::path(path) / n, ec))
+        return load_tokenizer((fs::path(path) / n).string(), merges);
+    throw RankError("directory '" + path + "' has no tokenizer.json, vocab.json, encoder.json or "
+                    "tokenizer.model",
+                    MESHLM_HERE);
+  }
+  if (!fs::exists(path, ec)) throw RankError("tokenizer '" + path + "' does not exist", MESHLM_HERE);
+  const std::string text = read_text_file(path);
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && text[first] == '{') {
+    const json root = parse_json(text, path);
+    if (root.contains("model") && root["model"].is_object()) {
+      auto tok = hf_tokenizer_json(root, path);
+      tok->files = {path};
+      return tok;
+    }
+    std::string m = merges.empty() ? beside(path, {"merges.txt", "vocab.bpe"}) : merges;
+    auto tok = gpt2_pair(root, path, m);
+    tok->files = {path, m};
+    return tok;
+  }
+  if (!merges.empty())
+    throw RankError("--merges goes with a vocabulary in JSON (encoder.json, vocab.json); '" + path +
+                        "' is not JSON",
+                    MESHLM_HERE);
+  auto tok = sentencepiece_tokenizer(path);
+  tok->files = {path};
+  return tok;
+}
+
+}  // namespace meshlm::text
