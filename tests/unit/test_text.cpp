@@ -1,0 +1,215 @@
+// The tokenizers of src/text on tokenizers small enough to work out by hand:
+// the merge order, added tokens, ignore_merges, the pre-tokenizer's pieces,
+// bytes that are not UTF-8, and the errors of malformed files. The real
+// GPT-2 / Llama 3 / SentencePiece tokenizers are checked against their
+// reference implementations by tests/text/check_tokenize.py.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "expect_error.h"
+#include "scratch_dir.h"
+#include "text/bpe.h"
+#include "text/pretokenize.h"
+#include "text/tokenizer.h"
+
+using meshlm::text::byte_char;
+using meshlm::text::load_tokenizer;
+using nlohmann::json;
+
+namespace {
+
+// Byte b has id b; `extra` tokens (in the byte alphabet) follow from 256.
+json tiny_tokenizer(const std::vector<std::string>& extra, const std::vector<std::string>& merges) {
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_char(static_cast<uint8_t>(b))] = b;
+  for (size_t i = 0; i < extra.size(); ++i) vocab[extra[i]] = 256 + i;
+  json root;
+  root["model"] = {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}};
+  root["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+  root["normalizer"] = nullptr;
+  root["added_tokens"] = json::array();
+  return root;
+}
+
+class TextTest : public ScratchDirTest {
+protected:
+  std::unique_ptr<meshlm::text::Tokenizer> load(const json& j) {
+    const std::string path = file("tokenizer.json");
+    std::ofstream(path) << j.dump();
+    return load_tokenizer(path);
+  }
+  std::vector<uint32_t> ids(const meshlm::text::Tokenizer& t, std::string_view s) {
+    std::vector<uint32_t> out;
+    t.encode(s, out);
+    return out;
+  }
+  std::string write(const std::string& name, const std::string& text) {
+    std::ofstream(file(name)) << text;
+    return file(name);
+  }
+};
+
+TEST_F(TextTest, LowestRankMergesFirst) {
+  // (b, c) has the better rank: "abc" is a + bc, and a + bc is no merge.
+  auto t = load(tiny_tokenizer({"bc", "ab"}, {"b c", "a b"}));
+  EXPECT_EQ(ids(*t, "abc"), (std::vector<uint32_t>{'a', 256}));
+  EXPECT_EQ(ids(*t, "abd"), (std::vector<uint32_t>{257, 'd'}));
+}
+
+TEST_F(TextTest, EqualRanksMergeLeftmostFirst) {
+  auto t = load(tiny_tokenizer({"aa", "aaaa"}, {"a a", "aa aa"}));
+  EXPECT_EQ(ids(*t, "aaa"), (std::vector<uint32_t>{256, 'a'}));
+  EXPECT_EQ(ids(*t, "aaaaa"), (std::vector<uint32_t>{257, 'a'}));
+}
+
+TEST_F(TextTest, MergesStoredAsPairsGiveTheSameIds) {
+  json a = tiny_tokenizer({"bc", "ab", "abc"}, {"b c", "a b", "a bc"});
+  json b = a;
+  b["model"]["merges"] = json::array({json::array({"b", "c"}), json::array({"a", "b"}),
+                                      json::array({"a", "bc"})});
+  EXPECT_EQ(ids(*load(a), "abcabc ab"), ids(*load(b), "abcabc ab"));
+  EXPECT_EQ(ids(*load(b), "abc"), (std::vector<uint32_t>{258}));
+}
+
+TEST_F(TextTest, PreTokenizerPiecesAreMergedApart) {
+  // "a b" never merges across the space: " b" is its own piece.
+  auto t = load(tiny_tokenizer({"ab", byte_char(' ') + "b"}, {"a b", byte_char(' ') + " b"}));
+  EXPECT_EQ(ids(*t, "ab a b"), (std::vector<uint32_t>{256, ' ', 'a', 257}));
+}
+
+TEST_F(TextTest, Gpt2PatternSplitsAsOpenAIs) {
+  meshlm::text::Regex re(meshlm::text::kGpt2Pattern, "test");
+  std::vector<std::string_view> pieces;
+  re.split("Hello world's  test\n\n 123 \xC3\xBC\xC3\xA9!?", pieces);
+  const std::vector<std::string_view> want = {"Hello", " world", "'s", " ", " test", "\n\n",
+                                              " 123", " \xC3\xBC\xC3\xA9", "!?"};
+  EXPECT_EQ(pieces, want);
+}
+
+TEST_F(TextTest, IgnoreMergesTakesAWholePieceThatIsAToken) {
+  json j = tiny_tokenizer({"xyz"}, {});
+  EXPECT_EQ(ids(*load(j), "xyz"), (std::vector<uint32_t>{'x', 'y', 'z'}));
+  j["model"]["ignore_merges"] = true;
+  EXPECT_EQ(ids(*load(j), "xyz"), (std::vector<uint32_t>{256}));
+}
+
+TEST_F(TextTest, AddedTokensAreSplitOutLongestFirst) {
+  json j = tiny_tokenizer({}, {});
+  j["added_tokens"] = json::array({{{"id", 300}, {"content", "<|end"}, {"special", true}},
+                                   {{"id", 301}, {"content", "<|endoftext|>"}, {"special", true}}});
+  auto t = load(j);
+  EXPECT_EQ(ids(*t, "a<|endoftext|>b<|end"), (std::vector<uint32_t>{'a', 301, 'b', 300}));
+  EXPECT_EQ(t->vocab_size(), 302u);
+  EXPECT_EQ(t->eot_id(), 301u);
+  EXPECT_EQ(t->token_bytes(301), "<|endoftext|>");
+  EXPECT_FALSE(t->bos_id().has_value());
+}
+
+TEST_F(TextTest, TemplatePostProcessorGivesTheBos) {
+  json j = tiny_tokenizer({}, {});
+  j["added_tokens"] = json::array({{{"id", 256}, {"content", "<|begin_of_text|>"}, {"special", true}}});
+  j["post_processor"] = {
+      {"type", "TemplateProcessing"},
+      {"single", json::array({{{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}},
+                              {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})}};
+  EXPECT_EQ(load(j)->bos_id(), 256u);
+}
+
+TEST_F(TextTest, AddPrefixSpace) {
+  json j = tiny_tokenizer({}, {});
+  j["pre_tokenizer"]["add_prefix_space"] = true;
+  EXPECT_EQ(ids(*load(j), "hi"), (std::vector<uint32_t>{' ', 'h', 'i'}));
+  EXPECT_EQ(ids(*load(j), " hi"), (std::vector<uint32_t>{' ', 'h', 'i'}));
+}
+
+TEST_F(TextTest, BytesThatAreNotUtf8AreBytes) {
+  auto t = load(tiny_tokenizer({"ab", "abc"}, {"a b", "ab c"}));
+  std::mt19937 rng(7);
+  for (int k = 0; k < 300; ++k) {
+    std::string s(rng() % 40, '\0');
+    for (char& c : s) c = static_cast<char>(rng() % 4 == 0 ? 'a' + rng() % 3 : rng() % 256);
+    const auto v = ids(*t, s);
+    EXPECT_EQ(t->decode(v), s) << "case " << k;
+  }
+  // A lone continuation byte between letters: the letters still merge.
+  EXPECT_EQ(ids(*t, "abc\x80" "abc"), (std::vector<uint32_t>{257, 0x80, 257}));
+}
+
+TEST_F(TextTest, ValidUtf8Prefix) {
+  using meshlm::text::valid_utf8_prefix;
+  EXPECT_EQ(valid_utf8_prefix("abc"), 3u);
+  EXPECT_EQ(valid_utf8_prefix("a\xC3\xA9z"), 4u);
+  EXPECT_EQ(valid_utf8_prefix("a\xC3"), 1u);                  // truncated
+  EXPECT_EQ(valid_utf8_prefix("a\xC0\x80"), 1u);              // overlong
+  EXPECT_EQ(valid_utf8_prefix("a\xED\xA0\x80"), 1u);          // surrogate
+  EXPECT_EQ(valid_utf8_prefix("a\xF4\x90\x80\x80"), 1u);      // above U+10FFFF
+  EXPECT_EQ(valid_utf8_prefix("\xF0\x9F\x98\x80!"), 5u);      // emoji
+}
+
+TEST_F(TextTest, ByteTokenizer) {
+  auto t = load_tokenizer("byte");
+  EXPECT_EQ(ids(*t, "A\xFF"), (std::vector<uint32_t>{65, 255}));
+  EXPECT_EQ(t->vocab_size(), 256u);
+  EXPECT_FALSE(t->eot_id().has_value());
+}
+
+TEST_F(TextTest, Gpt2FilePair) {
+  json vocab = tiny_tokenizer({"ab"}, {})["model"]["vocab"];
+  vocab["<|endoftext|>"] = 257;
+  const std::string enc = write("encoder.json", vocab.dump());
+  write("vocab.bpe", "#version: 0.2\na b\n");
+  auto t = load_tokenizer(enc);  // the merges beside it
+  EXPECT_EQ(ids(*t, "abab"), (std::vector<uint32_t>{256, 256}));
+  EXPECT_EQ(t->eot_id(), 257u);
+  EXPECT_EQ(t->files.size(), 2u);
+  // OpenAI's encoder reads "<|endoftext|>" in a text as text.
+  EXPECT_EQ(ids(*t, "<|endoftext|>").size(), 7u);
+}
+
+TEST_F(TextTest, UnsupportedModelTypesAreRefusedByName) {
+  for (const char* type : {"WordPiece", "Unigram", "WordLevel"}) {
+    json j = tiny_tokenizer({}, {});
+    j["model"]["type"] = type;
+    expect_error([&] { load(j); }, {"tokenizer.json", std::string("model type '") + type + "'"});
+  }
+}
+
+TEST_F(TextTest, MalformedFilesAreRefusedNamingTheFile) {
+  expect_error([&] { load_tokenizer(write("bad.json", "{\"model\": {\"type\": ")); },
+               {"bad.json", "not valid JSON"});
+  expect_error([&] { load(tiny_tokenizer({}, {"a zz"})); }, {"tokenizer.json", "merge 1", "'zz'"});
+  expect_error([&] { load(tiny_tokenizer({}, {"abc"})); }, {"merge 1", "two tokens"});
+  json big = tiny_tokenizer({}, {});
+  big["model"]["vocab"]["huge"] = 4294967296ull;
+  expect_error([&] { load(big); }, {"'huge'", "4294967296", "32 bits"});
+  json nobyte = tiny_tokenizer({}, {});
+  nobyte["model"]["vocab"].erase(byte_char('q'));
+  expect_error([&] { load(nobyte); }, {"byte 0x71"});
+  json norm = tiny_tokenizer({}, {});
+  norm["normalizer"] = {{"type", "NFC"}};
+  expect_error([&] { load(norm); }, {"normalizer 'NFC'"});
+  json meta = tiny_tokenizer({}, {});
+  meta["pre_tokenizer"] = {{"type", "Metaspace"}};
+  expect_error([&] { load(meta); }, {"pre-tokenizer 'Metaspace'"});
+  json dup = tiny_tokenizer({}, {});
+  dup["model"]["vocab"]["zz"] = 5;
+  expect_error([&] { load(dup); }, {"the same id 5"});
+  expect_error([&] { load_tokenizer(write("garbage.model", "not a model")); },
+               {"garbage.model", "SentencePiece"});
+  expect_error([&] { load_tokenizer(file("missing.json")); }, {"missing.json", "does not exist"});
+  ASSERT_EQ(::mkfifo(file("fifo").c_str(), 0600), 0);
+  expect_error([&] { load_tokenizer(file("fifo")); }, {"fifo", "FIFO"});
+}
+
+TEST_F(TextTest, EncoderJsonWithoutMergesNamesTheOption) {
+  std::filesystem::create_directory(file("d"));
+  std::ofstream(file("d/vocab.json")) << tiny_tokenizer({}, {})["model"]["vocab"].dump();
+  expect_error([&] { load_tokenizer(file("d/vocab.json")); }, {"vocab.json", "--merges"});
+}
+
+}  // namespace
