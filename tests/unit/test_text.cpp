@@ -168,7 +168,7 @@ TEST_F(TextTest, Gpt2FilePair) {
   EXPECT_EQ(t->eot_id(), 257u);
   EXPECT_EQ(t->files.size(), 2u);
   // OpenAI's encoder reads "<|endoftext|>" in a text as text.
-  EXPECT_EQ(ids(*t, "<|endoftext|>").size(), 7u);
+  EXPECT_EQ(ids(*t, "<|endoftext|>").size(), 13u);  // "<|", "endoftext", "|>" byte by byte
 }
 
 TEST_F(TextTest, UnsupportedModelTypesAreRefusedByName) {
