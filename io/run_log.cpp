@@ -45,6 +45,8 @@ void append_row(hid_t dset, hsize_t row, hid_t type, const void* value) {
 struct Carried {
   std::vector<int64_t> step;
   std::vector<double> loss, lr, grad_norm, tokens_per_s;
+  std::vector<int64_t> val_step;  // evaluations (a log of a run before them has none)
+  std::vector<double> val_loss;
   std::vector<int64_t> resumed_at;
 };
 
@@ -77,6 +79,16 @@ Carried read_earlier(const std::string& path, hid_t fapl, int64_t until) {
   c.lr.resize(keep);
   c.grad_norm.resize(keep);
   c.tokens_per_s.resize(keep);
+  if (h5::exists(f, "metrics/val_step")) {
+    column("val_step", c.val_step);
+    column("val_loss", c.val_loss);
+    if (c.val_loss.size() != c.val_step.size())
+      throw RankError(path + ": its /metrics/val_step and val_loss differ in length", MESHLM_HERE);
+    size_t kept = 0;
+    while (kept < c.val_step.size() && c.val_step[kept] <= until) ++kept;
+    c.val_step.resize(kept);
+    c.val_loss.resize(kept);
+  }
   if (h5::exists(f, "resumed_at_steps")) c.resumed_at = h5::read_dataset<int64_t>(f, "resumed_at_steps", nullptr);
   return c;
 }
@@ -129,16 +141,22 @@ RunLog::RunLog(const std::string& dir, const std::string& resolved_config_ini, b
     lr_ = create_column(file_, "metrics/lr", H5T_NATIVE_DOUBLE);
     grad_norm_ = create_column(file_, "metrics/grad_norm", H5T_NATIVE_DOUBLE);
     tokens_per_s_ = create_column(file_, "metrics/tokens_per_s", H5T_NATIVE_DOUBLE);
+    val_step_ = create_column(file_, "metrics/val_step", H5T_NATIVE_INT64);
+    val_loss_ = create_column(file_, "metrics/val_loss", H5T_NATIVE_DOUBLE);
     write_rows(step_, H5T_NATIVE_INT64, earlier.step);
     write_rows(loss_, H5T_NATIVE_DOUBLE, earlier.loss);
     write_rows(lr_, H5T_NATIVE_DOUBLE, earlier.lr);
     write_rows(grad_norm_, H5T_NATIVE_DOUBLE, earlier.grad_norm);
     write_rows(tokens_per_s_, H5T_NATIVE_DOUBLE, earlier.tokens_per_s);
+    write_rows(val_step_, H5T_NATIVE_INT64, earlier.val_step);
+    write_rows(val_loss_, H5T_NATIVE_DOUBLE, earlier.val_loss);
     rows_ = carried_ = static_cast<int64_t>(earlier.step.size());
+    val_rows_ = static_cast<int64_t>(earlier.val_step.size());
     h5::check(H5Fflush(file_, H5F_SCOPE_GLOBAL), file_, "/", "cannot flush");
   } catch (...) {
     // Nothing half-made stays behind (a full disk at the start of a run).
-    for (h5::Dataset* d : {&step_, &loss_, &lr_, &grad_norm_, &tokens_per_s_}) d->reset();
+    for (h5::Dataset* d : {&step_, &loss_, &lr_, &grad_norm_, &tokens_per_s_, &val_step_, &val_loss_})
+      d->reset();
     file_.reset();
     std::error_code ec;
     std::filesystem::remove(path_, ec);
@@ -170,6 +188,16 @@ void RunLog::append(int64_t step, double loss, double lr, double grad_norm,
   append_row(tokens_per_s_, row, H5T_NATIVE_DOUBLE, &tokens_per_s);
   ++rows_;
   // On disk now, so a run killed later still has this row.
+  h5::check(H5Fflush(file_, H5F_SCOPE_GLOBAL), file_, "/", "cannot flush");
+}
+
+void RunLog::append_val(int64_t step, double val_loss) {
+  h5::LibraryLock library;
+  require_open();
+  const hsize_t row = static_cast<hsize_t>(val_rows_);
+  append_row(val_step_, row, H5T_NATIVE_INT64, &step);
+  append_row(val_loss_, row, H5T_NATIVE_DOUBLE, &val_loss);
+  ++val_rows_;
   h5::check(H5Fflush(file_, H5F_SCOPE_GLOBAL), file_, "/", "cannot flush");
 }
 
@@ -262,6 +290,8 @@ void RunLog::close() {
   lr_.close();
   grad_norm_.close();
   tokens_per_s_.close();
+  val_step_.close();
+  val_loss_.close();
   h5::close_file(file_, path_);
 }
 

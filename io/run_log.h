@@ -12,6 +12,8 @@
 //   /metrics/lr            (n) float64
 //   /metrics/grad_norm     (n) float64
 //   /metrics/tokens_per_s  (n) float64
+//   /metrics/val_step      (k) int64    one row per append_val() (evaluation)
+//   /metrics/val_loss      (k) float64
 //   /memory/<category>/{peak_bytes,current_bytes,predicted_bytes}
 //                          (ranks) int64, one entry per rank in rank order (host)
 //   /memory/process/{rss_bytes,rss_peak_bytes,pss_bytes}  (ranks) int64
@@ -66,6 +68,10 @@ public:
   void write_layout_choice(const std::string& text);
   // One row of /metrics, flushed to disk before returning.
   void append(int64_t step, double loss, double lr, double grad_norm, double tokens_per_s);
+  // One row of /metrics/val_step and val_loss (an evaluation after `step`
+  // steps), flushed to disk before returning. A resumed run carries the old
+  // log's rows with val_step <= resumed_at like the other metrics.
+  void append_val(int64_t step, double val_loss);
   // Every rank's memory (see train/report.h: gather_memory): tracked bytes
   // per category (peak, current) beside the prediction, and the process
   // figures from /proc; entry r of each dataset is rank r.
@@ -97,6 +103,7 @@ public:
 
   const std::string& path() const { return path_; }
   int64_t rows() const { return rows_; }
+  int64_t val_rows() const { return val_rows_; }
   // Rows of the old log the constructor carried over.
   int64_t carried_rows() const { return carried_; }
 
@@ -106,8 +113,8 @@ private:
   std::unique_ptr<OutputDirLock> lock_;
   std::string path_;
   h5::File file_;
-  h5::Dataset step_, loss_, lr_, grad_norm_, tokens_per_s_;
-  int64_t rows_ = 0, carried_ = 0;
+  h5::Dataset step_, loss_, lr_, grad_norm_, tokens_per_s_, val_step_, val_loss_;
+  int64_t rows_ = 0, carried_ = 0, val_rows_ = 0;
 };
 
 }  // namespace meshlm::io

@@ -67,6 +67,7 @@ void pread_all(int fd, void* buf, size_t len, uint64_t offset, const std::string
 
 struct TokenReader::Impl {
   std::string path;
+  std::string dataset = kTokensDataset;  // HDF5: the dataset read
   bool hdf5 = false;
   uint64_t n_tokens = 0;
   int bytes_per_token = 0;
@@ -74,7 +75,7 @@ struct TokenReader::Impl {
   int64_t max_id_attr = -1;
   bool is_signed = false;  // HDF5 only: int16/int32 stored ids (negative ones are rejected)
   h5::File file;           // HDF5
-  h5::Dataset dset;        // HDF5 "tokens"
+  h5::Dataset dset;        // HDF5: `dataset`
   int fd = -1;             // raw
 
   ~Impl() {
@@ -127,20 +128,21 @@ void TokenReader::Impl::open_raw() {
 
 void TokenReader::Impl::open_hdf5() {
   file = h5::open_file(path);
-  if (!h5::exists(file, "tokens"))
-    throw RankError(in_file(path) + "no dataset 'tokens'", MESHLM_HERE);
-  dset = h5::open_dataset(file, "tokens");
+  const std::string named = "dataset '" + dataset + "'";
+  if (!h5::exists(file, dataset))
+    throw RankError(in_file(path) + "no " + named, MESHLM_HERE);
+  dset = h5::open_dataset(file, dataset);
   h5::Datatype type(H5Dget_type(dset));
   size_t bytes = H5Tget_size(type);
   if (H5Tget_class(type) != H5T_INTEGER || (bytes != 2 && bytes != 4))
-    throw RankError(in_file(path) + "dataset 'tokens' is " + h5::type_name(type) +
+    throw RankError(in_file(path) + named + " is " + h5::type_name(type) +
                         "; token ids must be a 2- or 4-byte integer type (uint16 or uint32)",
                     MESHLM_HERE);
   std::vector<hsize_t> dims = h5::shape(dset);
   if (dims.size() != 1) {
     std::string s;
     for (hsize_t d : dims) s += (s.empty() ? "" : ", ") + std::to_string(d);
-    throw RankError(in_file(path) + "dataset 'tokens' has shape (" + s + "); it must be 1-D",
+    throw RankError(in_file(path) + named + " has shape (" + s + "); it must be 1-D",
                     MESHLM_HERE);
   }
   n_tokens = dims[0];
@@ -153,19 +155,24 @@ void TokenReader::Impl::open_hdf5() {
                           "; this meshlm reads version " + std::to_string(kTokensFormatVersion),
                       MESHLM_HERE);
   }
-  if (h5::has_attr(file, "max_id")) max_id_attr = h5::read_scalar_attr<int64_t>(file, "max_id");
+  // The root's max_id bounds "tokens"; it may say nothing of a held-out part.
+  if (h5::has_attr(dset, "max_id"))
+    max_id_attr = h5::read_scalar_attr<int64_t>(dset, "max_id");
+  else if (dataset == kTokensDataset && h5::has_attr(file, "max_id"))
+    max_id_attr = h5::read_scalar_attr<int64_t>(file, "max_id");
   if (h5::has_attr(file, "vocab_size"))
     vocab_size_attr = h5::read_scalar_attr<int64_t>(file, "vocab_size");
   else if (h5::has_attr(dset, "vocab_size"))
     vocab_size_attr = h5::read_scalar_attr<int64_t>(dset, "vocab_size");
 }
 
-TokenReader TokenReader::open(const std::string& path) {
+TokenReader TokenReader::open(const std::string& path, const std::string& dataset) {
   h5::LibraryLock lock;
   if (const std::string kind = non_regular_kind(path); !kind.empty())
     throw RankError(in_file(path) + "is " + kind + ", not a token file", MESHLM_HERE);
   auto impl = std::make_unique<Impl>();
   impl->path = path;
+  impl->dataset = dataset;
   impl->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (impl->fd < 0)
     throw RankError(in_file(path) + "cannot open: " + std::strerror(errno), MESHLM_HERE);
@@ -173,6 +180,10 @@ TokenReader TokenReader::open(const std::string& path) {
   char magic[8] = {};
   ssize_t got = ::pread(impl->fd, magic, sizeof magic, 0);
   if (got == sizeof magic && std::memcmp(magic, kRawTokensMagic, 8) == 0) {
+    if (dataset != kTokensDataset)
+      throw RankError(in_file(path) + "a raw token file holds one array of tokens, no dataset '" +
+                          dataset + "'",
+                      MESHLM_HERE);
     impl->open_raw();
   } else if (h5::is_hdf5_file(path)) {
     ::close(impl->fd);  // HDF5 opens the file itself
@@ -241,6 +252,18 @@ uint32_t TokenReader::max_id(uint64_t start, uint64_t count) const {
 
 bool TokenReader::is_hdf5() const { return impl_->hdf5; }
 const std::string& TokenReader::path() const { return impl_->path; }
+const std::string& TokenReader::dataset() const { return impl_->dataset; }
+
+bool TokenReader::has_dataset(const std::string& path, const std::string& dataset) {
+  h5::LibraryLock lock;
+  if (!non_regular_kind(path).empty() || !h5::is_hdf5_file(path)) return false;
+  try {
+    h5::File file = h5::open_file(path);
+    return h5::exists(file, dataset);
+  } catch (const std::exception&) {
+    return false;
+  }
+}
 
 void TokenReader::read(uint64_t start, uint64_t count, int32_t* out) const {
   h5::LibraryLock lock;  // a checkpoint may be written meanwhile (checkpoint.async)

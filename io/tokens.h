@@ -39,6 +39,11 @@ inline constexpr int kTokensFormatVersion = 1;
 inline constexpr char kRawTokensMagic[9] = "MESHTOK1";
 inline constexpr uint64_t kRawTokensHeaderBytes = 24;
 
+// The HDF5 dataset of the training tokens, and of the held-out tokens that
+// `meshlm tokenize --val-fraction` writes beside them (data.val_path).
+inline constexpr char kTokensDataset[] = "tokens";
+inline constexpr char kValTokensDataset[] = "val_tokens";
+
 // Read access to one token file; reads only what is asked for (HDF5
 // hyperslab or pread), never the whole file. Move-only; keeps the file open.
 class TokenReader {
@@ -46,7 +51,15 @@ public:
   // Detects the format and validates the header / dataset; throws RankError
   // naming the file on any problem, and without opening it when it is not
   // a regular file (a FIFO would block, a directory cannot be one).
-  static TokenReader open(const std::string& path);
+  // `dataset`: the HDF5 dataset to read ("tokens", or "val_tokens" for the
+  // held-out part); a raw file holds "tokens" only. max_id_attr() is the
+  // dataset's own "max_id" attribute, else for "tokens" the root's (meshlm
+  // tokenize's bounds both datasets; a file written by hand may bound
+  // "tokens" alone, so a held-out dataset without its own is scanned).
+  static TokenReader open(const std::string& path, const std::string& dataset = kTokensDataset);
+  // True when `path` is a regular HDF5 file holding the dataset `dataset`
+  // (false for anything else, unreadable files included).
+  static bool has_dataset(const std::string& path, const std::string& dataset);
 
   TokenReader(TokenReader&&) noexcept;
   TokenReader& operator=(TokenReader&&) noexcept;
@@ -65,6 +78,7 @@ public:
   uint64_t first_at_least(uint64_t start, uint64_t count, uint64_t limit) const;
   bool is_hdf5() const;
   const std::string& path() const;
+  const std::string& dataset() const;  // "tokens" for a raw file
 
   // Copies tokens [start, start + count) to out[0:count].
   void read(uint64_t start, uint64_t count, int32_t* out) const;

@@ -284,6 +284,10 @@ void add_model_and_train_options(RunConfig& c, OptionTable& t) {
         Range::ints(0, kMaxSeed));
   t.add(train, "train.log_every", &c.train.log_every, "print and record metrics every this many steps (and at the last)",
         Range::ints(1, kMaxInt));
+  t.add(train, "train.eval_every", &c.train.eval_every, "validation: every this many steps, and at the last, print and record (run.h5 metrics/val_loss, val_step) the mean loss over the same held-out windows, forward only; needs data.val_path or a dataset /val_tokens in data.path; 0 = off",
+        Range::ints(0, kMaxInt));
+  t.add(train, "train.eval_batches", &c.train.eval_batches, "validation: global batches per evaluation: the first eval_batches x batch_size windows of the held-out tokens, in file order (read around again from the start when the held-out tokens have fewer), each batch split over the ranks like a training batch",
+        Range::ints(1, kMaxInt));
   t.add(train, "train.on_nonfinite", &c.train.on_nonfinite, "a step whose loss or gradient norm is NaN or infinite: " + enum_choices<NonFinite>() + " (stop: the run ends naming the step and the first tensor whose gradient is not finite; skip: the step is dropped, nothing is updated, and it is counted and logged)");
   t.add(train, "train.max_skipped", &c.train.max_skipped, "under on_nonfinite = skip, this many skipped steps in a row end the run",
         Range::ints(1, kMaxInt));
@@ -301,6 +305,7 @@ void add_run_options(RunConfig& c, OptionTable& t) {
   t.add(data, "data.path", &c.data.path, "token file: HDF5 with dataset 'tokens' (uint16/uint32) or meshlm raw tokens (required)");
   t.add(data, "data.tokenize_from", &c.data.tokenize_from, "text file tokenized byte-level into data.path when data.path does not exist");
   t.add(data, "data.shuffle", &c.data.shuffle, "visit sequences in a seeded random order (true) or in file order (false)");
+  t.add(data, "data.val_path", &c.data.val_path, "held-out tokens for train.eval_every: a token file like data.path (its dataset 'val_tokens' when it has one, else its tokens); empty = data.path's dataset 'val_tokens' (meshlm tokenize --val-fraction) when it has one; never the training tokens themselves");
   auto& output = t.section("[output] results");
   t.add(output, "output.dir", &c.output.dir, "directory of run.h5 (metrics, memory, timing, resolved configuration)");
   t.add(output, "output.overwrite", &c.output.overwrite, "replace the run log of an earlier run in output.dir (false: such a directory is an error); a file named run.h5 that is not a meshlm run log is never replaced");

@@ -72,6 +72,20 @@ std::vector<Action> build_schedule(PipelineSchedule kind, int stage, int num_sta
   return out;
 }
 
+std::vector<Action> build_forward_schedule(int stage, int num_stages, int micro_batches) {
+  MESHLM_CHECK(num_stages >= 1 && micro_batches >= 1 && stage >= 0 && stage < num_stages,
+               "stage " + std::to_string(stage) + " of " + std::to_string(num_stages) + ", " +
+                   std::to_string(micro_batches) + " micro-batches");
+  std::vector<Action> out;
+  out.reserve(3 * static_cast<size_t>(micro_batches));
+  for (int i = 0; i < micro_batches; ++i) {
+    if (stage > 0) out.push_back({ActionKind::recv_forward, i});
+    out.push_back({ActionKind::forward, i});
+    if (stage < num_stages - 1) out.push_back({ActionKind::send_forward, i});
+  }
+  return out;
+}
+
 int max_in_flight(const std::vector<Action>& actions) {
   int live = 0, most = 0;
   for (const Action& a : actions) {

@@ -55,6 +55,12 @@ struct Action {
 std::vector<Action> build_schedule(PipelineSchedule kind, int stage, int num_stages,
                                    int micro_batches);
 
+// A forward-only pass (evaluation: the loss, no gradients) of `stage`:
+// recv_forward i (s > 0), forward i, send_forward i (s < p-1) for i = 0..m-1,
+// whatever the training schedule. No backward frees a slot, so a forward
+// reuses slot i % slots once the send of its earlier micro-batch is done.
+std::vector<Action> build_forward_schedule(int stage, int num_stages, int micro_batches);
+
 // Largest number of micro-batches whose forward has run and backward has not,
 // over the list: how many micro-batches of activations the stage must keep.
 int max_in_flight(const std::vector<Action>& actions);

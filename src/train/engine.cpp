@@ -169,12 +169,7 @@ StepResult Engine::step(const int32_t* tokens, const int32_t* targets, float lr,
 
   StepResult r;
   r.loss_scale = S;
-  // The loss lives on the last stage; one rank per DP replica contributes.
-  const MeshCoords c = mesh_.coords();
-  const int m = cfg_.parallel.micro_batches;
-  double mine = (shape_.shard.last_stage && c.tp == 0) ? loss_sum / m : 0.0, sum = 0;
-  world_->all_reduce(&mine, &sum, 1, DType::f64, comm::ReduceOp::sum).wait();
-  r.loss = sum / cfg_.parallel.dp;
+  r.loss = global_mean_loss(loss_sum);
   {
     ScopedTimer t(timers_, Section::optimizer);
     const double scaled_norm = global_grad_norm();
@@ -201,6 +196,19 @@ StepResult Engine::step(const int32_t* tokens, const int32_t* targets, float lr,
   zero_->share_params();
   share_tied_params();
   return r;
+}
+
+double Engine::global_mean_loss(double stage_loss_sum) {
+  // The loss lives on the last stage; one rank per DP replica contributes.
+  const MeshCoords c = mesh_.coords();
+  const int m = cfg_.parallel.micro_batches;
+  double mine = (shape_.shard.last_stage && c.tp == 0) ? stage_loss_sum / m : 0.0, sum = 0;
+  world_->all_reduce(&mine, &sum, 1, DType::f64, comm::ReduceOp::sum).wait();
+  return sum / cfg_.parallel.dp;
+}
+
+double Engine::eval_loss(const int32_t* tokens, const int32_t* targets) {
+  return global_mean_loss(pipeline_->forward_only(tokens, targets));
 }
 
 std::string Engine::first_nonfinite_tensor() {

@@ -75,6 +75,14 @@ public:
   // micro_batches() micro-batches of (B, T) each, one after the other.
   StepResult step(const int32_t* tokens, const int32_t* targets, float lr, int step_number);
 
+  // Collective: the mean loss of one global batch, forward only (evaluation):
+  // tokens/targets as step()'s; the stage's forward-only list runs the same
+  // forward as training into the same activation slots, without the
+  // classifier's backward, and nothing else is touched (no gradient, no
+  // optimizer state, no loss scale), so training goes on as if it had not
+  // run. The same value on every rank.
+  double eval_loss(const int32_t* tokens, const int32_t* targets);
+
   // Collective over the world: the whole model's trained parameters on world
   // rank 0 (train/param_gather.h).
   std::vector<float> gather_params();
@@ -103,6 +111,9 @@ private:
   void share_tied_params();
   // The global norm of the gradients as they are (collective over the world).
   double global_grad_norm();
+  // Collective over the world: the mean over the global batch of the last
+  // stage's sum of its micro-batches' mean losses (0 on other stages).
+  double global_mean_loss(double stage_loss_sum);
   // Collective over the world: StepResult::nonfinite_tensor.
   std::string first_nonfinite_tensor();
 

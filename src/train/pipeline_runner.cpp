@@ -17,16 +17,33 @@ PipelineRunner::PipelineRunner(GPT& model, std::vector<Action> schedule,
                         MemCategory::comm, "pipeline.send_back");
   fwd_sends_.resize(slots);
   bwd_sends_.resize(slots);
+  int micro_batches = 0;
+  for (const Action& a : schedule_)
+    if (a.kind == ActionKind::forward) ++micro_batches;
+  forward_only_ = build_forward_schedule(send_.rank(), send_.size(), micro_batches);
 }
 
 double PipelineRunner::run(const int32_t* tokens, const int32_t* targets,
                            const std::function<void(int micro)>& before_forward) {
+  // The last stage runs the classifier's backward in the forward
+  // (GPT::forward), at the scale backward() will use.
+  return walk(schedule_, tokens, targets, before_forward, loss_scale_);
+}
+
+double PipelineRunner::forward_only(const int32_t* tokens, const int32_t* targets) {
+  return walk(forward_only_, tokens, targets, nullptr, std::nullopt);
+}
+
+double PipelineRunner::walk(const std::vector<Action>& actions, const int32_t* tokens,
+                            const int32_t* targets,
+                            const std::function<void(int micro)>& before_forward,
+                            std::optional<float> head_scale) {
   const size_t BT = static_cast<size_t>(B_) * T_;
   const size_t act = BT * model_.config().n_embd;
   const int stage = send_.rank();
   const int slots = model_.options().slots;
   double loss_sum = 0;
-  for (const Action& a : schedule_) {
+  for (const Action& a : actions) {
     const int slot = a.micro % slots;
     switch (a.kind) {
       case ActionKind::recv_forward: {
@@ -41,10 +58,8 @@ double PipelineRunner::run(const int32_t* tokens, const int32_t* targets,
         }
         ScopedTimer t(timers_, Section::forward);
         if (before_forward) before_forward(a.micro);
-        // The last stage runs the classifier's backward in the forward
-        // (GPT::forward), at the scale backward() will use.
         loss_sum += model_.forward(slot, tokens + a.micro * BT, targets + a.micro * BT, B_, T_,
-                                   loss_scale_);
+                                   head_scale);
         break;
       }
       case ActionKind::send_forward: {

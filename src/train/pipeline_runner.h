@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "comm/comm.h"
@@ -39,6 +40,11 @@ public:
   // losses on the last stage, 0 elsewhere.
   double run(const int32_t* tokens, const int32_t* targets,
              const std::function<void(int micro)>& before_forward);
+  // Collective over the PP group: the forward of the same micro-batches
+  // only (evaluation), by the forward-only list (build_forward_schedule):
+  // the loss, no gradient is touched and no loss scale applies. Returns the
+  // sum of the micro-batches' mean losses on the last stage, 0 elsewhere.
+  double forward_only(const int32_t* tokens, const int32_t* targets);
 
   const std::vector<Action>& schedule() const { return schedule_; }
   // The factor of the next run()'s backward (the engine's fp16 loss scale
@@ -46,8 +52,15 @@ public:
   void set_loss_scale(float s) { loss_scale_ = s; }
 
 private:
+  // Walks `actions`; each forward runs at `head_scale` (the classifier's
+  // backward in the forward, training) or without (evaluation).
+  double walk(const std::vector<Action>& actions, const int32_t* tokens, const int32_t* targets,
+              const std::function<void(int micro)>& before_forward,
+              std::optional<float> head_scale);
+
   GPT& model_;
   std::vector<Action> schedule_;
+  std::vector<Action> forward_only_;  // the same micro-batches, forward only
   comm::Communicator &send_, &recv_;
   int B_, T_;
   float loss_scale_;

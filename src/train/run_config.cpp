@@ -71,6 +71,8 @@ void validate_train(const RunConfig& c) {
   positive(t.batch_size, "train.batch_size");
   positive(t.micro_batch_size, "train.micro_batch_size");
   positive(t.log_every, "train.log_every");
+  positive(t.eval_batches, "train.eval_batches");
+  if (t.eval_every < 0) fail("train.eval_every must be >= 0 (0 = no evaluation; got " + str(t.eval_every) + ")");
   if (t.seq_len > c.model.max_seq_len)
     fail("model.seq_len (" + str(t.seq_len) + ") is longer than the position table, model.max_seq_len (" +
          str(c.model.max_seq_len) + ")");
@@ -157,6 +159,8 @@ void check_sizes(const RunConfig& c) {
                    m,
                    {4, "4 bytes each"}});
   checked_product("the tokens of a step", {bs, T, {8, "8 bytes each"}});
+  checked_product("the tokens of an evaluation",
+                  {{uint64_t(c.train.eval_batches), "train.eval_batches"}, bs, T});
 }
 
 }  // namespace

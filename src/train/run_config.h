@@ -63,6 +63,11 @@ struct TrainConfig {
   AdamWConfig adamw;           // train.beta1, beta2, eps, weight_decay
   int64_t seed = 1337;        // 0 .. 2^63 - 1
   int log_every = 10;
+  // Validation: the mean loss over the same held-out windows every this many
+  // steps and at the last (0 = never), over this many global batches of
+  // held-out windows (train/trainer.cpp, "Evaluation").
+  int eval_every = 0;
+  int eval_batches = 8;
   NonFinite on_nonfinite = NonFinite::stop;
   int max_skipped = 10;        // consecutive skipped steps that end the run (skip)
   ops::Precision precision = ops::Precision::fp32;  // of the GEMMs' inputs (ops/precision.h)
@@ -77,6 +82,10 @@ struct DataConfig {
   std::string path;           // token file (HDF5 dataset "tokens" or raw)
   std::string tokenize_from;  // text file tokenized into `path` when it is missing
   bool shuffle = true;
+  // Held-out tokens for train.eval_every: a token file (its dataset
+  // "val_tokens" when it has one, else read like `path`); "" = `path`'s
+  // "val_tokens" dataset, when it has one.
+  std::string val_path;
 };
 
 struct OutputConfig {

@@ -57,9 +57,12 @@ void check_run_files(const RunConfig& cfg, MPI_Comm job, int rank) {
   try_all(job, "", [&] {
     if (rank != 0) return;
     const std::string run_log = (std::filesystem::path(cfg.output.dir) / "run.h5").string();
+    // data.val_path is read only by an evaluation (train.eval_every).
+    const std::string val_path = cfg.train.eval_every > 0 ? cfg.data.val_path : std::string();
     const std::pair<const char*, std::string> inputs[] = {
         {"data.path", cfg.data.path},   {"data.tokenize_from", cfg.data.tokenize_from},
-        {"quant.base", cfg.quant.base}, {"the parameter file", cfg.source}};
+        {"quant.base", cfg.quant.base}, {"the parameter file", cfg.source},
+        {"data.val_path", val_path}};
     for (const auto& [key, path] : inputs) {
       if (path.empty()) continue;
       if (same_file(path, run_log))
@@ -89,6 +92,7 @@ void check_run_files(const RunConfig& cfg, MPI_Comm job, int rank) {
     check_writable("output.dir", cfg.output.dir);
     if (!cfg.checkpoint.dir.empty()) check_writable("checkpoint.dir", cfg.checkpoint.resolved_dir);
     for (const auto& [key, path] : {std::pair<const char*, std::string>{"data.path", cfg.data.path},
+                                    {"data.val_path", val_path},
                                     {"quant.base", cfg.quant.base}}) {
       if (path.empty() || (std::string(key) == "quant.base" && path == "init")) continue;
       // A Hugging Face model directory is a base too (load/hf_dir.h).
@@ -99,29 +103,29 @@ void check_run_files(const RunConfig& cfg, MPI_Comm job, int rank) {
   }, MESHLM_HERE);
 }
 
-// Collective: makes sure data.path exists, tokenizing data.tokenize_from on
-// rank 0 when it does not, and opens the token file on every rank. Every id
-// of the file is checked against the model's vocabulary before anything
-// trains or is written: from the "max_id" attribute meshlm tokenize writes,
-// else by reading the whole file (each rank a slice).
-io::TokenReader open_training_data(const DataConfig& d, int vocab_size, MPI_Comm job, int rank) {
+// "token file 'x.h5'", and the dataset when it is not the training tokens'.
+std::string token_file_text(const std::string& path, const std::string& dataset) {
+  return "token file '" + path + "'" +
+         (dataset == io::kTokensDataset ? std::string() : " (dataset '" + dataset + "')");
+}
+
+// Collective: opens `dataset` of the token file `path` (the value of `key`)
+// on every rank. Every id is checked against the model's vocabulary before
+// anything trains or is written: from a "max_id" attribute (meshlm tokenize
+// writes one), else by reading the whole of it (each rank a slice).
+io::TokenReader open_token_data(const std::string& key, const std::string& path,
+                                const std::string& dataset, int vocab_size, MPI_Comm job) {
   namespace fs = std::filesystem;
-  try_all(job, "data.tokenize_from: ", [&] {
-    std::error_code ec;
-    if (rank != 0 || fs::exists(d.path, ec) || d.tokenize_from.empty()) return;
-    log::info("# tokenizing {} -> {} (byte-level, vocabulary 256)", d.tokenize_from, d.path);
-    const uint64_t n = io::tokenize_bytes(d.tokenize_from, d.path);
-    log::info("# {} tokens written", n);
-  }, MESHLM_HERE);
+  const std::string where = key + ": ", file = token_file_text(path, dataset);
   std::unique_ptr<io::TokenReader> reader;
-  try_all(job, "data.path: ", [&] {
+  try_all(job, where, [&] {
     std::error_code ec;
-    if (!fs::exists(d.path, ec))
-      throw RankError("token file '" + d.path + "' does not exist", MESHLM_HERE);
-    reader = std::make_unique<io::TokenReader>(io::TokenReader::open(d.path));
+    if (!fs::exists(path, ec))
+      throw RankError("token file '" + path + "' does not exist", MESHLM_HERE);
+    reader = std::make_unique<io::TokenReader>(io::TokenReader::open(path, dataset));
     const int64_t declared = reader->vocab_size_attr();
     if (declared > vocab_size)
-      throw RankError("token file '" + d.path + "' declares vocab_size " + std::to_string(declared) +
+      throw RankError(file + " declares vocab_size " + std::to_string(declared) +
                           " (attribute), larger than model.vocab_size = " + std::to_string(vocab_size),
                       MESHLM_HERE);
   }, MESHLM_HERE);
@@ -133,9 +137,9 @@ io::TokenReader open_training_data(const DataConfig& d, int vocab_size, MPI_Comm
   if (largest < 0) {
     // Each rank reads its slice; rank 0 shows progress on large files.
     double mine = 0;
-    try_all(job, "data.path: ", [&] {
+    try_all(job, where, [&] {
       constexpr uint64_t kPiece = 1 << 24;
-      ProgressBar bar("checking token ids of " + d.path, (end - begin + kPiece - 1) / kPiece);
+      ProgressBar bar("checking token ids of " + path, (end - begin + kPiece - 1) / kPiece);
       for (uint64_t s = begin; s < end; s += kPiece) {
         mine = std::max(mine, static_cast<double>(reader->max_id(s, std::min(kPiece, end - s))));
         bar.update((s - begin) / kPiece + 1);
@@ -146,20 +150,91 @@ io::TokenReader open_training_data(const DataConfig& d, int vocab_size, MPI_Comm
   if (largest >= vocab_size) {
     // Where: the first such token of the file (every rank ends with the same error).
     double mine = std::numeric_limits<double>::infinity(), first = 0;
-    try_all(job, "data.path: ", [&] {
+    try_all(job, where, [&] {
       const uint64_t at = reader->first_at_least(begin, end - begin, static_cast<uint64_t>(vocab_size));
       if (at != UINT64_MAX) mine = static_cast<double>(at);
     }, MESHLM_HERE);
     all->all_reduce(&mine, &first, 1, DType::f64, comm::ReduceOp::min).wait();
     const uint64_t at = std::isfinite(first) ? static_cast<uint64_t>(first) : 0;
     int32_t id = 0;
-    try_all(job, "data.path: ", [&] { reader->read(at, 1, &id); }, MESHLM_HERE);
-    throw CollectiveError(fmt::format("data.path: token file '{}': position {} has id {}, >= "
-                                      "vocab_size {} (model.vocab_size)",
-                                      d.path, at, static_cast<uint32_t>(id), vocab_size),
+    try_all(job, where, [&] { reader->read(at, 1, &id); }, MESHLM_HERE);
+    throw CollectiveError(fmt::format("{}{}: position {} has id {}, >= vocab_size {} "
+                                      "(model.vocab_size)",
+                                      where, file, at, static_cast<uint32_t>(id), vocab_size),
                           MESHLM_HERE);
   }
   return std::move(*reader);
+}
+
+// Collective: makes sure data.path exists, tokenizing data.tokenize_from on
+// rank 0 when it does not, and opens the token file on every rank, its ids
+// checked (open_token_data).
+io::TokenReader open_training_data(const DataConfig& d, int vocab_size, MPI_Comm job, int rank) {
+  namespace fs = std::filesystem;
+  try_all(job, "data.tokenize_from: ", [&] {
+    std::error_code ec;
+    if (rank != 0 || fs::exists(d.path, ec) || d.tokenize_from.empty()) return;
+    log::info("# tokenizing {} -> {} (byte-level, vocabulary 256)", d.tokenize_from, d.path);
+    const uint64_t n = io::tokenize_bytes(d.tokenize_from, d.path);
+    log::info("# {} tokens written", n);
+  }, MESHLM_HERE);
+  return open_token_data("data.path", d.path, io::kTokensDataset, vocab_size, job);
+}
+
+// Where the held-out tokens of train.eval_every are: a file, its dataset and
+// the key that names the file; no path when there is no evaluation.
+struct HeldOut {
+  std::string key, path, dataset;
+};
+
+// Collective (rank 0 decides, every rank learns): data.val_path's file (its
+// "val_tokens" dataset when it has one, else its tokens), or data.path's
+// "val_tokens" dataset when data.val_path is empty. Never the training
+// tokens themselves: data.val_path naming data.path's file without a
+// "val_tokens" dataset is refused, naming both keys.
+HeldOut find_held_out(const RunConfig& cfg, MPI_Comm job, int rank) {
+  const TrainConfig& tc = cfg.train;
+  const DataConfig& d = cfg.data;
+  if (tc.eval_every == 0) {
+    if (!d.val_path.empty())
+      log::warn("data.val_path = {} is not read: train.eval_every = 0 (no evaluation)", d.val_path);
+    return {};
+  }
+  const std::string val = io::kValTokensDataset;
+  int32_t choice = 0;  // 1: data.val_path's val_tokens, 2: its tokens, 3: data.path's val_tokens
+  try_all(job, "", [&] {
+    if (rank != 0) return;
+    std::error_code ec;
+    if (d.val_path.empty()) {
+      if (!io::TokenReader::has_dataset(d.path, val))
+        throw RankError(fmt::format("train.eval_every = {} needs held-out tokens: data.val_path "
+                                    "is empty and data.path '{}' has no dataset '{}' (meshlm "
+                                    "tokenize --val-fraction writes one); set data.val_path, or "
+                                    "train.eval_every = 0",
+                                    tc.eval_every, d.path, val),
+                        MESHLM_HERE);
+      choice = 3;
+    } else if (!std::filesystem::exists(d.val_path, ec)) {
+      throw RankError("data.val_path: token file '" + d.val_path + "' does not exist",
+                      MESHLM_HERE);
+    } else if (io::TokenReader::has_dataset(d.val_path, val)) {
+      choice = 1;
+    } else if (same_file(d.val_path, d.path)) {
+      throw RankError(fmt::format("data.val_path and data.path are the same file, '{}', which "
+                                  "has no dataset '{}': evaluating on the training tokens "
+                                  "measures nothing held out; name a file of held-out tokens "
+                                  "(or give data.path a dataset '{}': meshlm tokenize "
+                                  "--val-fraction)",
+                                  d.val_path, val, val),
+                      MESHLM_HERE);
+    } else {
+      choice = 2;
+    }
+  }, MESHLM_HERE);
+  std::unique_ptr<comm::Communicator> all = comm::make_mpi_communicator(job);
+  all->broadcast(&choice, 1, DType::i32, 0).wait();
+  if (choice == 3) return {"data.path", d.path, val};
+  return {"data.val_path", d.val_path, choice == 1 ? val : std::string(io::kTokensDataset)};
 }
 
 // What a rank is predicted to need at its peak, and in words: the runtime's
@@ -299,12 +374,18 @@ public:
   std::unique_ptr<Backend> backend;
   std::optional<io::TokenReader> data;  // the loader reads it
   std::unique_ptr<io::BatchLoader> loader;
+  // train.eval_every: the held-out tokens and their loader (in file order);
+  // null when there is no evaluation.
+  HeldOut held_out;
+  std::optional<io::TokenReader> val_data;
+  std::unique_ptr<io::BatchLoader> val_loader;
   RankPlan shape;
   PhasedMemory phased;
   MemoryByCategory predicted{};
   ProcessPrediction expected;
 
 private:
+  void open_held_out(const RunConfig& cfg);
   void predict_memory(const RunConfig& cfg);
 };
 
@@ -339,11 +420,48 @@ RunContext::RunContext(const RunConfig& cfg, MPI_Comm job)
   }, MESHLM_HERE);
   log::info("# data: {} ({} tokens, {} sequences of {} per epoch)", cfg.data.path, data->size(),
             loader->windows_per_epoch(), tc.seq_len);
+  open_held_out(cfg);
 
   shape = planned_rank_plan(cfg, mesh);
   if (!shape.model.lora.enabled && !cfg.quant.cache.empty())
     log::warn("quant.cache = {} is not used: finetune.mode = full quantizes nothing", cfg.quant.cache);
   predict_memory(cfg);
+}
+
+// train.eval_every (collective): the held-out tokens found, opened and
+// checked like data.path, and their loader: file order, the batch split over
+// DP as training's. Its window order needs no buffer and its batches go
+// through the training loop's own, so evaluation adds nothing to the
+// memory prediction.
+void RunContext::open_held_out(const RunConfig& cfg) {
+  const TrainConfig& tc = cfg.train;
+  const int rank = mesh.rank();
+  held_out = find_held_out(cfg, mesh.world(), rank);
+  if (held_out.path.empty()) return;
+  const HeldOut& h = held_out;
+  val_data.emplace(open_token_data(h.key, h.path, h.dataset, cfg.model.vocab_size, mesh.world()));
+  const std::string file = token_file_text(h.path, h.dataset);
+  const uint64_t n = val_data->size(), T = static_cast<uint64_t>(tc.seq_len);
+  check_all(mesh.world(), n >= T + 1,
+            fmt::format("{}: {} has {} tokens; model.seq_len {} needs at least {} for one "
+                        "held-out sequence",
+                        h.key, file, n, T, T + 1),
+            MESHLM_HERE);
+  try_all(mesh.world(), h.key + ": ", [&] {
+    val_loader = std::make_unique<io::BatchLoader>(*val_data, tc.micro_batch_size, tc.seq_len,
+                                                   false, tc.seed, cfg.model.vocab_size,
+                                                   mesh.coords().dp, cfg.parallel.dp);
+  }, MESHLM_HERE);
+  const uint64_t windows = val_loader->windows_per_epoch();
+  const uint64_t wanted = static_cast<uint64_t>(tc.eval_batches) * tc.batch_size;
+  log::info("# validation: {} ({} tokens, {} sequences of {}) | every {} steps and at the last: "
+            "the first {} sequences = train.eval_batches {} x train.batch_size {}, forward only",
+            file, n, windows, tc.seq_len, tc.eval_every, wanted, tc.eval_batches, tc.batch_size);
+  if (windows < wanted)
+    log::warn("{}: {} holds {} sequences of {}, fewer than the {} an evaluation reads "
+              "(train.eval_batches {} x train.batch_size {}): they are read around again from "
+              "the start, so some count more than once",
+              h.key, file, windows, tc.seq_len, wanted, tc.eval_batches, tc.batch_size);
 }
 
 // The categories by phase, printed; on the CPU the runtime's part (what is
@@ -488,6 +606,8 @@ public:
 private:
   void print_header() const;
   void train_one_step(int step);
+  // train.eval_every: the held-out loss after `done` steps, printed and logged.
+  void evaluate(int done);
   // A step the engine skipped (nothing updated), counted and reported;
   // throws under train.on_nonfinite = stop or past train.max_skipped.
   void skipped(const StepResult& res, int step);
@@ -534,6 +654,32 @@ void TrainingLoop::train_one_step(int step) {
               r.grad_norm, 1e3 * r.seconds, r.tokens_per_s);
     if (runlog_) runlog_->append(r.step, r.loss, r.lr, r.grad_norm, r.tokens_per_s);
   }
+}
+
+// Evaluation (collective): the mean loss over the first train.eval_batches
+// global batches of the held-out tokens, in file order and so the same
+// windows every time, each split over the ranks like a training batch and
+// run forward only (Engine::eval_loss). The batches go through the step's
+// own token buffers; nothing a step reads is changed.
+void TrainingLoop::evaluate(int done) {
+  const double t0 = now_seconds();
+  io::BatchLoader& loader = *run_.val_loader;
+  loader.set_cursor({});
+  double sum = 0;
+  for (int b = 0; b < tc_.eval_batches; ++b) {
+    {
+      ScopedTimer st(timers_, Section::data);
+      for (int micro = 0; micro < cfg_.parallel.micro_batches; ++micro)
+        loader.next(inputs_.data() + micro * bt_, targets_.data() + micro * bt_);
+    }
+    sum += engine_.eval_loss(inputs_.data(), targets_.data());
+  }
+  const double loss = sum / tc_.eval_batches;
+  const int64_t tokens = int64_t{tc_.eval_batches} * tc_.batch_size * tc_.seq_len;
+  log::info("  step {} val_loss {:.4f} ({} batches, {} tokens, {:.2f} s)", done, loss,
+            tc_.eval_batches, tokens, now_seconds() - t0);
+  if (runlog_) runlog_->append_val(done, loss);
+  if (faults_.keeps_records()) summary_.evals.push_back({done, loss});
 }
 
 void TrainingLoop::skipped(const StepResult& res, int step) {
@@ -609,6 +755,8 @@ void TrainingLoop::run() {
   run_.watchdog->arm();
   for (int step = static_cast<int>(state_.step); step < tc_.steps; ++step) {
     train_one_step(step);
+    if (tc_.eval_every > 0 && ((step + 1) % tc_.eval_every == 0 || step + 1 == tc_.steps))
+      evaluate(step + 1);
     heartbeat::beat();
     // What every rank must agree on after the step: [stop signal, minutes due].
     std::array<int32_t, 2> mine{StopSignals::received(), 0}, any{};

@@ -23,11 +23,19 @@ struct StepRecord {
   double tokens_per_s = 0;
 };
 
+// One evaluation (train.eval_every): the mean held-out loss after `step` steps.
+struct EvalRecord {
+  int step = 0;
+  double loss = 0;
+};
+
 struct TrainSummary {
   // Every step, logged or not, but the skipped ones, when run_training was
   // asked for them (tests); a long run keeps none (it would grow by a
   // record a step: run.h5 has the logged ones).
   std::vector<StepRecord> steps;
+  // Every evaluation, when run_training was asked for the records.
+  std::vector<EvalRecord> evals;
   int trained_steps = 0;          // the steps trained, skipped ones not counted
   int skipped_steps = 0;          // train.on_nonfinite = skip: steps dropped
   int overflow_steps = 0;         // train.precision = fp16: steps skipped as overflowed

@@ -412,6 +412,61 @@ T("token_file_named_txt_is_read", r"# run log: out/run\.h5", "tokens.txt", token
 T("raw_token_file_named_h5_is_read", r"# run log: out/run\.h5", "raw.h5", raw_tokens("raw.h5"), **OUT_OK)
 
 
+# Held-out tokens (train.eval_every): data.val_path, or data.path's /val_tokens.
+def V(name, regex, setup, extra_set=None, **kw):
+    """A validation case: tokens.h5 as data.path, evaluation every step."""
+    s = {"train.eval_every": "1"}
+    s.update(extra_set or {})
+    add(name, "tokens", TRAIN + list(kw.pop("args", [])), regex,
+        setup=[tokens()] + setup + [cfg(set=s)], **kw)
+
+
+V("val_eval_every_without_held_out",
+  r"train\.eval_every = 1 needs held-out tokens: data\.val_path is empty and data\.path 'tokens\.h5' "
+  r"has no dataset 'val_tokens'", [])
+V("val_path_missing_file", r"data\.val_path: token file 'missing\.h5' does not exist", [],
+  {"data.val_path": "missing.h5"})
+V("val_path_is_data_path", r"data\.val_path and data\.path are the same file, 'tokens\.h5', which has "
+  r"no dataset 'val_tokens'", [], {"data.val_path": "tokens.h5"})
+V("val_path_is_data_path_via_symlink", r"data\.val_path and data\.path are the same file, 'link\.h5'",
+  [symlink("link.h5", "tokens.h5")], {"data.val_path": "link.h5"})
+V("val_path_ids_beyond_vocab", r"data\.val_path: token file 'val\.h5': position 0 has id 300, >= vocab_size "
+  r"256 \(model\.vocab_size\)", [h5_tokens("val.h5", data=[300] + list(ids[1:]))],
+  {"data.val_path": "val.h5"})
+V("val_path_raw_ids_beyond_vocab", r"data\.val_path: token file 'val\.bin': position 3999 has id 256",
+  [raw_tokens("val.bin", ids=list(ids[:-1]) + [256])], {"data.val_path": "val.bin"})
+V("val_path_too_short", r"data\.val_path: token file 'val\.bin' has 32 tokens; model\.seq_len 32 needs "
+  r"at least 33", [raw_tokens("val.bin", ids=ids[:32])], {"data.val_path": "val.bin"})
+V("val_path_vocab_attr_larger", r"data\.val_path: token file 'val\.h5' declares vocab_size 50257",
+  [h5_tokens("val.h5", attrs={"vocab_size": 50257})], {"data.val_path": "val.h5"})
+V("val_path_not_a_token_file", r"data\.val_path: token file 'val\.txt': not an HDF5 token file",
+  [blob("val.txt", "held-out text\n")], {"data.val_path": "val.txt"})
+V("val_path_without_tokens_dataset", r"data\.val_path: token file 'val\.h5': no dataset 'tokens'",
+  [h5_tokens("val.h5", dset="ids")], {"data.val_path": "val.h5"})
+V("val_path_directory", r"data\.val_path: 'valdir' is a directory", [mkdir("valdir")],
+  {"data.val_path": "valdir"})
+V("val_path_fifo", r"data\.val_path.*val\.fifo", [fifo("val.fifo")], {"data.val_path": "val.fifo"},
+  timeout=10)
+V("val_path_is_quant_cache", r"quant\.cache and data\.val_path are the same file",
+  [tokens("val.h5")], {"data.val_path": "val.h5", "quant.cache": "val.h5"})
+V("val_tokens_ids_beyond_vocab",
+  r"data\.path: token file 'both\.h5' \(dataset 'val_tokens'\): position 5 has id 999",
+  [gen.h5_tokens_with_val("both.h5", [1, 2, 3, 4, 5, 999] + list(ids[6:100]))], {"data.path": "both.h5"})
+V("val_tokens_too_short",
+  r"data\.path: token file 'both\.h5' \(dataset 'val_tokens'\) has 20 tokens; model\.seq_len 32",
+  [gen.h5_tokens_with_val("both.h5", ids[:20])], {"data.path": "both.h5"})
+V("val_tokens_float", r"data\.path: token file 'both\.h5': dataset 'val_tokens' is .*2- or 4-byte integer",
+  [gen.h5_tokens_with_val("both.h5", ids[:100], val_dtype="float32")], {"data.path": "both.h5"})
+P("eval_every_negative", r"train\.eval_every = -1: must lie in", set={"train.eval_every": "-1"})
+P("eval_batches_zero", r"train\.eval_batches = 0: must lie in", set={"train.eval_batches": "0"})
+V("val_tokens_of_data_path_are_read", r"step 2 val_loss \d+\.\d+ \(1 batches, 128 tokens",
+  [gen.h5_tokens_with_val("both.h5", ids[:1000])],
+  {"data.path": "both.h5", "train.eval_batches": "1"}, **OUT_OK)
+V("val_path_with_val_tokens_is_read", r"step 1 val_loss .*\n(.*\n)*.*step 2 val_loss",
+  [gen.h5_tokens_with_val("both.h5", ids[:1000])], {"data.path": "both.h5", "data.val_path": "both.h5"},
+  **OUT_OK, doc="data.val_path = data.path is fine when the file has /val_tokens: those are read")
+
+
 # ---------------------------------------------------------------------------
 # safetensors (and meshlm HDF5): quant.base
 # ---------------------------------------------------------------------------

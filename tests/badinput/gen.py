@@ -208,6 +208,20 @@ def h5_tokens(name, data=None, dtype="uint16", dset="tokens", attrs=None, dset_a
     return step
 
 
+def h5_tokens_with_val(name, val, val_dtype="uint16"):
+    """Setup step: an HDF5 token file with gpl_ids() as /tokens and `val`
+    (a list of ids) as /val_tokens, the held-out part of meshlm tokenize
+    --val-fraction."""
+    def step(w, fx):
+        import h5py
+        import numpy as np
+        with h5py.File(w / name, "w") as f:
+            f["tokens"] = np.asarray(gpl_ids(), dtype="uint16")
+            f["val_tokens"] = np.asarray(val, dtype=val_dtype)
+            f.attrs["vocab_size"] = 256
+    return step
+
+
 # ---------------------------------------------------------------------------
 # Base weights: safetensors (io/safetensors.h) and meshlm HDF5 (load/base_source.h)
 # ---------------------------------------------------------------------------

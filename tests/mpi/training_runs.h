@@ -41,6 +41,7 @@ inline int world_size() {
 
 struct RunResult {
   std::vector<double> losses;
+  std::vector<EvalRecord> evals;  // train.eval_every's held-out losses
   std::vector<float> params;  // the trained parameters, gathered on rank 0
   std::vector<MemoryByCategory> peaks, predicted;  // per rank of the run, on rank 0
 };
@@ -91,6 +92,7 @@ inline RunResult train_on_first_ranks(const char* config_text,
     const TrainSummary s = run_training(cfg, sub, debug::Records::every_step);
     log::set_rank(saved);
     for (const StepRecord& r : s.steps) res.losses.push_back(r.loss);
+    res.evals = s.evals;
     res.params = s.final_params;
     MemoryByCategory peak{};
     for (int c = 0; c < kNumMemCategories; ++c)

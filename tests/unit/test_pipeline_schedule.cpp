@@ -320,6 +320,33 @@ TEST(PipelineSchedule, LinksKeepMessageOrder) {
       }
 }
 
+// Evaluation's forward-only pass: every stage forwards every micro-batch in
+// order, links match, and all stages together finish without deadlock in
+// m + p - 1 time units (the pipe filled once).
+TEST(PipelineSchedule, ForwardOnlyPass) {
+  for (int p = 1; p <= kMaxStages; ++p)
+    for (int m = 1; m <= kMaxMicro; ++m) {
+      std::vector<std::vector<Action>> lists;
+      for (int s = 0; s < p; ++s) lists.push_back(build_forward_schedule(s, p, m));
+      std::vector<int> all(m);
+      for (int i = 0; i < m; ++i) all[i] = i;
+      for (int s = 0; s < p; ++s) {
+        EXPECT_EQ(micros_of(lists[s], ActionKind::forward), all);
+        EXPECT_TRUE(micros_of(lists[s], ActionKind::backward).empty());
+        EXPECT_EQ(micros_of(lists[s], ActionKind::recv_forward),
+                  s > 0 ? all : std::vector<int>{});
+        if (s + 1 < p)
+          EXPECT_EQ(micros_of(lists[s], ActionKind::send_forward),
+                    micros_of(lists[s + 1], ActionKind::recv_forward));
+      }
+      const SimResult r = simulate(lists, m);
+      ASSERT_FALSE(r.deadlock) << "p " << p << " m " << m;
+      EXPECT_EQ(r.makespan, m + p - 1) << "p " << p << " m " << m;
+    }
+  EXPECT_THROW(build_forward_schedule(4, 4, 8), RankError);
+  EXPECT_THROW(build_forward_schedule(0, 4, 0), RankError);
+}
+
 TEST(PipelineSchedule, Errors) {
   // 1F1B needs m >= p; GPipe takes any m >= 1.
   const std::string msg = error_of(PipelineSchedule::one_f_one_b, 0, 4, 3);
