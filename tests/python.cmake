@@ -209,3 +209,24 @@ add_test(NAME plan_memory_check
           ${CMAKE_CURRENT_BINARY_DIR}/plan_memory_check --ranks 4 --check)
 set_tests_properties(plan_memory_check PROPERTIES LABELS "python;memory" RUN_SERIAL TRUE TIMEOUT 600
   ENVIRONMENT "OMP_WAIT_POLICY=PASSIVE")
+
+# meshlm tokenize against independent reference tokenizers on a real corpus
+# (tests/text/check_tokenize.py says what each case checks): GPT-2 from
+# encoder.json + vocab.bpe and from tokenizer.json (merges as strings and as
+# pairs) against OpenAI's encoder in JavaScript, Llama 3's tokenizer.json
+# against llama3-tokenizer-js, SentencePiece models trained with spm_train
+# against python3-sentencepiece, JSON lines, 1 rank against 2, held-out
+# documents, bad inputs refused by name with nothing written, and the
+# references against each other. The fixtures come from
+# jobscripts/install-deps.sh --tests; the corpus, tokenizer files and
+# reference ids are made once in text_scratch/cache and shared by the cases.
+string(JOIN " " _mpiexec_two ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MESHLM_MPIEXEC_PREFLAGS})
+foreach(_case gpt2_pair gpt2_json gpt2_json_pairs llama3_json sentencepiece jsonl ranks val_fraction
+              bad references)
+  add_test(NAME text_${_case}
+    COMMAND ${MESHLM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/text/check_tokenize.py --meshlm $<TARGET_FILE:meshlm>
+            --mpiexec "${_mpiexec_one}" --mpiexec-two "${_mpiexec_two}"
+            --scratch ${CMAKE_CURRENT_BINARY_DIR}/text_scratch --case ${_case})
+  set_tests_properties(text_${_case} PROPERTIES LABELS python TIMEOUT 300
+    ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
+endforeach()
