@@ -7,7 +7,9 @@ docs/formats.md describes them ("Run log", "Checkpoints").
 usage: plot_run.py OUT_DIR_OR_RUN_H5 [--checkpoint FILE ...] [-o plots/]
 
 writes into the output directory (created when missing):
-  loss_lr.png        loss, learning rate and gradient norm over the logged steps
+  loss_lr.png        loss, learning rate and gradient norm over the logged steps;
+                     the held-out loss (metrics/val_loss at val_step, train.eval_every)
+                     on the loss axis when the run evaluated
   tokens_per_s.png   training tokens per second over the logged steps
   memory.png         per rank: the memory model's prediction beside the tracked
                      peak, per category (stacked), and the process's predicted
@@ -68,9 +70,17 @@ def plot_metrics(f, out_dir):
     fig, axes = plt.subplots(3, 1, figsize=(8, 8), sharex=True)
     for ax, key, label in zip(axes, ("loss", "lr", "grad_norm"),
                               ("training loss", "learning rate", "gradient norm (before clipping)")):
-        ax.plot(step, f["metrics/" + key][...], marker=".", lw=1)
+        ax.plot(step, f["metrics/" + key][...], marker=".", lw=1, label=label)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
+    # Evaluations (train.eval_every): the held-out loss on the same axis.
+    if "metrics/val_step" in f and len(f["metrics/val_step"]) > 0:
+        val_step = f["metrics/val_step"][...]
+        axes[0].plot(val_step, f["metrics/val_loss"][...], marker="o", lw=1,
+                     label="validation loss (held-out)")
+        axes[0].set_ylabel("loss")
+        axes[0].legend(fontsize=8)
+        print(f"val_loss: {len(val_step)} evaluations plotted with the training loss")
     axes[0].set_title("loss, learning rate and gradient norm per logged step")
     axes[-1].set_xlabel("step")
     save(fig, out_dir, "loss_lr.png")

@@ -410,8 +410,12 @@ def case_plot_run(r, d, config, plot):
     except ImportError:
         check(False, "matplotlib imports (Debian: apt-get install python3-matplotlib)")
         return
+    # Held-out tokens, evaluated every 3 steps: plotted on the loss axis.
+    with h5py.File(os.path.join(d, "val.h5"), "w") as f:
+        f["tokens"] = np.frombuffer(b"held-out text, " * 200, dtype=np.uint8).astype(np.uint16)
     cmd = r.mpiexec + [r.meshlm, "train", os.path.abspath(config), "--output.dir=out", "--data.path=tokens.h5",
-                       "--train.steps=6", "--train.log_every=2"]
+                       "--train.steps=6", "--train.log_every=2", "--data.val_path=val.h5",
+                       "--train.eval_every=3", "--train.eval_batches=2"]
     print("$", " ".join(cmd), flush=True)
     p = subprocess.run(cmd, cwd=d, capture_output=True, text=True, timeout=240)
     print(p.stdout, p.stderr)
@@ -426,6 +430,8 @@ def case_plot_run(r, d, config, plot):
     p = subprocess.run(cmd, cwd=d, capture_output=True, text=True, timeout=240)
     print(p.stdout, p.stderr)
     check(p.returncode == 0, "plot_run.py exits 0")
+    check("val_loss: 2 evaluations plotted" in p.stdout,
+          "the held-out loss of the run's 2 evaluations is plotted")
     want = ["loss_lr.png", "tokens_per_s.png", "memory.png", "timing.png",
             "norms_step_a.png", "norms_step_b.png", "norms_over_checkpoints.png"]
     for name in want:

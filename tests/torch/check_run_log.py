@@ -1,13 +1,18 @@
 #!/usr/bin/python3
 """Runs a short meshlm training under mpiexec and reads its run.h5 with h5py,
 knowing nothing of meshlm's C++ code: the run log must be a plain HDF5 file
-with the layout docs/formats.md promises.
+with the layout docs/formats.md promises. A second run of the same training
+evaluates held-out tokens (a /val_tokens dataset beside /tokens): its
+training losses are the first run's bit for bit, metrics/val_step and
+val_loss hold one row per evaluation, and a run resumed from a checkpoint
+keeps the rows up to it and logs the same values after it.
 
 usage: check_run_log.py --mpiexec "mpiexec -n 2 ..." --meshlm PATH --config FILE
 """
 import argparse
 import math
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -37,11 +42,11 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         steps, log_every = 12, 5
 
-        def train(out):
+        def train(out, extra=()):
             cmd = shlex.split(a.mpiexec) + [
                 a.meshlm, "train", a.config, f"--train.steps={steps}",
                 f"--train.log_every={log_every}", f"--output.dir={tmp}/{out}",
-                f"--data.path={tmp}/tokens.h5"]
+                f"--data.path={tmp}/tokens.h5"] + list(extra)
             print("$", " ".join(cmd))
             p = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=240)
             print(p.stdout)
@@ -149,15 +154,61 @@ def main():
             check(list(f["memory/node/pss_bytes"][...]) == [int(pss.sum())],
                   "node PSS at the end == the ranks' PSS summed")
             first_losses = loss
+            check(m["val_step"].dtype == np.int64 and m["val_loss"].dtype == np.float64
+                  and len(m["val_step"]) == 0 and len(m["val_loss"]) == 0,
+                  "/metrics/val_step (int64) and val_loss (float64) empty without evaluation")
 
-        # Same parameter file, same seed: the same losses, bit for bit.
-        train("again")
-        with h5py.File(os.path.join(tmp, "again", "run.h5"), "r") as f:
-            again = f["metrics/loss"][...]
-        check(again.tobytes() == first_losses.tobytes(),
-              "a second run with the same seed logs the same losses bit for bit")
+        check_validation(tmp, train, steps, first_losses, check)
     print("PASS" if not failures else f"FAIL ({len(failures)} checks)")
     return 0 if not failures else 1
+
+
+def check_validation(tmp, train, steps, first_losses, check):
+    """The same training with evaluations every 4 steps on held-out tokens
+    (the Apache licence as /val_tokens of a copy of the token file), then
+    resumed from its step-8 checkpoint."""
+    with h5py.File(os.path.join(tmp, "tokens.h5"), "r") as src, \
+            h5py.File(os.path.join(tmp, "both.h5"), "w") as f:
+        f["tokens"] = src["tokens"][...]
+        f.attrs["vocab_size"] = src.attrs["vocab_size"]
+        held = open("/usr/share/common-licenses/Apache-2.0", "rb").read()
+        f["val_tokens"] = np.frombuffer(held, dtype=np.uint8).astype(np.uint16)
+    every, batches = 4, 2
+    evals = [s for s in range(1, steps + 1) if s % every == 0 or s == steps]
+    extra = [f"--data.path={tmp}/both.h5", f"--train.eval_every={every}",
+             f"--train.eval_batches={batches}", f"--checkpoint.every={every}"]
+    # Same parameter file, same seed: the same losses, bit for bit, with or
+    # without evaluations.
+    p = train("again", extra)
+    run_h5 = os.path.join(tmp, "again", "run.h5")
+    with h5py.File(run_h5, "r") as f:
+        again = f["metrics/loss"][...]
+        val_step = f["metrics/val_step"][...]
+        val_loss = f["metrics/val_loss"][...]
+    check(again.tobytes() == first_losses.tobytes(),
+          "a second run with the same seed, evaluating, logs the same losses bit for bit")
+    check(list(val_step) == evals, f"/metrics/val_step == {evals} (got {list(val_step)})")
+    check(val_loss.shape == (len(evals),) and np.all(np.isfinite(val_loss))
+          and np.all(np.abs(val_loss - math.log(256)) < 1.0),
+          f"/metrics/val_loss: {len(evals)} finite losses near ln(256) ({list(val_loss)})")
+    # The printed lines say the same: step, loss (4 decimals), batches, tokens.
+    seq_len, batch = 32, 4  # inputs/tiny.cfg
+    printed = re.findall(r"^\s*step (\d+) val_loss (\S+) \((\d+) batches, (\d+) tokens",
+                         p.stdout, re.M)
+    check([int(s) for s, _, _, _ in printed] == evals
+          and all(abs(float(v) - x) <= 5e-5 for (_, v, _, _), x in zip(printed, val_loss))
+          and all(int(b) == batches and int(t) == batches * batch * seq_len
+                  for _, _, b, t in printed),
+          f"one printed line per evaluation, as in run.h5 ({printed})")
+    # Resumed from step 8 in the same directory: the rows up to 8 carried,
+    # the evaluation at 12 made again with the same bits.
+    ckpt = os.path.join(tmp, "again", "checkpoints", "step_00000008.h5")
+    train("again", extra + [f"--checkpoint.resume={ckpt}"])
+    with h5py.File(run_h5, "r") as f:
+        resumed_step = f["metrics/val_step"][...]
+        resumed_loss = f["metrics/val_loss"][...]
+    check(list(resumed_step) == evals and resumed_loss.tobytes() == val_loss.tobytes(),
+          f"resumed at step 8: val rows {list(resumed_step)} with the uninterrupted run's values")
 
 
 if __name__ == "__main__":

@@ -276,6 +276,67 @@ TEST_F(RunLogTest, AResumedRunCarriesTheEarlierRowsUpToItsCheckpoint) {
   }
 }
 
+// Evaluations (train.eval_every) have their own rows, metrics/val_step and
+// val_loss, flushed one at a time; a resumed run carries those up to its
+// checkpoint's step like the other metrics, and a log written before
+// evaluations existed (no val columns) is carried with none.
+TEST_F(RunLogTest, ValidationRowsAndTheirCarryOnResume) {
+  const std::string dir = dir_.string();
+  const fs::path path = dir_ / "run.h5";
+  auto read = [&](auto& steps, auto& losses) {
+    h5::File f = h5::open_file(path.string());
+    steps = h5::read_dataset<int64_t>(f, "metrics/val_step");
+    losses = h5::read_dataset<double>(f, "metrics/val_loss");
+  };
+  std::vector<int64_t> steps;
+  std::vector<double> losses;
+  {
+    RunLog first(dir, "first");
+    for (int64_t s = 1; s <= 9; ++s) {
+      first.append(s, 10.0 - s, 0.1, 1.0, 100.0);
+      if (s % 3 == 0) first.append_val(s, 20.0 - s);
+    }
+    EXPECT_EQ(first.val_rows(), 3);
+    EXPECT_EQ(first.rows(), 9);
+    read(steps, losses);  // on disk before the log is closed
+    EXPECT_EQ(steps, (std::vector<int64_t>{3, 6, 9}));
+    EXPECT_EQ(losses, (std::vector<double>{17, 14, 11}));
+  }
+  {
+    RunLog second(dir, "second", true, /*resumed_at=*/6);
+    EXPECT_EQ(second.val_rows(), 2);
+    second.append_val(9, 1.5);
+  }
+  read(steps, losses);
+  EXPECT_EQ(steps, (std::vector<int64_t>{3, 6, 9}));
+  EXPECT_EQ(losses, (std::vector<double>{17, 14, 1.5}));
+  {
+    RunLog third(dir, "third", true, 5);
+    EXPECT_EQ(third.val_rows(), 1);
+    EXPECT_EQ(third.carried_rows(), 5);
+  }
+  read(steps, losses);
+  EXPECT_EQ(steps, (std::vector<int64_t>{3}));
+  // An earlier log of a meshlm without evaluations: its metrics, no val rows.
+  fs::remove(path);
+  {
+    h5::File f = h5::create_file(path.string());
+    h5::write_scalar_attr<int32_t>(f, "format_version", kRunLogFormatVersion);
+    h5::write_string_attr(f, "config", "old");
+    h5::write_dataset(f, "metrics/step", std::vector<int64_t>{1, 2});
+    for (const char* c : {"loss", "lr", "grad_norm", "tokens_per_s"})
+      h5::write_dataset(f, std::string("metrics/") + c, std::vector<double>{1, 2});
+  }
+  {
+    RunLog fourth(dir, "fourth", true, 2);
+    EXPECT_EQ(fourth.carried_rows(), 2);
+    EXPECT_EQ(fourth.val_rows(), 0);
+  }
+  read(steps, losses);
+  EXPECT_TRUE(steps.empty());
+  EXPECT_TRUE(losses.empty());
+}
+
 // One run at a time per directory, and never over a run.h5 that is not a log.
 TEST_F(RunLogTest, OneRunPerDirectoryAndOnlyOverItsOwnFiles) {
   const std::string dir = dir_.string();
