@@ -303,7 +303,7 @@ std::vector<ModelTensor> merged_tensors(hid_t file, const CkptMeta& m,
 }
 
 std::unique_ptr<load::BaseSource> open_lora_base(const CkptMeta& m, const std::string& base,
-                                                 const std::string& tool) {
+                                                 const std::string& tool, std::FILE* notes) {
   const std::string where = "checkpoint '" + m.path + "'";
   if (base.empty() || base == "init") {
     if (!m.base_hash.empty())
@@ -311,7 +311,7 @@ std::unique_ptr<load::BaseSource> open_lora_base(const CkptMeta& m, const std::s
                           ", quant_base '" + m.quant_base +
                           "'), not on the model's initialisation; name that file with --base",
                       MESHLM_HERE);
-    log::info("# {}: base = the model's initialisation, seed {}", tool, m.seed);
+    log::write_line(notes, fmt::format("# {}: base = the model's initialisation, seed {}\n", tool, m.seed));
     return load::open_base_source(base, m.cfg, m.seed);
   }
   std::error_code ec;
@@ -332,7 +332,7 @@ std::unique_ptr<load::BaseSource> open_lora_base(const CkptMeta& m, const std::s
                           "XXH3-128 is " + hash + ", /meta base_hash is " + m.base_hash +
                           " (quant_base '" + m.quant_base + "')",
                       MESHLM_HERE);
-    log::info("# {}: base = {} (XXH3-128 {} matches /meta base_hash)", tool, base, hash);
+    log::write_line(notes, fmt::format("# {}: base = {} (XXH3-128 {} matches /meta base_hash)\n", tool, base, hash));
   }
   return load::open_base_source(base, m.cfg, m.seed);
 }

@@ -20,6 +20,7 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
@@ -100,9 +101,10 @@ void check_adapters(hid_t file, const CkptMeta& m, const std::vector<ParamSpec>&
 
 // The base of a LoRA checkpoint: the file or directory `base` names ("" or
 // "init": the model's initialisation from /meta seed), checked against /meta
-// base_hash. `tool` prefixes the log lines ("ckpt export").
+// base_hash. Says which base on `notes` (a line prefixed "# " + `tool`).
 std::unique_ptr<load::BaseSource> open_lora_base(const CkptMeta& m, const std::string& base,
-                                                 const std::string& tool);
+                                                 const std::string& tool,
+                                                 std::FILE* notes = stdout);
 
 // The whole model as the LoRA run computed with it: every tensor of the
 // base in the store's format (load::make_manifest), each adapted matrix

@@ -4,6 +4,7 @@
 //   meshlm quantize FILE.cfg [--section.key=value ...]
 //   meshlm tokenize IN [IN ...] OUT.h5 [--tokenizer FILE ...]
 //   meshlm ckpt inspect|stats|diff|verify|export|import ...
+//   meshlm generate MODEL (--prompt TEXT | --prompt-ids 1,2,3) [...]
 //
 // Error contract (core/error.h): a CollectiveError (every rank fails the same
 // way, e.g. a bad parameter file) is printed once by rank 0 and every rank
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "app/ckpt.h"
+#include "app/generate.h"
 #include "app/plan.h"
 #include "app/tokenize.h"
 #include "app/parameter_file.h"
@@ -41,6 +43,7 @@ const char* kUsage =
     "  tokenize IN [IN ...] OUT.h5 [options]      a corpus to a token file with a model's tokenizer (meshlm tokenize --help)\n"
     "  ckpt TOOL ARGS                             inspect, stats, diff, verify, export, import checkpoints (meshlm ckpt --help)\n"
     "  plan FILE.cfg --ranks N --ranks-per-node G the layouts of N ranks that fit, fastest first (meshlm plan --help)\n"
+    "  generate MODEL --prompt TEXT|--prompt-ids  continue a prompt with a model, KV-cached, on the CPU (meshlm generate --help)\n"
     "  help [train]                               this text, or every parameter of train\n"
     "  version                                    print the version\n"
     "\n"
@@ -130,6 +133,8 @@ int main(int argc, char** argv) {
       status = meshlm::cmd_ckpt(args);
     } else if (cmd == "tokenize") {
       status = meshlm::cmd_tokenize(MPI_COMM_WORLD, args);
+    } else if (cmd == "generate") {
+      status = meshlm::cmd_generate(args);
     } else if (cmd == "plan") {
       // One process plans; the other ranks of a job (if any) have nothing to
       // do, but for --calibrate's MPI figures between ranks 0 and 1.

@@ -1,0 +1,53 @@
+// Text in and out of `meshlm generate` (app/generate.h): the prompt's ids
+// from its text by the model's tokenizer (text/tokenizer.h), and the
+// generated ids streamed to stdout as text.
+//
+// Streaming: after each id the text of prompt + generated ids is decoded
+// (Tokenizer::decode, so SentencePiece's spaces come out as in one decode of
+// the whole) and what follows the part already written goes out, flushed;
+// the bytes of a UTF-8 character that is not complete yet (a character
+// split over two tokens) are held back until it is. At the end whatever is
+// held goes out. The end-of-text id is not written.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace meshlm {
+
+// Where the generated ids go, one at a time.
+class TokenSink {
+public:
+  virtual ~TokenSink() = default;
+  virtual void put(uint32_t id) = 0;
+  // After the last id.
+  virtual void finish() = 0;
+};
+
+class TextCodec {
+public:
+  virtual ~TextCodec() = default;
+  // The ids of `text`, the tokenizer's BOS id first when `bos` and it has
+  // one; an id >= `vocab_size` (the model's) is an error naming it.
+  virtual std::vector<int32_t> encode(const std::string& text, bool bos, int vocab_size) const = 0;
+  // The tokenizer's end-of-text id, if any.
+  virtual std::optional<uint32_t> eot() const = 0;
+  // Streams the text of the ids put after `prompt` to stdout.
+  virtual std::unique_ptr<TokenSink> sink(const std::vector<int32_t>& prompt) const = 0;
+};
+
+// The tokenizer `path` names (with `merges` for GPT-2's vocab.json) when
+// `given`; else the one in `model_dir` (a Hugging Face directory's
+// tokenizer.json, vocab.json + merges.txt or tokenizer.model) when there is
+// one; else null. RankError naming the file when it cannot be read.
+std::unique_ptr<TextCodec> open_text_codec(const std::string& path, const std::string& merges,
+                                           bool given, const std::string& model_dir);
+
+// The length of `s` less the bytes of an incomplete UTF-8 character at its
+// end (at most 3): what can be written now.
+size_t utf8_complete_prefix(const std::string& s);
+
+}  // namespace meshlm

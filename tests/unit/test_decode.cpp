@@ -1,0 +1,246 @@
+// Inference with a key/value cache (model/decode.h) and sampling
+// (model/sampling.h): the decoder's logits give the training model's loss
+// (model/gpt.h, itself checked against PyTorch), the cached decode one
+// token at a time (and a prefill cut into chunks) gives the logits of one
+// forward over the whole sequence, for GPT-2 and for Llama (grouped-query
+// heads, Llama 3 rope scaling, tied and untied classifier); the sampler's
+// rules and its determinism. The whole command against independent PyTorch
+// models: tests/torch/check_generate.py.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "model/decode.h"
+#include "model/gpt.h"
+#include "model/sampling.h"
+
+using namespace meshlm;
+
+namespace {
+
+GPTConfig gpt2_config() {
+  return {.n_layer = 2, .n_head = 4, .n_embd = 32, .vocab_size = 90, .max_seq_len = 40};
+}
+
+GPTConfig llama_config(bool tied, int kv_heads) {
+  GPTConfig c{.n_layer = 2, .n_head = 4, .n_embd = 32, .vocab_size = 90, .max_seq_len = 40};
+  c.arch = ModelArch::llama;
+  c.n_kv_head = kv_heads;
+  c.intermediate_size = 48;
+  c.rope_theta = 500000;
+  c.rope_scaling = {.factor = 8, .low_freq_factor = 1, .high_freq_factor = 4,
+                    .original_max_positions = 16};
+  c.tie_word_embeddings = tied;
+  return c;
+}
+
+// Random weights large enough that attention and the logits are far from
+// uniform: matrices N(0, 0.3^2), norm gains 1 + N(0, 0.1^2), biases
+// N(0, 0.1^2); the padded vocabulary rows zero.
+void random_weights(const GPTConfig& cfg, const std::vector<ParamSpec>& table, float* params,
+                    uint64_t seed) {
+  Rng r(seed);
+  for (const ParamSpec& p : table) {
+    float* t = params + p.offset;
+    const bool vocab = p.role == ParamRole::token_embedding || p.role == ParamRole::lm_head;
+    const size_t real = vocab ? static_cast<size_t>(cfg.vocab_size) * p.full_shape[1] : p.numel();
+    for (size_t i = 0; i < p.numel(); ++i) {
+      double v = 0;
+      if (i < real) {
+        switch (p.role) {
+          case ParamRole::ln1_weight:
+          case ParamRole::ln2_weight:
+          case ParamRole::lnf_weight: v = 1 + 0.1 * r.normal(); break;
+          case ParamRole::ln1_bias:
+          case ParamRole::ln2_bias:
+          case ParamRole::lnf_bias:
+          case ParamRole::linear_bias: v = 0.1 * r.normal(); break;
+          default: v = 0.3 * r.normal(); break;
+        }
+      }
+      t[i] = static_cast<float>(v);
+    }
+  }
+}
+
+std::vector<int32_t> random_tokens(int n, int V, uint64_t seed) {
+  Rng r(seed);
+  std::vector<int32_t> t(n);
+  for (int32_t& x : t) x = static_cast<int32_t>(r.below(V));
+  return t;
+}
+
+// Mean cross-entropy of logits rows (n, Vp) against targets, over [0, V).
+double mean_xent(const std::vector<float>& logits, int Vp, int V, const std::vector<int32_t>& y) {
+  double sum = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    const float* row = logits.data() + i * Vp;
+    const double mx = *std::max_element(row, row + V);
+    double s = 0;
+    for (int v = 0; v < V; ++v) s += std::exp(row[v] - mx);
+    sum += std::log(s) + mx - row[y[i]];
+  }
+  return sum / static_cast<double>(y.size());
+}
+
+struct Case {
+  std::string name;
+  GPTConfig cfg;
+};
+
+std::vector<Case> cases() {
+  return {{"gpt2", gpt2_config()},
+          {"llama GQA untied", llama_config(false, 2)},
+          {"llama MQA tied", llama_config(true, 1)},
+          {"llama MHA untied", llama_config(false, 4)}};
+}
+
+}  // namespace
+
+// The decoder's logits over a whole sequence give the training model's
+// loss: the same function of the same weights.
+TEST(Decoder, LogitsGiveTheTrainingModelsLoss) {
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.name);
+    const int T = 30;
+    GPT gpt(c.cfg);
+    random_weights(c.cfg, gpt.table(), gpt.params(), 7);
+    const std::vector<int32_t> seq = random_tokens(T + 1, c.cfg.vocab_size, 11);
+    const std::vector<int32_t> x(seq.begin(), seq.end() - 1), y(seq.begin() + 1, seq.end());
+    const double loss = gpt.forward(x.data(), y.data(), 1, T);
+
+    Decoder dec(c.cfg, T);
+    ASSERT_EQ(table_numel(dec.table()), gpt.num_params());
+    std::copy(gpt.params(), gpt.params() + gpt.num_params(), dec.params());
+    const int Vp = c.cfg.padded_vocab_size();
+    std::vector<float> logits(static_cast<size_t>(T) * Vp);
+    dec.forward(x.data(), T, logits.data(), /*all_rows=*/true);
+    const double got = mean_xent(logits, Vp, c.cfg.vocab_size, y);
+    EXPECT_NEAR(got, loss, 1e-5 * loss);
+    // Far from a uniform prediction: the test could tell a wrong attention.
+    EXPECT_GT(std::abs(loss - std::log(c.cfg.vocab_size)), 0.5);
+  }
+}
+
+// Prefill of 7 tokens (in chunks of 3 rows), then one token at a time
+// against the cache: every position's logits those of one forward of the
+// whole sequence (without cache, one chunk), within float rounding.
+TEST(Decoder, CachedDecodeEqualsTheWholeForward) {
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.name);
+    const int T = c.cfg.max_seq_len, Vp = c.cfg.padded_vocab_size(), P = 7;
+    const std::vector<int32_t> x = random_tokens(T, c.cfg.vocab_size, 5);
+    Decoder whole(c.cfg, T, /*chunk_rows=*/T);
+    random_weights(c.cfg, whole.table(), whole.params(), 3);
+    std::vector<float> ref(static_cast<size_t>(T) * Vp);
+    whole.forward(x.data(), T, ref.data(), true);
+
+    // Every logit within 1e-5 of the largest, per position.
+    auto expect_row = [&](const float* got, int t) {
+      const float* r = ref.data() + static_cast<size_t>(t) * Vp;
+      float scale = 0;
+      for (int v = 0; v < Vp; ++v) scale = std::max(scale, std::abs(r[v]));
+      float worst = 0;
+      for (int v = 0; v < Vp; ++v) worst = std::max(worst, std::abs(got[v] - r[v]));
+      EXPECT_LE(worst, 1e-5f * scale) << "position " << t;
+    };
+    Decoder dec(c.cfg, T, /*chunk_rows=*/3);
+    random_weights(c.cfg, dec.table(), dec.params(), 3);
+    std::vector<float> rows(static_cast<size_t>(P) * Vp), last(Vp);
+    dec.forward(x.data(), P, rows.data(), /*all_rows=*/true);
+    for (int t = 0; t < P; ++t) expect_row(rows.data() + static_cast<size_t>(t) * Vp, t);
+    for (int t = P; t < T; ++t) {
+      dec.forward(x.data() + t, 1, last.data());
+      expect_row(last.data(), t);
+    }
+    EXPECT_EQ(dec.position(), T);
+    // The prefill's last row alone; then reset() starts again at position 0.
+    dec.reset();
+    dec.forward(x.data(), P, last.data());
+    expect_row(last.data(), P - 1);
+    dec.forward(x.data() + P, 1, last.data());
+    expect_row(last.data(), P);
+  }
+}
+
+TEST(Decoder, RefusesIdsOutsideTheVocabularyAndPositionsPastTheContext) {
+  const GPTConfig cfg = gpt2_config();
+  Decoder dec(cfg, 8);
+  std::vector<float> logits(cfg.padded_vocab_size());
+  const int32_t bad[] = {1, cfg.vocab_size};
+  EXPECT_THROW(dec.forward(bad, 2, logits.data()), RankError);
+  const int32_t neg = -1;
+  EXPECT_THROW(dec.forward(&neg, 1, logits.data()), RankError);
+  const std::vector<int32_t> x(9, 1);
+  EXPECT_THROW(dec.forward(x.data(), 9, logits.data()), RankError);
+  dec.forward(x.data(), 8, logits.data());
+  EXPECT_THROW(dec.forward(x.data(), 1, logits.data()), RankError);
+  EXPECT_THROW(Decoder(cfg, cfg.max_seq_len + 1), Error);
+}
+
+// ---------------------------------------------------------------------------
+// Sampling
+// ---------------------------------------------------------------------------
+
+TEST(Sampling, GreedyAndTopK1AreTheArgmaxLowestIdFirst) {
+  const std::vector<float> l = {0.5f, 2.0f, -1.0f, 2.0f, 1.9f};
+  EXPECT_EQ(argmax(l), 1u);
+  Rng rng(1);
+  for (double temp : {0.0, 0.7, 1.0, 5.0}) {
+    Sampler greedy({.temperature = temp, .top_k = 1});
+    for (int i = 0; i < 20; ++i) EXPECT_EQ(greedy.next(l, rng), 1u);
+  }
+  Sampler zero({.temperature = 0, .top_k = 3, .top_p = 0.1});
+  EXPECT_EQ(zero.next(l, rng), 1u);
+}
+
+TEST(Sampling, SameSeedSameTokensOtherSeedOthers) {
+  std::vector<float> l(200);
+  Rng init(3);
+  for (float& x : l) x = static_cast<float>(init.normal());
+  auto draw = [&](uint64_t seed) {
+    Sampler s({.temperature = 1.3, .top_k = 50, .top_p = 0.9});
+    Rng rng(seed);
+    std::vector<uint32_t> out;
+    for (int i = 0; i < 64; ++i) out.push_back(s.next(l, rng));
+    return out;
+  };
+  EXPECT_EQ(draw(7), draw(7));
+  EXPECT_NE(draw(7), draw(8));
+}
+
+// Frequencies of 200000 draws against the distribution the rules define.
+void expect_frequencies(const std::vector<float>& l, const SamplingOptions& o,
+                        const std::vector<double>& want) {
+  Sampler s(o);
+  Rng rng(11);
+  std::vector<double> n(l.size());
+  const int draws = 200000;
+  for (int i = 0; i < draws; ++i) n[s.next(l, rng)] += 1;
+  for (size_t v = 0; v < l.size(); ++v) EXPECT_NEAR(n[v] / draws, want[v], 0.005) << "id " << v;
+}
+
+TEST(Sampling, TemperatureTopKAndTopPShapeTheDistribution) {
+  // p = softmax(l) = 0.5, 0.3, 0.15, 0.05 (ids 2, 0, 3, 1).
+  const std::vector<float> l = {std::log(0.3f), std::log(0.05f), std::log(0.5f), std::log(0.15f)};
+  expect_frequencies(l, {.temperature = 1}, {0.3, 0.05, 0.5, 0.15});
+  // T = 2: p^(1/2) renormalised.
+  double z = std::sqrt(0.3) + std::sqrt(0.05) + std::sqrt(0.5) + std::sqrt(0.15);
+  expect_frequencies(l, {.temperature = 2},
+                     {std::sqrt(0.3) / z, std::sqrt(0.05) / z, std::sqrt(0.5) / z, std::sqrt(0.15) / z});
+  // top-k 2: ids 2 and 0, renormalised.
+  expect_frequencies(l, {.temperature = 1, .top_k = 2}, {0.375, 0, 0.625, 0});
+  // top-p 0.7: 0.5 < 0.7 <= 0.5 + 0.3: ids 2 and 0.
+  expect_frequencies(l, {.temperature = 1, .top_p = 0.7}, {0.375, 0, 0.625, 0});
+  // top-p 0.5: id 2 alone holds it.
+  expect_frequencies(l, {.temperature = 1, .top_p = 0.5}, {0, 0, 1, 0});
+  // top-k 3 then top-p 0.85 of what it kept (0.95): 0.5 + 0.3 = 0.8 < 0.8075.
+  expect_frequencies(l, {.temperature = 1, .top_k = 3, .top_p = 0.85},
+                     {0.3 / 0.95, 0, 0.5 / 0.95, 0.15 / 0.95});
+}
