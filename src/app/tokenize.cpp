@@ -102,8 +102,8 @@ Options parse_options(const std::vector<std::string>& args, bool* help) {
     return o;
   }
   if (files.size() < 2)
-    throw CollectiveError("meshlm tokenize needs at least one input and the output file "
-                          "(meshlm tokenize --help)",
+    throw CollectiveError("usage: meshlm tokenize IN [IN ...] OUT.h5 [options]: at least one input "
+                          "and the output file (meshlm tokenize --help)",
                           MESHLM_HERE);
   o.output = files.back();
   files.pop_back();
@@ -321,6 +321,14 @@ Split split_held_out(Part& part, uint64_t first_doc, double f) {
   return s;
 }
 
+// The inputs for a message: "a.txt, b.txt and 7 more".
+std::string corpus_name(const Options& o) {
+  std::string s;
+  for (size_t i = 0; i < o.inputs.size() && i < 3; ++i) s += (i ? ", '" : "'") + o.inputs[i] + "'";
+  if (o.inputs.size() > 3) s += fmt::format(" and {} more", o.inputs.size() - 3);
+  return s;
+}
+
 uint64_t prefix(const std::vector<uint64_t>& v, int r) {
   uint64_t s = 0;
   for (int i = 0; i < r; ++i) s += v[static_cast<size_t>(i)];
@@ -359,8 +367,7 @@ int cmd_tokenize(MPI_Comm comm, const std::vector<std::string>& args) {
   const auto secs = gather<double>(*c, seconds);
   const uint64_t n_docs = prefix(docs, ranks), n_bad = prefix(bad, ranks), n_bytes = prefix(bytes, ranks);
   if (n_docs == 0)
-    throw CollectiveError(fmt::format("the corpus ({} in {} file(s)) has no document{}", o.inputs[0],
-                                      o.inputs.size(),
+    throw CollectiveError(fmt::format("the corpus ({}) has no document{}", corpus_name(o),
                                       n_bad ? fmt::format(" ({} bad lines skipped)", n_bad) : ""),
                           MESHLM_HERE);
   Split s = split_held_out(part, prefix(docs, rank), o.val_fraction);
@@ -374,7 +381,10 @@ int cmd_tokenize(MPI_Comm comm, const std::vector<std::string>& args) {
                                       o.val_fraction, n_docs),
                           MESHLM_HERE);
   if (train_total == 0)
-    throw CollectiveError(fmt::format("the corpus gives no tokens ({} documents)", n_docs), MESHLM_HERE);
+    throw CollectiveError(fmt::format("the corpus ({}) gives no tokens: {} empty document(s){}",
+                                      corpus_name(o), n_docs - val_docs,
+                                      eot ? "" : " and no end-of-text id (--eot)"),
+                          MESHLM_HERE);
 
   uint32_t my_max = 0;
   for (uint32_t id : s.train) my_max = std::max(my_max, id);

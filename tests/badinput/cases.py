@@ -298,9 +298,9 @@ CL("quantize_without_arguments", r"usage: meshlm quantize", ["quantize"])
 CL("tokenize_one_argument", r"usage: meshlm tokenize", ["tokenize", "in.txt"],
    setup=[blob("in.txt", "hello world\n")])
 CL("tokenize_missing_input", r"missing\.txt", ["tokenize", "missing.txt", "out.h5"], setup=[])
-CL("tokenize_empty_input", r"text file 'empty\.txt' is empty", ["tokenize", "empty.txt", "out.h5"],
+CL("tokenize_empty_input", r"corpus \('empty\.txt'\) gives no tokens", ["tokenize", "empty.txt", "out.h5"],
    setup=[blob("empty.txt", b"")])
-CL("tokenize_input_is_directory", r"text file 'textdir' is a directory", ["tokenize", "textdir", "out.h5"],
+CL("tokenize_input_is_directory", r"input 'textdir' is a directory", ["tokenize", "textdir", "out.h5"],
    setup=[mkdir("textdir")])
 CL("tokenize_output_is_directory", r"outdir", ["tokenize", "in.txt", "outdir"],
    setup=[blob("in.txt", "hello world\n"), mkdir("outdir")])
