@@ -483,6 +483,8 @@ def case_jsonl(m, c):
     same_stream(tokens, ref, None, GPT2_EOT, "corpus.jsonl (--input jsonl)", names_of(docs))
     check(np.array_equal(tokens, text_tokens), "corpus.jsonl: the same /tokens as the text files")
     check(attrs.get("documents") == len(docs), f"corpus.jsonl: documents {attrs.get('documents')} ({len(docs)})")
+    check(attrs.get("bytes_read") == corpus_bytes(docs),
+          f"corpus.jsonl: bytes_read {attrs.get('bytes_read')} = the documents' UTF-8 bytes ({corpus_bytes(docs)})")
     for k in ("vocab_size", "eot_id", "bos_id", "max_id", "tokenizer", "tokenizer_xxh3"):
         check(attrs.get(k) == text_attrs.get(k), f"corpus.jsonl: attribute {k} as the text files' ({attrs.get(k)})")
     parts = write_jsonl_variants(c, m.work)
