@@ -85,6 +85,7 @@ import argparse
 import fcntl
 import glob
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -734,6 +735,9 @@ def main():
         work = os.path.join(os.path.abspath(a.scratch), a.case)
         shutil.rmtree(work, ignore_errors=True)
         os.makedirs(work)
+        # openai_bpe.py and hf_bpe.py need it.
+        need(importlib.util.find_spec("regex") is not None,
+             "Python's regex module (Debian: python3-regex) is not installed")
         if a.case != "references":
             need(a.meshlm and os.path.isfile(a.meshlm), f"--meshlm {a.meshlm}: no such file")
         m = Meshlm(os.path.abspath(a.meshlm) if a.meshlm else "", a.mpiexec, a.mpiexec_two or a.mpiexec, work)
