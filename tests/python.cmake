@@ -162,6 +162,21 @@ foreach(_case loss export import_export lora_merge bad layouts)
     ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
 endforeach()
 
+# meshlm generate (tests/torch/check_generate.py says what each case checks):
+# greedy generation with the key/value cache picks the independent PyTorch
+# model's argmax at every position, for GPT-2 and Llama directories (GQA,
+# llama3 rope scaling, tied and untied), meshlm checkpoints and a LoRA
+# checkpoint merged onto its base; sampling reproducible by --seed, top-k 1 =
+# greedy, padded vocabulary columns never chosen; text through a directory's
+# tokenizer.json (BOS, end-of-text) and the byte tokenizer; errors by name.
+foreach(_case gpt2 llama checkpoint lora text errors)
+  add_test(NAME generate_${_case}
+    COMMAND ${MESHLM_PYTHON} ${_torch}/check_generate.py --meshlm $<TARGET_FILE:meshlm>
+            --mpiexec "${_mpiexec_one}" --case ${_case})
+  set_tests_properties(generate_${_case} PROPERTIES LABELS python TIMEOUT 300
+    ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
+endforeach()
+
 # Deliver of the memory model: every rank's predicted peak against VmHWM,
 # read from /proc by tests/tools/memprobe.cpp (not by meshlm), within 3% or
 # 4 MiB, for the configurations that take seconds (1 to 8 ranks; dp, tp, pp;

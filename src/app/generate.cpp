@@ -280,7 +280,7 @@ void run(const GenerateOptions& o) {
   if (n == 0) bad("the prompt is empty: no token to start from");
   if (n > T)
     bad(fmt::format("the prompt's {} tokens are more than the model's context of {} positions "
-                    "(max_seq_len)",
+                    "(max_seq_len: GPT-2's n_positions, a Llama's max_position_embeddings)",
                     n, T));
   const int context = static_cast<int>(std::min<long long>(T, static_cast<long long>(n) + o.max_new));
   Decoder dec(cfg, context);

@@ -2,12 +2,14 @@
 // from its text by the model's tokenizer (text/tokenizer.h), and the
 // generated ids streamed to stdout as text.
 //
-// Streaming: after each id the text of prompt + generated ids is decoded
-// (Tokenizer::decode, so SentencePiece's spaces come out as in one decode of
-// the whole) and what follows the part already written goes out, flushed;
-// the bytes of a UTF-8 character that is not complete yet (a character
-// split over two tokens) are held back until it is. At the end whatever is
-// held goes out. The end-of-text id is not written.
+// Streaming: only the generated text, each id's bytes (Tokenizer::
+// token_bytes: their concatenation is the text, and a continuation keeps
+// the space a SentencePiece piece starts with) written and flushed as it
+// comes, but the bytes of a UTF-8 character that is not complete yet (a
+// character split over two tokens) held back until it is; at the end
+// whatever is held goes out, then a newline. The end-of-text id is not
+// written; an id the tokenizer has no token for (a model's padded
+// embedding rows) is named in a warning on stderr.
 #pragma once
 
 #include <cstdint>
@@ -35,7 +37,7 @@ public:
   virtual std::vector<int32_t> encode(const std::string& text, bool bos, int vocab_size) const = 0;
   // The tokenizer's end-of-text id, if any.
   virtual std::optional<uint32_t> eot() const = 0;
-  // Streams the text of the ids put after `prompt` to stdout.
+  // Streams the text of the ids put (which follow `prompt`) to stdout.
   virtual std::unique_ptr<TokenSink> sink(const std::vector<int32_t>& prompt) const = 0;
 };
 

@@ -13,7 +13,8 @@ and model are checked against (check_llama.py). Independent of meshlm's code.
                                   each key/value head beside its group's queries
   swiglu(gate, up)                silu(gate) * up
   causal_attention(q, k, v)       softmax(q k^T / sqrt(hs), causal) v per head
-  Llama(cfg, params).loss(t, y)   the whole model's mean cross-entropy
+  Llama(cfg, params).loss(t, y)   the whole model's mean cross-entropy (.logits(t): its
+                                  logits (B, T, V), check_generate.py's reference)
   LlamaModule(...)                the same as trainable torch.nn modules (the
                                   CPU benchmark's peer, tests/bench/torch_step.py)
 """
@@ -93,7 +94,8 @@ class Llama:
     def __init__(self, cfg, p, variant=None):
         self.cfg, self.p, self.variant = cfg, p, variant
 
-    def loss(self, tokens, targets):
+    def logits(self, tokens):
+        """(B, T, V): the classifier's logits over the real vocabulary."""
         c, p = self.cfg, self.p
         V, C, NH, NKV = c["vocab_size"], c["n_embd"], c["n_head"], c["n_kv_head"]
         hs, group = C // NH, NH // NKV
@@ -119,8 +121,11 @@ class Llama:
             x = x + swiglu(h @ w("mlp.gate_proj").T, h @ w("mlp.up_proj").T) @ w("mlp.down_proj").T
         x = rms_norm(x, p["norm.weight"], eps)
         cls = p["embed_tokens.weight" if c["tie_word_embeddings"] else "lm_head.weight"][:V]
-        logits = x @ cls.T
-        return F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1))
+        return x @ cls.T
+
+    def loss(self, tokens, targets):
+        V = self.cfg["vocab_size"]
+        return F.cross_entropy(self.logits(tokens).reshape(-1, V), targets.reshape(-1))
 
 
 class LlamaModule(torch.nn.Module):

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "app/generate_text.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/decode.h"
@@ -243,4 +244,23 @@ TEST(Sampling, TemperatureTopKAndTopPShapeTheDistribution) {
   // top-k 3 then top-p 0.85 of what it kept (0.95): 0.5 + 0.3 = 0.8 < 0.8075.
   expect_frequencies(l, {.temperature = 1, .top_k = 3, .top_p = 0.85},
                      {0.3 / 0.95, 0, 0.5 / 0.95, 0.15 / 0.95});
+}
+
+// What --print text may write of the bytes so far: all but an incomplete
+// UTF-8 character at the end (app/generate_text.h).
+TEST(GenerateText, HoldsBackAnIncompleteUtf8Character) {
+  const std::string euro = "\xE2\x82\xAC", emoji = "\xF0\x9F\x98\x80";
+  EXPECT_EQ(utf8_complete_prefix(""), 0u);
+  EXPECT_EQ(utf8_complete_prefix("abc"), 3u);
+  EXPECT_EQ(utf8_complete_prefix("a" + euro), 4u);
+  EXPECT_EQ(utf8_complete_prefix("a" + euro.substr(0, 1)), 1u);
+  EXPECT_EQ(utf8_complete_prefix("a" + euro.substr(0, 2)), 1u);
+  EXPECT_EQ(utf8_complete_prefix("ab" + emoji.substr(0, 3)), 2u);
+  EXPECT_EQ(utf8_complete_prefix("ab" + emoji), 6u);
+  EXPECT_EQ(utf8_complete_prefix("\xC3"), 0u);
+  EXPECT_EQ(utf8_complete_prefix("\xC3\xA9"), 2u);
+  // Bytes that can never complete a character go out as they are.
+  EXPECT_EQ(utf8_complete_prefix("a\x80\x80"), 3u);
+  EXPECT_EQ(utf8_complete_prefix("a\xFF"), 2u);
+  EXPECT_EQ(utf8_complete_prefix("\x80\x80\x80\x80"), 4u);
 }
