@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "ops/blas.h"
 
 namespace meshlm {
 
@@ -17,7 +18,28 @@ namespace {
 // Query rows of one head whose scores against the cache are one GEMM.
 constexpr int kAttnRows = 64;
 
+// y(OC) = W(OC, IC) x(IC) (+ y when accumulate): one row's product as a
+// matrix-vector product. OpenBLAS's GEMM packs all of W for a single row
+// (GPT-2's classifier: 3x the time of the GEMV on 2 cores), and one row is
+// what every decoding step is.
+void gemv(float* y, const float* W, const float* x, int OC, int IC, size_t ldw, bool accumulate) {
+  cblas_sgemv(CblasRowMajor, CblasNoTrans, OC, IC, 1.0f, W, static_cast<int>(ldw), x, 1,
+              accumulate ? 1.0f : 0.0f, y, 1);
+}
+
 }  // namespace
+
+// out(n, OC) = inp(n, IC) w(OC, IC)^T + bias: the training op, or for one
+// row its GEMV.
+void Decoder::linear(float* out, const float* inp, const float* w, const float* bias, int n,
+                     int IC, int OC) const {
+  if (n != 1) {
+    k_->matmul_forward(out, inp, w, bias, n, IC, OC);
+    return;
+  }
+  if (bias) std::memcpy(out, bias, static_cast<size_t>(OC) * sizeof(float));
+  gemv(out, w, inp, OC, IC, static_cast<size_t>(IC), bias != nullptr);
+}
 
 Decoder::Decoder(const GPTConfig& cfg, int context, int chunk_rows, const ops::Kernels& kernels)
     : cfg_(cfg), context_(context), chunk_(chunk_rows), k_(&kernels), table_(model_param_table(cfg)) {
@@ -129,7 +151,7 @@ void Decoder::forward_rows(const int32_t* tokens, int n, float* logits, bool all
     k_->rmsnorm_forward(ln_, rstd_, xr, lnfw_, rows, C_, cfg_.norm_eps);
   else
     k_->layernorm_forward(ln_, mean_, rstd_, xr, lnfw_, lnfb_, rows, C_);
-  k_->matmul_forward(logits, ln_, cls_, nullptr, rows, C_, Vp_);
+  linear(logits, ln_, cls_, nullptr, rows, C_, Vp_);
 }
 
 void Decoder::gpt2_block(const Layer& w, int l, int n) {
@@ -137,16 +159,16 @@ void Decoder::gpt2_block(const Layer& w, int l, int n) {
   const int qkv = static_cast<int>(LinearSlot::qkv), out = static_cast<int>(LinearSlot::attn_out);
   const int up = static_cast<int>(LinearSlot::mlp_up), down = static_cast<int>(LinearSlot::mlp_down);
   k_->layernorm_forward(ln_, mean_, rstd_, x_, w.ln1w, w.ln1b, n, C_);
-  k_->matmul_forward(q_, ln_, w.w[qkv], w.b[qkv], n, C_, 3 * C_);
+  linear(q_, ln_, w.w[qkv], w.b[qkv], n, C_, 3 * C_);
   const size_t ld = 3 * static_cast<size_t>(C_);
   append_kv(l, q_ + C_, q_ + 2 * C_, ld, n);
   attend(l, q_, ld, n);
-  k_->matmul_forward(proj_, atty_, w.w[out], w.b[out], n, C_, C_);
+  linear(proj_, atty_, w.w[out], w.b[out], n, C_, C_);
   k_->residual_forward(x_, x_, proj_, nC);
   k_->layernorm_forward(ln_, mean_, rstd_, x_, w.ln2w, w.ln2b, n, C_);
-  k_->matmul_forward(fc_, ln_, w.w[up], w.b[up], n, C_, F_);
+  linear(fc_, ln_, w.w[up], w.b[up], n, C_, F_);
   k_->gelu_forward(fc2_, fc_, static_cast<size_t>(n) * F_);
-  k_->matmul_forward(proj_, fc2_, w.w[down], w.b[down], n, F_, C_);
+  linear(proj_, fc2_, w.w[down], w.b[down], n, F_, C_);
   k_->residual_forward(x_, x_, proj_, nC);
 }
 
@@ -155,9 +177,9 @@ void Decoder::llama_block(const Layer& w, int l, int n) {
   auto W = [&](LinearSlot s) { return w.w[static_cast<int>(s)]; };
   const double eps = cfg_.norm_eps;
   k_->rmsnorm_forward(ln_, rstd_, x_, w.ln1w, n, C_, eps);
-  k_->matmul_forward(q_, ln_, W(LinearSlot::q), nullptr, n, C_, C_);
-  k_->matmul_forward(kk_, ln_, W(LinearSlot::k), nullptr, n, C_, Ckv_);
-  k_->matmul_forward(vv_, ln_, W(LinearSlot::v), nullptr, n, C_, Ckv_);
+  linear(q_, ln_, W(LinearSlot::q), nullptr, n, C_, C_);
+  linear(kk_, ln_, W(LinearSlot::k), nullptr, n, C_, Ckv_);
+  linear(vv_, ln_, W(LinearSlot::v), nullptr, n, C_, Ckv_);
   // The tables' rows of positions [pos_, pos_ + n).
   const float* cos = rope_cos_ + pos_ * half;
   const float* sin = rope_sin_ + pos_ * half;
@@ -165,13 +187,13 @@ void Decoder::llama_block(const Layer& w, int l, int n) {
   k_->rope_forward(kk_, cos, sin, 1, n, NKV_, HS_, static_cast<size_t>(Ckv_));
   append_kv(l, kk_, vv_, static_cast<size_t>(Ckv_), n);
   attend(l, q_, static_cast<size_t>(C_), n);
-  k_->matmul_forward(proj_, atty_, W(LinearSlot::o), nullptr, n, C_, C_);
+  linear(proj_, atty_, W(LinearSlot::o), nullptr, n, C_, C_);
   k_->residual_forward(x_, x_, proj_, nC);
   k_->rmsnorm_forward(ln_, rstd_, x_, w.ln2w, n, C_, eps);
-  k_->matmul_forward(fc_, ln_, W(LinearSlot::gate), nullptr, n, C_, F_);
-  k_->matmul_forward(fc2_, ln_, W(LinearSlot::up), nullptr, n, C_, F_);
+  linear(fc_, ln_, W(LinearSlot::gate), nullptr, n, C_, F_);
+  linear(fc2_, ln_, W(LinearSlot::up), nullptr, n, C_, F_);
   k_->swiglu_forward(fc_, fc_, fc2_, n, F_, static_cast<size_t>(F_));
-  k_->matmul_forward(proj_, fc_, W(LinearSlot::down), nullptr, n, F_, C_);
+  linear(proj_, fc_, W(LinearSlot::down), nullptr, n, F_, C_);
   k_->residual_forward(x_, x_, proj_, nC);
 }
 
@@ -200,9 +222,14 @@ void Decoder::attend(int l, const float* q, size_t ldq, int n) {
       const int i0 = b * kAttnRows, rows = std::min(kAttnRows, n - i0);
       const int keys = p0 + i0 + rows;  // the block's last row sees them all
       const size_t kv = static_cast<size_t>(h / group) * HS_;
-      // S = scale Q_blk K^T over the keys the block's rows can see.
-      k.gemm(false, true, rows, keys, HS_, scale, q + i0 * ldq + static_cast<size_t>(h) * HS_,
-             static_cast<int>(ldq), K + kv, Ckv_, 0.0f, s, keys);
+      // S = scale Q_blk K^T over the keys the block's rows can see (one
+      // row, a decoding step's: K q).
+      const float* qh = q + i0 * ldq + static_cast<size_t>(h) * HS_;
+      if (rows == 1)
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, keys, HS_, scale, K + kv, Ckv_, qh, 1, 0.0f, s, 1);
+      else
+        k.gemm(false, true, rows, keys, HS_, scale, qh, static_cast<int>(ldq), K + kv, Ckv_, 0.0f, s,
+               keys);
       for (int i = 0; i < rows; ++i) {
         float* row = s + static_cast<size_t>(i) * keys;
         const int last = p0 + i0 + i;  // this row's position: it sees keys [0, last]
@@ -217,8 +244,11 @@ void Decoder::attend(int l, const float* q, size_t ldq, int n) {
         for (int j = 0; j <= last; ++j) row[j] *= inv;
         for (int j = last + 1; j < keys; ++j) row[j] = 0;
       }
-      k.gemm(false, false, rows, HS_, keys, 1.0f, s, keys, V + kv, Ckv_, 0.0f,
-             atty_ + static_cast<size_t>(i0) * C_ + static_cast<size_t>(h) * HS_, C_);
+      float* y = atty_ + static_cast<size_t>(i0) * C_ + static_cast<size_t>(h) * HS_;
+      if (rows == 1)  // y = V^T p
+        cblas_sgemv(CblasRowMajor, CblasTrans, keys, HS_, 1.0f, V + kv, Ckv_, s, 1, 0.0f, y, 1);
+      else
+        k.gemm(false, false, rows, HS_, keys, 1.0f, s, keys, V + kv, Ckv_, 0.0f, y, C_);
     }
   }
 }

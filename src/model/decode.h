@@ -26,10 +26,11 @@
 // caller must never choose.
 //
 // The ops are those of training (ops::Kernels: matmul, layernorm, rmsnorm,
-// rope, gelu, swiglu, residual); the attention against the cache is this
-// file's own (scores of a block of query rows against every cached key, one
-// GEMM per head into per-thread scratch, softmax, one GEMM with V), on the
-// CPU only for now.
+// rope, gelu, swiglu, residual), but for the products of a single row (a
+// decoding step), which are BLAS matrix-vector products; the attention
+// against the cache is this file's own (scores of a block of query rows
+// against every cached key, one GEMM per head into per-thread scratch,
+// softmax, one GEMM with V). The CPU only for now.
 //
 // Memory (tracked): params (the model), activations (the cache: 2 L T Ckv
 // floats for a context of T positions, Ckv = NKV HS), workspace (the
@@ -84,6 +85,8 @@ private:
     std::array<const float*, kLinearSlots> w{}, b{};
   };
   void find_tensors();
+  void linear(float* out, const float* inp, const float* w, const float* bias, int n, int IC,
+              int OC) const;
   void forward_rows(const int32_t* tokens, int n, float* logits, bool all_rows);
   void gpt2_block(const Layer& w, int l, int n);
   void llama_block(const Layer& w, int l, int n);
