@@ -103,7 +103,7 @@ void check_run_files(const RunConfig& cfg, MPI_Comm job, int rank) {
   }, MESHLM_HERE);
 }
 
-// "token file 'x.h5'", and the dataset when it is not the training tokens'.
+// "token file 'x.h5'", and the dataset when it is not the training tokens.
 std::string token_file_text(const std::string& path, const std::string& dataset) {
   return "token file '" + path + "'" +
          (dataset == io::kTokensDataset ? std::string() : " (dataset '" + dataset + "')");
