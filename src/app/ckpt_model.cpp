@@ -192,13 +192,17 @@ CkptMeta read_meta(hid_t file, const std::string& path) {
   std::string bad;
   const ModelArch arch = m.cfg.arch;
   if (!parse_slots(m.targets_text, m.targets, bad) || m.targets.empty() ||
-      !m.targets.outside(arch).empty())
-    fail("/meta lora_targets '" + log::printable(m.targets_text) + "' names no linear layers (" +
-         (bad.empty() ? (m.targets.empty() ? std::string("empty")
-                                           : "'" + slots_text(m.targets.outside(arch)) +
-                                                 "' is none of " + name_of(arch) + "'s")
-                      : "'" + log::printable(bad) + "' is none") +
-         "; " + slots_text(LinearSlots::of(arch)) + ")");
+      !m.targets.outside(arch).empty()) {
+    // The reason, then the message (formatted in steps: GCC 12 warns
+    // -Wrestrict, wrongly, on the one expression).
+    const std::string why =
+        !bad.empty() ? fmt::format("'{}' is none", log::printable(bad))
+        : m.targets.empty()
+            ? std::string("empty")
+            : fmt::format("'{}' is none of {}'s", slots_text(m.targets.outside(arch)), name_of(arch));
+    fail(fmt::format("/meta lora_targets '{}' names no linear layers ({}; {})",
+                     log::printable(m.targets_text), why, slots_text(LinearSlots::of(arch))));
+  }
   m.quant_type_text = l.quant_type;
   const std::optional<quant::QuantType> qt = enum_from_name<quant::QuantType>(m.quant_type_text);
   if (!qt)
