@@ -11,6 +11,8 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <tuple>
 
 #include "ops/kernels.h"
 
@@ -32,6 +34,30 @@ enum class KernelOp : int {
 };
 const char* kernel_op_name(KernelOp op);
 
+// The work an op did: floating-point operations (a multiply-add is 2) and
+// the bytes it must at least read and write once (its operands and results,
+// each once), for the rates of the step's time budget (meshlm_bench
+// --budget 1). A model of the op's arguments, not a hardware count.
+struct OpWork {
+  double flops = 0, bytes = 0;
+};
+
+// One GEMM shape of the step: C (M x N) = A (M x K) B (K x N) and its
+// transposes. matmul_forward (N rows, IC -> OC) books (N, OC, IC);
+// matmul_backward its two products (N, IC, OC) for dinp and (OC, IC, N) for
+// dw, under one entry (op, N, OC, IC).
+struct GemmShape {
+  KernelOp op;
+  int m, n, k;
+  bool operator<(const GemmShape& o) const {
+    return std::tie(op, m, n, k) < std::tie(o.op, o.m, o.n, o.k);
+  }
+};
+struct GemmStat {
+  double seconds = 0, flops = 0;
+  uint64_t calls = 0;
+};
+
 class TimedKernels : public Kernels {
 public:
   // `inner` must outlive this.
@@ -39,6 +65,17 @@ public:
 
   double seconds(KernelOp op) const { return seconds_[static_cast<int>(op)]; }
   uint64_t calls(KernelOp op) const { return calls_[static_cast<int>(op)]; }
+  // The work booked to `op` so far (OpWork's model).
+  const OpWork& work(KernelOp op) const { return work_[static_cast<int>(op)]; }
+  // Seconds, FLOPs and calls of matmul_forward, matmul_backward and gemm by shape.
+  const std::map<GemmShape, GemmStat>& gemm_shapes() const { return shapes_; }
+  // Forgets everything booked so far (a benchmark's warmup steps).
+  void reset() const {
+    seconds_ = {};
+    calls_ = {};
+    work_ = {};
+    shapes_.clear();
+  }
 
   Device device() const override { return inner_.device(); }
   Precision precision() const override { return inner_.precision(); }
@@ -121,13 +158,16 @@ public:
   void scale(float* x, float factor, size_t n) const override;
 
 private:
-  // Runs f between two waits for the inner backend and books the time.
+  // Runs f between two waits for the inner backend and books the time and
+  // the work (and, for a GEMM, its shape).
   template <typename F>
-  void timed(KernelOp op, F&& f) const;
+  void timed(KernelOp op, OpWork w, F&& f, const GemmShape* shape = nullptr) const;
 
   const Kernels& inner_;
   mutable std::array<double, static_cast<int>(KernelOp::count)> seconds_{};
   mutable std::array<uint64_t, static_cast<int>(KernelOp::count)> calls_{};
+  mutable std::array<OpWork, static_cast<int>(KernelOp::count)> work_{};
+  mutable std::map<GemmShape, GemmStat> shapes_;
 };
 
 }  // namespace meshlm::ops

@@ -4,7 +4,7 @@
 //
 //   meshlm_bench --n_layer 12 --n_head 12 --n_embd 768 --vocab_size 50304
 //                --seq_len 64 --batch 4 --threads 2 [--steps 5] [--warmup 2] [--cuda 1]
-//                [--bf16 1] [--flash 1] [--lora R] [--op_timings 1]
+//                [--bf16 1] [--flash 1] [--lora R] [--op_timings 1] [--budget 1]
 //                [--llama 1 --n_kv_head K --intermediate_size F [--tied 1]]
 //
 // --llama 1 times a Llama-family model instead (RMSNorm, rotary embeddings
@@ -23,7 +23,11 @@
 // `meshlm train` (train/engine.cpp). --op_timings 1 times every op as
 // runtime.op_timings does (ops/timed_kernels.h: each op waited for) and adds
 // "op_ms", the milliseconds per timed step of each op, to the line; the
-// step itself is then slower than a plain one.
+// step itself is then slower than a plain one. --budget 1 (CPU) times the
+// ops the same way and prints the step's time budget to stderr: each op's
+// milliseconds, GFLOP/s or GB/s against an SGEMM and a memory copy measured
+// in the same run, the GEMMs by shape, and the page faults per step
+// (step_budget.h); the line gets the same figures as "budget".
 //
 // Prints one JSON line (same keys as torch_step.py). Training FLOPs per step
 // (docs/PERFORMANCE.md):
@@ -43,6 +47,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "step_budget.h"
 #include "load/base_loader.h"
 #include "ops/timed_kernels.h"
 #include "core/timer.h"
@@ -60,7 +65,7 @@ int main(int argc, char** argv) {
                                    {"threads", 1},  {"steps", 5},     {"warmup", 2}, {"cuda", 0},
                                    {"bf16", 0}, {"flash", 0}, {"lora", 0}, {"op_timings", 0},
                                    {"llama", 0}, {"n_kv_head", 0}, {"intermediate_size", 0},
-                                   {"tied", 0}};
+                                   {"tied", 0}, {"budget", 0}};
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     if (k.rfind("--", 0) != 0 || !f.count(k.substr(2))) {
@@ -99,7 +104,8 @@ int main(int argc, char** argv) {
   int rc = 0;
   try {  // the backend and its mesh end before MPI does
     const ProcessMesh mesh(MPI_COMM_WORLD, MeshLayout(1, 1, 1));
-    const Backend backend(kind, mesh, precision, f["op_timings"] != 0);
+    const bool budget = f["budget"] != 0;
+    const Backend backend(kind, mesh, precision, f["op_timings"] != 0 || budget);
     const ops::Kernels* kernels = &backend.kernels();
     const ops::TimedKernels* timed = backend.op_timer();
     const std::string device = backend.device_name();
@@ -137,10 +143,13 @@ int main(int argc, char** argv) {
     std::vector<double> times;
     float loss = 0;
     constexpr int kOps = static_cast<int>(ops::KernelOp::count);
-    std::vector<double> warm_seconds(kOps, 0.0);
+    const bench::MachineRates rates = budget ? bench::measure_machine() : bench::MachineRates{};
+    long faults0 = 0;
     for (long s = 0; s < f["warmup"] + f["steps"]; ++s) {
-      if (timed && s == f["warmup"])
-        for (int i = 0; i < kOps; ++i) warm_seconds[i] = timed->seconds(ops::KernelOp(i));
+      if (s == f["warmup"]) {
+        if (timed) timed->reset();
+        faults0 = bench::minor_faults();
+      }
       const double t0 = now_seconds();
       model.zero_grads();
       // As `meshlm train` runs a step (train/pipeline_runner.cpp): the
@@ -154,6 +163,8 @@ int main(int argc, char** argv) {
       kernels->synchronize();
       if (s >= f["warmup"]) times.push_back(now_seconds() - t0);
     }
+    const double faults_per_step =
+        static_cast<double>(bench::minor_faults() - faults0) / static_cast<double>(f["steps"]);
     std::sort(times.begin(), times.end());
     const double med = times[times.size() / 2];
     const double L = cfg.n_layer, C = cfg.n_embd, V = cfg.vocab_size;
@@ -169,8 +180,7 @@ int main(int argc, char** argv) {
       memory += ", \"op_ms\": {";
       const char* sep = "";
       for (int i = 0; i < kOps; ++i) {
-        const double ms = 1e3 * (timed->seconds(ops::KernelOp(i)) - warm_seconds[i]) /
-                          static_cast<double>(f["steps"]);
+        const double ms = 1e3 * timed->seconds(ops::KernelOp(i)) / static_cast<double>(f["steps"]);
         if (ms <= 0) continue;
         memory += sep + std::string("\"") + ops::kernel_op_name(ops::KernelOp(i)) +
                   "\": " + std::to_string(ms);
@@ -178,6 +188,9 @@ int main(int argc, char** argv) {
       }
       memory += "}";
     }
+    if (budget && timed)
+      memory += ", \"budget\": " + bench::print_budget(stderr, *timed, static_cast<int>(f["steps"]),
+                                                       1e3 * med, faults_per_step, rates);
     const std::string mode = f["lora"] > 0 ? "lora-nf4" : "full";
     std::printf(
         "{\"impl\": \"meshlm\", \"arch\": \"%s\", \"mode\": \"%s\", \"device\": \"%s\", \"precision\": \"%s\", \"attention\": \"%s\", \"threads\": %d, \"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d, "

@@ -3,7 +3,7 @@
 
 Usage:
   compare.py --meshlm-bench PATH [--threads 1,2] [--configs all|small|NAME[,NAME]]
-             [--steps S --warmup W] [--markdown] [--python /usr/bin/python3]
+             [--steps S --warmup W] [--markdown] [--budget] [--python /usr/bin/python3]
              [--tcmalloc PATH | --no-tcmalloc]
 
 For each config and thread count N it runs
@@ -122,6 +122,8 @@ def run_one(cmd, threads, timeout, preload=None):
     if r.returncode != 0:
         return None, f"exit status {r.returncode}: {r.stderr.strip()[-2000:]}"
     obj = last_json(r.stdout)
+    if obj is not None:
+        obj["_stderr"] = r.stderr
     if obj is None:
         return None, f"no JSON line in output: {r.stdout.strip()[-500:]}"
     for k in ["ms_per_step", "tokens_per_s", "gflops"]:
@@ -154,6 +156,10 @@ def main():
     ap.add_argument("--steps", type=int, default=None, help="timed steps (default: per config)")
     ap.add_argument("--warmup", type=int, default=None, help="warmup steps (default: per config)")
     ap.add_argument("--markdown", action="store_true", help="also print a markdown table")
+    ap.add_argument("--budget", action="store_true",
+                    help="meshlm's step time budget too (meshlm_bench --budget 1: every op's time and "
+                         "rate against an SGEMM and a memory copy of the same run, the GEMMs by shape, "
+                         "the page faults), printed per config after the tables")
     ap.add_argument("--python", default="/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable,
                     help="interpreter with torch for torch_step.py (default: Debian's /usr/bin/python3)")
     ap.add_argument("--tcmalloc", metavar="PATH", default=None,
@@ -215,7 +221,7 @@ def main():
                       "--warmup", str(warmup)]
             if "llama" in c:
                 common += ["--llama", "1"] + [a for k, v in c["llama"].items() for a in (f"--{k}", str(v))]
-            m, err = run_one([bench] + common, n, args.timeout)
+            m, err = run_one([bench] + common + (["--budget", "1"] if args.budget else []), n, args.timeout)
             if err:
                 errors.append(f"{name} threads={n} meshlm: {err}")
             t, err = run_one([args.python, torch_step] + common, n, args.timeout, preload)
@@ -266,6 +272,13 @@ def main():
         print("|" + "|".join(["---"] * 2 + ["---:"] * (len(header) - 2)) + "|")
         for row in cells:
             print("| " + " | ".join(row) + " |")
+
+    if args.budget:
+        for r in rows:
+            lines = [l for l in (r["m"] or {}).get("_stderr", "").splitlines() if l.startswith(("|", "#"))]
+            if lines:
+                print(f"\n### Step budget: {r['config']}, {r['threads']} thread(s)\n")
+                print("\n".join(lines))
 
     for e in errors:
         print("error: " + e, file=sys.stderr)
