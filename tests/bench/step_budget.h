@@ -16,7 +16,8 @@ struct MachineRates {
   double copy_gbs = 0;      // a copy of 256 MiB over the threads, bytes read + written, best of 5
 };
 
-// Measures the two rates on the threads already set (OpenMP and OpenBLAS).
+// Measures the two rates on the threads already set (OpenMP and OpenBLAS);
+// the benchmark measures before and after its steps and keeps the better.
 MachineRates measure_machine();
 
 // Minor page faults of this process so far (getrusage).
