@@ -7,6 +7,7 @@
 
 #include "ops/blas.h"
 #include "ops/ops.h"
+#include "ops/vec_math.h"
 
 namespace meshlm::ops {
 
@@ -29,8 +30,9 @@ void attention_forward(T* out, T* att, const T* qkv, int B, int Tn, int C, int N
         T mx = row[0];
         for (int s = 1; s <= t; ++s) mx = row[s] > mx ? row[s] : mx;
         T sum = 0;
+#pragma omp simd reduction(+ : sum)
         for (int s = 0; s <= t; ++s) {
-          row[s] = std::exp(row[s] - mx);
+          row[s] = exp_of(row[s] - mx);
           sum += row[s];
         }
         T inv = T(1) / sum;

@@ -14,6 +14,7 @@
 
 #include "ops/blas.h"
 #include "ops/ops.h"
+#include "ops/vec_math.h"
 
 namespace meshlm::ops {
 
@@ -63,8 +64,9 @@ void flash_attention_forward(T* out, T* lse, const T* qkv, int B, int Tn, int C,
             T mx = row[0];
             for (int j = 1; j <= t; ++j) mx = row[j] > mx ? row[j] : mx;
             T sum = 0;
+#pragma omp simd reduction(+ : sum)
             for (int j = 0; j <= t; ++j) {
-              row[j] = std::exp(row[j] - mx);
+              row[j] = exp_of(row[j] - mx);
               sum += row[j];
             }
             lse[v.soff + t] = mx + std::log(sum);
@@ -118,7 +120,9 @@ void flash_attention_backward(T* dqkv, T* delta, const T* dout, const T* out, co
           for (int i = 0; i < rows; ++i) {
             const int t = t0 + i;
             T* row = p.data() + static_cast<size_t>(i) * keys;
-            for (int j = 0; j <= t; ++j) row[j] = std::exp(row[j] - lse[v.soff + t]);
+            const T l = lse[v.soff + t];
+#pragma omp simd
+            for (int j = 0; j <= t; ++j) row[j] = exp_of(row[j] - l);
             for (int j = t + 1; j < keys; ++j) row[j] = 0;
           }
           // dP = dY V^T ; dV += P^T dY

@@ -131,6 +131,10 @@ public:
                            int V) const override {
     ops::xent_local_backward(logits_dlogits, rowmax, sums, dlosses, targets, N, Vl, v0, V);
   }
+  void xent_rows(float* logits_dlogits, float* rowmax, float* sums, const float* dlosses,
+                 const int32_t* targets, int N, int Vl, int V) const override {
+    ops::xent_rows(logits_dlogits, rowmax, sums, dlosses, targets, N, Vl, V);
+  }
   void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
             const float* B, int ldb, float beta, float* C, int ldc) const override {
     ops::gemm(p_, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);

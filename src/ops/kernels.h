@@ -94,7 +94,8 @@ public:
   // V <= Vl): xent_local_max and xent_local_sums, and with dlosses
   // xent_local_backward in place, where the backend can in one read of each
   // row for the max and the sum together (CUDA: online, so the sum's last
-  // bits may differ from xent_local_sums'). The CPU runs the three ops.
+  // bits may differ from xent_local_sums'). The CPU runs ops::xent_rows: the
+  // three ops' bits, each row read from memory once.
   virtual void xent_rows(float* logits_dlogits, float* rowmax, float* sums, const float* dlosses,
                          const int32_t* targets, int N, int Vl, int V) const {
     xent_local_max(rowmax, logits_dlogits, N, Vl, 0, V);
@@ -135,7 +136,7 @@ public:
   // Waits for every op queued so far (a no-op on the CPU).
   virtual void synchronize() const = 0;
 
-  // ---- the optimizer (ops/ops.h; the same bits on every backend) -----------
+  // ---- the optimizer (ops/ops.h) ---------------------------------------------
   virtual void adamw_update(float* params, const float* grads, float* m, float* v,
                             std::span<const AdamWSegment> segments,
                             const AdamWHyper& h) const = 0;

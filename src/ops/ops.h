@@ -216,6 +216,13 @@ void xent_losses(T* losses, const T* rowmax, const T* sums, int N);
 template <typename T>
 void xent_local_backward(T* logits_dlogits, const T* rowmax, const T* sums, const T* dlosses,
                          const int32_t* targets, int N, int Vl, int v0, int V);
+// Rows holding the whole vocabulary (one tensor-parallel rank: v0 = 0,
+// V <= Vl): xent_local_max, xent_local_sums and, where dlosses is not null,
+// xent_local_backward in place, one row after the other while it is in
+// cache: the bits of the three ops.
+template <typename T>
+void xent_rows(T* logits_dlogits, T* rowmax, T* sums, const T* dlosses, const int32_t* targets,
+               int N, int Vl, int V);
 
 // ---- optimizer (float only) ---------------------------------------------------
 // One run of AdamW's elements that share their weight decay: elements
@@ -240,8 +247,9 @@ struct AdamWHyper {
 void adamw_update(float* params, const float* grads, float* m, float* v,
                   std::span<const AdamWSegment> segments, const AdamWHyper& h);
 // sum x^2 over n elements in double, in a fixed order (blocks of
-// kSumOfSquaresBlock elements, then their sums in order): the same bits for
-// any number of threads, and on the CUDA backend.
+// kSumOfSquaresBlock elements, each a SIMD reduction, then their sums in
+// order): the same bits for any number of threads. The CUDA backend sums the
+// same blocks in the same order, each as a tree: equal within rounding.
 inline constexpr size_t kSumOfSquaresBlock = size_t(1) << 16;
 double sum_of_squares(const float* x, size_t n);
 // x(n) *= factor
