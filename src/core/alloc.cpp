@@ -53,6 +53,13 @@ MemTracker& MemTracker::get() {
     // resident when freed: what /proc shows would then depend on the order
     // of frees, not on what is live.
     mallopt(M_MMAP_THRESHOLD, 1 << 20);
+    // Fixing the threshold also fixes the heap's trim threshold at glibc's
+    // 128 KiB: every free leaving more than that at the top of the heap
+    // gave it back, and the next allocation faulted it in again, page by
+    // page. OpenBLAS allocates and frees a 512 KiB table on every GEMM (its
+    // threads' job array): 496 page faults a step of GPT-2 L=6 C=384 on the
+    // CPU (docs/PERFORMANCE.md). Up to 2 MiB of free heap stays mapped.
+    mallopt(M_TRIM_THRESHOLD, 2 << 20);
     return MemTracker();
   }();
   return tracker;

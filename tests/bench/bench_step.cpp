@@ -159,9 +159,10 @@ int main(int argc, char** argv) {
       // backward then uses, so its logits are computed once.
       loss = model.forward(0, tok.data(), tgt.data(), B, T, 1.0f);
       model.backward(0, 1.0f);
+      // The norm's one read, then the clip inside the update (Engine::step):
+      // the gradients are not scaled in place.
       const double norm = std::sqrt(kernels->sum_of_squares(model.grads(), model.num_params()));
-      clip_to_norm(model.grads(), model.num_params(), norm, 1.0, *kernels);
-      opt.step(model.params(), model.grads(), 3e-4f);
+      opt.step(model.params(), model.grads(), 3e-4f, 1.0f, clip_coefficient(norm, 1.0));
       kernels->synchronize();
       if (s >= f["warmup"]) times.push_back(now_seconds() - t0);
     }
