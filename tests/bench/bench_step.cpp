@@ -6,7 +6,11 @@
 //                --seq_len 64 --batch 4 --threads 2 [--steps 5] [--warmup 2] [--cuda 1]
 //                [--bf16 1] [--flash 1] [--lora R] [--op_timings 1] [--budget 1]
 //                [--llama 1 --n_kv_head K --intermediate_size F [--tied 1]]
+//                [--classifier_rows R]
 //
+// --classifier_rows R computes the classifier's logits R rows at a time
+// instead of the backend's chunk (GPTOptions::classifier_rows; the CPU's:
+// 64 MiB of logits, model/activations.h).
 // --llama 1 times a Llama-family model instead (RMSNorm, rotary embeddings
 // with theta 500000, grouped-query attention with K key/value heads, a SwiGLU
 // MLP of width F, an untied lm_head unless --tied 1).
@@ -65,7 +69,7 @@ int main(int argc, char** argv) {
                                    {"threads", 1},  {"steps", 5},     {"warmup", 2}, {"cuda", 0},
                                    {"bf16", 0}, {"flash", 0}, {"lora", 0}, {"op_timings", 0},
                                    {"llama", 0}, {"n_kv_head", 0}, {"intermediate_size", 0},
-                                   {"tied", 0}, {"budget", 0}};
+                                   {"tied", 0}, {"budget", 0}, {"classifier_rows", 0}};
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     if (k.rfind("--", 0) != 0 || !f.count(k.substr(2))) {
@@ -114,6 +118,7 @@ int main(int argc, char** argv) {
     opts.attention = f["flash"] != 0 ? Attention::flash : Attention::probabilities;
     // The work sizes of `meshlm train` on this backend (Engine::plan_of).
     apply_work_sizes(caps, size_t(cfg.padded_vocab_size()), opts);
+    if (f["classifier_rows"] > 0) opts.classifier_rows = static_cast<int>(f["classifier_rows"]);
     std::unique_ptr<Buffer> store;
     load::StoreManifest manifest;
     if (f["lora"] > 0) {

@@ -135,10 +135,16 @@ Expected longhand(const Case& k) {
   at(m, MemCategory::params) = (np + frozen) * kF;
   // ZeRO 2 keeps the owned shard, a bucket for one block (all blocks are the
   // same size) or for a block of wte's rows, and wpe and ln_f. wte's rows go
-  // as many at a time as the classifier's logits buffer (2^24 floats, or all
-  // BT rows' logits when fewer) holds for BT tokens.
+  // as many at a time as the classifier's logits buffer (its chunk of rows,
+  // below) holds for BT tokens.
   const bool has_wte = !lora && (k.first || k.last);
-  const size_t logits_rows = std::min<size_t>(std::max<size_t>(1, (size_t(1) << 24) / Vl), BT);
+  // The classifier's chunk: BT rows cut into as few equal chunks as 2^25
+  // floats of logits allow, at least one row, at most BT.
+  const size_t most_rows = std::max<size_t>(1, (size_t(1) << 25) / Vl);
+  size_t chunks = 1;
+  while (chunks * most_rows < BT) ++chunks;
+  size_t logits_rows = 1;
+  while (logits_rows * chunks < BT) ++logits_rows;
   const size_t wte_rows = std::clamp<size_t>(logits_rows * Vl / BT, 1, Vl);
   const size_t bucket = std::max(L > 0 ? trained_block : 0, has_wte ? wte_rows * C : 0);
   at(m, MemCategory::grads) = p.zero_stage < 2
@@ -182,10 +188,8 @@ Expected longhand(const Case& k) {
   // Gradients of the activations, one set for the whole stage.
   const size_t dres = BT * C, dln = BT * C, dqkv = BT * 3 * Cl, datty = BT * Cl;
   const size_t datt = B * NHl * T * (flash ? 1 : T), dfch = BT * Fl, dfch_gelu = BT * Fl, dlosses = BT;
-  // The classifier's logits, a chunk of rows at a time: as many rows as
-  // 2^24 floats hold, at least one, at most BT.
-  const size_t logit_rows = std::min(BT, std::max<size_t>(1, (size_t(1) << 24) / Vl));
-  const size_t logits = k.last ? logit_rows * Vl : 0;
+  // The classifier's logits, a chunk of rows at a time (above).
+  const size_t logits = k.last ? logits_rows * Vl : 0;
   const size_t grad_acts = dres + dln + dqkv + datty + datt + dfch + dfch_gelu + dlosses + logits;
   // LoRA scratch: x A^T and its gradient, a replicated adapter's partial
   // gradient (r, C), a tile of dequantized rows, the positions (first stage).
@@ -201,13 +205,15 @@ Expected longhand(const Case& k) {
   // Stages after the first send the gradient of their input back: one
   // (B, T, C) per micro-batch in flight.
   at(m, MemCategory::comm) = k.at.pp > 0 ? k.slots * BT * C * kF : 0;
-  // Tensor parallelism initialises a split tensor whole, one at a time: the
-  // largest logical tensor that is split.
+  // Tensor parallelism initialises a split tensor whole, one at a time, 4
+  // MiB of its rows at a time: the largest such block of a logical tensor
+  // that is split.
   size_t whole = 0;
   if (tp > 1) {
     if (!lora) {
       whole = std::max({3 * C * C, C * C, 4 * C * C, C * 4 * C});  // c_attn, c_proj, c_fc, c_proj
-      if (k.first || k.last) whole = std::max(whole, Vp * C);      // wte
+      const size_t wte_block_rows = std::min(Vp, std::max<size_t>(1, (size_t(4) << 20) / kF / C));
+      if (k.first || k.last) whole = std::max(whole, wte_block_rows * C);  // wte
     } else {
       if (tg.has(LinearSlot::qkv)) whole = std::max(whole, 3 * C * r);      // B (3C, r)
       if (tg.has(LinearSlot::attn_out)) whole = std::max(whole, r * C);     // A (r, C)
@@ -237,6 +243,14 @@ GPTConfig model_b() {
 // tensor where a stage holds it.
 GPTConfig model_w() {
   return {.n_layer = 4, .n_head = 6, .n_embd = 24, .vocab_size = 301, .max_seq_len = 17};
+}
+
+// A vocabulary of a million (a multiple of 64) for C = 8: 2^25 floats hold
+// 33 rows of its logits, so 48 tokens go to the classifier in 2 chunks of
+// 24 (not 33 and 15); under tp 2 (500,000 columns a rank) 67 rows, all 48
+// at once.
+GPTConfig model_v() {
+  return {.n_layer = 2, .n_head = 2, .n_embd = 8, .vocab_size = 1000000, .max_seq_len = 16};
 }
 
 ParallelConfig layout(int dp, int tp, int pp, int zero, int m, PipelineSchedule s,
@@ -396,6 +410,18 @@ std::vector<Case> cases() {
        .model = A, .B = 3, .T = 16, .par = layout(1, 2, 2, 0, 2, k1F1B, kFull, {3, 2}),
        .ft = lora(2, {LinearSlot::qkv}), .at = {.tp = 1, .pp = 1}, .layer_begin = 3, .layers = 2,
        .first = false, .last = true, .slots = 1, .attention = Attention::flash});
+
+  // ---- model V: the classifier in chunks ----------------------------------
+  const GPTConfig V = model_v();
+  add({.name = "V one rank, logits in 2 chunks of 24 rows", .model = V, .B = 3, .T = 16,
+       .par = layout(1, 1, 1, 0, 1, k1F1B), .windows = 10, .shuffle = false, .layer_begin = 0,
+       .layers = 2});
+  add({.name = "V tp 2, tp rank 1, logits in one chunk", .model = V, .B = 3, .T = 16,
+       .par = layout(1, 2, 1, 0, 1, k1F1B), .at = {.tp = 1}, .windows = 10, .shuffle = false,
+       .layer_begin = 0, .layers = 2});
+  add({.name = "V dp 2, ZeRO 2, wte's gradient in blocks of the chunk's size", .model = V, .B = 3,
+       .T = 16, .par = layout(2, 1, 1, 2, 1, k1F1B), .at = {.dp = 1}, .windows = 10,
+       .shuffle = false, .layer_begin = 0, .layers = 2});
   return v;
 }
 
