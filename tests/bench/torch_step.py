@@ -5,6 +5,14 @@ Usage:
   torch_step.py --n_layer L --n_head NH --n_embd C --vocab_size V --seq_len T
                 --batch B --threads N [--steps 10] [--warmup 3] [--seed 0]
                 [--llama 1 --n_kv_head K --intermediate_size F [--tied 1]]
+                [--ranks R]
+
+--ranks R trains data-parallel on R processes of this machine, as PyTorch's
+DistributedDataParallel tutorial sets it up: torch.multiprocessing.spawn,
+the gloo backend (the CPU's), the model wrapped in DDP (gradients averaged
+in buckets during the backward), each rank B / R sequences of the batch and
+N threads; the JSON line is rank 0's, the step timed there (DDP's
+all-reduce keeps the ranks in step).
 
 --llama 1 builds tests/torch/llama_torch.py's LlamaModule instead (RMSNorm,
 rotary embeddings, K key/value heads, SwiGLU of width F; its FLOPs count a
@@ -91,9 +99,29 @@ def main():
     ap.add_argument("--n_kv_head", type=int, default=0)
     ap.add_argument("--intermediate_size", type=int, default=0)
     ap.add_argument("--tied", type=int, default=0)
+    ap.add_argument("--ranks", type=int, default=1)
     args = ap.parse_args()
     if args.steps < 1:
         ap.error("--steps must be >= 1")
+    if args.ranks < 1 or args.batch % args.ranks != 0:
+        ap.error(f"--ranks {args.ranks} must divide --batch {args.batch}")
+    if args.ranks > 1:
+        import socket
+        import torch.multiprocessing as mp
+        with socket.socket() as s:  # a free port for the rendezvous
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        mp.spawn(run, args=(args, port), nprocs=args.ranks, join=True)
+    else:
+        run(0, args, None)
+
+
+def run(rank, args, port):
+    ddp = args.ranks > 1
+    if ddp:
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=args.ranks)
 
     if "OMP_WAIT_POLICY" not in os.environ:
         print("torch_step.py: warning: OMP_WAIT_POLICY is not set (the benchmark driver sets "
@@ -140,10 +168,19 @@ def main():
     tokens = torch.randint(0, V, (B, T), generator=g, dtype=torch.long)
     targets = torch.randint(0, V, (B, T), generator=g, dtype=torch.long)
     params = list(model.parameters())
+    net = model
+    if ddp:  # this rank's share of the batch; gradients averaged over the ranks
+        rows = slice(rank * B // args.ranks, (rank + 1) * B // args.ranks)
+        tokens, targets = tokens[rows].contiguous(), targets[rows].contiguous()
+        # The buffers are constant masks and tables, the same on every rank;
+        # gloo cannot broadcast the causal mask's bool.
+        DDP = torch.nn.parallel.DistributedDataParallel
+        DDP._set_params_and_buffers_to_ignore_for_model(model, [n for n, _ in model.named_buffers()])
+        net = DDP(model, broadcast_buffers=False)
 
     def step():
         opt.zero_grad(set_to_none=True)
-        _, loss = model(tokens, targets)
+        _, loss = net(tokens, targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
@@ -159,9 +196,15 @@ def main():
     if not torch.isfinite(loss):
         print(f"torch_step.py: warning: non-finite loss {loss.item()}", file=sys.stderr)
 
+    if ddp:
+        import torch.distributed as dist
+        dist.destroy_process_group()
+        if rank != 0:
+            return
     med = statistics.median(times)
     result = {
         "impl": "pytorch", "torch": torch.__version__, "allocator": allocator(), "threads": args.threads,
+        "ranks": args.ranks,
         "n_layer": L, "n_head": NH, "n_embd": C, "vocab_size": V, "seq_len": T, "batch": B,
         "ms_per_step": med * 1e3,
         "tokens_per_s": B * T / med,
