@@ -72,7 +72,9 @@ protected:
   static void TearDownTestSuite() { remove_run_dir(dir_); }
 
   static RunConfig config(const Layout& l, int w, std::vector<std::string> extra = {}) {
-    std::vector<std::string> o = {"--data.path=" + (dir_ / "tokens.h5").string()};
+    // Polling waits, as tests/mpi/training_runs.h says why.
+    std::vector<std::string> o = {"--data.path=" + (dir_ / "tokens.h5").string(),
+                                  "--comm.wait=poll"};
     for (auto& v : l.overrides()) o.push_back(v);
     o.insert(o.end(), extra.begin(), extra.end());
     return parse_run_config(kConfig, "test", o, w);

@@ -12,10 +12,12 @@
 #include <mpi.h>
 #include <stdlib.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "app/parameter_file.h"
@@ -64,6 +66,21 @@ inline std::filesystem::path make_run_dir(const char* prefix) {
   return name;
 }
 
+// MPI_Barrier for ranks that may wait long: a rank left out of a run on the
+// first ranks tests a non-blocking barrier every half millisecond instead of
+// polling inside MPI_Barrier. With 8 ranks on 2 cores, the polling ranks
+// (Open MPI yields when oversubscribed, but keeps polling) took about as much
+// CPU time as the ranks that train.
+inline void idle_barrier(MPI_Comm comm) {
+  MPI_Request req;
+  MPI_Ibarrier(comm, &req);
+  for (int done = 0;;) {
+    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+}
+
 // Collective over the world.
 inline void remove_run_dir(const std::filesystem::path& dir) {
   MPI_Barrier(MPI_COMM_WORLD);
@@ -84,7 +101,14 @@ inline RunResult train_on_first_ranks(const char* config_text,
                      {"--data.path=" + (dir / "tokens.h5").string(),
                       "--output.dir=" + (dir / ("run" + std::to_string(w))).string(),
                       "--output.overwrite=true",  // runs of one width share a directory
-                      "--checkpoint.final=false"});  // a test that wants one says so
+                      "--checkpoint.final=false",  // a test that wants one says so
+                      // Open MPI's polling waits: these models are so small that
+                      // a step is latency, and comm.wait = sleep (what auto takes
+                      // on 8 ranks of 2 cores) made each wait up to 0.5 ms late:
+                      // the Llama layouts took 22.6 s instead of 6.1. Both
+                      // policies give the same bits (test_comm,
+                      // cli_sleeping_waits_same_losses).
+                      "--comm.wait=poll"});
     const RunConfig cfg = parse_run_config(config_text, "test", overrides, w);
     MemTracker::get().reset_peaks();
     const int saved = log::rank();
@@ -113,7 +137,7 @@ inline RunResult train_on_first_ranks(const char* config_text,
                sub);
     MPI_Comm_free(&sub);
   }
-  MPI_Barrier(MPI_COMM_WORLD);
+  idle_barrier(MPI_COMM_WORLD);
   return res;
 }
 
