@@ -10,7 +10,7 @@
 //
 // --classifier_rows R computes the classifier's logits R rows at a time
 // instead of the backend's chunk (GPTOptions::classifier_rows; the CPU's:
-// 64 MiB of logits, model/activations.h).
+// at most 128 MiB of logits, in equal chunks: model/activations.h).
 // --llama 1 times a Llama-family model instead (RMSNorm, rotary embeddings
 // with theta 500000, grouped-query attention with K key/value heads, a SwiGLU
 // MLP of width F, an untied lm_head unless --tied 1).
