@@ -274,8 +274,10 @@ StepCost estimate_step(const GPTConfig& model, const ParallelConfig& p,
     // reduction's latencies for each layer and the edges; the parameters'
     // all-gather once.
     const double calls = *std::max_element(stage_layers.begin(), stage_layers.end()) + 2.0;
-    const double half = all_reduce(w.reduced_bytes, p.dp, links.bw(dp_node), 0) / 2;
-    c.dp = (m + 1) * half + m * calls * (p.dp - 1) * links.lat(dp_node) + (p.dp - 1) * links.lat(dp_node);
+    const double bw = links.bw(dp_node);
+    const double gather = all_reduce(w.reduced_bytes, p.dp, bw, 0) / 2;
+    const double reduce = all_reduce(w.reduced_bytes, p.dp, rates.zero2_reduce_fraction * bw, 0);
+    c.dp = m * reduce + gather + m * calls * (p.dp - 1) * links.lat(dp_node) + (p.dp - 1) * links.lat(dp_node);
   } else {
     c.dp = all_reduce(w.reduced_bytes, p.dp, links.bw(dp_node), links.lat(dp_node));
   }

@@ -33,10 +33,11 @@
 //   dp        ZeRO 0 and 1: the gradients' reduction once per step, 2 (dp -
 //             1) / dp of the rank's trained elements (ZeRO 1 as a
 //             reduce-scatter and an all-gather), not overlapped; ZeRO 2: a
-//             reduce-scatter's bytes for every micro-batch (each layer's
-//             gradients to their owners as the backward makes them, waited
-//             for there, a reduction's latency per layer and edge) and the
-//             all-gather once.
+//             reduce-scatter's bytes for every micro-batch at the rate of
+//             its reductions to owners (each layer's gradients as the
+//             backward makes them, waited for there, a reduction's latency
+//             per layer and edge; ClusterRates::zero2_reduce_fraction) and
+//             the all-gather once.
 // A group's bandwidth is the node's when all its ranks share a node (ranks
 // are numbered tp fastest, then dp, then pp; at most the node's memory
 // bandwidth shared by its ranks' copies), the network's otherwise.
@@ -125,6 +126,13 @@ struct ClusterRates {
   // A rank that waits for a message keeps polling its share of the units
   // (Open MPI's waits on the CPU spin): it counts as busy all step long.
   bool waiting_ranks_poll = false;
+  // ZeRO 2's reduction of a micro-batch's gradients to their owners, layer
+  // by layer in the backward (the owners' adds, the messages, the buckets'
+  // zeroing and the waits for the partner's backward between them): 2 (dp -
+  // 1) / dp of the gradients' bytes at this multiple of the dp group's
+  // bandwidth. 2: a reduce-scatter's bytes at the link's rate; a calibration
+  // measures it (its zero2_reduce_gbps against the bandwidth of 2 ranks).
+  double zero2_reduce_fraction = 2;
   // The GEMM rate's fraction by the rows of a micro-batch (B x T): (rows,
   // fraction) pairs, rows increasing; between them the fraction follows
   // log(rows) linearly, beyond them it is the nearest pair's. Empty: 1.

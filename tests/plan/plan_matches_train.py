@@ -160,6 +160,7 @@ with tempfile.TemporaryDirectory() as scratch:
     if not (cal["gflops_per_core"] > 0 and cal["gflops_all_cores"] > 0 and cal["cores"] >= 1 and
             cal["memory_gbps_one_core"] > 0 and 8 << 20 < cal["runtime_bytes"] < 256 << 20 and
             cal["intra_node_gbps"] > 0 and cal["intra_node_latency_us"] > 0 and
+            cal["intra_node_zero2_reduce_gbps"] > 0 and
             len(cal["gflops_all_cores_by_rows"]) == 4 and
             all(v > 0 for k in ("ops_one_core", "ops_all_cores") for v in cal[k].values()
                 if not isinstance(v, dict)) and
@@ -192,6 +193,26 @@ with tempfile.TemporaryDirectory() as scratch:
               "--cluster.gflops_per_rank=7"] + common)
     if r.returncode != 0 or " 7 GFLOP/s per rank" not in r.stdout:
         failures.append(f"cluster.gflops_per_rank: not in the plan's header: {r.stdout[:400]}")
+    # ZeRO 2's reductions to owners at the file's rate: at 1/1000 of it the
+    # ZeRO 2 layouts of dp 2 take longer (by m reductions of the gradients'
+    # bytes), the others stay as they were.
+    crawl = dict(cal, intra_node_zero2_reduce_gbps=cal["intra_node_zero2_reduce_gbps"] / 1000)
+    crawl_rates = os.path.join(scratch, "slow_zero2.json")
+    with open(crawl_rates, "w") as f:
+        json.dump(crawl, f)
+    key = lambda c: (c["dp"], c["tp"], c["pp"], c["zero_stage"], c["micro_batch_size"], c["micro_batches"],
+                     c["activation_checkpointing"], c.get("schedule"), tuple(c.get("stage_layers", [])))
+    steps = {}
+    for name, f in (("calibrated", rates), ("slow", crawl_rates)):
+        j = json.loads(plan(["--ranks", "2", "--ranks-per-node", "2", "--json", "--top", "100000",
+                             f"--cluster.rates={f}"] + common).stdout)
+        steps[name] = {key(c): c["step_seconds"] for c in j["fits"]}
+    slower = {k for k in steps["calibrated"] if steps["slow"][k] > steps["calibrated"][k] * 1.5}
+    zero2 = {k for k in steps["calibrated"] if k[3] == 2 and k[0] == 2}
+    if not zero2 or slower != zero2 or any(steps["slow"][k] != steps["calibrated"][k] for k in steps["slow"]
+                                           if k not in zero2):
+        failures.append(f"intra_node_zero2_reduce_gbps: the layouts it slows {sorted(slower)} are not "
+                        f"the ZeRO 2 ones {sorted(zero2)}")
     # The pipeline split by estimated time: 6 layers over 2 stages under
     # the calibrated rates with a slow GELU: 200 ns an element each way (a
     # scalar tanhf's cost ten times over; the vectorised GELU calibrates at

@@ -148,6 +148,14 @@ TEST(PlanCost, ZeroTwoReducesEachMicroBatchAndRecomputesTheLogits) {
   // ZeRO 2: 3 reduce-scatters and one all-gather of 3/4 of the bytes; per
   // micro-batch 12 layers + 2 edges reductions of 3 latencies; the gather's 3.
   EXPECT_NEAR(two.dp, 4 * 3.0 / 4 * bytes / bw + 3 * 14 * 3 * lat + 3 * lat, 1e-12);
+  // A calibration's reductions to owners at 0.5 x the link: each
+  // micro-batch's 2 x 3/4 of the bytes at bw / 2, the all-gather as before.
+  ClusterRates slow = r;
+  slow.zero2_reduce_fraction = 0.5;
+  const StepCost two_slow = estimate_step(m, z2, {12}, work(2, 1024, false, bytes), slow);
+  EXPECT_NEAR(two_slow.dp, 3 * 2 * 3.0 / 4 * bytes / (0.5 * bw) + 3.0 / 4 * bytes / bw + 3 * 14 * 3 * lat + 3 * lat,
+              1e-12);
+  EXPECT_DOUBLE_EQ(two_slow.compute, two.compute);
   // The classifier's forward (2 V C per token) and the cross-entropy's
   // backward (per logit) again, per micro-batch of 2048 tokens.
   const double V = 50304, C = 768, tokens = 2048;
