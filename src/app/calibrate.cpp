@@ -85,16 +85,28 @@ double triad_gbps(int threads) {
   return 3.0 * n * sizeof(float) / best / 1e9;
 }
 
-// The best of `reps` timings of `f` after one warm-up, in seconds.
+// More than a CPU's last-level cache holds (32 MiB here, 2 x 1 MiB of L2).
+constexpr size_t kColdBytes = size_t{96} << 20;
+
+// The best of `reps` timings of `f` after one warm-up, in seconds; fewer
+// (2 at least) once the timed ones took `enough` seconds.
 template <typename F>
-double best_of(int reps, F&& f) {
-  double best = 1e30;
+double best_of(int reps, double enough, F&& f) {
+  double best = 1e30, spent = 0;
   for (int rep = 0; rep <= reps; ++rep) {
     const auto t0 = Clock::now();
     f();
-    if (rep > 0) best = std::min(best, seconds_since(t0));
+    if (rep == 0) continue;
+    const double t = seconds_since(t0);
+    best = std::min(best, t);
+    spent += t;
+    if (rep >= 2 && spent >= enough) break;
   }
   return best;
+}
+template <typename F>
+double best_of(int reps, F&& f) {
+  return best_of(reps, std::numeric_limits<double>::infinity(), std::forward<F>(f));
 }
 
 // The ops outside GEMMs on `threads` threads, as the step runs them on a
@@ -206,20 +218,39 @@ json op_rates(int threads, int reps) {
                                         qkv.data(), lse.data(), B, T, C, NH);
         }) / 1e9;
   }
-  // meshlm's linear layer (forward and backward, C -> 4C, the MLP's first)
-  // by rows and width, in GFLOP/s: the GEMMs' rate at the shapes of a run.
-  for (const int C : {256, 1024})
+  // A block's four linear layers (forward and backward: C -> 3C, C -> C,
+  // C -> 4C, 4C -> C) by rows and width, in GFLOP/s: the GEMMs' rate at the
+  // shapes of a step, on weights out of cache as a step's are. Each the best
+  // of at most `reps`, fewer (2 at least) once they took 0.3 s; 2048 rows
+  // only at the narrow width (72 N C^2 FLOPs: 0.9 s a rep at C 768 on one
+  // core).
+  for (const int C : {256, 768})
     for (const int N : {128, 512, 2048}) {
-      std::vector<float> inp(size_t(N) * C, 0.01f), w(size_t(4) * C * C, 0.02f), bias(size_t(4) * C);
+      if (N == 2048 && C > 256) continue;
+      const std::array<std::pair<int, int>, 4> shapes = {{{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}}};
+      std::vector<float> inp(size_t(N) * 4 * C, 0.01f), bias(size_t(4) * C);
       std::vector<float> out(size_t(N) * 4 * C), dout(out.size(), 0.001f), din(inp.size());
-      std::vector<float> dw(w.size()), db(bias.size());
-      const double s = best_of(reps, [&] {
-        ops::matmul_forward(out.data(), inp.data(), w.data(), bias.data(), N, C, 4 * C);
-        ops::matmul_backward(din.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N,
-                             C, 4 * C);
+      std::vector<float> db(bias.size());
+      // A step's layers: each rep's weights and gradients are ones the reps
+      // before have not touched since kColdBytes of others (a step streams
+      // its layers through the cache).
+      const size_t layer = size_t(12) * C * C;
+      const int layers = static_cast<int>(kColdBytes / (2 * layer * sizeof(float)) + 1);
+      std::vector<float> ws(layer * size_t(layers), 0.02f), dws(ws.size(), 0.0f);
+      int next = 0;
+      const double s = best_of(reps, 0.3, [&] {
+        float* w = ws.data() + layer * size_t(next);
+        float* dw = dws.data() + layer * size_t(next);
+        next = (next + 1) % layers;
+        for (const auto& [in, oc] : shapes) {
+          ops::matmul_forward(out.data(), inp.data(), w, bias.data(), N, in, oc);
+          ops::matmul_backward(din.data(), dw, db.data(), dout.data(), inp.data(), w, N, in, oc);
+          w += size_t(in) * oc;
+          dw += size_t(in) * oc;
+        }
       });
       r["matmul_gflops_by_width_and_rows"][std::to_string(C)][std::to_string(N)] =
-          3.0 * 2.0 * N * C * 4.0 * C / s / 1e9;
+          3.0 * 2.0 * N * 12.0 * C * C / s / 1e9;
     }
   return r;
 }
@@ -431,10 +462,8 @@ void measure_mpi(json& j, comm::Communicator& all, MPI_Comm all_comm) {
       if (bytes <= 8) j[where + "_latency_us"] = one_way * 1e6;
       else j[where + "_gbps"] = double(bytes) / one_way / 1e9;
     }
-    MPI_Comm pair = MPI_COMM_NULL;
-    MPI_Comm_split(all_comm, rank < 2 ? 0 : MPI_UNDEFINED, rank, &pair);
-    const double gbps = zero2_reduce_gbps(pair);
-    if (pair != MPI_COMM_NULL) MPI_Comm_free(&pair);
+    const std::unique_ptr<comm::OwnedComm> pair = comm::OwnedComm::first_ranks(all_comm, 2);
+    const double gbps = zero2_reduce_gbps(pair->get());
     if (rank == 0) j[same_node ? "intra_node_zero2_reduce_gbps" : "inter_node_zero2_reduce_gbps"] = gbps;
   }
 }

@@ -558,6 +558,14 @@ bool threads_may_call_mpi() {
 
 OwnedComm::OwnedComm(MPI_Comm comm) { MPI_Comm_dup(comm, &comm_); }
 
+std::unique_ptr<OwnedComm> OwnedComm::first_ranks(MPI_Comm comm, int n) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  auto c = std::make_unique<OwnedComm>();
+  MPI_Comm_split(comm, rank < n ? 0 : MPI_UNDEFINED, rank, &c->comm_);
+  return c;
+}
+
 OwnedComm::~OwnedComm() {
   int finalized = 0;
   MPI_Finalized(&finalized);

@@ -90,11 +90,15 @@ bool threads_may_call_mpi();
 
 // A duplicate of a communicator, freed with its owner: the same group with a
 // separate context, so that collectives on it never meet those on the
-// original. Making one is collective over `comm`.
+// original (or a part of its group: first_ranks). Making one is collective
+// over `comm`.
 class OwnedComm {
 public:
   OwnedComm() = default;
   explicit OwnedComm(MPI_Comm comm);
+  // The ranks [0, n) of `comm` as a communicator of their own (ranks in
+  // order), MPI_COMM_NULL (get()) on the others. Collective over `comm`.
+  static std::unique_ptr<OwnedComm> first_ranks(MPI_Comm comm, int n);
   ~OwnedComm();
   OwnedComm(const OwnedComm&) = delete;
   OwnedComm& operator=(const OwnedComm&) = delete;

@@ -147,6 +147,29 @@ TEST_F(CommTest, Basics) {
   comm_->barrier();
 }
 
+TEST_F(CommTest, FirstRanksMakeACommunicatorOfTheirOwn) {
+  for (const int n : {1, 2, size_}) {
+    SCOPED_TRACE("first " + std::to_string(n) + " ranks");
+    const auto part = OwnedComm::first_ranks(MPI_COMM_WORLD, n);
+    if (rank_ >= n) {
+      EXPECT_EQ(part->get(), MPI_COMM_NULL);
+      continue;
+    }
+    ASSERT_NE(part->get(), MPI_COMM_NULL);
+    int r = -1, s = 0;
+    MPI_Comm_rank(part->get(), &r);
+    MPI_Comm_size(part->get(), &s);
+    EXPECT_EQ(r, rank_);
+    EXPECT_EQ(s, std::min(n, size_));
+    // A sum over the part counts only its ranks.
+    auto c = make_mpi_communicator(part->get());
+    int one = 1, sum = 0;
+    c->all_reduce(&one, &sum, 1, DType::i32, ReduceOp::sum).wait();
+    EXPECT_EQ(sum, std::min(n, size_));
+  }
+  comm_->barrier();
+}
+
 TYPED_TEST(CommTyped, AllReduce) {
   using T = TypeParam;
   for_each_reduction_path([&] {
