@@ -381,13 +381,13 @@ void measure_runtime(json& j, int cores, int node_ranks) {
 // and 1: each rank computes a layer's backward (meshlm's linear layer, 128
 // rows of 256 -> 1024, one thread), then reduces a bucket of
 // kZero2BucketFloats (a layer's gradients), each half to the rank that owns
-// it (the owner first adds what its shard holds), and zeroes the bucket. The
-// seconds beyond the backward alone (the reduction, its copies and adds, and
-// the wait for the partner's backward, whose length varies from layer to
-// layer as a step's does) per bucket: the mean of kZero2Reps after 2 of
-// warm-up (a step pays every slow one), against the fastest backward alone. Returns the bucket's bytes per
-// second on rank 0 (0 elsewhere). The other ranks take no part: `pair` is
-// MPI_COMM_NULL on them.
+// it (the owner first adds what its shard holds), and zeroes the bucket.
+// The seconds beyond the backward alone (the reduction, its copies and adds,
+// and the wait for the partner's backward, whose length varies from layer
+// to layer as a step's does) per bucket: the mean of kZero2Reps after 2 of
+// warm-up (a step pays every slow one), against the fastest backward alone.
+// Returns the bucket's bytes per second on rank 0 (0 elsewhere). The other
+// ranks take no part: `pair` is MPI_COMM_NULL on them.
 static constexpr size_t kZero2BucketFloats = size_t{1} << 20;
 static constexpr int kZero2Reps = 21;
 

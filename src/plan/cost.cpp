@@ -270,14 +270,17 @@ StepCost estimate_step(const GPTConfig& model, const ParallelConfig& p,
   if (p.zero_stage == 2) {
     // Each micro-batch's gradients go to their owners as its backward makes
     // them, a layer (or a block of wte's rows) at a time, waited for in the
-    // backward (Zero::reduce_to_owners): m reduce-scatters' bytes and a
-    // reduction's latencies for each layer and the edges; the parameters'
-    // all-gather once.
+    // backward (Zero::reduce_to_owners): m reduce-scatters' bytes at the
+    // rate of those reductions (zero2_reduce_fraction of the link: 2 (dp -
+    // 1) / dp of the bytes at fraction x bw, the link's own reduce-scatter at
+    // 2) and a reduction's latencies for each layer and the edges; the
+    // parameters' all-gather once.
     const double calls = *std::max_element(stage_layers.begin(), stage_layers.end()) + 2.0;
     const double bw = links.bw(dp_node);
     const double gather = all_reduce(w.reduced_bytes, p.dp, bw, 0) / 2;
     const double reduce = all_reduce(w.reduced_bytes, p.dp, rates.zero2_reduce_fraction * bw, 0);
-    c.dp = m * reduce + gather + m * calls * (p.dp - 1) * links.lat(dp_node) + (p.dp - 1) * links.lat(dp_node);
+    const double lat = links.lat(dp_node);
+    c.dp = m * reduce + gather + m * calls * (p.dp - 1) * lat + (p.dp - 1) * lat;
   } else {
     c.dp = all_reduce(w.reduced_bytes, p.dp, links.bw(dp_node), links.lat(dp_node));
   }

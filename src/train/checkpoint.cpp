@@ -45,16 +45,18 @@ namespace meshlm {
 using namespace checkpoint_detail;  // and its h5 and ck
 namespace fs = std::filesystem;
 
-namespace {
-
 // ---- /meta -----------------------------------------------------------------------
 
-// The optimizer's state besides its moments, as it was at the save.
-struct OptimizerMeta {
+// The optimizer's state besides its moments, as it was at the save (a member
+// of Checkpointer::Job: outside the anonymous namespace).
+struct Checkpointer::OptimizerMeta {
   int64_t adamw_step = 0;
   double loss_scale = 1;
   int64_t loss_scale_good_steps = 0;
 };
+using OptimizerMeta = Checkpointer::OptimizerMeta;
+
+namespace {
 
 // The /meta of a save (collective: every rank writes the same values).
 ck::Meta meta_of(const RunConfig& cfg, const TrainingState& st, const OptimizerMeta& opt,

@@ -98,7 +98,8 @@ public:
   // seconds waited.
   double finish();
 
-  struct Job;  // one checkpoint being written (checkpoint.cpp)
+  struct Job;            // one checkpoint being written (checkpoint.cpp)
+  struct OptimizerMeta;  // the optimizer state of a save besides its moments (checkpoint.cpp)
 
 private:
   void write(Job& job, MPI_Comm comm);  // collective over comm

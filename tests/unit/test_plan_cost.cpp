@@ -153,8 +153,8 @@ TEST(PlanCost, ZeroTwoReducesEachMicroBatchAndRecomputesTheLogits) {
   ClusterRates slow = r;
   slow.zero2_reduce_fraction = 0.5;
   const StepCost two_slow = estimate_step(m, z2, {12}, work(2, 1024, false, bytes), slow);
-  EXPECT_NEAR(two_slow.dp, 3 * 2 * 3.0 / 4 * bytes / (0.5 * bw) + 3.0 / 4 * bytes / bw + 3 * 14 * 3 * lat + 3 * lat,
-              1e-12);
+  EXPECT_NEAR(two_slow.dp,
+              3 * 2 * 3.0 / 4 * bytes / (0.5 * bw) + 3.0 / 4 * bytes / bw + 3 * 14 * 3 * lat + 3 * lat, 1e-12);
   EXPECT_DOUBLE_EQ(two_slow.compute, two.compute);
   // The classifier's forward (2 V C per token) and the cross-entropy's
   // backward (per logit) again, per micro-batch of 2048 tokens.
