@@ -156,8 +156,8 @@ PlanMachine plan_machine(const ClusterConfig& k, ComputeBackend backend, int ran
   bool has_ops_all = false;
   WidthTable matmul_one, matmul_all;
   double intra = p.intra_gbps, inter = p.inter_gbps, intra_us = p.intra_us, inter_us = p.inter_us;
-  double zero2_gbps = 0;  // a calibration's, and the link it was measured on
-  std::string zero2_link;
+  double zero2_gbps = 0;    // a calibration's ZeRO 2 reductions
+  bool zero2_intra = true;  // measured within a node (else between nodes)
   m.runtime = p.runtime;
   m.runtime_pss = p.runtime_pss;
   m.device_runtime = p.device_runtime;
@@ -188,7 +188,7 @@ PlanMachine plan_machine(const ClusterConfig& k, ComputeBackend backend, int ran
       for (const char* where : {"intra_node", "inter_node"})
         if (const std::string key = std::string(where) + "_zero2_reduce_gbps"; j.contains(key)) {
           zero2_gbps = positive(j, key.c_str());
-          zero2_link = std::string(where) + "_gbps";
+          zero2_intra = std::string(where) == "intra_node";
         }
       if (j.contains("intra_node_latency_us")) intra_us = positive(j, "intra_node_latency_us");
       if (j.contains("inter_node_gbps")) inter = positive(j, "inter_node_gbps");
@@ -245,8 +245,8 @@ PlanMachine plan_machine(const ClusterConfig& k, ComputeBackend backend, int ran
   // bandwidth the cost model gives a group of 2 ranks there (a node's: at
   // most its memory bandwidth / 8).
   if (zero2_gbps > 0) {
-    double two = zero2_link == "intra_node_gbps" ? intra : inter;
-    if (zero2_link == "intra_node_gbps" && m.rates.node_memory_bytes_per_s > 0)
+    double two = zero2_intra ? intra : inter;
+    if (zero2_intra && m.rates.node_memory_bytes_per_s > 0)
       two = std::min(two, m.rates.node_memory_bytes_per_s / 1e9 / 8.0);
     m.rates.zero2_reduce_fraction = zero2_gbps / two;
   }
