@@ -13,7 +13,10 @@
 # ---------------------------------------------------------------------------
 if(MESHLM_PYTHON)
   set(_ckpt ${CMAKE_CURRENT_SOURCE_DIR}/ckpt)
-  string(JOIN " " _ckpt_mpiexec ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MESHLM_MPIEXEC_PREFLAGS})
+  # Every rank reaches the tools' errors (check_tools.py fails on an aborted
+  # job): no grace period is needed (tests/CMakeLists.txt).
+  string(JOIN " " _ckpt_mpiexec ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MESHLM_MPIEXEC_PREFLAGS}
+         ${MESHLM_MPIEXEC_NO_GRACE})
   # inspect: every dataset's shape, dtype, bytes and xxh3 as h5py reads them.
   # stats, stats_blocks: every column equals numpy's in float64 (NaN and Inf
   #   counted and left out), per dataset and per layer (--layers).
@@ -56,12 +59,10 @@ endif()
 # truncated, NaN, damaged: refused, nothing written).
 # ---------------------------------------------------------------------------
 if(MESHLM_PYTHON)
-  string(JOIN " " _ckpt_convert_mpiexec ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1
-         ${MESHLM_MPIEXEC_PREFLAGS})
   foreach(_case roundtrip torch_loss lora_merge lora_trained bad_inputs)
     add_test(NAME ckpt_convert_${_case}
       COMMAND ${MESHLM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/torch/check_ckpt_convert.py
-              --meshlm $<TARGET_FILE:meshlm> --mpiexec "${_ckpt_convert_mpiexec}" --case ${_case})
+              --meshlm $<TARGET_FILE:meshlm> --mpiexec "${MESHLM_MPIEXEC_ONE_LINE}" --case ${_case})
     set_tests_properties(ckpt_convert_${_case} PROPERTIES LABELS "python;ckpt" TIMEOUT 300
       ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
   endforeach()

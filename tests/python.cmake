@@ -113,10 +113,9 @@ set_tests_properties(torch_nf4_format
   PROPERTIES LABELS python TIMEOUT 300 ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
 # torch -> safetensors (Hugging Face layout) -> meshlm quantize -> the HDF5
 # cache read by h5py and decoded from the published formats with numpy.
-string(JOIN " " _mpiexec_one ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 1 ${MESHLM_MPIEXEC_PREFLAGS})
 add_test(NAME h5py_quant_cache
   COMMAND ${MESHLM_PYTHON} ${_torch}/check_quant_cache.py
-          --mpiexec "${_mpiexec_one}" --meshlm $<TARGET_FILE:meshlm>)
+          --mpiexec "${MESHLM_MPIEXEC_ONE_LINE}" --meshlm $<TARGET_FILE:meshlm>)
 set_tests_properties(h5py_quant_cache
   PROPERTIES LABELS python TIMEOUT 300 ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
 # quant.base = DIR, a Hugging Face GPT-2 directory (config.json, one file or
@@ -126,7 +125,7 @@ set_tests_properties(h5py_quant_cache
 # with nothing written.
 add_test(NAME hf_directory_base
   COMMAND ${MESHLM_PYTHON} ${_torch}/check_hf_dir.py
-          --mpiexec "${_mpiexec_one}" --meshlm $<TARGET_FILE:meshlm>)
+          --mpiexec "${MESHLM_MPIEXEC_ONE_LINE}" --meshlm $<TARGET_FILE:meshlm>)
 set_tests_properties(hf_directory_base
   PROPERTIES LABELS python TIMEOUT 300 ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
 # The stored loss curve of inputs/tiny.cfg (tests/data/tiny_losses.json, with
@@ -137,7 +136,7 @@ set(_data ${CMAKE_CURRENT_SOURCE_DIR}/data)
 string(JOIN " " _mpiexec_eight ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 8 ${MESHLM_MPIEXEC_PREFLAGS})
 add_test(NAME loss_curve_tiny_1rank
   COMMAND ${MESHLM_PYTHON} ${_data}/loss_curve.py
-          --mpiexec "${_mpiexec_one}" --meshlm $<TARGET_FILE:meshlm>)
+          --mpiexec "${MESHLM_MPIEXEC_ONE_LINE}" --meshlm $<TARGET_FILE:meshlm>)
 add_test(NAME loss_curve_tiny_dp2_tp2_pp2
   COMMAND ${MESHLM_PYTHON} ${_data}/loss_curve.py
           --mpiexec "${_mpiexec_eight}" --meshlm $<TARGET_FILE:meshlm>
@@ -157,7 +156,7 @@ set_tests_properties(loss_curve_tiny_1rank loss_curve_tiny_dp2_tp2_pp2
 foreach(_case loss export import_export lora_merge bad layouts)
   add_test(NAME hf_llama_${_case}
     COMMAND ${MESHLM_PYTHON} ${_torch}/check_hf_llama.py --meshlm $<TARGET_FILE:meshlm>
-            --mpiexec "${_mpiexec_one}" --mpiexec-many "${_mpiexec_eight}" --case ${_case})
+            --mpiexec "${MESHLM_MPIEXEC_ONE_LINE}" --mpiexec-many "${_mpiexec_eight}" --case ${_case})
   set_tests_properties(hf_llama_${_case} PROPERTIES LABELS python TIMEOUT 300
     ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
 endforeach()
@@ -172,7 +171,7 @@ endforeach()
 foreach(_case gpt2 llama checkpoint lora text errors)
   add_test(NAME generate_${_case}
     COMMAND ${MESHLM_PYTHON} ${_torch}/check_generate.py --meshlm $<TARGET_FILE:meshlm>
-            --mpiexec "${_mpiexec_one}" --case ${_case})
+            --mpiexec "${MESHLM_MPIEXEC_ONE_LINE}" --case ${_case})
   set_tests_properties(generate_${_case} PROPERTIES LABELS python TIMEOUT 300
     ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
 endforeach()
@@ -242,7 +241,7 @@ foreach(_case gpt2_pair gpt2_json gpt2_json_pairs llama3_json sentencepiece json
               bad references)
   add_test(NAME text_${_case}
     COMMAND ${MESHLM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/text/check_tokenize.py --meshlm $<TARGET_FILE:meshlm>
-            --mpiexec "${_mpiexec_one}" --mpiexec-two "${_mpiexec_two}"
+            --mpiexec "${MESHLM_MPIEXEC_ONE_LINE}" --mpiexec-two "${_mpiexec_two}"
             --scratch ${CMAKE_CURRENT_BINARY_DIR}/text_scratch --case ${_case})
   set_tests_properties(text_${_case} PROPERTIES LABELS python TIMEOUT 300
     ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")

@@ -63,6 +63,8 @@ case_() {
   fi
   grep -qE -- "$regex" "$out.log" || { tail -5 "$out.log"; echo "FAIL [$name]: no error matching '$regex'"; fail=1; return; }
   [ "$(grep -c '^ERROR' "$out.log")" = 1 ] || { echo "FAIL [$name]: not exactly one ERROR line (rank 0's)"; fail=1; return; }
+  # An error of some ranks only is printed "ERROR on rank N:" and aborts the job.
+  grep -qE '^ERROR on rank [0-9]+:' "$out.log" && { echo "FAIL [$name]: the job was aborted; every rank should reach this error"; fail=1; return; }
   [ -z "$(ls -A "$out")" ] || { ls -la "$out"; echo "FAIL [$name]: the output directory was written"; fail=1; return; }
   [ "$before" = "$after" ] || { echo "FAIL [$name]: a checkpoint changed"; fail=1; return; }
   echo "ok [$name]: $(grep '^ERROR' "$out.log" | cut -c1-160)"

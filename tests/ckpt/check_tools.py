@@ -77,6 +77,10 @@ class Runner:
         if expect_ok is not None:
             check((p.returncode == 0) == expect_ok,
                   f"meshlm ckpt {tool} exits {'0' if expect_ok else 'non-zero'} (got {p.returncode})")
+        if p.returncode != 0:
+            # An error of some ranks only is printed "ERROR on rank N:" and aborts the job.
+            check(re.search(r"ERROR on rank \d+:", p.stdout + p.stderr) is None,
+                  f"meshlm ckpt {tool}: every rank reached the error (the job was not aborted)")
         return p.returncode, p.stdout, p.stderr
 
 

@@ -5,7 +5,10 @@
 # @SCRATCH@ for it) and passes when the command
 #   - exits non-zero,
 #   - prints REGEX (extended regex) on stdout or stderr,
-#   - leaves no output directory (out/) and no temporary file behind.
+#   - leaves no output directory (out/) and no temporary file behind,
+#   - and was not aborted: every rank found the error and exited by itself
+#     (an error of some ranks only is printed as "ERROR on rank N:" and
+#     aborts the job).
 set -u
 regex=$1
 mpiexec_line=$2
@@ -28,6 +31,9 @@ if [ "$rc" -eq 0 ]; then
 fi
 if ! grep -Eq -- "$regex" "$scratch/.log"; then
   echo "FAIL: output does not match: $regex"; fail=1
+fi
+if grep -Eq "ERROR on rank [0-9]+:|MPI_ABORT was invoked" "$scratch/.log"; then
+  echo "FAIL: the job was aborted; every rank should reach this error"; fail=1
 fi
 if [ -e "$scratch/out" ]; then
   echo "FAIL: an output directory was written:"; find "$scratch/out"; fail=1
