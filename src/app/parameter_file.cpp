@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <sstream>
+#include <string_view>
 
 #include "comm/errors.h"
 #include "comm/mpi_comm.h"
@@ -459,7 +460,7 @@ constexpr size_t kMaxMessage = 512;
 
 // A parameter file is text: a control byte (a NUL, a binary file) is named
 // with its line before anything is parsed.
-void check_text(const std::string& text, const std::string& source) {
+void check_text(std::string_view text, const std::string& source) {
   size_t line = 1;
   for (const char ch : text) {
     const unsigned char c = static_cast<unsigned char>(ch);
@@ -604,9 +605,12 @@ RunConfig parse_run_config(const std::string& text, const std::string& source,
   } catch (const po::error& e) {
     fail("command line: " + log::printable(message_of(e), kMaxMessage));
   }
-  check_text(text, source);
+  // A UTF-8 byte order mark, which some editors put first, is not a line.
+  std::string_view body = text;
+  if (body.starts_with("\xEF\xBB\xBF")) body.remove_prefix(3);
+  check_text(body, source);
   try {
-    std::istringstream in(text);
+    std::istringstream in{std::string(body)};
     po::store(po::parse_config_file(in, desc, /*allow_unregistered=*/false), vm);
     po::notify(vm);
   } catch (const po::unknown_option& e) {

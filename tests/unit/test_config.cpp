@@ -59,6 +59,24 @@ TEST(Config, LastOverrideOfAKeyWins) {
   EXPECT_NE(error_of(kGood, {"--train.lr"}).find("--train.lr needs a value"), std::string::npos);
 }
 
+// Editors on Windows (Notepad, some IDEs) start a UTF-8 file with a byte
+// order mark, and write CRLF line ends: the same file to meshlm. A BOM
+// elsewhere, and a file in UTF-16, are refused by line.
+TEST(Config, AByteOrderMarkAndCrlfLineEndsAreTheSameFile) {
+  std::string crlf;
+  for (const char ch : std::string(kGood)) crlf += ch == '\n' ? std::string("\r\n") : std::string(1, ch);
+  for (const std::string& text : {"\xEF\xBB\xBF" + std::string(kGood), crlf, "\xEF\xBB\xBF" + crlf}) {
+    const RunConfig c = parse_run_config(text, "test.cfg", {});
+    EXPECT_EQ(c.model.n_layer, 3);
+    EXPECT_EQ(c.data.path, "tokens.h5");
+    EXPECT_EQ(c.resolved, parse_run_config(kGood, "test.cfg", {}).resolved);
+  }
+  EXPECT_NE(error_of("[model]\n\xEF\xBB\xBFn_layer = 3\n").find("test.cfg: "), std::string::npos);
+  const std::string utf16("\xFF\xFE[\0m\0", 6);
+  EXPECT_NE(error_of(utf16).find("test.cfg: line 1 holds the byte"), std::string::npos)
+      << error_of(utf16);
+}
+
 TEST(Config, MicroBatchDefaultsToBatch) {
   RunConfig c = parse_run_config(std::string(kGood) + "", "t", {"--train.micro_batch_size=0"});
   EXPECT_EQ(c.train.micro_batch_size, 4);
