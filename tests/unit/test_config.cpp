@@ -77,6 +77,33 @@ TEST(Config, AByteOrderMarkAndCrlfLineEndsAreTheSameFile) {
       << error_of(utf16);
 }
 
+// An unknown key says what it was probably meant to be: a near key (two
+// edits or fewer, case aside), or the section of a key given without one.
+TEST(Config, UnknownKeysNameTheKeyTheyResemble) {
+  auto has = [](const std::string& msg, const std::string& part) {
+    return msg.find(part) != std::string::npos;
+  };
+  std::string m = error_of(std::string(kGood) + "[model]\nn_layers = 2\n");
+  EXPECT_TRUE(has(m, "unknown key 'model.n_layers'") && has(m, "did you mean 'model.n_layer'?")) << m;
+  m = error_of(std::string(kGood) + "[modle]\nn_layer = 2\n");
+  EXPECT_TRUE(has(m, "did you mean 'model.n_layer'?")) << m;
+  m = error_of(std::string(kGood) + "[model]\nN_LAYER = 2\n");
+  EXPECT_TRUE(has(m, "did you mean 'model.n_layer'?")) << m;
+  m = error_of("n_layer = 2\n" + std::string(kGood));
+  EXPECT_TRUE(has(m, "unknown key 'n_layer'") && has(m, "it is a key of [model]") &&
+              has(m, "model.n_layer on the command line")) << m;
+  m = error_of(kGood, {"--train.stpes=3"});
+  EXPECT_TRUE(has(m, "command line: ") && has(m, "train.stpes") &&
+              has(m, "did you mean 'train.steps'?")) << m;
+  m = error_of(kGood, {"--steps=3"});
+  EXPECT_TRUE(has(m, "it is a key of [train]") && has(m, "train.steps on the command line")) << m;
+  // Nothing near: no guess.
+  m = error_of(std::string(kGood) + "[model]\nfrobnicate = 2\n");
+  EXPECT_TRUE(has(m, "unknown key 'model.frobnicate'") && !has(m, "did you mean")) << m;
+  m = error_of(kGood, {"--train.learning_rate=1"});
+  EXPECT_TRUE(has(m, "train.learning_rate") && !has(m, "did you mean")) << m;
+}
+
 TEST(Config, MicroBatchDefaultsToBatch) {
   RunConfig c = parse_run_config(std::string(kGood) + "", "t", {"--train.micro_batch_size=0"});
   EXPECT_EQ(c.train.micro_batch_size, 4);
