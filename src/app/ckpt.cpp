@@ -21,6 +21,7 @@
 #include "comm/errors.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/suggest.h"
 
 namespace meshlm {
 
@@ -172,7 +173,9 @@ std::optional<ToolArgs> parse(const Tool& t, const std::vector<std::string>& arg
       else throw bad(fmt::format("option {} needs a value", name));
       a.values[name] = value;
     } else {
-      throw bad(fmt::format("unknown option '{}'", log::printable(arg)));
+      std::vector<std::string> known = t.flags;
+      known.insert(known.end(), t.valued.begin(), t.valued.end());
+      throw bad(fmt::format("unknown option '{}'{}", log::printable(arg), did_you_mean(name, known)));
     }
   }
   if (a.files.size() != t.files)

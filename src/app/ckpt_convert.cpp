@@ -57,6 +57,7 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "core/log.h"
+#include "core/suggest.h"
 #include "core/progress.h"
 #include "core/timer.h"
 #include "io/checkpoint_file.h"
@@ -212,7 +213,10 @@ Args parse_args(const std::vector<std::string>& args, const std::string& tool,
       }
       out.values[key] = value;
     } else {
-      bad("unknown option '" + log::printable(a) + "'");
+      std::vector<std::string> known;
+      for (const std::set<std::string>* names : {&flags, &with_value})
+        for (const std::string& n : *names) known.push_back("--" + n);
+      bad("unknown option '" + log::printable(a) + "'" + did_you_mean("--" + key, known));
     }
   }
   return out;

@@ -25,6 +25,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/rng.h"
+#include "core/suggest.h"
 #include "core/timer.h"
 #include "model/decode.h"
 #include "model/sampling.h"
@@ -125,6 +126,13 @@ double real(const std::string& key, const std::string& text, double lo, double h
   return v;
 }
 
+// The options set_option takes, and the flags parse takes, for the hint of
+// an unknown one.
+const std::vector<std::string> kOptionNames = {
+    "--prompt", "--prompt-ids", "--tokenizer", "--merges", "--base", "--n_head",
+    "--max-new-tokens", "--threads", "--temperature", "--top-k", "--top-p", "--seed", "--print",
+    "--no-bos", "--help"};
+
 // Sets one option of `o` from `key` and `value`; false for an unknown key.
 bool set_option(GenerateOptions& o, const std::string& key, const std::string& value) {
   if (key == "--prompt") o.prompt = value, o.has_prompt = true;
@@ -173,7 +181,8 @@ std::optional<GenerateOptions> parse(const std::vector<std::string>& args) {
       if (i + 1 >= args.size()) bad("option " + key + " needs a value");
       value = args[++i];
     }
-    if (!set_option(o, key, value)) bad("unknown option '" + log::printable(a) + "'");
+    if (!set_option(o, key, value))
+      bad("unknown option '" + log::printable(a) + "'" + did_you_mean(key, kOptionNames));
   }
   if (positional.size() != 1)
     bad(positional.empty() ? "no MODEL named" : "one MODEL at a time (got '" +

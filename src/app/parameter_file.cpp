@@ -22,6 +22,7 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "core/log.h"
+#include "core/suggest.h"
 #include "load/hf_dir.h"
 #include "load/model_meta.h"
 #include "plan/partition.h"
@@ -429,58 +430,25 @@ struct PoTexts : po::error_with_option_name {
 // invalid") survives the cut of the whole message (kMaxMessage).
 constexpr size_t kMaxQuotedValue = 64;
 
-// Edits (insertions, deletions, substitutions) from a to b, at most `cap`
-// counted: cap + 1 means more.
-size_t edits_within(std::string_view a, std::string_view b, size_t cap) {
-  if ((a.size() > b.size() ? a.size() - b.size() : b.size() - a.size()) > cap) return cap + 1;
-  std::vector<size_t> row(b.size() + 1), next(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    next[0] = i;
-    size_t best = next[0];
-    for (size_t j = 1; j <= b.size(); ++j) {
-      next[j] = std::min({row[j] + 1, next[j - 1] + 1, row[j - 1] + (a[i - 1] != b[j - 1])});
-      best = std::min(best, next[j]);
-    }
-    if (best > cap) return cap + 1;
-    std::swap(row, next);
-  }
-  return std::min(row[b.size()], cap + 1);
-}
-
 // What an unknown key was probably meant to be: "; it is a key of [model]:
 // ..." for a section's key written before any section (or without its
 // section on the command line), "; did you mean 'model.n_layer'?" for a key
-// two edits or fewer from a known one (case aside), else "".
+// near a known one (core/suggest.h), else "".
 std::string key_hint(std::string_view key, const po::options_description& desc) {
-  if (key.empty() || key.size() > 100) return "";
-  auto lower = [](std::string_view s) {
-    std::string out(s);
-    for (char& ch : out) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    return out;
-  };
-  const std::string want = lower(key);
-  std::vector<std::string> sections;
-  std::string nearest;
-  size_t nearest_edits = 3;
+  std::vector<std::string> names, sections;
   for (const auto& opt : desc.options()) {
     const std::string& name = opt->long_name();
+    names.push_back(name);
     const size_t dot = name.find('.');
     if (key.find('.') == std::string_view::npos && dot != std::string::npos &&
         std::string_view(name).substr(dot + 1) == key)
       sections.push_back(name.substr(0, dot));
-    if (const size_t d = edits_within(want, lower(name), 2); d < nearest_edits) {
-      nearest_edits = d;
-      nearest = name;
-    }
   }
-  if (!sections.empty()) {
-    std::string list;
-    for (const std::string& sec : sections) list += (list.empty() ? "[" : ", [") + sec + "]";
-    return "; it is a key of " + list + ": write it under its section in a file, as " +
-           sections[0] + "." + std::string(key) + " on the command line";
-  }
-  return nearest.empty() ? "" : "; did you mean '" + nearest + "'?";
+  if (sections.empty()) return did_you_mean(key, names);
+  std::string list;
+  for (const std::string& sec : sections) list += (list.empty() ? "[" : ", [") + sec + "]";
+  return "; it is a key of " + list + ": write it under its section in a file, as " + sections[0] +
+         "." + std::string(key) + " on the command line";
 }
 
 std::string message_of(const po::error& e) {

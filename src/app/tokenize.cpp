@@ -21,6 +21,7 @@
 #include "core/files.h"
 #include "core/log.h"
 #include "core/progress.h"
+#include "core/suggest.h"
 #include "core/timer.h"
 #include "io/h5.h"
 #include "io/token_writer.h"
@@ -88,6 +89,12 @@ Options parse_options(const std::vector<std::string>& args, bool* help) {
   try {
     po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
     po::notify(vm);
+  } catch (const po::unknown_option& e) {
+    std::vector<std::string> known;
+    for (const auto& opt : d.options()) known.push_back("--" + opt->long_name());
+    throw CollectiveError(std::string("meshlm tokenize: ") + e.what() + " (meshlm tokenize --help)" +
+                              did_you_mean(e.get_option_name(), known),
+                          MESHLM_HERE);
   } catch (const po::error& e) {
     throw CollectiveError(std::string("meshlm tokenize: ") + e.what() + " (meshlm tokenize --help)",
                           MESHLM_HERE);

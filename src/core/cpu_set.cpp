@@ -29,7 +29,10 @@ std::string CpuSet::text() const {
     while (last + 1 < kMaxCpus && has(last + 1)) ++last;
     if (!s.empty()) s += ',';
     s += std::to_string(c);
-    if (last > c) s += "-" + std::to_string(last);
+    if (last > c) {
+      s += '-';
+      s += std::to_string(last);
+    }
     c = last;
   }
   return s.empty() ? "none" : s;

@@ -68,7 +68,7 @@ enum class TiedGroup : uint8_t {
 
 struct ParamSpec {
   std::string name;  // also the HDF5 dataset name under /params
-  Shape shape;       // this rank's part (== full_shape without tensor parallelism)
+  Shape shape{};     // this rank's part (== full_shape without tensor parallelism)
   size_t offset = 0;  // in elements, into the flat buffer
   int tp_dim = -1;    // dimension split by tensor parallelism; -1 = replicated
   int layer = -1;     // transformer block, -1 for embeddings and final norm
@@ -76,7 +76,7 @@ struct ParamSpec {
   int tp_parts = 1;   // tp_dim is made of this many equal parts (q, k, v), each split
   int index = 0;      // position in the table of the whole model (seeds its init stream)
   ParamRole role = ParamRole::linear_weight;
-  std::optional<LinearSlot> slot;  // linear layers and their adapters
+  std::optional<LinearSlot> slot{};  // linear layers and their adapters
   InitKind init = InitKind::zeros;
   TiedGroup tied = TiedGroup::none;
 

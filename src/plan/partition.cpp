@@ -101,7 +101,10 @@ std::vector<int> balance_stages(int n_layer, int num_stages, const StageCosts& c
 
 std::string layers_text(const std::vector<int>& layers) {
   std::string s;
-  for (int v : layers) s += (s.empty() ? "" : ",") + std::to_string(v);
+  for (int v : layers) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(v);
+  }
   return s;
 }
 

@@ -398,6 +398,7 @@ def case_arguments(r, d):
     for args, want in [(["frobnicate"], "unknown tool 'frobnicate'"),
                        ([], "needs a tool"),
                        (["stats", "ckpt.h5", "--bogus"], "unknown option '--bogus'"),
+                       (["stats", "ckpt.h5", "--layer"], "unknown option '--layer'; did you mean '--layers'?"),
                        (["diff", "ckpt.h5"], "needs 2 files, got 1"),
                        (["diff", "ckpt.h5", "ckpt.h5", "--top", "many"], "--top 'many'"),
                        (["diff", "ckpt.h5", "ckpt.h5", "--top"], "option --top needs a value"),

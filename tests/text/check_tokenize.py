@@ -602,6 +602,8 @@ def case_bad(m, c):
     with open(cut, "wb") as f:
         f.write(data[:len(data) // 2])
     expect_refusal(m, few, ["--tokenizer", cut], "tokenizer.json cut short (malformed JSON)", [cut])
+    expect_refusal(m, few, ["--tokeniser", "byte"], "a misspelt option, the one meant named",
+                   ["--tokeniser", "did you mean '--tokenizer'?"])
 
     def model_type(t):
         def edit(d):

@@ -560,6 +560,8 @@ def case_errors(m, d):
         (["gpt2", "--prompt", "hello"], ["--tokenizer"], "--prompt without a tokenizer names --tokenizer"),
         (["gpt2", "--prompt-ids", "1", "--print", "text"], ["--tokenizer"], "--print text without one"),
         (["gpt2", "--prompt-ids", "1", "--frobnicate", "1"], ["--frobnicate"], "an unknown option"),
+        (["gpt2", "--prompt-ids", "1", "--max-new-token", "3"],
+         ["'--max-new-token'", "did you mean '--max-new-tokens'?"], "a near option named"),
         (["gpt2", "--prompt-ids", "1", "--temperature", "-1"], ["--temperature"], "a negative temperature"),
         (["gpt2", "--prompt-ids", "1", "--top-p", "0"], ["--top-p"], "--top-p 0"),
         (["gpt2", "--prompt-ids", "1", "--max-new-tokens", "0"], ["--max-new-tokens"], "--max-new-tokens 0"),
