@@ -24,11 +24,9 @@ if(MESHLM_PYTHON)
     COMMAND bash ${_ck}/preempt.sh "${_ck_mpiexec2}" $<TARGET_FILE:meshlm>
             ${PROJECT_SOURCE_DIR}/inputs/tiny.cfg ${MESHLM_PYTHON})
   # Damaged and foreign checkpoints: one clear error, no hang, nothing written.
-  # (Every rank reaches these errors, bad_files.sh checks: no grace period.)
-  string(JOIN " " _ck_mpiexec2_agreed ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MESHLM_MPIEXEC_PREFLAGS}
-         ${MESHLM_MPIEXEC_NO_GRACE})
+  # (Every rank reaches these errors: bad_files.sh fails on an aborted job.)
   add_test(NAME checkpoint_bad_files
-    COMMAND bash ${_ck}/bad_files.sh "${_ck_mpiexec2_agreed}" $<TARGET_FILE:meshlm>
+    COMMAND bash ${_ck}/bad_files.sh "${MESHLM_MPIEXEC_TWO_AGREED_LINE}" $<TARGET_FILE:meshlm>
             ${PROJECT_SOURCE_DIR}/inputs/tiny.cfg ${MESHLM_PYTHON})
   set_tests_properties(checkpoint_preemption checkpoint_bad_files PROPERTIES LABELS cli TIMEOUT 300
     ENVIRONMENT "OMP_NUM_THREADS=1")

@@ -13,10 +13,8 @@
 # ---------------------------------------------------------------------------
 if(MESHLM_PYTHON)
   set(_ckpt ${CMAKE_CURRENT_SOURCE_DIR}/ckpt)
-  # Every rank reaches the tools' errors (check_tools.py fails on an aborted
-  # job): no grace period is needed (tests/CMakeLists.txt).
-  string(JOIN " " _ckpt_mpiexec ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MESHLM_MPIEXEC_PREFLAGS}
-         ${MESHLM_MPIEXEC_NO_GRACE})
+  # Every rank reaches the tools' errors (check_tools.py fails on an aborted job).
+  set(_ckpt_mpiexec "${MESHLM_MPIEXEC_TWO_AGREED_LINE}")
   # inspect: every dataset's shape, dtype, bytes and xxh3 as h5py reads them.
   # stats, stats_blocks: every column equals numpy's in float64 (NaN and Inf
   #   counted and left out), per dataset and per layer (--layers).

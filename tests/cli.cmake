@@ -4,17 +4,13 @@
 set(_expect ${CMAKE_CURRENT_SOURCE_DIR}/cli/expect_error.sh)
 set(_tiny ${PROJECT_SOURCE_DIR}/inputs/tiny.cfg)
 string(JOIN " " _mpiexec2 ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MESHLM_MPIEXEC_PREFLAGS})
-# Every rank reaches these errors and exits by itself (expect_error.sh fails
-# on an aborted job), so the launcher's grace period is not needed.
-string(JOIN " " _mpiexec2_agreed ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MESHLM_MPIEXEC_PREFLAGS}
-       ${MESHLM_MPIEXEC_NO_GRACE})
 
 # meshlm_cli_error(NAME REGEX ARGS...): `mpiexec -n 2 meshlm ARGS` must fail
-# with REGEX in its output, on every rank, and leave the scratch output
-# directory empty.
+# with REGEX in its output, on every rank (expect_error.sh fails on an
+# aborted job), and leave the scratch output directory empty.
 function(meshlm_cli_error name regex)
   add_test(NAME cli_${name}
-    COMMAND bash ${_expect} "${regex}" "${_mpiexec2_agreed}" $<TARGET_FILE:meshlm> ${ARGN})
+    COMMAND bash ${_expect} "${regex}" "${MESHLM_MPIEXEC_TWO_AGREED_LINE}" $<TARGET_FILE:meshlm> ${ARGN})
   set_tests_properties(cli_${name} PROPERTIES LABELS cli TIMEOUT 60
     ENVIRONMENT "OMP_NUM_THREADS=1;MESHLM_TINY=${_tiny}")
 endfunction()

@@ -32,9 +32,9 @@ the layouts that lean on them then measure faster than estimated (a 1-rank
 layout on 2 threads once read 0.73x its estimate while every 2-rank layout
 read 0.97-1.07x). So while the checks fail and some layouts measured faster
 than the median ratio / 1.1, the machine is calibrated once more and the
-chain is estimated again under the second calibration, which counts when
-it passes (both are printed). A planner that misjudges a regime misjudges
-it under either calibration.
+chain is estimated again under the second calibration, which the checks
+then use (both are printed). A planner that misjudges a regime misjudges it
+under either calibration.
 
 A planner that left out recomputation, the pipeline bubble, tensor-parallel
 communication or the cost of small micro-batches misorders layouts this far
@@ -95,6 +95,12 @@ def estimate(meshlm, cfg, n, rates, common, c):
     return json.loads(p.stdout)["configured"]["step_seconds"]
 
 
+def ratios_to_estimates(pred, meas):
+    """Each layout's measured step over its estimate, and their median."""
+    ratios = [m / e for m, e in zip(meas, pred)]
+    return ratios, float(np.median(ratios))
+
+
 def failures_of(pred, meas):
     """What the chain's estimates `pred` and measured steps `meas` fail of the checks."""
     failures = []
@@ -151,8 +157,7 @@ def main():
         for rnd in range(ROUNDS, ROUNDS + EXTRA_ROUNDS):
             if not failures_of(pred, meas):
                 break
-            ratios = [m / e for m, e in zip(meas, pred)]
-            median = float(np.median(ratios))
+            ratios, median = ratios_to_estimates(pred, meas)
             slow = [i for i, r in enumerate(ratios) if r > SLOW * median]
             if not slow:
                 break
@@ -165,8 +170,7 @@ def main():
                   f"{', '.join(f'{x:.3f}' for x in r)})")
         # A busy spell in the calibration: layouts measured faster than
         # estimated. The machine calibrated again; the chain estimated anew.
-        ratios = [m / e for m, e in zip(meas, pred)]
-        median = float(np.median(ratios))
+        ratios, median = ratios_to_estimates(pred, meas)
         fast = [i for i, r in enumerate(ratios) if r < median / SLOW]
         if failures_of(pred, meas) and fast:
             print(f"FAIL under the first calibration: {'; '.join(failures_of(pred, meas))}; "
