@@ -71,12 +71,26 @@ int64_t source_block_rows(const StoreEntry& e) {
 
 size_t store_pages_read(const StoreManifest& m, const GPTConfig& cfg, const ModelShard& shard,
                         int seq_len, size_t page) {
-  std::vector<bool> read((m.bytes + page - 1) / page, false);
-  auto mark = [&](size_t first_byte, size_t last_byte) {  // inclusive
-    for (size_t p = first_byte / page; p <= last_byte / page; ++p) read[p] = true;
+  // The pages read, as runs [first, last] of page numbers: the runs of one
+  // array of a tensor arrive in increasing order and mostly touch the
+  // previous one (row after row), so each array extends a run of its own
+  // while it can; the runs are merged at the end. (A bitmap of the store's
+  // pages, marked page by page, took a minute to plan 8 ranks of an 8B model.)
+  std::vector<std::pair<size_t, size_t>> runs;
+  std::vector<std::pair<size_t, size_t>> open;  // per array of the current tensor
+  auto mark = [&](int array, size_t first_byte, size_t last_byte) {  // inclusive
+    const size_t a = first_byte / page, b = last_byte / page;
+    auto& r = open[static_cast<size_t>(array)];
+    if (r.first <= r.second && a >= r.first && a <= r.second + 1) {
+      r.second = std::max(r.second, b);
+      return;
+    }
+    if (r.first <= r.second) runs.push_back(r);
+    r = {a, b};
   };
   for (const ParamSpec& p : model_param_table(cfg, shard)) {
     const StoreEntry& e = m.at(p.name);
+    open.assign(static_cast<size_t>(e.layout.narrays), {1, 0});  // empty runs
     const bool matrix = p.full_shape.ndim == 2;
     const int64_t R = matrix ? p.full_shape[0] : p.full_shape.numel(), K = matrix ? p.full_shape[1] : 1;
     const quant::QSlice part{.t = {}, .R = R, .K = K, .tp_dim = p.tp_dim, .tp_parts = p.tp_parts,
@@ -84,34 +98,46 @@ size_t store_pages_read(const StoreManifest& m, const GPTConfig& cfg, const Mode
     // wpe is not split; its first seq_len rows are read.
     const int64_t rows = p.role == ParamRole::position_embedding ? std::min<int64_t>(R, seq_len)
                                                                  : part.local_rows();
-    // Runs of elements [a, b) of the logical tensor, row by row, then the
-    // bytes they take in each array of the tensor.
+    // Of each array: its place in the store, its element's bytes and the
+    // elements of the tensor per element of the array: one (f32, int8 data),
+    // two (nf4 data: 4 bits each), a block (absmax), a group of blocks
+    // (nf4's absmax2); any other array is read whole.
+    struct Array {
+      size_t begin, count, elem, per;
+    };
+    std::vector<Array> arrays;
+    for (int k = 0; k < e.layout.narrays; ++k) {
+      const quant::QArray& arr = e.layout.arrays[k];
+      const std::string_view name = arr.name;
+      const size_t per = name == "data"      ? (e.layout.type == QuantType::nf4 ? 2 : 1)
+                         : name == "absmax"  ? size_t(e.layout.type == QuantType::nf4
+                                                          ? quant::kNF4Block
+                                                          : quant::kQ8Block)
+                         : name == "absmax2" ? size_t(quant::kNF4Block) * quant::kNF4AbsmaxBlock
+                                             : e.layout.n;
+      arrays.push_back({e.offset + arr.offset, arr.count, dtype_size(arr.elem), per});
+    }
+    // Elements [a, b) of the logical tensor: the bytes they take in each array.
     auto run = [&](int64_t a, int64_t b) {
-      for (int k = 0; k < e.layout.narrays; ++k) {
-        const quant::QArray& arr = e.layout.arrays[k];
+      for (size_t k = 0; k < arrays.size(); ++k) {
+        const Array& arr = arrays[k];
         if (arr.count == 0) continue;
-        // Elements of the tensor per element of the array: one (f32, int8
-        // data), two (nf4 data: 4 bits each), a block (absmax), a group of
-        // blocks (nf4's absmax2); any other array is read whole.
-        const std::string_view name = arr.name;
-        const size_t per = name == "data"      ? (e.layout.type == QuantType::nf4 ? 2 : 1)
-                           : name == "absmax"  ? size_t(e.layout.type == QuantType::nf4
-                                                            ? quant::kNF4Block
-                                                            : quant::kQ8Block)
-                           : name == "absmax2" ? size_t(quant::kNF4Block) * quant::kNF4AbsmaxBlock
-                                               : e.layout.n;
-        const size_t elem = dtype_size(arr.elem);
-        const size_t lo = std::min(size_t(a) / per, arr.count - 1);
-        const size_t hi = std::min(size_t(b - 1) / per, arr.count - 1);
-        mark(e.offset + arr.offset + lo * elem, e.offset + arr.offset + (hi + 1) * elem - 1);
+        const size_t lo = std::min(size_t(a) / arr.per, arr.count - 1);
+        const size_t hi = std::min(size_t(b - 1) / arr.per, arr.count - 1);
+        mark(static_cast<int>(k), arr.begin + lo * arr.elem, arr.begin + (hi + 1) * arr.elem - 1);
       }
     };
-    // Whole rows: consecutive ones read as one run (the same pages).
-    int64_t first = -1, next = -1;
-    auto flush = [&] {
-      if (first >= 0) run(first * K, next * K);
-      first = -1;
-    };
+    // The rank's rows as runs of consecutive logical rows (first, count):
+    // under a split of the rows, a piece of each of the tensor's tp_parts
+    // parts; else [0, rows).
+    std::vector<std::pair<int64_t, int64_t>> row_runs;
+    if (part.tp_dim == 0 && shard.tp_size > 1) {
+      const int64_t piece = R / part.tp_parts / shard.tp_size;
+      for (int64_t i = 0; i < rows; i += piece)
+        row_runs.emplace_back(part.logical_index(i), std::min(piece, rows - i));
+    } else {
+      row_runs.emplace_back(0, rows);
+    }
     // Split columns: the runs (first column, length) of this rank's part of
     // a row, the same in every row.
     std::vector<std::pair<int64_t, int64_t>> col_runs;
@@ -125,19 +151,26 @@ size_t store_pages_read(const StoreManifest& m, const GPTConfig& cfg, const Mode
         j += len;
       }
     }
-    for (int64_t i = 0; i < rows; ++i) {
-      const int64_t r = part.tp_dim == 0 ? part.logical_index(i) : i;
-      if (col_runs.empty()) {
-        if (r != next) flush();
-        if (first < 0) first = r;
-        next = r + 1;
+    for (const auto& [r0, n] : row_runs) {
+      if (n == 0) continue;
+      if (col_runs.empty()) {  // whole rows: one run
+        run(r0 * K, (r0 + n) * K);
         continue;
       }
-      for (const auto& [c, len] : col_runs) run(r * K + c, r * K + c + len);
+      for (int64_t r = r0; r < r0 + n; ++r)
+        for (const auto& [c, len] : col_runs) run(r * K + c, r * K + c + len);
     }
-    flush();
+    for (const auto& r : open)
+      if (r.first <= r.second) runs.push_back(r);
   }
-  return static_cast<size_t>(std::count(read.begin(), read.end(), true)) * page;
+  std::sort(runs.begin(), runs.end());
+  size_t pages = 0, next = 0;  // pages counted, the first page not yet counted
+  for (const auto& [a, b] : runs) {
+    if (b < next) continue;
+    pages += b + 1 - std::max(a, next);
+    next = b + 1;
+  }
+  return pages * page;
 }
 
 StoreManifest make_manifest(const GPTConfig& cfg, QuantType matrices) {

@@ -64,6 +64,7 @@ struct GPTConfig {
   // "GPT-2 L=12 NH=12 C=768 V=50257", "Llama L=16 NH=32 NKV=8 C=2048 F=8192
   // V=128256 tied": the family and its shape, for the run's lines.
   std::string describe() const;
+  bool operator==(const GPTConfig&) const = default;
 };
 
 }  // namespace meshlm

@@ -132,6 +132,7 @@ void rmsnorm_backward(T* dinp, T* dw, const T* dout, const T* inp, const T* w, c
 struct RopeScaling {
   double factor = 0, low_freq_factor = 1, high_freq_factor = 4;
   int original_max_positions = 8192;
+  bool operator==(const RopeScaling&) const = default;
 };
 // inv_freq(HS/2) = theta^(-2i / HS), scaled as `s` says, in float as Hugging
 // Face's rotary embedding computes it.

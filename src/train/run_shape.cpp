@@ -1,5 +1,8 @@
 #include "train/run_shape.h"
 
+#include <vector>
+
+#include "core/alloc.h"
 #include "load/base_loader.h"
 #include "train/backend.h"
 #include "train/engine.h"
@@ -24,6 +27,36 @@ RankPlan planned_rank_plan(const RunConfig& cfg, const ProcessMesh& mesh) {
   return rank_plan_at(cfg, mesh.coords(), mesh.rank(), mesh.node_rank());
 }
 
+namespace {
+
+// load::store_pages_read for the rank's shard; the planner asks it for
+// every rank of every layout, and the ranks of one shard (tp rank, stage)
+// read the same pages: the last answers of the calling thread are kept.
+size_t shared_pages_read(const RunConfig& cfg, const load::StoreManifest& manifest,
+                         const ModelShard& shard) {
+  struct Kept {
+    GPTConfig model;
+    quant::QuantType type;
+    ModelShard shard;
+    int seq_len;
+    size_t page, bytes;
+  };
+  constexpr size_t kKept = 16;
+  thread_local std::vector<Kept> kept;
+  const size_t page = page_bytes();
+  for (const Kept& k : kept)
+    if (k.shard == shard && k.type == cfg.quant.type && k.seq_len == cfg.train.seq_len &&
+        k.page == page && k.model == cfg.model)
+      return k.bytes;
+  const size_t bytes =
+      load::store_pages_read(manifest, cfg.model, shard, cfg.train.seq_len, page);
+  if (kept.size() == kKept) kept.erase(kept.begin());
+  kept.push_back({cfg.model, cfg.quant.type, shard, cfg.train.seq_len, page, bytes});
+  return bytes;
+}
+
+}  // namespace
+
 RankPlan rank_plan_at(const RunConfig& cfg, const MeshCoords& c, int world_rank, int node_rank) {
   RankPlan shape = Engine::plan_of(cfg, c);
   if (shape.model.lora.enabled) {
@@ -33,9 +66,7 @@ RankPlan rank_plan_at(const RunConfig& cfg, const MeshCoords& c, int world_rank,
     const bool quantizes = per_rank || world_rank == 0;
     shape.quantized_bytes = holder ? manifest.bytes : 0;
     shape.base_staging_bytes = quantizes ? manifest.staging_bytes() : 0;
-    if (!holder)
-      shape.shared_read_bytes = load::store_pages_read(manifest, cfg.model, shape.shard,
-                                                       cfg.train.seq_len, page_bytes());
+    if (!holder) shape.shared_read_bytes = shared_pages_read(cfg, manifest, shape.shard);
   }
   return shape;
 }

@@ -170,3 +170,49 @@ TEST(LlamaTable, EachArchitectureHasItsLinearLayers) {
   for (const ParamSpec& p : gpt_param_table(GPTConfig{}))
     if (p.slot) EXPECT_TRUE(LinearSlots::of(ModelArch::gpt2).has(*p.slot)) << p.name;
 }
+
+// model_param_table keeps its last tables: whatever it was asked before, it
+// gives the table the architecture's builder makes for (cfg, shard), in
+// every field. 12 shards of two configurations, asked round after round, so
+// that tables are found kept and made again after falling out.
+TEST(ParamTable, KeptTablesEqualFreshOnes) {
+  GPTConfig gpt2;
+  gpt2.n_layer = 4;
+  gpt2.n_head = 4;
+  gpt2.n_embd = 64;
+  gpt2.vocab_size = 300;
+  const GPTConfig configs[] = {gpt2, llama(4, 4, 64, 300, 2, 96, false)};
+  auto same = [](const std::vector<ParamSpec>& a, const std::vector<ParamSpec>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i) {
+      const ParamSpec &x = a[i], &y = b[i];
+      if (x.name != y.name || !(x.shape == y.shape) || x.offset != y.offset || x.tp_dim != y.tp_dim ||
+          x.layer != y.layer || !(x.full_shape == y.full_shape) || x.tp_parts != y.tp_parts ||
+          x.index != y.index || x.role != y.role || x.slot != y.slot || x.init != y.init ||
+          x.tied != y.tied)
+        return false;
+    }
+    return true;
+  };
+  for (int round = 0; round < 3; ++round)
+    for (const GPTConfig& cfg : configs)
+      for (int tp : {1, 2})
+        for (int tp_rank = 0; tp_rank < tp; ++tp_rank)
+          for (int stage = 0; stage < 2; ++stage) {
+            const ModelShard shard{.tp_rank = tp_rank,
+                                   .tp_size = tp,
+                                   .layer_begin = 2 * stage,
+                                   .layer_end = 2 * stage + 2,
+                                   .first_stage = stage == 0,
+                                   .last_stage = stage == 1};
+            const std::vector<ParamSpec> fresh = cfg.arch == ModelArch::llama
+                                                     ? llama_param_table(cfg, shard)
+                                                     : gpt_param_table(cfg, shard);
+            EXPECT_TRUE(same(model_param_table(cfg, shard), fresh))
+                << "round " << round << " tp " << tp_rank << "/" << tp << " stage " << stage;
+          }
+  // A configuration that differs in one key gets a table of its own.
+  GPTConfig other = configs[1];
+  other.n_layer = 6;
+  EXPECT_EQ(model_param_table(other).size(), llama_param_table(other).size());
+}
