@@ -153,7 +153,7 @@ json layout_json(const PlannedLayout& L) {
             {"step_seconds", L.cost.total()},
             {"cost", {{"compute", L.cost.compute}, {"pipeline", L.cost.pipeline},
                       {"tp", L.cost.tp}, {"pp", L.cost.pp}, {"optimizer", L.cost.optimizer},
-                      {"dp", L.cost.dp}}},
+                      {"dp", L.cost.dp}, {"dp_hidden", L.cost.dp_hidden}}},
             {"stage_peak_bytes", L.stage_peak}, {"stage_seconds", L.cost.stage_seconds},
             {"stage_memory_max_over_min", spread(L.stage_peak)},
             {"stage_time_max_over_min", spread(L.cost.stage_seconds)},
@@ -343,16 +343,16 @@ void print_configured(const Options& o, const Plan& plan) {
 // The first o.top layouts of `v` with their memory and the cost model's
 // seconds by term; for those that do not fit, why.
 void print_layout_table(const Options& o, const std::vector<PlannedLayout>& v, bool fitting) {
-  fmt::print("# {:>3} {:<34} {:>9} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+  fmt::print("# {:>3} {:<34} {:>9} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
              "#", "layout", "stages", "peak GiB", "node GiB", "step s", "compute", "pipeline",
-             "tp", "pp", "optimizer", "dp");
+             "tp", "pp", "optimizer", "dp", "dp hidden");
   for (size_t i = 0; i < v.size() && i < static_cast<size_t>(o.top); ++i) {
     const PlannedLayout& L = v[i];
     fmt::print("  {:>3} {:<34} {:>9} {:>10} {:>10} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} "
-               "{:>9.4f} {:>9.4f}\n",
+               "{:>9.4f} {:>9.4f} {:>9.4f}\n",
                i + 1, describe_layout(L.cfg), stages_text(L.stages), gib(L.worst), gib(L.node_worst),
                L.cost.total(), L.cost.compute, L.cost.pipeline, L.cost.tp, L.cost.pp,
-               L.cost.optimizer, L.cost.dp);
+               L.cost.optimizer, L.cost.dp, L.cost.dp_hidden);
     if (!fitting) fmt::print("        does not fit: {}\n", L.overflow);
   }
 }

@@ -215,6 +215,35 @@ double tp_all_reduce(const GPTConfig& model, const ParallelConfig& p, const Step
 
 }  // namespace
 
+std::pair<double, double> dp_overlap(double backward, int layers, double block_bytes,
+                                     double edge_bytes, int micro_batches, bool each_micro_batch,
+                                     double bucket_bytes,
+                                     const std::function<double(double)>& seconds) {
+  const int L = std::max(layers, 1), m = std::max(micro_batches, 1);
+  const double per_layer = block_bytes / L, dt = backward / L;
+  double free_at = 0, busy = 0;  // when the link is free; its busy seconds
+  auto send = [&](double ready, double bytes) {
+    if (bytes <= 0) return;
+    const double d = seconds(bytes);
+    free_at = std::max(free_at, ready) + d;
+    busy += d;
+  };
+  for (int i = each_micro_batch ? 0 : m - 1; i < m; ++i) {
+    const double start = i * backward;
+    double pending = 0;
+    for (int l = 0; l + 1 < L; ++l) {
+      pending += per_layer;
+      if (each_micro_batch || pending >= bucket_bytes) {
+        send(start + (l + 1) * dt, pending);
+        pending = 0;
+      }
+    }
+    send(start + backward, pending + per_layer + edge_bytes);
+  }
+  const double exposed = std::max(0.0, free_at - m * backward);
+  return {exposed, busy - exposed};
+}
+
 StageCosts stage_time_costs(const GPTConfig& model, const ParallelConfig& p, const StepWork& w,
                             const ClusterRates& rates) {
   const StageModel sm(model, p, w, rates, tp_all_reduce(model, p, w, links_of(p, rates)));
@@ -267,7 +296,41 @@ StepCost estimate_step(const GPTConfig& model, const ParallelConfig& p,
   c.pp = 2.0 * (pp - 1) * send;  // the first forward down the pipe, the last backward up
   c.pipeline = makespan - c.compute - c.tp - c.pp;
   c.optimizer = w.updated_elements * o.adamw_ns * 1e-9 / all_busy;
-  if (p.zero_stage == 2) {
+  if (w.overlap_dp && p.dp > 1) {
+    // The reductions under the backward (dp_overlap), stage by stage: the
+    // first stage finishes its last backward last; stage s about the
+    // backwards and sends of the stages before it earlier, which its
+    // exposed tail may use. Each stage's rank reduces the largest rank's
+    // bytes; the first stage's token embedding (and GPT-2's position table)
+    // is ready at the end of its backward, the rest layer by layer.
+    const double bw = links.bw(dp_node), lat = links.lat(dp_node);
+    const double R = w.reduced_bytes;
+    double edge = 0;
+    if (!w.lora) {
+      edge = double(model.padded_vocab_size()) * C / p.tp;
+      if (model.arch == ModelArch::gpt2) edge += double(model.max_seq_len) * C;
+      edge = std::min(edge * 4.0, R);
+    }
+    // ZeRO 0 all-reduces; 1 and 2 reduce-scatter (half an all-reduce's
+    // bytes and latencies) and all-gather the updated shards once, exposed.
+    const auto seconds = [&](double bytes) {
+      const double ar = all_reduce(bytes, p.dp, bw, lat);
+      return p.zero_stage == 0 ? ar : ar / 2;
+    };
+    double exposed = 0, hidden = 0, lead = 0;
+    for (int s = 0; s < pp; ++s) {
+      const double e = s == 0 ? edge : 0;
+      const auto [x, h] = dp_overlap(bwd[size_t(s)], stage_layers[size_t(s)], R - e, e, m,
+                                     p.zero_stage == 2, w.bucket_bytes, seconds);
+      if (s == 0 || x - lead > exposed) {
+        exposed = std::max(0.0, x - lead);
+        hidden = h + (x - exposed);
+      }
+      lead += bwd[size_t(s)] + send;
+    }
+    c.dp = exposed + (p.zero_stage == 0 ? 0 : all_reduce(R, p.dp, bw, lat) / 2);
+    c.dp_hidden = hidden;
+  } else if (p.zero_stage == 2) {
     // Each micro-batch's gradients go to their owners as its backward makes
     // them, a layer (or a block of wte's rows) at a time, waited for in the
     // backward (Zero::reduce_to_owners): m reduce-scatters' bytes at the

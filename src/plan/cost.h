@@ -38,11 +38,22 @@
 //             backward makes them, waited for there, a reduction's latency
 //             per layer and edge; ClusterRates::zero2_reduce_fraction) and
 //             the all-gather once.
+//             With StepWork::overlap_dp (a device backend's communicators,
+//             on a stream of their own: the NCCL path), the reductions run
+//             while the backward goes on (dp_overlap below): ZeRO 0 and 1
+//             reduce the last micro-batch's gradients in buckets of whole
+//             layers of at least bucket_bytes as its backward finishes them
+//             (ZeRO 1 reduce-scatters; its all-gather after the update stays
+//             exposed), ZeRO 2 each layer of every micro-batch at the link's
+//             reduce-scatter rate; one link, one bucket at a time. `dp` is
+//             then the exposed part, `dp_hidden` what ran under the
+//             backward.
 // A group's bandwidth is the node's when all its ranks share a node (ranks
 // are numbered tp fastest, then dp, then pp; at most the node's memory
 // bandwidth shared by its ranks' copies), the network's otherwise.
 #pragma once
 
+#include <functional>
 #include <span>
 #include <utility>
 #include <string>
@@ -159,6 +170,10 @@ struct StepWork {
   Attention attention = Attention::probabilities;
   double reduced_bytes = 0;   // the gradients a rank reduces over dp each step
   double updated_elements = 0;  // the elements a rank's AdamW updates each step
+  // The DP reduction overlapped with the backward (see dp above), in buckets
+  // of at least bucket_bytes (comm.bucket_mb).
+  bool overlap_dp = false;
+  double bucket_bytes = 32.0 * (1 << 20);
 };
 
 struct StepCost {
@@ -167,10 +182,29 @@ struct StepCost {
                         // units waiting ranks give to busy ones (may be negative then)
   double tp = 0;         // the slowest stage's all-reduces
   double pp = 0;         // the sends of the first forward down the pipe and the last backward up
-  double optimizer = 0, dp = 0;
+  double optimizer = 0, dp = 0;  // dp: the exposed part of the DP communication
+  // The DP communication that ran under the backward (StepWork::overlap_dp);
+  // without the overlap the step would take about this much longer.
+  double dp_hidden = 0;
   std::vector<double> stage_seconds;  // each stage's forward and backward of one micro-batch, alone
   double total() const { return compute + pipeline + tp + pp + optimizer + dp; }
 };
+
+// The DP reduction of one stage's rank overlapped with its backward: the
+// backward of one micro-batch takes `backward` seconds over `layers` layers,
+// each layer's gradients (`block_bytes` in all) ready as it finishes, in the
+// reverse order of the layers, and `edge_bytes` (the first stage's token
+// embedding, whose gradient the lookup's backward makes last) at its end.
+// `micro_batches` backwards run back to back; `each_micro_batch` (ZeRO 2)
+// reduces every one's gradients layer by layer, else (ZeRO 0 and 1) only the
+// last one's, in buckets of whole layers of at least `bucket_bytes` (the
+// last bucket with the edge). One link, one bucket at a time: `seconds(b)`
+// is a bucket of b bytes. Returns (exposed, hidden): the link's time after
+// the last backward ends, and its time before.
+std::pair<double, double> dp_overlap(double backward, int layers, double block_bytes,
+                                     double edge_bytes, int micro_batches, bool each_micro_batch,
+                                     double bucket_bytes,
+                                     const std::function<double(double bytes)>& seconds);
 
 // The estimated step of `p` (micro_batches resolved) with `stage_layers`
 // layers per stage.

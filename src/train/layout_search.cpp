@@ -372,6 +372,10 @@ PlannedLayout evaluate_layout(const RunConfig& cfg, const PlanMachine& o) {
     w.updated_elements =
         std::max(w.updated_elements, static_cast<double>(at(m.table, MemCategory::optimizer)) / 8);
   if (p.zero_stage == 2) w.reduced_bytes = w.updated_elements * 4 * p.dp;
+  // A device backend's DP reduction runs on its communicators' stream under
+  // the backward (NCCL); the CPU's is waited for where it is issued.
+  w.overlap_dp = backend_caps(o.backend).device_memory;
+  w.bucket_bytes = static_cast<double>(size_t(cfg.comm.bucket_mb) << 20);
   L.cost = estimate_step(cfg.model, p, L.stages, w, o.rates);
   if (o.mem_per_rank > 0 && L.worst > o.mem_per_rank) {
     const PlannedRank& w = L.ranks[static_cast<size_t>(L.worst_rank)];

@@ -3,9 +3,11 @@
 // relies on: tp divides the compute, the pipeline's schedule adds its bubble
 // (worked out by hand for small cases, shared cores included), checkpointing
 // adds a forward, groups within a node use its bandwidth, the ops outside
-// GEMMs count per element.
+// GEMMs count per element, a DP reduction overlapped with the backward
+// hides what the backward's length allows.
 #include <gtest/gtest.h>
 
+#include <tuple>
 #include <vector>
 
 #include "plan/cost.h"
@@ -355,4 +357,78 @@ TEST(PlanCost, TheLastStagesForwardCarriesTheClassifiersBackward) {
   // 1's forwards keep pace with stage 0's: 4 f0 + (f1 - head_b) + (b1 +
   // head_b) + 4 b0, about 15% shorter.
   EXPECT_GT(s.total(), 1.1 * (4 * f0 + f1 + b1 + 4 * b0));
+}
+
+// dp_overlap on cases worked out by hand: a byte takes a second on the link
+// (or 1.5), a layer's backward a second.
+TEST(PlanCost, OverlappedReductionRunsBucketByBucketUnderTheBackward) {
+  const auto per_byte = [](double b) { return b; };
+  // 4 layers, a byte each, buckets of 2: layers 4 and 3 go at t = 2 (link
+  // busy 2-4), layers 2 and 1 at the end, t = 4 (4-6): 2 s after the
+  // backward, 2 under it.
+  auto [x, h] = dp_overlap(4, 4, 4, 0, 1, false, 2, per_byte);
+  EXPECT_DOUBLE_EQ(x, 2);
+  EXPECT_DOUBLE_EQ(h, 2);
+  // Only the last micro-batch's gradients go (ZeRO 0 and 1): two backwards
+  // before it change nothing but when it ends.
+  std::tie(x, h) = dp_overlap(4, 4, 4, 0, 3, false, 2, per_byte);
+  EXPECT_DOUBLE_EQ(x, 2);
+  EXPECT_DOUBLE_EQ(h, 2);
+  // The edge (the first stage's embedding) comes at the end, with the last bucket.
+  std::tie(x, h) = dp_overlap(4, 4, 4, 3, 1, false, 2, per_byte);
+  EXPECT_DOUBLE_EQ(x, 5);
+  EXPECT_DOUBLE_EQ(h, 2);
+  // One bucket for everything: nothing hidden.
+  std::tie(x, h) = dp_overlap(4, 4, 4, 0, 1, false, 100, per_byte);
+  EXPECT_DOUBLE_EQ(x, 4);
+  EXPECT_DOUBLE_EQ(h, 0);
+  // Every micro-batch, layer by layer (ZeRO 2), at 1.5 s a byte, 2 layers of
+  // a byte each, 2 micro-batches of 2 s: 1-2.5, 2.5-4, 4-5.5, 5.5-7; the
+  // backwards end at 4.
+  std::tie(x, h) = dp_overlap(2, 2, 2, 0, 2, true, 0, [](double b) { return 1.5 * b; });
+  EXPECT_DOUBLE_EQ(x, 3);
+  EXPECT_DOUBLE_EQ(h, 3);
+  // A link faster than the backward hides all but the last layer.
+  std::tie(x, h) = dp_overlap(8, 8, 8, 0, 1, false, 1, [](double b) { return 0.5 * b; });
+  EXPECT_DOUBLE_EQ(x, 0.5);
+  EXPECT_DOUBLE_EQ(h, 3.5);
+}
+
+// estimate_step with the overlap: ZeRO 0's all-reduce in buckets, its
+// exposed and hidden parts adding up to the reduction's time (with a
+// latency per bucket); one bucket for all of it is the reduction without
+// overlap; smaller buckets hide more; ZeRO 1's all-gather stays exposed.
+TEST(PlanCost, OverlapSplitsTheReductionIntoExposedAndHidden) {
+  ClusterRates r;
+  r.flops_per_s = 100e12;
+  r.inter_bytes_per_s = 50e9;
+  r.inter_latency_s = 0;
+  r.ranks_per_node = 1;  // every group between nodes
+  const GPTConfig m = gpt2();
+  const double R = 124e6 * 4;
+  StepWork w = work(8, 1024, false, R);
+  const StepCost plain = estimate_step(m, layout(8, 1, 1, 1), {12}, w, r);
+  EXPECT_EQ(plain.dp_hidden, 0);
+  EXPECT_NEAR(plain.dp, 2.0 * 7 / 8 * R / 50e9, 1e-12);
+  w.overlap_dp = true;
+  w.bucket_bytes = 1e12;  // one bucket
+  const StepCost one = estimate_step(m, layout(8, 1, 1, 1), {12}, w, r);
+  EXPECT_NEAR(one.dp, plain.dp, 1e-12);
+  EXPECT_NEAR(one.dp_hidden, 0, 1e-12);
+  w.bucket_bytes = 25e6;
+  const StepCost small = estimate_step(m, layout(8, 1, 1, 1), {12}, w, r);
+  EXPECT_NEAR(small.dp + small.dp_hidden, plain.dp, 1e-9);
+  EXPECT_LT(small.dp, 0.5 * plain.dp);
+  EXPECT_GT(small.dp_hidden, 0);
+  EXPECT_NEAR(small.total() - small.dp, plain.total() - plain.dp, 1e-12);  // nothing else moves
+  // ZeRO 1: half the bytes go under the backward, the all-gather after it.
+  ParallelConfig z1 = layout(8, 1, 1, 1);
+  z1.zero_stage = 1;
+  const StepCost zero1 = estimate_step(m, z1, {12}, w, r);
+  EXPECT_NEAR(zero1.dp + zero1.dp_hidden, plain.dp, 1e-9);
+  EXPECT_GE(zero1.dp, plain.dp / 2 - 1e-12);
+  // One rank over dp: nothing to reduce.
+  const StepCost alone = estimate_step(m, layout(1, 1, 1, 1), {12}, w, r);
+  EXPECT_EQ(alone.dp, 0);
+  EXPECT_EQ(alone.dp_hidden, 0);
 }
