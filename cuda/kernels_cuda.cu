@@ -218,6 +218,11 @@ public:
     CUDA_CHECK(cudaStreamSynchronize(s_));
   }
   void synchronize() const override { CUDA_CHECK(cudaStreamSynchronize(s_)); }
+  bool holds(const void* p) const override {
+    cudaPointerAttributes a{};
+    CUDA_CHECK(cudaPointerGetAttributes(&a, p));
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+  }
 
   void adamw_update(float* params, const float* grads, float* m, float* v,
                     std::span<const ops::AdamWSegment> segments,

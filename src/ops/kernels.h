@@ -135,6 +135,13 @@ public:
   virtual void download(void* host_dst, const void* src, size_t bytes) const = 0;
   // Waits for every op queued so far (a no-op on the CPU).
   virtual void synchronize() const = 0;
+  // True when `p` points into the backend's device memory (never on the
+  // CPU): what host staging copies through upload and download
+  // (comm/staged_comm.h).
+  virtual bool holds(const void* p) const {
+    (void)p;
+    return false;
+  }
 
   // ---- the optimizer (ops/ops.h) ---------------------------------------------
   virtual void adamw_update(float* params, const float* grads, float* m, float* v,

@@ -83,6 +83,7 @@ public:
     return inner_.supports_flash_attention(head_size);
   }
   void synchronize() const override { inner_.synchronize(); }
+  bool holds(const void* p) const override { return inner_.holds(p); }
 
   void embedding_forward(float* out, const int32_t* tokens, const float* wte_part, int N, int C,
                          int v0, int Vl) const override;
