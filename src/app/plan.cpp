@@ -159,6 +159,7 @@ json layout_json(const PlannedLayout& L) {
             {"stage_time_max_over_min", spread(L.cost.stage_seconds)},
             {"fits", L.overflow.empty()}};
   if (!L.overflow.empty()) j["overflow"] = L.overflow;
+  if (!L.device_comm.empty()) j["device_comm"] = L.device_comm;
   return j;
 }
 
@@ -350,7 +351,8 @@ void print_layout_table(const Options& o, const std::vector<PlannedLayout>& v, b
     const PlannedLayout& L = v[i];
     fmt::print("  {:>3} {:<34} {:>9} {:>10} {:>10} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} "
                "{:>9.4f} {:>9.4f} {:>9.4f}\n",
-               i + 1, describe_layout(L.cfg), stages_text(L.stages), gib(L.worst), gib(L.node_worst),
+               i + 1, describe_layout(L.cfg) + (L.device_comm == "host" ? " staged" : ""),
+               stages_text(L.stages), gib(L.worst), gib(L.node_worst),
                L.cost.total(), L.cost.compute, L.cost.pipeline, L.cost.tp, L.cost.pp,
                L.cost.optimizer, L.cost.dp, L.cost.dp_hidden);
     if (!fitting) fmt::print("        does not fit: {}\n", L.overflow);
@@ -376,6 +378,10 @@ void print_plan_text(const Options& o, const Plan& plan) {
              m.rates_source, m.rates.flops_per_s / 1e9, m.rates.intra_bytes_per_s / 1e9,
              m.rates.inter_bytes_per_s / 1e9, m.rates.intra_latency_s * 1e6,
              m.rates.inter_latency_s * 1e6);
+  if (device)
+    fmt::print("# {} GPUs per node; comm.device = {} (a layout marked 'staged' moves device buffers "
+               "through the host: ranks of one of its groups share a GPU, or comm.device = host)\n",
+               m.gpus_per_node, name_of(base.comm.device));
   if (!plan.data_note.empty()) fmt::print("# note: {}\n", plan.data_note);
   print_configured(o, plan);
   const std::vector<PlannedLayout>& fits = plan.search.fits;

@@ -190,19 +190,26 @@ class StageModel {
 
 // The bandwidth and latency of a layout's groups.
 struct Links {
-  double intra = 0;
+  double intra = 0, inter = 0;
   const ClusterRates* r = nullptr;
-  double bw(bool one_node) const { return one_node ? intra : r->inter_bytes_per_s; }
+  double bw(bool one_node) const { return one_node ? intra : inter; }
   double lat(bool one_node) const { return one_node ? r->intra_latency_s : r->inter_latency_s; }
 };
 
-Links links_of(const ParallelConfig& p, const ClusterRates& rates) {
+Links links_of(const ParallelConfig& p, const ClusterRates& rates, bool host_staged) {
   const int node_ranks = std::min(std::max(rates.ranks_per_node, 1), p.dp * p.tp * p.pp);
   Links l;
   l.r = &rates;
   l.intra = rates.node_memory_bytes_per_s > 0
                 ? std::min(rates.intra_bytes_per_s, rates.node_memory_bytes_per_s / (4.0 * node_ranks))
                 : rates.intra_bytes_per_s;
+  l.inter = rates.inter_bytes_per_s;
+  if (host_staged) {
+    // A byte's time: the link's, and a copy to the host and one back.
+    const double copies = 2.0 / rates.host_copy_bytes_per_s;
+    l.intra = 1.0 / (1.0 / l.intra + copies);
+    l.inter = 1.0 / (1.0 / l.inter + copies);
+  }
   return l;
 }
 
@@ -246,7 +253,7 @@ std::pair<double, double> dp_overlap(double backward, int layers, double block_b
 
 StageCosts stage_time_costs(const GPTConfig& model, const ParallelConfig& p, const StepWork& w,
                             const ClusterRates& rates) {
-  const StageModel sm(model, p, w, rates, tp_all_reduce(model, p, w, links_of(p, rates)));
+  const StageModel sm(model, p, w, rates, tp_all_reduce(model, p, w, links_of(p, rates, w.host_staged)));
   const StagePass layer = sm.pass(1, false), head = sm.pass(0, true);
   StageCosts c;
   c.layer = layer.forward + layer.backward + layer.ar_forward + layer.ar_backward;
@@ -263,7 +270,7 @@ StepCost estimate_step(const GPTConfig& model, const ParallelConfig& p,
   const OpClassRates& o = rates.ops;
   const int rpn = rates.ranks_per_node;
   const int node_ranks = std::min(std::max(rpn, 1), p.dp * p.tp * p.pp);
-  const Links links = links_of(p, rates);
+  const Links links = links_of(p, rates, w.host_staged);
   // Groups of rank 0: tp consecutive ranks, dp by a stride of tp, pp by tp * dp.
   const bool dp_node = on_one_node(0, p.dp, p.tp, rpn), pp_node = on_one_node(0, p.pp, p.tp * p.dp, rpn);
   const double act_bytes = tokens * C * 4.0;
@@ -296,7 +303,7 @@ StepCost estimate_step(const GPTConfig& model, const ParallelConfig& p,
   c.pp = 2.0 * (pp - 1) * send;  // the first forward down the pipe, the last backward up
   c.pipeline = makespan - c.compute - c.tp - c.pp;
   c.optimizer = w.updated_elements * o.adamw_ns * 1e-9 / all_busy;
-  if (w.overlap_dp && p.dp > 1) {
+  if (w.overlap_dp && !w.host_staged && p.dp > 1) {
     // The reductions under the backward (dp_overlap), stage by stage: the
     // first stage finishes its last backward last; stage s about the
     // backwards and sends of the stages before it earlier, which its

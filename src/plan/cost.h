@@ -47,7 +47,9 @@
 //             exposed), ZeRO 2 each layer of every micro-batch at the link's
 //             reduce-scatter rate; one link, one bucket at a time. `dp` is
 //             then the exposed part, `dp_hidden` what ran under the
-//             backward.
+//             backward. With StepWork::host_staged (device buffers through
+//             the host, comm.device = host) nothing overlaps and every
+//             group's bytes also cross to the host and back.
 // A group's bandwidth is the node's when all its ranks share a node (ranks
 // are numbered tp fastest, then dp, then pp; at most the node's memory
 // bandwidth shared by its ranks' copies), the network's otherwise.
@@ -91,6 +93,7 @@ struct ClusterConfig {
   double gflops_per_rank = 0;
   double intra_node_gbps = 0, inter_node_gbps = 0;
   double intra_node_latency_us = 0, inter_node_latency_us = 0;
+  int gpus_per_node = 0;  // a device backend's GPUs per node
   std::string runtime_per_rank, runtime_pss_per_rank, device_runtime;  // sizes, as [memory]'s
   // Resolved by resolve_run_config; 0 = the rates file's or the preset's.
   uint64_t runtime_bytes = 0, runtime_pss_bytes = 0, device_runtime_bytes = 0;
@@ -144,6 +147,10 @@ struct ClusterRates {
   // bandwidth. 2: a reduce-scatter's bytes at the link's rate; a calibration
   // measures it (its zero2_reduce_gbps against the bandwidth of 2 ranks).
   double zero2_reduce_fraction = 2;
+  // Host staging of device buffers (comm.device = host): every byte a group
+  // moves is copied from its GPU to the host and back at this rate, in
+  // series with the link (comm/staged_comm.h).
+  double host_copy_bytes_per_s = 10e9;
   // The GEMM rate's fraction by the rows of a micro-batch (B x T): (rows,
   // fraction) pairs, rows increasing; between them the fraction follows
   // log(rows) linearly, beyond them it is the nearest pair's. Empty: 1.
@@ -174,6 +181,10 @@ struct StepWork {
   // of at least bucket_bytes (comm.bucket_mb).
   bool overlap_dp = false;
   double bucket_bytes = 32.0 * (1 << 20);
+  // Device buffers staged through the host (comm.device = host, or auto
+  // where ranks share a GPU): each link's bytes also cross to the host and
+  // back at ClusterRates::host_copy_bytes_per_s; nothing overlaps.
+  bool host_staged = false;
 };
 
 struct StepCost {

@@ -7,7 +7,10 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <tuple>
+#include <vector>
 
+#include "comm/device_comm.h"
 #include "core/alloc.h"
 #include "core/error.h"
 #include "io/tokens.h"
@@ -28,6 +31,7 @@ struct Preset {
   double gflops_per_rank = 0;  // h100-ib: per GPU
   double intra_gbps, inter_gbps, intra_us, inter_us;
   uint64_t runtime, runtime_pss, device_runtime;
+  int gpus_per_node = 0;
 };
 
 // This project's 2-core development VM (meshlm plan --calibrate, 2026-11-24:
@@ -40,7 +44,7 @@ const std::vector<std::pair<double, double>> kCpuRows = {{64, 0.64}, {256, 0.92}
 // meshlm's own bf16 step on one H100 (docs/PERFORMANCE.md: 124M at 137 000
 // tokens/s, 6 x 124M FLOPs a token: 1.0e14 FLOP/s); NVLink 4 as NCCL's
 // all-reduce sees it; NDR InfiniBand, one 400 Gb/s port per GPU.
-constexpr Preset kH100Ib{0, 103e3, 300, 50, 3, 5, 512u << 20, 512u << 20, 600u << 20};
+constexpr Preset kH100Ib{0, 103e3, 300, 50, 3, 5, 512u << 20, 512u << 20, 600u << 20, 8};
 // The rate's fraction by the rows of a micro-batch on one H100: meshlm's
 // bf16 step of GPT-2 124M with flash attention at B = 1 .. 32 sequences of
 // 1024 (meshlm_bench, 2026-11-24: 46.5, 63.9, 79.3, 90.9, 97.3 and 102.9
@@ -264,6 +268,7 @@ PlanMachine plan_machine(const ClusterConfig& k, ComputeBackend backend, int ran
   m.rates.intra_latency_s = intra_us * 1e-6;
   m.rates.inter_latency_s = inter_us * 1e-6;
   m.rates.ranks_per_node = m.ranks_per_node;
+  if (device) m.gpus_per_node = k.gpus_per_node > 0 ? k.gpus_per_node : std::max(p.gpus_per_node, 1);
   return m;
 }
 
@@ -337,9 +342,34 @@ StepWork step_shape(const RunConfig& cfg) {
 
 }  // namespace
 
+std::string device_comm_of(const RunConfig& cfg, const PlanMachine& m) {
+  if (!backend_caps(m.backend).device_memory) return "";
+  const ParallelConfig& p = cfg.parallel;
+  bool host = false;
+  const int gpus = m.gpus_per_node > 0 ? m.gpus_per_node : m.ranks_per_node;
+  // Rank 0's groups: tp consecutive ranks, dp by a stride of tp, pp by tp x dp.
+  for (const auto& [name, size, stride] : {std::tuple{"tp", p.tp, 1}, std::tuple{"dp", p.dp, p.tp},
+                                           std::tuple{"pp", p.pp, p.tp * p.dp}}) {
+    std::vector<comm::GpuSlot> slots;
+    for (int k = 0; k < size; ++k) {
+      const int r = k * stride;
+      slots.push_back({r / m.ranks_per_node, comm::gpu_of(r % m.ranks_per_node, gpus), r});
+    }
+    const std::string group = std::string("the ") + name + " group of rank 0";
+    try {
+      host |= comm::resolve_device_comm(cfg.comm.device, slots, group) == comm::DeviceComm::host;
+    } catch (const RankError& e) {
+      // Worked out from the configuration alone: the same on every rank.
+      throw CollectiveError(e.what(), MESHLM_HERE);
+    }
+  }
+  return host ? "host" : "nccl";
+}
+
 PlannedLayout evaluate_layout(const RunConfig& cfg, const PlanMachine& o) {
   PlannedLayout L;
   L.cfg = cfg;
+  L.device_comm = device_comm_of(cfg, o);
   const ParallelConfig& p = cfg.parallel;
   L.stages = stage_layers(cfg.model, p, cfg.train.seq_len);
   const MeshLayout mesh(p.dp, p.tp, p.pp);
@@ -372,9 +402,11 @@ PlannedLayout evaluate_layout(const RunConfig& cfg, const PlanMachine& o) {
     w.updated_elements =
         std::max(w.updated_elements, static_cast<double>(at(m.table, MemCategory::optimizer)) / 8);
   if (p.zero_stage == 2) w.reduced_bytes = w.updated_elements * 4 * p.dp;
-  // A device backend's DP reduction runs on its communicators' stream under
-  // the backward (NCCL); the CPU's is waited for where it is issued.
-  w.overlap_dp = backend_caps(o.backend).device_memory;
+  // A device backend's DP reduction runs on NCCL's stream under the
+  // backward; the CPU's, and one staged through the host, are waited for
+  // where they are issued.
+  w.host_staged = L.device_comm == "host";
+  w.overlap_dp = L.device_comm == "nccl";
   w.bucket_bytes = static_cast<double>(size_t(cfg.comm.bucket_mb) << 20);
   L.cost = estimate_step(cfg.model, p, L.stages, w, o.rates);
   if (o.mem_per_rank > 0 && L.worst > o.mem_per_rank) {
@@ -500,6 +532,7 @@ LayoutSearch search_layouts(const RunConfig& base, ComputeBackend checked_as, co
               c.train.micro_batch_size = mbs;
               try {
                 resolve_run_config(c, m.ranks);
+                device_comm_of(c, m);
               } catch (const Error& e) {
                 // The reason without the source location.
                 std::string why = e.what();

@@ -25,6 +25,7 @@ namespace meshlm {
 struct PlanMachine {
   int ranks = 1, ranks_per_node = 1;
   ComputeBackend backend = ComputeBackend::cpu;
+  int gpus_per_node = 0;  // a device backend's; rank r computes on GPU (r mod ranks_per_node) mod this
   uint64_t mem_per_rank = 0;       // process (cpu) or device (cuda) peak; 0 = no limit
   uint64_t host_mem_per_node = 0;  // the node's ranks together; 0 = no limit
   uint64_t runtime = 0, runtime_pss = 0, device_runtime = 0;  // outside meshlm's buffers
@@ -80,7 +81,15 @@ struct PlannedLayout {
   std::vector<size_t> stage_peak;  // the largest rank peak of each pipeline stage
   StepCost cost;
   std::string overflow;  // empty: fits
+  // A device backend's path for the groups of rank 0 (comm.device
+  // resolved): "nccl", or "host" when one of them stages through the host;
+  // "" on the CPU.
+  std::string device_comm;
 };
+
+// That path for `cfg` on `m`: CollectiveError when comm.device = nccl and
+// two ranks of one of rank 0's groups (tp, dp, pp) share a GPU.
+std::string device_comm_of(const RunConfig& cfg, const PlanMachine& m);
 
 // The memory and time of the resolved layout `cfg` on `m`.
 PlannedLayout evaluate_layout(const RunConfig& cfg, const PlanMachine& m);

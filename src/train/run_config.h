@@ -11,6 +11,7 @@
 #include <string>
 
 #include "comm/comm.h"
+#include "comm/device_comm.h"
 #include "core/enum_names.h"
 
 #include "model/gpt_config.h"
@@ -111,6 +112,9 @@ struct CommConfig {
   // How a rank waits for its messages (comm/mpi_comm.h); auto = sleep where
   // the node's ranks share cores, poll otherwise.
   comm::WaitPolicy wait = comm::WaitPolicy::automatic;
+  // How the CUDA backend's device buffers move between a group's ranks
+  // (comm/device_comm.h); the planner's cuda estimates follow it.
+  comm::DeviceComm device = comm::DeviceComm::automatic;
 };
 
 // [memory] what a rank and a node may use: before anything large is

@@ -432,3 +432,22 @@ TEST(PlanCost, OverlapSplitsTheReductionIntoExposedAndHidden) {
   EXPECT_EQ(alone.dp, 0);
   EXPECT_EQ(alone.dp_hidden, 0);
 }
+
+// Host staging: nothing overlaps, and every byte of a group's link also
+// crosses to the host and back (a byte's time 1 / bw + 2 / copy rate).
+TEST(PlanCost, HostStagingAddsTheCopiesAndOverlapsNothing) {
+  ClusterRates r;
+  r.flops_per_s = 100e12;
+  r.inter_bytes_per_s = 50e9;
+  r.inter_latency_s = 0;
+  r.host_copy_bytes_per_s = 10e9;
+  r.ranks_per_node = 1;
+  const double R = 124e6 * 4;
+  StepWork w = work(8, 1024, false, R);
+  w.overlap_dp = true;
+  w.host_staged = true;
+  w.bucket_bytes = 25e6;
+  const StepCost c = estimate_step(gpt2(), layout(8, 1, 1, 1), {12}, w, r);
+  EXPECT_EQ(c.dp_hidden, 0);
+  EXPECT_NEAR(c.dp, 2.0 * 7 / 8 * R * (1 / 50e9 + 2 / 10e9), 1e-9);
+}
