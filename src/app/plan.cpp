@@ -21,6 +21,7 @@
 #include "app/parameter_file.h"
 #include "core/enum_names.h"
 #include "core/error.h"
+#include "core/progress.h"
 #include "mesh/mesh.h"
 #include "ops/blas.h"
 #include "plan/cost.h"
@@ -210,12 +211,25 @@ Plan make_plan(const Options& o) {
     if (o.backend) c.runtime.backend = *o.backend;
     return c;
   };
+  // A search of more than a second prints a line per tenth of the layouts
+  // evaluated (text output only: --json's stdout is the document).
+  std::optional<ProgressBar> bar;
+  const auto progress = [&](size_t done, size_t total) {
+    if (o.json) return;
+    if (!bar)
+      bar.emplace(fmt::format("layout search: {} layouts of {} ranks", total, o.ranks), total);
+    bar->update(done);
+    if (done == total) {
+      bar->finish();
+      bar.reset();
+    }
+  };
   // parallel.layout = auto: the search meshlm train would make, with the
   // [parallel] keys the file gives kept.
   std::optional<LayoutSearch> auto_search;
   const LayoutChooser choose = [&](const RunConfig& one, const LayoutConstraints& k) {
     const RunConfig b = planned_for(one);
-    auto_search = search_layouts(b, one.runtime.backend, machine_for(b), k);
+    auto_search = search_layouts(b, one.runtime.backend, machine_for(b), k, progress);
     if (auto_search->fits.empty())
       throw RankError("parallel.layout = auto: none of the layouts of " + std::to_string(o.ranks) +
                           " ranks fits",
@@ -243,7 +257,8 @@ Plan make_plan(const Options& o) {
   plan.base = planned_for(file_base);
   plan.m = machine_for(plan.base);
   plan.search = plan.auto_layout ? *auto_search
-                                 : search_layouts(plan.base, file_base.runtime.backend, plan.m);
+                                 : search_layouts(plan.base, file_base.runtime.backend, plan.m, {},
+                                                  progress);
   if (plan.auto_layout) {
     if (!plan.search.fits.empty()) plan.configured = plan.search.fits[0];
   } else if (as_configured) {

@@ -501,9 +501,12 @@ bool allowed(const std::optional<T>& fixed, const T& v) {
 }  // namespace
 
 LayoutSearch search_layouts(const RunConfig& base, ComputeBackend checked_as, const PlanMachine& m,
-                            const LayoutConstraints& k) {
+                            const LayoutConstraints& k,
+                            const std::function<void(size_t, size_t)>& progress) {
   LayoutSearch s;
   const int batch = base.train.batch_size;
+  // First the layouts the run accepts (its own checks, cheap).
+  std::vector<RunConfig> accepted;
   for (int tp : divisors(m.ranks))
     for (int pp : divisors(m.ranks / tp)) {
       const int dp = m.ranks / (tp * pp);
@@ -543,16 +546,21 @@ LayoutSearch search_layouts(const RunConfig& base, ComputeBackend checked_as, co
                 continue;
               }
               c.runtime.backend = m.backend;
-              PlannedLayout L = evaluate_layout(c, m);
-              const bool free_split = pp > 1 && c.parallel.stage_layers.layers.empty();
-              if (free_split)
-                if (std::optional<PlannedLayout> split = split_by_time(c, m, L)) L = std::move(*split);
-              if (!L.overflow.empty() && free_split && m.mem_per_rank > 0 && L.worst > m.mem_per_rank)
-                if (std::optional<PlannedLayout> split = split_under_memory(c, m, L))
-                  L = std::move(*split);
-              (L.overflow.empty() ? s.fits : s.rejected).push_back(std::move(L));
+              accepted.push_back(std::move(c));
             }
     }
+  // Then each accepted layout's memory, rank by rank, and time.
+  for (size_t i = 0; i < accepted.size(); ++i) {
+    const RunConfig& c = accepted[i];
+    PlannedLayout L = evaluate_layout(c, m);
+    const bool free_split = c.parallel.pp > 1 && c.parallel.stage_layers.layers.empty();
+    if (free_split)
+      if (std::optional<PlannedLayout> split = split_by_time(c, m, L)) L = std::move(*split);
+    if (!L.overflow.empty() && free_split && m.mem_per_rank > 0 && L.worst > m.mem_per_rank)
+      if (std::optional<PlannedLayout> split = split_under_memory(c, m, L)) L = std::move(*split);
+    (L.overflow.empty() ? s.fits : s.rejected).push_back(std::move(L));
+    if (progress) progress(i + 1, accepted.size());
+  }
   auto faster = [](const PlannedLayout& a, const PlannedLayout& b) {
     if (a.cost.total() != b.cost.total()) return a.cost.total() < b.cost.total();
     return a.worst < b.worst;

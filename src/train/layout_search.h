@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -110,9 +111,11 @@ struct LayoutSearch {
 
 // Every layout of m.ranks ranks for the run `base` (its [parallel] set
 // aside, `constraints` kept). `checked_as`: the backend the run's rules are
-// checked for (the file's; a plan may be for another).
+// checked for (the file's; a plan may be for another). `progress(done,
+// total)`, when given, is called after each accepted layout is evaluated.
 LayoutSearch search_layouts(const RunConfig& base, ComputeBackend checked_as, const PlanMachine& m,
-                            const LayoutConstraints& constraints = {});
+                            const LayoutConstraints& constraints = {},
+                            const std::function<void(size_t, size_t)>& progress = {});
 
 // "dp2 tp1 pp2 zero1 B4x2 ckpt 1f1b"
 std::string describe_layout(const RunConfig& c);
