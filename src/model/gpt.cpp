@@ -14,6 +14,14 @@ std::vector<ParamSpec> trainable_table(const GPTConfig& cfg, const ModelShard& s
   return opts.lora.enabled ? lora_param_table(cfg, shard, opts.lora) : model_param_table(cfg, shard);
 }
 
+std::shared_ptr<const std::vector<ParamSpec>> shared_trainable_table(const GPTConfig& cfg,
+                                                                     const ModelShard& shard,
+                                                                     const GPTOptions& opts) {
+  if (opts.lora.enabled)
+    return std::make_shared<const std::vector<ParamSpec>>(lora_param_table(cfg, shard, opts.lora));
+  return shared_param_table(cfg, shard);
+}
+
 GPT::GPT(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts,
          comm::Communicator* tp)
     : cfg_(cfg),
@@ -84,7 +92,8 @@ GPT::GPT(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts,
 
 size_t GPT::frozen_numel(const GPTConfig& cfg, const ModelShard& shard) {
   size_t n = 0;
-  for (const ParamSpec& p : model_param_table(cfg, shard))
+  const auto table = shared_param_table(cfg, shard);
+  for (const ParamSpec& p : *table)
     if (p.shape.ndim == 1) n += p.numel();
   return n;
 }
@@ -92,7 +101,8 @@ size_t GPT::frozen_numel(const GPTConfig& cfg, const ModelShard& shard) {
 size_t GPT::quantized_matrix_bytes(const GPTConfig& cfg, const ModelShard& shard,
                                    quant::QuantType type) {
   size_t bytes = 0;
-  for (const ParamSpec& p : model_param_table(cfg, shard))
+  const auto table = shared_param_table(cfg, shard);
+  for (const ParamSpec& p : *table)
     if (p.shape.ndim != 1)
       bytes += quant::qlayout(type, static_cast<size_t>(p.full_shape.numel())).total_bytes;
   return bytes;

@@ -74,6 +74,10 @@ struct GPTTensors {
 // What a rank trains: the base table (full training) or the adapters (LoRA).
 std::vector<ParamSpec> trainable_table(const GPTConfig& cfg, const ModelShard& shard,
                                        const GPTOptions& opts);
+// The same without a copy of the base table (shared_param_table).
+std::shared_ptr<const std::vector<ParamSpec>> shared_trainable_table(const GPTConfig& cfg,
+                                                                     const ModelShard& shard,
+                                                                     const GPTOptions& opts);
 
 class GPT {
 public:

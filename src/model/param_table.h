@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -127,10 +128,13 @@ std::vector<ParamSpec> gpt_param_table(const GPTConfig& cfg, const ModelShard& s
 // of tp (replicated otherwise), embed_tokens and lm_head by vocabulary rows.
 std::vector<ParamSpec> llama_param_table(const GPTConfig& cfg, const ModelShard& shard = {});
 // The table of cfg.arch. The last few tables made on the calling thread are
-// kept and copied again for the same (cfg, shard): the planner asks for each
+// kept and given again for the same (cfg, shard): the planner asks for each
 // rank's table several times per layout, and building one (a name formatted
-// per tensor) took 40% of a plan's time.
+// per tensor) took 40% of a plan's time; shared_param_table gives the kept
+// table itself, without a copy (the planner's memory prediction).
 std::vector<ParamSpec> model_param_table(const GPTConfig& cfg, const ModelShard& shard = {});
+std::shared_ptr<const std::vector<ParamSpec>> shared_param_table(const GPTConfig& cfg,
+                                                                 const ModelShard& shard = {});
 size_t table_numel(const std::vector<ParamSpec>& table);
 // The first entry of `table` with `role`, or null (the tensors outside the
 // blocks, which a table holds once).

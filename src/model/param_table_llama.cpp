@@ -53,21 +53,26 @@ std::vector<ParamSpec> llama_param_table(const GPTConfig& cfg, const ModelShard&
   return b.take();
 }
 
-std::vector<ParamSpec> model_param_table(const GPTConfig& cfg, const ModelShard& shard) {
+std::shared_ptr<const std::vector<ParamSpec>> shared_param_table(const GPTConfig& cfg,
+                                                                 const ModelShard& shard) {
   struct Kept {
     GPTConfig cfg;
     ModelShard shard;
-    std::vector<ParamSpec> table;
+    std::shared_ptr<const std::vector<ParamSpec>> table;
   };
   constexpr size_t kKept = 8;
   thread_local std::vector<Kept> kept;  // the most recently made last
   for (auto it = kept.rbegin(); it != kept.rend(); ++it)
     if (it->shard == shard && it->cfg == cfg) return it->table;
-  std::vector<ParamSpec> table =
-      cfg.arch == ModelArch::llama ? llama_param_table(cfg, shard) : gpt_param_table(cfg, shard);
+  auto table = std::make_shared<const std::vector<ParamSpec>>(
+      cfg.arch == ModelArch::llama ? llama_param_table(cfg, shard) : gpt_param_table(cfg, shard));
   if (kept.size() == kKept) kept.erase(kept.begin());
   kept.push_back({cfg, shard, table});
   return table;
+}
+
+std::vector<ParamSpec> model_param_table(const GPTConfig& cfg, const ModelShard& shard) {
+  return *shared_param_table(cfg, shard);
 }
 
 }  // namespace meshlm

@@ -83,7 +83,8 @@ StepDeclaration declare_step(const GPTConfig& m, const ModelShard& shard, const 
   // The blocks' linear layers, one of each (every block has the same);
   // GPT-2's have biases, Llama's none.
   const bool llama = m.arch == ModelArch::llama;
-  const std::vector<ParamSpec> table = model_param_table(m, shard);
+  const auto kept = shared_param_table(m, shard);
+  const std::vector<ParamSpec>& table = *kept;
   for (const BlockLinear& l : block_linears(table, shard.layer_begin))
     d.linear(N, l.IC, l.OC, lora && o.lora.targets.has(l.slot), tiles, !llama);
   // LayerNorm's dw and db together (RMSNorm's dw alone), where they train.

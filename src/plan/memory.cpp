@@ -15,7 +15,7 @@ namespace meshlm {
 
 ZeroLayout zero_layout(const GPTConfig& cfg, const RankPlan& r) {
   ZeroLayout z;
-  z.n = table_numel(trainable_table(cfg, r.shard, r.model));
+  z.n = table_numel(*shared_trainable_table(cfg, r.shard, r.model));
   const size_t pad = r.model.pad_multiple;
   z.padded = (z.n + pad - 1) / pad * pad;
   z.shard = z.padded / static_cast<size_t>(r.dp);
@@ -49,7 +49,7 @@ std::pair<size_t, size_t> checkpoint_write_range(const RankPlan& r, const ZeroLa
 size_t checkpoint_snapshot_numel(const GPTConfig& model, const RankPlan& r) {
   const ZeroLayout z = zero_layout(model, r);
   const auto [w0, w1] = checkpoint_write_range(r, z);
-  const auto [m0, m1] = optimizer_range(trainable_table(model, r.shard, r.model), r, z);
+  const auto [m0, m1] = optimizer_range(*shared_trainable_table(model, r.shard, r.model), r, z);
   const size_t lo = std::max(w0, m0), hi = std::min(w1, std::min(m1, z.n));
   return (w1 - w0) + (hi > lo ? 2 * (hi - lo) : 0);
 }
@@ -125,7 +125,8 @@ size_t zero_ring_scratch_bytes(int stage, const std::vector<ParamSpec>& table, c
 
 PhasedMemory predict_phases(const GPTConfig& model, const RankPlan& r, uint64_t windows_per_epoch,
                             bool shuffle) {
-  const std::vector<ParamSpec> table = trainable_table(model, r.shard, r.model);
+  const auto table_kept = shared_trainable_table(model, r.shard, r.model);
+  const std::vector<ParamSpec>& table = *table_kept;
   const ZeroLayout z = zero_layout(model, r);
   constexpr size_t f = sizeof(float);
   // What lives from its phase to the end of the run.
@@ -250,13 +251,14 @@ size_t device_norm_scratch_bytes(const std::vector<ParamSpec>& trained) {
 size_t device_workspace_bytes(const GPTConfig& model, const RankPlan& r, ops::Precision p) {
   const StepDeclaration step = declare_step(model, r.shard, r.model, r.micro_batch, r.seq_len);
   return device_gemm_copies_bytes(step, p) + device_reduction_scratch_bytes(step) +
-         device_norm_scratch_bytes(trainable_table(model, r.shard, r.model)) +
+         device_norm_scratch_bytes(*shared_trainable_table(model, r.shard, r.model)) +
          ops::kUploadStagingBytes;
 }
 
 size_t ring_scratch_prediction(const GPTConfig& model, const RankPlan& r, int pp) {
   using comm::Reduction;
-  const std::vector<ParamSpec> table = trainable_table(model, r.shard, r.model);
+  const auto table_kept = shared_trainable_table(model, r.shard, r.model);
+  const std::vector<ParamSpec>& table = *table_kept;
   // Gradients over dp, as ZeRO reduces them.
   size_t most = zero_ring_scratch_bytes(r.zero_stage, table, zero_layout(model, r), r.dp,
                                         r.dp_rank, zero2_wte_rows(model, r, table));
@@ -308,7 +310,8 @@ MemoryByCategory predicted_categories(const GPTConfig& model, const RankPlan& r,
   if (!o.device) return predicted;
   // On a GPU each trained tensor is made on the host a block of rows at a
   // time and uploaded (GPT::set_weights): host workspace of one block.
-  const std::vector<ParamSpec> trained = trainable_table(model, r.shard, r.model);
+  const auto trained_kept = shared_trainable_table(model, r.shard, r.model);
+  const std::vector<ParamSpec>& trained = *trained_kept;
   const size_t block = GPT::weight_block_bytes(trained, r.shard.tp_size, /*host=*/false);
   // The table adds each category's host and device peaks: the staging
   // (host) and the GEMMs' 16-bit copies (device) count both.
