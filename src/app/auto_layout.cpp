@@ -4,14 +4,12 @@
 #include <fmt/ranges.h>
 
 #include <nlohmann/json.hpp>
-#include <optional>
 
 #include "app/parameter_file.h"
 #include "comm/errors.h"
 #include "comm/mpi_comm.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "core/progress.h"
 #include "mesh/mesh.h"
 
 namespace meshlm {
@@ -30,15 +28,7 @@ json choose_on_rank_zero(const RunConfig& base, const LayoutConstraints& k, int 
   } catch (const Error&) {
     // The run reports a bad token file itself.
   }
-  // A line per tenth of the layouts when the search takes more than a second.
-  std::optional<ProgressBar> bar;
-  const LayoutSearch s =
-      search_layouts(base, base.runtime.backend, m, k, [&](size_t done, size_t total) {
-        if (!bar)
-          bar.emplace(fmt::format("layout search: {} layouts of {} ranks", total, world), total);
-        bar->update(done);
-        if (done == total) bar->finish();
-      });
+  const LayoutSearch s = search_layouts(base, base.runtime.backend, m, k, search_progress(world));
   const size_t searched = s.fits.size() + s.rejected.size();
   if (s.fits.empty()) {
     std::string msg = fmt::format(

@@ -12,6 +12,7 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <functional>
 #include <optional>
 #include <sstream>
 #include <string_view>
@@ -21,7 +22,6 @@
 #include "app/parameter_file.h"
 #include "core/enum_names.h"
 #include "core/error.h"
-#include "core/progress.h"
 #include "mesh/mesh.h"
 #include "ops/blas.h"
 #include "plan/cost.h"
@@ -211,19 +211,9 @@ Plan make_plan(const Options& o) {
     if (o.backend) c.runtime.backend = *o.backend;
     return c;
   };
-  // A search of more than a second prints a line per tenth of the layouts
-  // evaluated (text output only: --json's stdout is the document).
-  std::optional<ProgressBar> bar;
-  const auto progress = [&](size_t done, size_t total) {
-    if (o.json) return;
-    if (!bar)
-      bar.emplace(fmt::format("layout search: {} layouts of {} ranks", total, o.ranks), total);
-    bar->update(done);
-    if (done == total) {
-      bar->finish();
-      bar.reset();
-    }
-  };
+  // Progress lines in the text output only: --json's stdout is the document.
+  const std::function<void(size_t, size_t)> progress =
+      o.json ? std::function<void(size_t, size_t)>() : search_progress(o.ranks);
   // parallel.layout = auto: the search meshlm train would make, with the
   // [parallel] keys the file gives kept.
   std::optional<LayoutSearch> auto_search;

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <tuple>
 #include <vector>
@@ -13,6 +15,7 @@
 #include "comm/device_comm.h"
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/progress.h"
 #include "io/tokens.h"
 #include "plan/memory.h"
 #include "plan/partition.h"
@@ -568,6 +571,19 @@ LayoutSearch search_layouts(const RunConfig& base, ComputeBackend checked_as, co
   std::stable_sort(s.fits.begin(), s.fits.end(), faster);
   std::stable_sort(s.rejected.begin(), s.rejected.end(), faster);
   return s;
+}
+
+std::function<void(size_t, size_t)> search_progress(int ranks) {
+  auto bar = std::make_shared<std::optional<ProgressBar>>();
+  return [bar, ranks](size_t done, size_t total) {
+    if (!*bar)
+      bar->emplace(fmt::format("layout search: {} layouts of {} ranks", total, ranks), total);
+    (*bar)->update(done);
+    if (done == total) {
+      (*bar)->finish();
+      bar->reset();
+    }
+  };
 }
 
 std::string describe_layout(const RunConfig& c) {

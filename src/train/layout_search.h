@@ -117,6 +117,11 @@ LayoutSearch search_layouts(const RunConfig& base, ComputeBackend checked_as, co
                             const LayoutConstraints& constraints = {},
                             const std::function<void(size_t, size_t)>& progress = {});
 
+// A `progress` for search_layouts: once a search has taken a second, a line
+// per tenth of the layouts evaluated (core/progress.h, on world rank 0),
+// for a job of `ranks` ranks; each search starts a bar of its own.
+std::function<void(size_t, size_t)> search_progress(int ranks);
+
 // "dp2 tp1 pp2 zero1 B4x2 ckpt 1f1b"
 std::string describe_layout(const RunConfig& c);
 
