@@ -90,8 +90,7 @@ public:
                  "a staged communicator needs a host communicator and a staging buffer");
     // At least one element of the widest type per rank, for the pieces of
     // reduce_scatter and all_gather.
-    stage_ = Buffer(std::max(staging_bytes, size_t(host_->size()) * sizeof(double)),
-                    MemCategory::comm, "comm.staging");
+    staging_bytes_ = std::max(staging_bytes, size_t(host_->size()) * sizeof(double));
   }
 
   int rank() const override { return host_->rank(); }
@@ -212,11 +211,18 @@ private:
   void store(void* dst, const void* host, size_t bytes, Stream stream) const {
     copy_from_host(dev_, dst, host, bytes, stream);
   }
-  // [0, count) in pieces (off, n) of at most what the stage holds for `parts`
-  // ranks' pieces side by side.
+  // [0, count) in pieces (off, n) of at most what staging_bytes_ holds for
+  // `parts` ranks' pieces side by side; the stage made as large as the
+  // largest piece (once: it grows to what the group's collectives need).
   template <typename F>
   void pieces(size_t count, DType type, int parts, F&& piece) {
-    const size_t most = std::max<size_t>(1, stage_.bytes() / dtype_size(type) / size_t(parts));
+    const size_t e = dtype_size(type);
+    const size_t most = std::max<size_t>(1, staging_bytes_ / e / size_t(parts));
+    const size_t need = std::min(most, count) * e * size_t(parts);
+    if (stage_.bytes() < need) {
+      stage_ = Buffer();  // the old stage gone before the new one is made
+      stage_ = Buffer(need, MemCategory::comm, "comm.staging");
+    }
     for (size_t off = 0; off < count; off += most) piece(off, std::min(most, count - off));
   }
   Handle handle(uint64_t seq) { return Handle(std::make_unique<StagedHandle>(pending_, seq)); }
@@ -225,6 +231,7 @@ private:
   std::unique_ptr<Communicator> host_;
   const DeviceAccess& dev_;
   std::shared_ptr<Pending> pending_;
+  size_t staging_bytes_ = 0;
   Buffer stage_;
 };
 

@@ -11,9 +11,10 @@
 // second communicator.
 //
 // Collectives (all_reduce, reduce, reduce_scatter, all_gather, broadcast)
-// run in pieces through one staging buffer of `staging_bytes`, allocated
-// once (comm category): each piece copied to the host, reduced or moved
-// there, copied back; they are complete when the call returns. Every rank
+// run in pieces through one staging buffer of at most `staging_bytes` (comm
+// category), made at the first staged collective as large as its pieces and
+// grown where a later one needs more: each piece copied to the host, reduced
+// or moved there, copied back; they are complete when the call returns. Every rank
 // of a group cuts the same pieces (they depend on count, type, group size
 // and staging_bytes only, which must be the same on every rank). A piece
 // holds at least one element of each rank.

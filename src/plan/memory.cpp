@@ -317,7 +317,7 @@ MemoryByCategory predicted_categories(const GPTConfig& model, const RankPlan& r,
   // (host) and the GEMMs' 16-bit copies (device) count both.
   at(predicted, MemCategory::workspace) =
       std::max(at(predicted, MemCategory::workspace), block) +
-      device_workspace_bytes(model, r, o.precision);
+      (o.device_workspace ? device_workspace_bytes(model, r, o.precision) : 0);
   if (r.model.lora.enabled)
     at(predicted, MemCategory::quantized) +=
         GPT::quantized_matrix_bytes(model, r.shard, o.quant_type);

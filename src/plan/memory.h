@@ -159,6 +159,7 @@ struct RunMemoryOptions {
   bool checkpoint_async = false;  // the host snapshot of checkpoint.async
   bool cpu_gemm_warm_up = false;  // the CPU backend's start-up GEMM (ops::warm_up_gemm)
   bool device = false;            // a GPU backend: the device's categories are added
+  bool device_workspace = true;   // ... and its kernels' scratch (device_workspace_bytes)
   ops::Precision precision = ops::Precision::fp32;  // a GPU's GEMM inputs
   quant::QuantType quant_type = quant::QuantType::nf4;  // the frozen base's (LoRA)
   int pp = 1;                     // the mesh's pipeline stages

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "ops/gpu_workspace.h"
 #include "ops/ops.h"
+#include "train/emulated_device.h"
 #ifdef MESHLM_HAVE_CUDA
 #include "cuda/context.h"
 #else
@@ -40,6 +41,8 @@ BackendCaps cuda_caps() {
   c.missing_build = "this meshlm was built without the CUDA backend (no nvcc found, or "
                     "-DMESHLM_CUDA=OFF); rebuild with -DMESHLM_CUDA=ON";
   c.device_memory = true;
+  c.device_workspace = true;
+  c.device_used_source = "cudaMemGetInfo";
   c.native_16bit_gemm = true;
   c.fp32_note = " (TF32 off)";
   // Several ranks would exchange activations and gradients through host
@@ -52,11 +55,32 @@ BackendCaps cuda_caps() {
   return c;
 }
 
+// The CPU's arithmetic with the CUDA backend's device memory and work sizes
+// (train/emulated_device.h).
+BackendCaps emulated_caps() {
+  BackendCaps c = cuda_caps();
+  c.kind = ComputeBackend::emulated;
+  c.built = true;
+  c.missing_build = "";
+  c.device_workspace = false;  // the CPU's ops need none
+  c.device_used_source = "the emulated device's pages handed out";
+  c.native_16bit_gemm = false;
+  c.fp32_note = "";
+  c.one_rank_only = false;
+  c.flash_attention = flash_anywhere;
+  return c;
+}
+
 }  // namespace
 
 const BackendCaps& backend_caps(ComputeBackend kind) {
-  static const BackendCaps cpu = cpu_caps(), gpu = cuda_caps();
-  return kind == ComputeBackend::cuda ? gpu : cpu;
+  static const BackendCaps cpu = cpu_caps(), gpu = cuda_caps(), emulated = emulated_caps();
+  switch (kind) {
+    case ComputeBackend::cuda: return gpu;
+    case ComputeBackend::emulated: return emulated;
+    case ComputeBackend::cpu: break;
+  }
+  return cpu;
 }
 
 void apply_work_sizes(const BackendCaps& caps, size_t vocab_part, GPTOptions& o) {
@@ -69,7 +93,7 @@ void apply_work_sizes(const BackendCaps& caps, size_t vocab_part, GPTOptions& o)
 
 Backend::Backend(ComputeBackend kind, const ProcessMesh& mesh, ops::Precision precision,
                  bool op_timings)
-    : kind_(kind), precision_(precision) {
+    : kind_(kind), precision_(precision), node_rank_(mesh.node_rank()) {
   if (kind_ == ComputeBackend::cuda) {
 #ifdef MESHLM_HAVE_CUDA
     try_all(mesh.world(), "", [&] {
@@ -80,6 +104,7 @@ Backend::Backend(ComputeBackend kind, const ProcessMesh& mesh, ops::Precision pr
         "runtime.backend = cuda, but this meshlm was built without the CUDA backend", MESHLM_HERE);
 #endif
   }
+  if (kind_ == ComputeBackend::emulated) emulated_ = std::make_unique<EmulatedDevice>(precision_);
   if (op_timings) timed_ = std::make_unique<ops::TimedKernels>(untimed_kernels());
 }
 
@@ -94,6 +119,7 @@ const ops::Kernels& Backend::untimed_kernels() const {
 #ifdef MESHLM_HAVE_CUDA
   if (gpu_) return gpu_->kernels();
 #endif
+  if (emulated_) return emulated_->kernels();
   return ops::Kernels::cpu(precision_);
 }
 
@@ -101,6 +127,7 @@ const quant::Dequantizer& Backend::dequantizer() const {
 #ifdef MESHLM_HAVE_CUDA
   if (gpu_) return gpu_->dequantizer();
 #endif
+  if (emulated_) return emulated_->dequantizer();
   return quant::Dequantizer::cpu();
 }
 
@@ -108,6 +135,7 @@ std::string Backend::describe() const {
 #ifdef MESHLM_HAVE_CUDA
   if (gpu_) return "cuda:" + std::to_string(gpu_->device()) + " (" + gpu_->name() + ")";
 #endif
+  if (emulated_) return "emulated (the CPU's kernels on device memory the host cannot touch)";
   return "cpu";
 }
 
@@ -115,13 +143,32 @@ std::string Backend::device_name() const {
 #ifdef MESHLM_HAVE_CUDA
   if (gpu_) return gpu_->name();
 #endif
+  if (emulated_) return "emulated";
   return "cpu";
+}
+
+int Backend::device_ordinal() const {
+#ifdef MESHLM_HAVE_CUDA
+  if (gpu_) return gpu_->device();
+#endif
+  return emulated_ ? node_rank_ : 0;
+}
+
+DeviceRoute device_route(const RunConfig& cfg, const ProcessMesh& mesh, const Backend& backend) {
+  DeviceRoute r;
+  r.asked = cfg.comm.device;
+  r.nccl = backend.caps().nccl;
+  r.backend = name_of(backend.kind());
+  r.slot = {mesh.node_index(), backend.device_ordinal(), mesh.rank()};
+  r.staging_bytes = static_cast<size_t>(std::max(cfg.comm.bucket_mb, 1)) << 20;
+  return r;
 }
 
 size_t Backend::device_reserved_bytes() const {
 #ifdef MESHLM_HAVE_CUDA
   if (gpu_) return gpu_->reserved_bytes();
 #endif
+  if (emulated_) return emulated_->memory().in_use();
   return 0;
 }
 
@@ -129,6 +176,7 @@ size_t Backend::device_used_bytes() const {
 #ifdef MESHLM_HAVE_CUDA
   if (gpu_) return gpu_->used_bytes();
 #endif
+  if (emulated_) return emulated_->memory().in_use();
   return 0;
 }
 
@@ -136,6 +184,7 @@ size_t Backend::device_total_bytes() const {
 #ifdef MESHLM_HAVE_CUDA
   if (gpu_) return gpu_->total_bytes();
 #endif
+  if (emulated_) return emulated_->memory().capacity();
   return 0;
 }
 

@@ -11,6 +11,7 @@
 #include "ops/kernels.h"
 #include "ops/timed_kernels.h"
 #include "quant/dequantizer.h"
+#include "train/group_comm.h"
 #include "train/run_config.h"
 
 namespace meshlm {
@@ -18,6 +19,7 @@ namespace meshlm {
 namespace cuda {
 class DeviceContext;
 }
+class EmulatedDevice;
 
 // What a backend is and can do, known without opening a device: the run's
 // checks, the memory prediction, the plan and the run's report ask this,
@@ -30,10 +32,18 @@ struct BackendCaps {
   // Buffers in a device's memory (a GPU's), whose use its driver reports;
   // the host stages the trained tensors' initialisation for it.
   bool device_memory = false;
+  // The device kernels' own scratch on the device (ops/gpu_workspace.h: the
+  // GEMMs' 16-bit copies, the reductions' partial sums, the upload staging),
+  // which the memory prediction adds to the workspace.
+  bool device_workspace = false;
+  // Where the device's memory in use (Backend::device_used_bytes) comes from.
+  const char* device_used_source = "";
   // bf16/fp16 GEMMs on hardware; false: emulated by rounding their inputs.
   bool native_16bit_gemm = false;
   // Appended to "fp32" in the run's precision line.
   const char* fp32_note = "";
+  // Device buffers move between GPUs by NCCL (comm.device = nccl).
+  bool nccl = false;
   // Only dp = tp = pp = 1: one rank holds the whole model.
   bool one_rank_only = false;
   // The start-up GEMM that makes OpenBLAS's per-thread buffer resident (and
@@ -74,10 +84,14 @@ public:
   const ops::TimedKernels* op_timer() const { return timed_.get(); }
   // The frozen base's dequantization, beside kernels() (LoRA).
   const quant::Dequantizer& dequantizer() const;
-  // "cpu", or "cuda:0 (NVIDIA H100 80GB HBM3)".
+  // "cpu", "cuda:0 (NVIDIA H100 80GB HBM3)" or the emulated device's line.
   std::string describe() const;
-  // "cpu", or the GPU's name as its driver gives it ("NVIDIA H100 80GB HBM3").
+  // "cpu", the GPU's name as its driver gives it ("NVIDIA H100 80GB HBM3"),
+  // or "emulated".
   std::string device_name() const;
+  // The device this rank computes on, among its node's (0 on the CPU; each
+  // rank its own under emulated).
+  int device_ordinal() const;
   // A GPU's memory as its driver reports it (every process on the device),
   // and its size; 0 on the CPU.
   size_t device_used_bytes() const;
@@ -91,8 +105,15 @@ private:
 
   ComputeBackend kind_;
   ops::Precision precision_;
+  int node_rank_ = 0;
   std::unique_ptr<cuda::DeviceContext> gpu_;
+  std::unique_ptr<EmulatedDevice> emulated_;  // runtime.backend = emulated
   std::unique_ptr<ops::TimedKernels> timed_;
 };
+
+// How the rank's groups move device buffers (train/group_comm.h): comm.device,
+// what `backend` can do, the rank's node and device, the staging buffer of
+// comm.bucket_mb (at least 1 MiB).
+DeviceRoute device_route(const RunConfig& cfg, const ProcessMesh& mesh, const Backend& backend);
 
 }  // namespace meshlm

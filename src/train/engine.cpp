@@ -1,5 +1,7 @@
 #include "train/engine.h"
 
+#include <fmt/core.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -9,6 +11,8 @@
 #include "comm/errors.h"
 #include "comm/mpi_comm.h"
 #include "core/error.h"
+#include "core/log.h"
+#include "train/report.h"
 #include "load/base_source.h"
 #include "plan/memory.h"
 #include "train/backend.h"
@@ -26,15 +30,11 @@ RankPlan Engine::plan_of(const RunConfig& cfg, const MeshCoords& c) {
 
 Engine::Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& timers,
                const load::FrozenBase* base, const ops::Kernels& kernels,
-               const quant::Dequantizer& dequantizer, debug::Faults faults)
+               const quant::Dequantizer& dequantizer, debug::Faults faults,
+               const DeviceRoute& route)
     : cfg_(cfg), mesh_(mesh), timers_(timers), faults_(std::move(faults)),
       scaler_(cfg.train.precision == ops::Precision::fp16, cfg.train.loss_scale) {
-  tp_ = comm::make_mpi_communicator(mesh.tp());
-  dp_ = comm::make_mpi_communicator(mesh.dp());
-  pp_send_ = comm::make_mpi_communicator(mesh.pp());
-  pp_recv_ = comm::make_mpi_communicator(mesh.pp());
-  world_ = comm::make_mpi_communicator(mesh.world());
-  if (mesh.embedding() != MPI_COMM_NULL) emb_ = comm::make_mpi_communicator(mesh.embedding());
+  make_communicators(kernels, route);
   const MeshCoords c = mesh.coords();
   shape_ = plan_of(cfg, c);
   shape_.model.kernels = &kernels;
@@ -85,6 +85,61 @@ Engine::Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& tim
 }
 
 Engine::~Engine() = default;
+
+void Engine::make_communicators(const ops::Kernels& kernels, const DeviceRoute& route) {
+  const ProcessMesh& mesh = mesh_;
+  if (kernels.device() == Device::cpu) {
+    tp_ = comm::make_mpi_communicator(mesh.tp());
+    dp_ = comm::make_mpi_communicator(mesh.dp());
+    pp_send_ = comm::make_mpi_communicator(mesh.pp());
+    pp_recv_ = comm::make_mpi_communicator(mesh.pp());
+    world_ = comm::make_mpi_communicator(mesh.world());
+    if (mesh.embedding() != MPI_COMM_NULL) emb_ = comm::make_mpi_communicator(mesh.embedding());
+    return;
+  }
+  device_access_ = std::make_unique<KernelsDeviceAccess>(kernels);
+  // Every rank resolves its groups in the same order; a refusal on the ranks
+  // of one group reaches every rank (try_all), so none waits on the others.
+  enum { kDp, kTp, kPp, kEmb, kWorld, kGroups };
+  static const char* const kNames[kGroups] = {"dp", "tp", "pp", "embedding", "world"};
+  const MPI_Comm groups[kGroups] = {mesh.dp(), mesh.tp(), mesh.pp(), mesh.embedding(),
+                                    mesh.world()};
+  comm::DeviceComm paths[kGroups] = {};
+  for (int g = 0; g < kGroups; ++g)
+    try_all(mesh.world(), "", [&] {
+      if (groups[g] == MPI_COMM_NULL) return;
+      paths[g] = group_path(groups[g], route,
+                            fmt::format("the {} group of rank {}", kNames[g], mesh.rank()));
+    }, MESHLM_HERE);
+  auto make = [&](int g) {
+    return make_group_communicator(groups[g], paths[g], *device_access_, route.staging_bytes);
+  };
+  dp_ = make(kDp);
+  tp_ = make(kTp);
+  pp_send_ = make(kPp);
+  pp_recv_ = make(kPp);
+  world_ = make(kWorld);
+  if (mesh.embedding() != MPI_COMM_NULL) emb_ = make(kEmb);
+  // Which paths the groups took, over every rank: 1 = host, 2 = nccl, 0 =
+  // not a member (3 in the minimum, which it must not decide).
+  int most[kGroups], least[kGroups], mine[kGroups], mine_or_3[kGroups];
+  for (int g = 0; g < kGroups; ++g) {
+    mine[g] = groups[g] == MPI_COMM_NULL ? 0 : paths[g] == comm::DeviceComm::nccl ? 2 : 1;
+    mine_or_3[g] = mine[g] == 0 ? 3 : mine[g];
+  }
+  MPI_Allreduce(mine, most, kGroups, MPI_INT, MPI_MAX, mesh.world());
+  MPI_Allreduce(mine_or_3, least, kGroups, MPI_INT, MPI_MIN, mesh.world());
+  std::string line;
+  for (int g = 0; g < kGroups; ++g) {
+    if (most[g] == 0) continue;
+    const char* how =
+        least[g] == most[g] ? (most[g] == 2 ? "nccl" : "host") : "nccl or host by group";
+    line += fmt::format("{}{} {}", line.empty() ? "" : ", ", kNames[g], how);
+  }
+  log::info("# comm: device buffers between ranks (comm.device = {}): {}; host = staged through "
+            "host memory and MPI in pieces of at most {}",
+            name_of(route.asked), line, format_bytes(static_cast<double>(route.staging_bytes)));
+}
 
 void Engine::load_base_params() {
   // Full training from given weights: every rank reads the logical tensors

@@ -32,7 +32,9 @@
 #include "model/gpt.h"
 #include "plan/rank_plan.h"
 #include "train/adamw.h"
+#include "train/device_access.h"
 #include "train/faults.h"
+#include "train/group_comm.h"
 #include "train/loss_scaler.h"
 #include "train/pipeline_runner.h"
 #include "train/run_config.h"
@@ -60,12 +62,14 @@ public:
   // `base`, the frozen base model, which finetune.mode = lora needs, and
   // `kernels` and `dequantizer`, the backend the rank computes on
   // (train/backend.h). `faults`: the failures a test injects into the step
-  // (train/faults.h; none by default).
+  // (train/faults.h; none by default). `route`: how a device backend's
+  // buffers move between the ranks of a group (train/group_comm.h; unused
+  // on the CPU, whose buffers MPI moves).
   Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& timers,
          const load::FrozenBase* base = nullptr,
          const ops::Kernels& kernels = ops::Kernels::cpu(),
          const quant::Dequantizer& dequantizer = quant::Dequantizer::cpu(),
-         debug::Faults faults = {});
+         debug::Faults faults = {}, const DeviceRoute& route = {});
   ~Engine();
 
   // What the rank at `c` holds under `cfg` (plan/rank_plan.h).
@@ -104,6 +108,9 @@ private:
   // Full training with quant.base set: the parameters start from those
   // weights (collective over the world).
   void load_base_params();
+  // Collective over the world: the communicators of the rank's groups, with
+  // their device paths chosen (train/group_comm.h); the paths printed.
+  void make_communicators(const ops::Kernels& kernels, const DeviceRoute& route);
   // The tied tensors' gradients summed onto the first stage that
   // holds them, which alone updates them (plan/memory.h, optimizer_range).
   void sum_tied_gradients();
@@ -121,6 +128,8 @@ private:
   const ProcessMesh& mesh_;
   SectionTimers& timers_;
   const debug::Faults faults_;
+  // How host staging reaches the device's buffers (device backends).
+  std::unique_ptr<KernelsDeviceAccess> device_access_;
   std::unique_ptr<comm::Communicator> tp_, dp_, emb_, world_;
   // Two views of the PP group (see PipelineRunner).
   std::unique_ptr<comm::Communicator> pp_send_, pp_recv_;

@@ -81,7 +81,9 @@ double PipelineRunner::walk(const std::vector<Action>& actions, const int32_t* t
         ScopedTimer t(timers_, Section::pp_comm);
         bwd_sends_[slot].wait();
         float* buf = send_back_.as<float>() + slot * act;
-        std::memcpy(buf, model_.grad_stream(), act * sizeof(float));
+        // The gradient stream lives in the model's memory (a device's on a
+        // GPU); the message leaves from the host.
+        model_.kernels().download(buf, model_.grad_stream(), act * sizeof(float));
         bwd_sends_[slot] = send_.send(buf, act, DType::f32, stage - 1);
         break;
       }

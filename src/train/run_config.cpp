@@ -231,8 +231,8 @@ void resolve_run_config(RunConfig& c, int world_size) {
   c.parallel.validate(c.model);
   c.finetune.validate();
   if (c.model.arch == ModelArch::llama) {
-    if (c.runtime.backend != ComputeBackend::cpu)
-      fail(std::string("model.arch = llama runs on runtime.backend = cpu for now (got ") +
+    if (c.runtime.backend == ComputeBackend::cuda)
+      fail(std::string("model.arch = llama runs on runtime.backend = cpu or emulated for now (got ") +
            name_of(c.runtime.backend) + ")");
   }
   if (const LinearSlots extra = c.finetune.lora_targets.outside(c.model.arch); !extra.empty())

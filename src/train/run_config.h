@@ -42,10 +42,12 @@ constexpr std::span<const EnumName<NonFinite>> enum_names(NonFinite) { return kN
 enum class ComputeBackend {
   cpu,   // OpenMP + BLAS on the rank's cores
   cuda,  // the GPU of its node-local rank modulo the node's GPUs (cuBLAS + meshlm's kernels)
+  emulated,  // the CPU's kernels behind a GPU's rules, for tests (train/emulated_device.h)
 };
 inline constexpr EnumName<ComputeBackend> kComputeBackendNames[] = {
     {ComputeBackend::cpu, "cpu"},
     {ComputeBackend::cuda, "cuda"},
+    {ComputeBackend::emulated, "emulated"},
 };
 constexpr std::span<const EnumName<ComputeBackend>> enum_names(ComputeBackend) {
   return kComputeBackendNames;

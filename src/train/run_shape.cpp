@@ -17,6 +17,7 @@ RunMemoryOptions memory_options(const RunConfig& cfg, uint64_t windows) {
   o.checkpoint_async = cfg.checkpoint.async;
   o.cpu_gemm_warm_up = caps.openblas_warm_up;
   o.device = caps.device_memory;
+  o.device_workspace = caps.device_workspace;
   o.precision = cfg.train.precision;
   o.quant_type = cfg.quant.type;
   o.pp = cfg.parallel.pp;

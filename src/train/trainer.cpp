@@ -829,11 +829,11 @@ void print_device_memory(const Backend& backend) {
       cats += fmt::format(" | {} {}", mem_category_name(static_cast<MemCategory>(c)),
                           format_bytes(static_cast<double>(peak)));
   }
-  log::info("# device memory, {}: tracked peak {}{} | in use on the device now {} of {} "
-            "(cudaMemGetInfo)",
+  log::info("# device memory, {}: tracked peak {}{} | in use on the device now {} of {} ({})",
             backend.describe(), format_bytes(static_cast<double>(t.peak_total(Device::cuda))),
             cats, format_bytes(static_cast<double>(backend.device_used_bytes())),
-            format_bytes(static_cast<double>(backend.device_total_bytes())));
+            format_bytes(static_cast<double>(backend.device_total_bytes())),
+            backend.caps().device_used_source);
 }
 
 // Report (collective): the loss scale, the memory table (predicted against
@@ -887,7 +887,7 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, debug::Records rec
   const debug::Faults faults(cfg.debug, run.mesh.rank(), records);
   tracker.enter(MemPhase::initialisation);
   Engine engine(cfg, run.mesh, timers, base.get(), run.backend->kernels(),
-                run.backend->dequantizer(), faults);
+                run.backend->dequantizer(), faults, device_route(cfg, run.mesh, *run.backend));
   print_run_lines(cfg, run.shape, *run.backend);
 
   Checkpointer checkpointer(cfg, run.mesh, engine, run.loader->windows_per_epoch(), timers,

@@ -1,0 +1,44 @@
+// The communicators of a rank's groups (DP, TP, PP, the embedding group, the
+// world) on its backend. On the CPU every buffer is host memory and MPI
+// moves it. On a device backend each group's path is chosen once
+// (comm.device, comm/device_comm.h) by every rank of the group alike: host
+// staging (comm/staged_comm.h) wraps the group's MPI communicator, and host
+// buffers (losses, norms) pass through it untouched.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "comm/comm.h"
+#include "comm/device_comm.h"
+#include "comm/staged_comm.h"
+
+namespace meshlm {
+
+// What a rank of a device backend brings to the choice of its groups' paths.
+struct DeviceRoute {
+  comm::DeviceComm asked = comm::DeviceComm::automatic;  // comm.device
+  // Whether this meshlm can move device buffers with NCCL on this backend;
+  // without it auto is host and nccl an error.
+  bool nccl = false;
+  const char* backend = "";  // runtime.backend, for messages
+  comm::GpuSlot slot;        // the rank's node, GPU and world rank
+  size_t staging_bytes = size_t(32) << 20;  // host staging's buffer, at most
+};
+
+// Collective over `group`: the path of its device buffers, the same on every
+// rank of the group. `name` names the group in errors ("the dp group of rank
+// 4"). RankError for nccl where it is refused (on every rank of the group).
+comm::DeviceComm group_path(MPI_Comm group, const DeviceRoute& route, const std::string& name);
+
+// A communicator over `group` whose device buffers take `path`; `device`
+// (how bytes cross between the device and the host) must outlive it. Not
+// collective.
+std::unique_ptr<comm::Communicator> make_group_communicator(MPI_Comm group, comm::DeviceComm path,
+                                                            const comm::DeviceAccess& device,
+                                                            size_t staging_bytes);
+
+}  // namespace meshlm
