@@ -197,3 +197,13 @@ add_test(NAME cli_precision
 set_tests_properties(cli_precision PROPERTIES LABELS cli TIMEOUT 300 ENVIRONMENT "OMP_NUM_THREADS=1")
 meshlm_cli_error(unknown_precision "the argument \\('fp8'\\) for option '--train.precision' is invalid; use one of fp32 \\| bf16 \\| fp16"
   train ${_tiny} --train.precision=fp8)
+
+# The same whole runs on the emulated device (runtime.backend = emulated: the
+# CPU's kernels behind a GPU's rules), so that every build checks the CUDA
+# backend's host side: uploads, downloads, the checkpoints' snapshot, the
+# device memory's prediction.
+add_test(NAME emulated_train_matches_cpu
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cuda/train_cuda.sh "${MESHLM_MPIEXEC_ONE_LINE}" $<TARGET_FILE:meshlm>
+          ${PROJECT_SOURCE_DIR}/inputs/tiny.cfg emulated)
+set_tests_properties(emulated_train_matches_cpu PROPERTIES LABELS cli TIMEOUT 300
+  ENVIRONMENT "MESHLM_PYTHON=${MESHLM_PYTHON}")

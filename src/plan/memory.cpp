@@ -79,6 +79,12 @@ int zero2_wte_rows(const GPTConfig& model, const RankPlan& r, const std::vector<
                        static_cast<size_t>(r.micro_batch) * static_cast<size_t>(r.seq_len));
 }
 
+size_t zero2_wte_block_numel(const GPTConfig& model, const RankPlan& r,
+                             const std::vector<ParamSpec>& table) {
+  const ParamSpec* wte = find_role(table, ParamRole::token_embedding);
+  return wte ? static_cast<size_t>(zero2_wte_rows(model, r, table)) * wte->shape[1] : 0;
+}
+
 size_t zero2_bucket_numel(const std::vector<ParamSpec>& table, int wte_rows) {
   const ParamSpec* wte = find_role(table, ParamRole::token_embedding);
   const size_t wte_block = wte ? static_cast<size_t>(wte_rows) * wte->shape[1] : 0;
@@ -255,16 +261,13 @@ size_t device_workspace_bytes(const GPTConfig& model, const RankPlan& r, ops::Pr
          ops::kUploadStagingBytes;
 }
 
-size_t ring_scratch_prediction(const GPTConfig& model, const RankPlan& r, int pp) {
-  using comm::Reduction;
-  const auto table_kept = shared_trainable_table(model, r.shard, r.model);
-  const std::vector<ParamSpec>& table = *table_kept;
-  // Gradients over dp, as ZeRO reduces them.
-  size_t most = zero_ring_scratch_bytes(r.zero_stage, table, zero_layout(model, r), r.dp,
-                                        r.dp_rank, zero2_wte_rows(model, r, table));
-  // Over tp: the activations in and out of each tensor-parallel region, the
-  // LoRA adapters' partial gradients, the classifier's row statistics.
-  const int tp = r.shard.tp_size;
+namespace {
+
+// The most elements one all-reduce over tp sums: the activations in and out
+// of each tensor-parallel region, the LoRA adapters' partial gradients, the
+// classifier's row statistics.
+size_t tp_reduction_count(const GPTConfig& model, const RankPlan& r,
+                          const std::vector<ParamSpec>& table) {
   const size_t N = static_cast<size_t>(r.micro_batch) * r.seq_len;
   size_t tp_count = std::max(N * model.n_embd, 2 * N);
   // (Of the parameters only a LoRA factor that every TP rank holds whole
@@ -272,7 +275,82 @@ size_t ring_scratch_prediction(const GPTConfig& model, const RankPlan& r, int pp
   for (const ParamSpec& p : table)
     if ((p.role == ParamRole::lora_a || p.role == ParamRole::lora_b) && p.tp_dim < 0)
       tp_count = std::max(tp_count, p.numel());
-  most = std::max(most, comm::ring_scratch_bytes_of(Reduction::all_reduce, tp_count, DType::f32, tp));
+  return tp_count;
+}
+
+}  // namespace
+
+size_t staged_comm_bytes(const GPTConfig& model, const RankPlan& r, int pp, size_t staging_bytes) {
+  const auto table_kept = shared_trainable_table(model, r.shard, r.model);
+  const std::vector<ParamSpec>& table = *table_kept;
+  const size_t f = sizeof(float);
+  // A staged collective of `count` floats whose pieces hold `parts` ranks'
+  // pieces side by side, on a group of `ranks` (comm/staged_comm.cpp).
+  auto stage = [&](size_t count, int parts, int ranks) {
+    const size_t cap = std::max(staging_bytes, size_t(ranks) * sizeof(double));
+    const size_t most = std::max<size_t>(1, cap / f / size_t(parts));
+    return std::min(most, count) * f * size_t(parts);
+  };
+  size_t bytes = 0;
+  // DP: ZeRO's reductions of the gradients, and the all-gather of the
+  // updated shards.
+  if (r.dp > 1) {
+    const ZeroLayout z = zero_layout(model, r);
+    size_t dp = 0;
+    if (r.zero_stage == 0) dp = stage(z.n, 1, r.dp);
+    if (r.zero_stage >= 1) dp = stage(z.shard, r.dp, r.dp);
+    if (r.zero_stage == 2) {
+      const int wte_rows = zero2_wte_rows(model, r, table);
+      auto reduce = [&](int, size_t lo, size_t hi) { dp = std::max(dp, stage(hi - lo, 1, r.dp)); };
+      for (const auto& [a, b] : block_ranges(table)) for_each_owner_part(a, b, z.shard, r.dp, reduce);
+      for (const ParamSpec& p : table) {
+        if (p.layer >= 0) continue;
+        if (p.tied == TiedGroup::embedding)
+          for_each_wte_block(p, wte_rows, [&](int, int, size_t a, size_t b) {
+            for_each_owner_part(a, b, z.shard, r.dp, reduce);
+          });
+        else
+          for_each_owner_part(p.offset, p.offset + p.numel(), z.shard, r.dp, reduce);
+      }
+    }
+    bytes += dp;
+  }
+  // TP: the all-reduces inside the layers.
+  if (r.shard.tp_size > 1)
+    bytes += stage(tp_reduction_count(model, r, table), 1, r.shard.tp_size);
+  if (pp > 1) {
+    // PP: each slot's activations sent forward (not from the last stage),
+    // and the message received last, in host buffers of the pipeline's.
+    const size_t act = static_cast<size_t>(r.micro_batch) * r.seq_len * model.n_embd * f;
+    if (!r.shard.last_stage) bytes += static_cast<size_t>(r.model.slots) * act;
+    bytes += act;
+    // The embedding group of the first and last stage: the tied tensors'
+    // gradients summed (below ZeRO 2) and their values shared.
+    if (r.shard.first_stage || r.shard.last_stage)
+      for (const ParamSpec& p : table) {
+        if (p.tied != TiedGroup::embedding) continue;
+        bytes += stage(p.numel(), 1, 2);
+        // ZeRO 2 sums them piece by piece through a host buffer of one
+        // block of wte's rows (train/engine.cpp).
+        if (r.zero_stage == 2 && p.role == ParamRole::token_embedding)
+          bytes += zero2_wte_block_numel(model, r, table) * f;
+      }
+  }
+  return bytes;
+}
+
+size_t ring_scratch_prediction(const GPTConfig& model, const RankPlan& r, int pp) {
+  using comm::Reduction;
+  const auto table_kept = shared_trainable_table(model, r.shard, r.model);
+  const std::vector<ParamSpec>& table = *table_kept;
+  // Gradients over dp, as ZeRO reduces them.
+  size_t most = zero_ring_scratch_bytes(r.zero_stage, table, zero_layout(model, r), r.dp,
+                                        r.dp_rank, zero2_wte_rows(model, r, table));
+  // Over tp: what tp_reduction_count says.
+  const int tp = r.shard.tp_size;
+  most = std::max(most, comm::ring_scratch_bytes_of(Reduction::all_reduce,
+                                                    tp_reduction_count(model, r, table),
+                                                    DType::f32, tp));
   // Over pp: the tied embedding's gradient, from the last stage to the first
   // (the root; the last stage starts the chain and needs no scratch).
   // (ZeRO 2 sends it in pieces through its bucket instead).
@@ -288,6 +366,9 @@ PhasedMemory predict_run_phases(const GPTConfig& model, const RankPlan& r,
                                 const RunMemoryOptions& o) {
   PhasedMemory phased = predict_phases(model, r, o.windows, o.shuffle);
   phased.add(MemPhase::training, MemCategory::comm, ring_scratch_prediction(model, r, o.pp));
+  if (o.staging_bytes > 0)
+    phased.add(MemPhase::training, MemCategory::comm,
+               staged_comm_bytes(model, r, o.pp, o.staging_bytes));
   // checkpoint.async: the host snapshot, made with the checkpointer after
   // the training buffers (the last moment of initialisation) and kept.
   if (o.checkpoint_async) {

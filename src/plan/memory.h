@@ -83,6 +83,9 @@ size_t edge_numel(const std::vector<ParamSpec>& table);
 // trains no wte), and the bucket that holds a block's gradients or those rows.
 int zero2_wte_rows(const GPTConfig& model, const RankPlan& r, const std::vector<ParamSpec>& table);
 size_t zero2_bucket_numel(const std::vector<ParamSpec>& table, int wte_rows);
+// The elements of one such block of rows (0 without wte).
+size_t zero2_wte_block_numel(const GPTConfig& model, const RankPlan& r,
+                             const std::vector<ParamSpec>& table);
 // The flat range [a, b) of each block of `table`, from its first layer on.
 std::vector<std::pair<size_t, size_t>> block_ranges(const std::vector<ParamSpec>& table);
 // Calls part(k, lo, hi) for each DP rank k whose shard [k S, (k+1) S) meets
@@ -163,6 +166,9 @@ struct RunMemoryOptions {
   ops::Precision precision = ops::Precision::fp32;  // a GPU's GEMM inputs
   quant::QuantType quant_type = quant::QuantType::nf4;  // the frozen base's (LoRA)
   int pp = 1;                     // the mesh's pipeline stages
+  // A device backend's groups staged through the host (comm.device = host):
+  // the most each staged collective's piece holds; 0 = not staged.
+  size_t staging_bytes = 0;
 };
 
 // A GPU backend's workspace for the step `step` declares (model/
@@ -180,6 +186,13 @@ size_t device_workspace_bytes(const GPTConfig& model, const RankPlan& rank, ops:
 // its gradient reductions over dp (as ZeRO makes them), its activations'
 // over tp and the tied embedding's over pp.
 size_t ring_scratch_prediction(const GPTConfig& model, const RankPlan& rank, int pp);
+// Host staging of a device backend's groups (comm.device = host,
+// comm/staged_comm.h; a rank of `pp` stages): the staging buffer of each
+// group that moves device buffers, as large as the largest piece of its
+// collectives (pieces of at most `staging_bytes`), and the pipeline's host
+// buffers of activations (train/pipeline_runner.h).
+size_t staged_comm_bytes(const GPTConfig& model, const RankPlan& rank, int pp,
+                         size_t staging_bytes);
 // What is live at each phase of the run on the host: predict_phases, with
 // the rings' scratch in training, checkpoint.async's snapshot and the CPU's
 // start-up GEMM: what the run's memory table and the tests set beside the

@@ -74,14 +74,24 @@ Engine::Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& tim
         tied_.n = wte->numel();
         tied_.piece = zero2_bucket_numel(t, zero2_wte_rows(cfg.model, r, t));
       }
+      if (pp == c.pp && world_through_host_) {
+        // Through the host: pieces of one block of wte's gradient rows (at
+        // most the first stage's bucket; the same on both stages), in a
+        // host buffer of that size (plan/memory.h, staged_comm_bytes).
+        const size_t block = zero2_wte_block_numel(cfg.model, r, t);
+        tied_host_ = Buffer(block * sizeof(float), MemCategory::comm, "zero2.tied_pieces");
+      }
       return std::pair{wte->offset, zero_layout(cfg.model, r).shard};
     };
     tied_.first = stage(0);
     tied_.last = stage(cfg.parallel.pp - 1);
+    if (tied_host_.data() != nullptr)
+      tied_.piece = std::min(tied_.piece, tied_host_.bytes() / sizeof(float));
   }
   pipeline_ = std::make_unique<PipelineRunner>(
       *model_, build_schedule(cfg.parallel.schedule, c.pp, cfg.parallel.pp, m), *pp_send_,
-      *pp_recv_, B, T, 1.0f / static_cast<float>(m * cfg.parallel.dp), timers_);
+      *pp_recv_, B, T, 1.0f / static_cast<float>(m * cfg.parallel.dp), timers_,
+      pp_through_host_);
 }
 
 Engine::~Engine() = default;
@@ -114,6 +124,8 @@ void Engine::make_communicators(const ops::Kernels& kernels, const DeviceRoute& 
   auto make = [&](int g) {
     return make_group_communicator(groups[g], paths[g], *device_access_, route.staging_bytes);
   };
+  pp_through_host_ = paths[kPp] == comm::DeviceComm::host;
+  world_through_host_ = paths[kWorld] == comm::DeviceComm::host;
   dp_ = make(kDp);
   tp_ = make(kTp);
   pp_send_ = make(kPp);
@@ -166,7 +178,8 @@ void Engine::sum_tied_gradients() {
     // the stages' flat buffers.
     const MeshCoords c = mesh_.coords();
     const int last = cfg_.parallel.pp - 1;
-    zero_->sum_tied_between_stages(*world_, shape_.shard.first_stage, tied_.first, tied_.last,
+    zero_->sum_tied_between_stages(*world_, {tied_host_.as<float>(), tied_host_.bytes() / sizeof(float)},
+                                   shape_.shard.first_stage, tied_.first, tied_.last,
                                    tied_.n, tied_.piece, [&](bool on_first, int dp) {
                                      return mesh_.layout().rank({dp, c.tp, on_first ? 0 : last});
                                    });

@@ -133,6 +133,9 @@ private:
   std::unique_ptr<comm::Communicator> tp_, dp_, emb_, world_;
   // Two views of the PP group (see PipelineRunner).
   std::unique_ptr<comm::Communicator> pp_send_, pp_recv_;
+  bool pp_through_host_ = false;  // a device's activations staged through the host
+  bool world_through_host_ = false;  // ... and the tied embedding's pieces under ZeRO 2
+  Buffer tied_host_;
   RankPlan shape_;
   std::unique_ptr<GPT> model_;
   std::unique_ptr<PipelineRunner> pipeline_;

@@ -7,14 +7,19 @@ namespace meshlm {
 PipelineRunner::PipelineRunner(GPT& model, std::vector<Action> schedule,
                                comm::Communicator& pp_send, comm::Communicator& pp_recv,
                                int micro_batch, int seq_len, float loss_scale,
-                               SectionTimers& timers)
+                               SectionTimers& timers, bool through_host)
     : model_(model), schedule_(std::move(schedule)), send_(pp_send), recv_(pp_recv),
-      B_(micro_batch), T_(seq_len), loss_scale_(loss_scale), timers_(timers) {
+      B_(micro_batch), T_(seq_len), loss_scale_(loss_scale), timers_(timers),
+      through_host_(through_host) {
   const int slots = model_.options().slots;
+  const size_t act_bytes = static_cast<size_t>(B_) * T_ * model_.config().n_embd * sizeof(float);
   if (!model_.shard().first_stage)
-    send_back_ = Buffer(static_cast<size_t>(slots) * B_ * T_ * model_.config().n_embd *
-                            sizeof(float),
-                        MemCategory::comm, "pipeline.send_back");
+    send_back_ = Buffer(slots * act_bytes, MemCategory::comm, "pipeline.send_back");
+  if (through_host_ && send_.size() > 1) {
+    if (!model_.shard().last_stage)
+      send_forward_ = Buffer(slots * act_bytes, MemCategory::comm, "pipeline.send_forward");
+    received_ = Buffer(act_bytes, MemCategory::comm, "pipeline.received");
+  }
   fwd_sends_.resize(slots);
   bwd_sends_.resize(slots);
   int micro_batches = 0;
@@ -34,6 +39,15 @@ double PipelineRunner::forward_only(const int32_t* tokens, const int32_t* target
   return walk(forward_only_, tokens, targets, nullptr, std::nullopt);
 }
 
+void PipelineRunner::receive(float* dst, size_t count, int peer) {
+  if (!through_host_) {
+    recv_.recv(dst, count, DType::f32, peer).wait();
+    return;
+  }
+  recv_.recv(received_.as<float>(), count, DType::f32, peer).wait();
+  model_.kernels().upload(dst, received_.data(), count * sizeof(float));
+}
+
 double PipelineRunner::walk(const std::vector<Action>& actions, const int32_t* tokens,
                             const int32_t* targets,
                             const std::function<void(int micro)>& before_forward,
@@ -48,7 +62,7 @@ double PipelineRunner::walk(const std::vector<Action>& actions, const int32_t* t
     switch (a.kind) {
       case ActionKind::recv_forward: {
         ScopedTimer t(timers_, Section::pp_comm);
-        recv_.recv(model_.stage_input(slot), act, DType::f32, stage - 1).wait();
+        receive(model_.stage_input(slot), act, stage - 1);
         break;
       }
       case ActionKind::forward: {
@@ -64,12 +78,18 @@ double PipelineRunner::walk(const std::vector<Action>& actions, const int32_t* t
       }
       case ActionKind::send_forward: {
         ScopedTimer t(timers_, Section::pp_comm);
-        fwd_sends_[slot] = send_.send(model_.stage_output(slot), act, DType::f32, stage + 1);
+        const float* out = model_.stage_output(slot);
+        if (through_host_) {
+          float* buf = send_forward_.as<float>() + slot * act;
+          model_.kernels().download(buf, out, act * sizeof(float));
+          out = buf;
+        }
+        fwd_sends_[slot] = send_.send(out, act, DType::f32, stage + 1);
         break;
       }
       case ActionKind::recv_backward: {
         ScopedTimer t(timers_, Section::pp_comm);
-        recv_.recv(model_.grad_stream(), act, DType::f32, stage + 1).wait();
+        receive(model_.grad_stream(), act, stage + 1);
         break;
       }
       case ActionKind::backward: {

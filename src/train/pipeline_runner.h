@@ -29,10 +29,13 @@ public:
   // runner: operations on one Communicator complete in issue order, and a
   // receive must not wait behind a send still in flight (as sends and
   // receives on separate streams under NCCL). `loss_scale` multiplies each
-  // micro-batch's mean loss in backward.
+  // micro-batch's mean loss in backward. `through_host`: the model's
+  // buffers are a device's and the PP group moves host buffers (host
+  // staging): activations leave from and arrive in host buffers of the
+  // runner's, copied from and to the device.
   PipelineRunner(GPT& model, std::vector<Action> schedule, comm::Communicator& pp_send,
                  comm::Communicator& pp_recv, int micro_batch, int seq_len, float loss_scale,
-                 SectionTimers& timers);
+                 SectionTimers& timers, bool through_host = false);
 
   // Collective over the PP group: the step's actions. tokens/targets hold
   // the micro-batches of (B, T) one after the other; before_forward(micro)
@@ -65,8 +68,16 @@ private:
   int B_, T_;
   float loss_scale_;
   SectionTimers& timers_;
+  // Receives `count` floats from `peer` into the model's `dst` (collective
+  // with the peer's send).
+  void receive(float* dst, size_t count, int peer);
+
   // Gradients sent back to the previous stage, one per slot (comm category).
   Buffer send_back_;
+  // Through the host: the activations sent forward, one per slot, and the
+  // message received last (comm category).
+  bool through_host_ = false;
+  Buffer send_forward_, received_;
   std::vector<comm::Handle> fwd_sends_, bwd_sends_;
 };
 

@@ -21,6 +21,10 @@ RunMemoryOptions memory_options(const RunConfig& cfg, uint64_t windows) {
   o.precision = cfg.train.precision;
   o.quant_type = cfg.quant.type;
   o.pp = cfg.parallel.pp;
+  // The groups of a device backend without NCCL, or told to, stage their
+  // device buffers through the host (train/group_comm.h).
+  if (caps.device_memory && (!caps.nccl || cfg.comm.device == comm::DeviceComm::host))
+    o.staging_bytes = static_cast<size_t>(std::max(cfg.comm.bucket_mb, 1)) << 20;
   return o;
 }
 

@@ -168,14 +168,16 @@ std::span<float> Zero::scratch() {
   return {bucket_.as<float>(), bucket_.bytes() / sizeof(float)};
 }
 
-void Zero::sum_tied_between_stages(comm::Communicator& world, bool first_stage,
+void Zero::sum_tied_between_stages(comm::Communicator& world, std::span<float> host,
+                                   bool first_stage,
                                    std::pair<size_t, size_t> first, std::pair<size_t, size_t> last,
                                    size_t n, size_t piece,
                                    const std::function<int(bool, int)>& peer) {
   ScopedTimer t(timers_, Section::pp_comm);
   const int dp = dp_.size(), me = dp_.rank();
   const std::span<float> buf = scratch();
-  MESHLM_CHECK(piece > 0 && piece <= buf.size(), "the tied embedding's pieces exceed ZeRO's bucket");
+  MESHLM_CHECK(piece > 0 && piece <= buf.size() && (host.empty() || piece <= host.size()),
+               "the tied embedding's pieces exceed ZeRO's bucket or the host's buffer");
   // The elements [lo, hi) of wte that DP rank k owns on a stage whose flat
   // buffer holds wte at `offset`, sharded by S.
   auto owned = [n](std::pair<size_t, size_t> stage, int k) {
@@ -196,9 +198,15 @@ void Zero::sum_tied_between_stages(comm::Communicator& world, bool first_stage,
         const size_t count = std::min(piece, hi - p);
         if (!first_stage && me == k2) {
           const float* src = owned_grads() + (last.first + p - k2 * last.second);
+          if (!host.empty()) {
+            k_.download(host.data(), src, count * sizeof(float));
+            src = host.data();
+          }
           world.send(src, count, DType::f32, peer(true, k1)).wait();
         } else if (first_stage && me == k1) {
-          world.recv(buf.data(), count, DType::f32, peer(false, k2)).wait();
+          float* dst = host.empty() ? buf.data() : host.data();
+          world.recv(dst, count, DType::f32, peer(false, k2)).wait();
+          if (!host.empty()) k_.upload(buf.data(), dst, count * sizeof(float));
           k_.add(owned_grads() + (first.first + p - k1 * first.second), buf.data(), count);
         }
       }

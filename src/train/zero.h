@@ -80,8 +80,10 @@ public:
   // in the stage's flat buffer, ZeRO shard) of each, `n` wte's elements,
   // `piece` the most elements sent at once (at most the first stage's bucket,
   // the same on both stages), `peer(first, dp)` the world rank at this
-  // tensor-parallel coordinate.
-  void sum_tied_between_stages(comm::Communicator& world, bool first_stage,
+  // tensor-parallel coordinate. With `host` (a device's gradients, `world`
+  // staged through the host) each piece travels through it, which holds
+  // `piece` elements or more.
+  void sum_tied_between_stages(comm::Communicator& world, std::span<float> host, bool first_stage,
                                std::pair<size_t, size_t> first, std::pair<size_t, size_t> last,
                                size_t n, size_t piece,
                                const std::function<int(bool first, int dp)>& peer);

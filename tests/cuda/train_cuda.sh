@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# train_cuda.sh MPIEXEC1 MESHLM CFG
+# train_cuda.sh MPIEXEC1 MESHLM CFG [BACKEND]
 #
 # `meshlm train CFG` on one rank, 200 steps logged every step, with
-# runtime.backend = cpu (fp32) and = cuda at each train.precision; the curves
-# are read from run.h5 with h5py:
+# runtime.backend = cpu (fp32) and = BACKEND (cuda, or emulated: the CPU's
+# kernels behind the GPU's rules, train/emulated_device.h, which runs every
+# check below on a machine without a GPU) at each train.precision; the
+# curves are read from run.h5 with h5py (the directories are named cuda_*
+# for either):
 #   * cuda fp32 (TF32 off): loss and gradient norm within 1e-3 relative of
 #     the CPU's at each of the first 60 steps;
 #   * cuda bf16 and fp16: the loss within the bf16 tolerance of the CPU's
@@ -32,12 +35,14 @@
 #     largest value (every dataset but /meta), the step-20 file verifies,
 #     its memory categories (checkpoint among them) are their predictions,
 #     and 10 steps resumed from its step-10 file end where it ended;
-#   * the loss falls; the rank line names the GPU.
+#   * the loss falls; the rank line names the GPU (the emulated device).
 # Exit 77 (skipped) when meshlm says this machine has no GPU it can use.
+# The checks run under $MESHLM_PYTHON (python3 by default), which needs h5py.
 set -u
 mpiexec1=$1
 meshlm=$2
 cfg=$3
+backend=${4:-cuda}
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 cd "$scratch"
@@ -46,7 +51,7 @@ text=/usr/share/common-licenses/GPL-3
 common=(--data.path=tokens.h5 --data.tokenize_from="$text" --train.steps=200 --train.log_every=1 --runtime.threads=2)
 # shellcheck disable=SC2086
 timeout 120 $mpiexec1 "$meshlm" train "$cfg" "${common[@]}" --output.dir=cuda_fp32 \
-  --runtime.backend=cuda >cuda_fp32.log 2>&1
+  --runtime.backend=$backend >cuda_fp32.log 2>&1
 rc=$?
 if [ $rc -ne 0 ]; then
   if grep -q "can use no GPU" cuda_fp32.log; then
@@ -62,12 +67,12 @@ timeout 120 $mpiexec1 "$meshlm" train "$cfg" "${common[@]}" --output.dir=cpu_fp3
 for p in bf16 fp16; do
   # shellcheck disable=SC2086
   timeout 120 $mpiexec1 "$meshlm" train "$cfg" "${common[@]}" --output.dir=cuda_$p \
-    --runtime.backend=cuda --train.precision=$p --train.loss_scale=4096 >cuda_$p.log 2>&1 ||
+    --runtime.backend=$backend --train.precision=$p --train.loss_scale=4096 >cuda_$p.log 2>&1 ||
     { cat cuda_$p.log; echo "FAIL: the CUDA $p run"; exit 1; }
 done
 # shellcheck disable=SC2086
 timeout 120 $mpiexec1 "$meshlm" train "$cfg" "${common[@]}" --output.dir=cuda_bf16_flash \
-  --runtime.backend=cuda --train.precision=bf16 --train.attention=flash >cuda_bf16_flash.log 2>&1 ||
+  --runtime.backend=$backend --train.precision=bf16 --train.attention=flash >cuda_bf16_flash.log 2>&1 ||
   { cat cuda_bf16_flash.log; echo "FAIL: the CUDA bf16 run with flash attention"; exit 1; }
 grep -q "attention flash" cuda_bf16_flash.log ||
   { grep "^# parallel" cuda_bf16_flash.log; echo "FAIL: the flash run does not say so"; exit 1; }
@@ -78,12 +83,12 @@ timeout 120 $mpiexec1 "$meshlm" train "$cfg" "${common[@]}" "${lora[@]}" --outpu
 for p in fp32 bf16; do
   # shellcheck disable=SC2086
   timeout 120 $mpiexec1 "$meshlm" train "$cfg" "${common[@]}" "${lora[@]}" --output.dir=cuda_lora_$p \
-    --runtime.backend=cuda --train.precision=$p >cuda_lora_$p.log 2>&1 ||
+    --runtime.backend=$backend --train.precision=$p >cuda_lora_$p.log 2>&1 ||
     { cat cuda_lora_$p.log; echo "FAIL: the CUDA LoRA $p run"; exit 1; }
 done
 # shellcheck disable=SC2086
 timeout 120 $mpiexec1 "$meshlm" train "$cfg" --data.path=tokens.h5 --runtime.threads=2 \
-  --train.steps=6 --output.dir=cuda_fp16_nan --runtime.backend=cuda --train.precision=fp16 \
+  --train.steps=6 --output.dir=cuda_fp16_nan --runtime.backend=$backend --train.precision=fp16 \
   --train.loss_scale=4096 --debug.nan_step=3 --train.on_nonfinite=stop >cuda_fp16_nan.log 2>&1 ||
   { cat cuda_fp16_nan.log; echo "FAIL: the CUDA fp16 run with an injected NaN"; exit 1; }
 for want in "step 3: fp16 gradients overflowed at loss scale 4096 .*loss scale now 2048 \(1 overflowing step\(s\) in all\)" \
@@ -95,7 +100,7 @@ done
 # background thread and from the training thread; then 10 steps resumed from
 # the async run's step-10 file.
 ck=(--data.path=tokens.h5 --runtime.threads=2 --train.steps=20 --train.log_every=1
-    --runtime.backend=cuda --checkpoint.every=10)
+    --runtime.backend=$backend --checkpoint.every=10)
 for a in false true; do
   # shellcheck disable=SC2086
   timeout 120 $mpiexec1 "$meshlm" train "$cfg" "${ck[@]}" --checkpoint.async=$a \
@@ -111,9 +116,11 @@ timeout 120 $mpiexec1 "$meshlm" train "$cfg" "${ck[@]}" --checkpoint.async=true 
   { echo "FAIL: the async checkpoint does not verify"; exit 1; }
 grep -Eq "^# device memory, .*quantized" cuda_lora_fp32.log ||
   { grep "^# device memory" cuda_lora_fp32.log; echo "FAIL: no quantized base on the device"; exit 1; }
-grep -E "^# (precision|device)|device cuda:" cuda_*.log
-grep -q "device cuda:" cuda_fp32.log || { echo "FAIL: the rank line names no GPU"; exit 1; }
-/usr/bin/env python3 - <<'PY'
+device_named="device cuda:"
+[ "$backend" = emulated ] && device_named="device emulated"
+grep -E "^# (precision|device)|$device_named" cuda_*.log
+grep -q "$device_named" cuda_fp32.log || { echo "FAIL: the rank line names no GPU"; exit 1; }
+${MESHLM_PYTHON:-python3} - <<'PY'
 import sys
 import h5py
 import numpy as np

@@ -35,36 +35,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// NH = 8 so that tp = 8 splits the heads; C = 64 keeps NF4 blocks whole in
-// some rows and split across rows in others (C / tp = 8 for tp = 8).
-const char* kConfig = R"(
-[model]
-n_layer = 4
-n_head = 8
-n_embd = 64
-vocab_size = 256
-seq_len = 16
-max_seq_len = 16
-[train]
-steps = 8
-batch_size = 8
-micro_batch_size = 1
-lr = 1e-2
-warmup_steps = 2
-weight_decay = 0.01
-grad_clip = 1.0
-seed = 21
-log_every = 100
-[finetune]
-mode = lora
-lora_rank = 4
-lora_alpha = 8
-[quant]
-type = nf4
-share = node
-[data]
-shuffle = true
-)";
 
 class LoraTraining : public ::testing::Test {
 protected:
@@ -77,14 +47,14 @@ protected:
                                   "--comm.wait=poll"};
     for (auto& v : l.overrides()) o.push_back(v);
     o.insert(o.end(), extra.begin(), extra.end());
-    return parse_run_config(kConfig, "test", o, w);
+    return parse_run_config(kLoraLayoutsConfig, "test", o, w);
   }
 
   // Collective over the world: trains `l` on the first dp*tp*pp ranks.
   static RunResult train(const Layout& l, std::vector<std::string> extra = {}) {
     std::vector<std::string> o = l.overrides();
     o.insert(o.end(), extra.begin(), extra.end());
-    return train_on_first_ranks(kConfig, o, l.ranks(), dir_);
+    return train_on_first_ranks(kLoraLayoutsConfig, o, l.ranks(), dir_);
   }
 
   static const RunResult& reference() {

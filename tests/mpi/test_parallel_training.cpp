@@ -34,29 +34,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// L=4 so that up to 4 stages get a layer each; NH=8 so that tp=8 splits
-// the heads; batch 8 of micro-batches of 1, so every layout has enough
-// micro-batches for 1F1B.
-const char* kConfig = R"(
-[model]
-n_layer = 4
-n_head = 8
-n_embd = 32
-vocab_size = 256
-seq_len = 16
-max_seq_len = 16
-[train]
-steps = 10
-batch_size = 8
-micro_batch_size = 1
-lr = 3e-3
-warmup_steps = 2
-grad_clip = 1.0
-seed = 7
-log_every = 100
-[data]
-shuffle = true
-)";
 
 class ParallelTraining : public ::testing::Test {
 protected:
@@ -65,7 +42,7 @@ protected:
 
   // Collective over the world: trains `l` on the first dp*tp*pp ranks.
   static RunResult train(const Layout& l) {
-    return train_on_first_ranks(kConfig, l.overrides(), l.ranks(), dir_);
+    return train_on_first_ranks(kGpt2LayoutsConfig, l.overrides(), l.ranks(), dir_);
   }
 
   static const RunResult& reference() {
@@ -118,7 +95,7 @@ TEST_F(ParallelTraining, ZeroTwoMovesTheTiedEmbeddingBetweenStageShards) {
           "--parallel.schedule=" + std::string(l.schedule),
           "--parallel.activation_checkpointing=" + std::string(l.ckpt)})
       o.push_back(s);
-    return train_on_first_ranks(kConfig, o, l.dp * l.tp * l.pp, dir_);
+    return train_on_first_ranks(kGpt2LayoutsConfig, o, l.dp * l.tp * l.pp, dir_);
   };
   const RunResult ref = run({1, 1, 1, 0, "1f1b", "none"});
   for (const Layout& l : {Layout{4, 1, 2, 2, "1f1b", "none"}, Layout{2, 1, 4, 2, "gpipe", "full"},
@@ -147,7 +124,7 @@ TEST_F(ParallelTraining, OnlyTestsKeepARecordPerStep) {
   MPI_Comm_split(MPI_COMM_WORLD, world_rank() == 0 ? 0 : MPI_UNDEFINED, 0, &one);
   if (one != MPI_COMM_NULL) {
     const RunConfig cfg = parse_run_config(
-        kConfig, "t",
+        kGpt2LayoutsConfig, "t",
         {"--data.path=" + (dir_ / "tokens.h5").string(), "--output.dir=" + (dir_ / "records").string(),
          "--output.overwrite=true", "--checkpoint.final=false"},
         1);
@@ -183,7 +160,7 @@ TEST_F(ParallelTraining, ZeroShardsOptimizerAndGradients) {
   if (world_rank() != 0) return;
   auto at = [](const RunResult& r, int q, MemCategory c) { return r.peaks[q][static_cast<int>(c)]; };
   const size_t n = table_numel(gpt_param_table(
-      parse_run_config(kConfig, "t", {"--data.path=x"}).model));
+      parse_run_config(kGpt2LayoutsConfig, "t", {"--data.path=x"}).model));
   const size_t shard = (n + 3) / 4;  // the flat buffer padded to a multiple of dp = 4
   EXPECT_EQ(at(one, 0, MemCategory::optimizer), 2 * n * sizeof(float));
   for (int q = 0; q < 4; ++q) {
@@ -196,7 +173,7 @@ TEST_F(ParallelTraining, ZeroShardsOptimizerAndGradients) {
     // 8 tokens hold them all), wpe and the final norm.
     EXPECT_EQ(at(z1, q, MemCategory::grads), 4 * shard * sizeof(float));
     EXPECT_LT(at(z2, q, MemCategory::grads), at(z1, q, MemCategory::grads));
-    const GPTConfig model = parse_run_config(kConfig, "t", {"--data.path=x"}).model;
+    const GPTConfig model = parse_run_config(kGpt2LayoutsConfig, "t", {"--data.path=x"}).model;
     const std::vector<ParamSpec> table = gpt_param_table(model);
     const size_t wte = static_cast<size_t>(model.padded_vocab_size()) * model.n_embd;
     EXPECT_EQ(at(z2, q, MemCategory::grads),
@@ -209,7 +186,7 @@ TEST_F(ParallelTraining, TiedEmbeddingMomentsLiveOnTheFirstStageOnly) {
   // Under pp the last stage computes the lm_head with its copy of wte, but
   // AdamW's moments of wte are the first stage's alone: the last stage holds
   // moments for its other elements (of its ZeRO shard) only.
-  const GPTConfig model = parse_run_config(kConfig, "t", {"--data.path=x"}).model;
+  const GPTConfig model = parse_run_config(kGpt2LayoutsConfig, "t", {"--data.path=x"}).model;
   for (const Layout& l : {Layout{1, 1, 2, 0, "1f1b", "none"}, Layout{2, 1, 2, 1, "1f1b", "none"},
                           Layout{2, 2, 2, 2, "gpipe", "none"}, Layout{1, 1, 4, 0, "1f1b", "none"}}) {
     const RunResult r = train(l);
@@ -247,7 +224,7 @@ TEST_F(ParallelTraining, TiedEmbeddingReduceScratchIsPredictedExactly) {
   // the ring's chain reduce onto the first stage: its scratch is the first
   // stage's alone, and every category of every rank is as predicted.
   const RunResult r = train_on_first_ranks(
-      kConfig, {"--model.vocab_size=40000", "--parallel.pp=2", "--parallel.dp=2",
+      kGpt2LayoutsConfig, {"--model.vocab_size=40000", "--parallel.pp=2", "--parallel.dp=2",
                 "--parallel.zero_stage=1", "--train.steps=2"},
       4, dir_);
   if (world_rank() != 0) return;
@@ -264,7 +241,7 @@ TEST_F(ParallelTraining, LargeEmbeddingUnderTpAndZeroTwoIsPredictedExactly) {
   // piece has its scratch on every rank of its chain but the first: the two
   // DP ranks of a group book different comm bytes, each as predicted.
   const RunResult r = train_on_first_ranks(
-      kConfig, {"--model.vocab_size=40000", "--parallel.tp=2", "--parallel.dp=2",
+      kGpt2LayoutsConfig, {"--model.vocab_size=40000", "--parallel.tp=2", "--parallel.dp=2",
                 "--parallel.zero_stage=2", "--train.steps=2"},
       4, dir_);
   if (world_rank() != 0) return;
@@ -275,7 +252,7 @@ TEST_F(ParallelTraining, TensorParallelismHalvesSplitMatrices) {
   const RunResult one = train({1, 1, 1, 0, "1f1b", "none"});
   const RunResult tp2 = train({1, 2, 1, 0, "1f1b", "none"});
   if (world_rank() != 0) return;
-  const GPTConfig model = parse_run_config(kConfig, "t", {"--data.path=x"}).model;
+  const GPTConfig model = parse_run_config(kGpt2LayoutsConfig, "t", {"--data.path=x"}).model;
   size_t split = 0, replicated = 0, split_matrices = 0, matrices = 0;
   for (const ParamSpec& p : gpt_param_table(model)) {
     (p.tp_dim >= 0 ? split : replicated) += p.numel();

@@ -30,6 +30,101 @@
 
 namespace meshlm::testing {
 
+// The jobs the layout tests train (test_parallel_training, test_lora_training,
+// test_llama_layouts, and the same on the emulated device,
+// test_emulated_layouts).
+
+// L=4 so that up to 4 stages get a layer each; NH=8 so that tp=8 splits
+// the heads; batch 8 of micro-batches of 1, so every layout has enough
+// micro-batches for 1F1B.
+inline constexpr const char* kGpt2LayoutsConfig = R"(
+[model]
+n_layer = 4
+n_head = 8
+n_embd = 32
+vocab_size = 256
+seq_len = 16
+max_seq_len = 16
+[train]
+steps = 10
+batch_size = 8
+micro_batch_size = 1
+lr = 3e-3
+warmup_steps = 2
+grad_clip = 1.0
+seed = 7
+log_every = 100
+[data]
+shuffle = true
+)";
+
+// NH = 8 so that tp = 8 splits the heads; C = 64 keeps NF4 blocks whole in
+// some rows and split across rows in others (C / tp = 8 for tp = 8).
+inline constexpr const char* kLoraLayoutsConfig = R"(
+[model]
+n_layer = 4
+n_head = 8
+n_embd = 64
+vocab_size = 256
+seq_len = 16
+max_seq_len = 16
+[train]
+steps = 8
+batch_size = 8
+micro_batch_size = 1
+lr = 1e-2
+warmup_steps = 2
+weight_decay = 0.01
+grad_clip = 1.0
+seed = 21
+log_every = 100
+[finetune]
+mode = lora
+lora_rank = 4
+lora_alpha = 8
+[quant]
+type = nf4
+share = node
+[data]
+shuffle = true
+)";
+
+// A Llama of two key/value heads for eight query heads: tp 2 splits them,
+// tp 4 and 8 replicate them.
+inline constexpr const char* kLlamaLayoutsConfig = R"(
+[model]
+arch = llama
+n_layer = 4
+n_head = 8
+n_kv_head = 2
+n_embd = 32
+intermediate_size = 48
+vocab_size = 256
+seq_len = 16
+max_seq_len = 16
+norm_eps = 1e-5
+rope_theta = 500000
+rope_factor = 8
+rope_original_max_positions = 8
+tie_word_embeddings = false
+[train]
+steps = 8
+batch_size = 8
+micro_batch_size = 1
+lr = 3e-3
+warmup_steps = 2
+grad_clip = 1.0
+seed = 11
+log_every = 100
+[finetune]
+lora_rank = 4
+lora_alpha = 8
+[quant]
+type = nf4
+[data]
+shuffle = true
+)";
+
 inline int world_rank() {
   int r = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &r);
@@ -118,17 +213,21 @@ inline RunResult train_on_first_ranks(const char* config_text,
     for (const StepRecord& r : s.steps) res.losses.push_back(r.loss);
     res.evals = s.evals;
     res.params = s.final_params;
+    // Host and device together, as the run's table adds them (one of the
+    // two is 0 but for a device backend's staging and copies).
     MemoryByCategory peak{};
     for (int c = 0; c < kNumMemCategories; ++c)
-      peak[c] = MemTracker::get().peak(static_cast<MemCategory>(c));
+      peak[c] = MemTracker::get().peak(static_cast<MemCategory>(c), Device::cpu) +
+                MemTracker::get().peak(static_cast<MemCategory>(c), Device::cuda);
     // The prediction as the trainer makes it, on a mesh of the same shape.
     const ParallelConfig& p = cfg.parallel;
     const ProcessMesh mesh(sub, MeshLayout(p.dp, p.tp, p.pp), p.ranks_per_node);
     const io::TokenReader reader = io::TokenReader::open((dir / "tokens.h5").string());
     const uint64_t windows = (reader.size() - 1) / cfg.train.seq_len;
-    const MemoryByCategory pred =
-        predict_run_phases(cfg.model, planned_rank_plan(cfg, mesh), memory_options(cfg, windows))
-            .category_peaks();
+    const RankPlan rank_plan = planned_rank_plan(cfg, mesh);
+    const RunMemoryOptions mo = memory_options(cfg, windows);
+    const MemoryByCategory pred = predicted_categories(
+        cfg.model, rank_plan, mo, predict_run_phases(cfg.model, rank_plan, mo));
     const int r = mesh.rank();
     res.peaks.resize(r == 0 ? w : 0);
     res.predicted.resize(r == 0 ? w : 0);
@@ -266,6 +365,39 @@ inline void expect_predicted_exactly(const RunResult& r) {
     for (int c = 0; c < kNumMemCategories; ++c)
       EXPECT_EQ(r.peaks[q][c], r.predicted[q][c])
           << "rank " << q << " category " << mem_category_name(static_cast<MemCategory>(c));
+}
+
+// Collective over the world: trains `config_text` with `extra` on one rank
+// and with `extra` and `layout_extra` in every layout of `layouts`; on rank
+// 0 each layout's losses are the one rank's within 1e-5 relative, its
+// gathered final parameters (or adapters) within 1e-5 norm-wise, every
+// rank's memory its prediction per category; and the one-rank loss falls by
+// `fall` (a run that learns).
+inline void expect_layouts_match_one_rank(const char* config_text,
+                                          const std::filesystem::path& dir,
+                                          const std::vector<Layout>& layouts,
+                                          const std::vector<std::string>& extra,
+                                          const std::vector<std::string>& layout_extra,
+                                          double fall) {
+  ASSERT_EQ(world_size(), 8) << "run this test on 8 ranks";
+  const RunResult ref = train_on_first_ranks(config_text, extra, 1, dir);
+  for (const Layout& l : layouts) {
+    std::vector<std::string> o = l.overrides();
+    o.insert(o.end(), extra.begin(), extra.end());
+    o.insert(o.end(), layout_extra.begin(), layout_extra.end());
+    const RunResult r = train_on_first_ranks(config_text, o, l.ranks(), dir);
+    if (world_rank() != 0) continue;
+    SCOPED_TRACE(l.name());
+    ASSERT_EQ(r.losses.size(), ref.losses.size());
+    const double worst = worst_loss_rel(r.losses, ref.losses);
+    EXPECT_LE(worst, 1e-5);
+    ASSERT_EQ(r.params.size(), ref.params.size());
+    const double prel = norm_rel(r.params, ref.params);
+    EXPECT_LE(prel, 1e-5);
+    expect_predicted_exactly(r);
+    std::printf("  %-48s loss rel %.2e  params rel %.2e\n", l.name().c_str(), worst, prel);
+  }
+  if (world_rank() == 0) EXPECT_LT(ref.losses.back(), ref.losses.front() - fall);
 }
 
 }  // namespace meshlm::testing
