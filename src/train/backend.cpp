@@ -45,9 +45,6 @@ BackendCaps cuda_caps() {
   c.device_used_source = "cudaMemGetInfo";
   c.native_16bit_gemm = true;
   c.fp32_note = " (TF32 off)";
-  // Several ranks would exchange activations and gradients through host
-  // MPI, which the CUDA backend does not stage yet.
-  c.one_rank_only = true;
   c.qtile_rows = ops::kGpuQTileRows;
   c.classifier_chunk_floats = ops::kGpuClassifierChunkFloats;
   c.whole_classifier_tile = true;
@@ -66,7 +63,6 @@ BackendCaps emulated_caps() {
   c.device_used_source = "the emulated device's pages handed out";
   c.native_16bit_gemm = false;
   c.fp32_note = "";
-  c.one_rank_only = false;
   c.flash_attention = flash_anywhere;
   return c;
 }

@@ -44,8 +44,6 @@ struct BackendCaps {
   const char* fp32_note = "";
   // Device buffers move between GPUs by NCCL (comm.device = nccl).
   bool nccl = false;
-  // Only dp = tp = pp = 1: one rank holds the whole model.
-  bool one_rank_only = false;
   // The start-up GEMM that makes OpenBLAS's per-thread buffer resident (and
   // the memory prediction's line for it).
   bool openblas_warm_up = false;

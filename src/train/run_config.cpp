@@ -94,11 +94,9 @@ void validate_train(const RunConfig& c) {
   const std::string backend = name_of(c.runtime.backend);
   if (!caps.built)
     fail("runtime.backend = " + backend + ", but " + caps.missing_build);
-  const ParallelConfig& par = c.parallel;
-  if (caps.one_rank_only && par.dp * par.tp * par.pp != 1)
-    fail("runtime.backend = " + backend + " runs one rank with the whole model: parallel.dp, "
-         "parallel.tp and parallel.pp must be 1 (got dp " + str(par.dp) + ", tp " + str(par.tp) +
-         ", pp " + str(par.pp) + ")");
+  if (caps.device_memory && !caps.nccl && c.comm.device == comm::DeviceComm::nccl)
+    fail("comm.device = nccl: runtime.backend = " + backend + " moves device buffers between "
+         "ranks only through the host in this meshlm; set comm.device = host or auto");
   if (t.attention == Attention::flash && c.model.n_head > 0 &&
       c.model.n_embd % c.model.n_head == 0 &&
       !caps.flash_attention(t.precision, c.model.n_embd / c.model.n_head))

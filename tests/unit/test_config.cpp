@@ -19,9 +19,10 @@ const char* kGood =
     "[data]\npath = tokens.h5\n";
 
 // The message of the CollectiveError thrown by parsing, or "" if none.
-std::string error_of(const std::string& text, std::vector<std::string> overrides = {}) {
+std::string error_of(const std::string& text, std::vector<std::string> overrides = {},
+                     int world_size = 1) {
   try {
-    parse_run_config(text, "test.cfg", overrides);
+    parse_run_config(text, "test.cfg", overrides, world_size);
   } catch (const CollectiveError& e) {
     return e.what();
   }
@@ -296,14 +297,21 @@ TEST(Config, ValuesHoldingMessageTokensDoNotHang) {
             std::string::npos);
 }
 
-// runtime.backend = cuda: one rank with the whole model, full training or
-// LoRA; a build without the CUDA backend refuses it by name.
-TEST(Config, TheCudaBackendTrainsOneRankWithTheWholeModel) {
+// runtime.backend = cuda: any layout, full training or LoRA; a build without
+// the CUDA backend refuses it by name. Without an NCCL path comm.device =
+// nccl is refused by name on either device backend.
+TEST(Config, TheCudaBackendTrainsEveryLayout) {
+  for (const char* b : {"--runtime.backend=emulated", "--runtime.backend=cuda"}) {
+    if (std::string(b).ends_with("cuda") && !backend_caps(ComputeBackend::cuda).built) continue;
+    EXPECT_EQ(error_of(kGood, {b, "--parallel.dp=2", "--parallel.pp=2", "--parallel.zero_stage=2",
+                               "--parallel.schedule=gpipe"}, 4),
+              "");
+    const std::string msg = error_of(kGood, {b, "--comm.device=nccl"});
+    EXPECT_NE(msg.find("comm.device = nccl: runtime.backend = "), std::string::npos) << msg;
+    EXPECT_EQ(error_of(kGood, {b, "--comm.device=host"}), "");
+  }
   if (backend_caps(ComputeBackend::cuda).built) {
     EXPECT_EQ(error_of(kGood, {"--runtime.backend=cuda"}), "");
-    std::string msg = error_of(kGood, {"--runtime.backend=cuda", "--parallel.dp=2"});
-    EXPECT_NE(msg.find("parallel.dp, parallel.tp and parallel.pp must be 1 (got dp 2, tp 1, pp 1)"),
-              std::string::npos) << msg;
     EXPECT_EQ(error_of(kGood, {"--runtime.backend=cuda", "--finetune.mode=lora"}), "");
     EXPECT_EQ(error_of(kGood, {"--runtime.backend=cuda", "--finetune.mode=lora",
                                "--train.precision=bf16"}),
@@ -347,8 +355,17 @@ TEST(Config, BackendCapsAnswerWithoutADevice) {
   EXPECT_TRUE(cpu.built);
   EXPECT_FALSE(cpu.device_memory);
   EXPECT_TRUE(gpu.device_memory);
-  EXPECT_FALSE(cpu.one_rank_only);
-  EXPECT_TRUE(gpu.one_rank_only);
+  // The emulated device: the CUDA backend's memory and work sizes, the
+  // CPU's arithmetic and attention.
+  const BackendCaps& emulated = backend_caps(ComputeBackend::emulated);
+  EXPECT_EQ(emulated.kind, ComputeBackend::emulated);
+  EXPECT_TRUE(emulated.built);
+  EXPECT_TRUE(emulated.device_memory);
+  EXPECT_FALSE(emulated.device_workspace);
+  EXPECT_TRUE(gpu.device_workspace);
+  EXPECT_FALSE(emulated.native_16bit_gemm);
+  EXPECT_EQ(emulated.qtile_rows, gpu.qtile_rows);
+  EXPECT_TRUE(emulated.flash_attention(ops::Precision::fp32, 8));
   EXPECT_TRUE(cpu.openblas_warm_up);
   EXPECT_FALSE(gpu.openblas_warm_up);
   EXPECT_FALSE(cpu.native_16bit_gemm);
