@@ -1,5 +1,7 @@
 #include "comm/device_comm.h"
 
+#include <vector>
+
 #include "core/error.h"
 
 namespace meshlm::comm {
@@ -25,6 +27,21 @@ DeviceComm resolve_device_comm(DeviceComm asked, std::span<const GpuSlot> group,
                       MESHLM_HERE);
     }
   return DeviceComm::nccl;
+}
+
+DeviceComm group_device_comm(MPI_Comm group, DeviceComm asked, bool nccl_built,
+                             const char* backend, const GpuSlot& slot, const std::string& name) {
+  int size = 1;
+  MPI_Comm_size(group, &size);
+  std::vector<GpuSlot> slots(static_cast<size_t>(size));
+  MPI_Allgather(&slot, sizeof(GpuSlot), MPI_BYTE, slots.data(), sizeof(GpuSlot), MPI_BYTE, group);
+  const DeviceComm path = resolve_device_comm(asked, slots, name);
+  if (path != DeviceComm::nccl || nccl_built) return path;
+  if (asked == DeviceComm::automatic) return DeviceComm::host;
+  throw RankError(std::string("comm.device = nccl: runtime.backend = ") + backend +
+                      " has no NCCL path in this meshlm (" + name +
+                      "); set comm.device = host or auto",
+                  MESHLM_HERE);
 }
 
 }  // namespace meshlm::comm

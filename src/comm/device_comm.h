@@ -7,6 +7,8 @@
 // share a GPU is known from the mesh alone, before any GPU is opened.
 #pragma once
 
+#include <mpi.h>
+
 #include <span>
 #include <string>
 
@@ -43,5 +45,12 @@ int gpu_of(int node_rank, int gpus_per_node);
 // and its node, and what to set instead. Never automatic.
 DeviceComm resolve_device_comm(DeviceComm asked, std::span<const GpuSlot> slots,
                                const std::string& group);
+
+// Collective over `group` (an MPI communicator): its path, the same on
+// every rank of the group, from each rank's `slot` gathered over it.
+// `nccl_built`: whether the backend (`backend`, for messages) can move
+// device buffers with NCCL; without it auto is host and nccl a RankError.
+DeviceComm group_device_comm(MPI_Comm group, DeviceComm asked, bool nccl_built,
+                             const char* backend, const GpuSlot& slot, const std::string& name);
 
 }  // namespace meshlm::comm

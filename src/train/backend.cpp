@@ -156,7 +156,7 @@ DeviceRoute device_route(const RunConfig& cfg, const ProcessMesh& mesh, const Ba
   r.nccl = backend.caps().nccl;
   r.backend = name_of(backend.kind());
   r.slot = {mesh.node_index(), backend.device_ordinal(), mesh.rank()};
-  r.staging_bytes = static_cast<size_t>(std::max(cfg.comm.bucket_mb, 1)) << 20;
+  r.staging_bytes = cfg.comm.staging_bytes();
   return r;
 }
 

@@ -118,8 +118,9 @@ void Engine::make_communicators(const ops::Kernels& kernels, const DeviceRoute& 
   for (int g = 0; g < kGroups; ++g)
     try_all(mesh.world(), "", [&] {
       if (groups[g] == MPI_COMM_NULL) return;
-      paths[g] = group_path(groups[g], route,
-                            fmt::format("the {} group of rank {}", kNames[g], mesh.rank()));
+      paths[g] = comm::group_device_comm(
+          groups[g], route.asked, route.nccl, route.backend, route.slot,
+          fmt::format("the {} group of rank {}", kNames[g], mesh.rank()));
     }, MESHLM_HERE);
   auto make = [&](int g) {
     return make_group_communicator(groups[g], paths[g], *device_access_, route.staging_bytes);
@@ -139,8 +140,8 @@ void Engine::make_communicators(const ops::Kernels& kernels, const DeviceRoute& 
     mine[g] = groups[g] == MPI_COMM_NULL ? 0 : paths[g] == comm::DeviceComm::nccl ? 2 : 1;
     mine_or_3[g] = mine[g] == 0 ? 3 : mine[g];
   }
-  MPI_Allreduce(mine, most, kGroups, MPI_INT, MPI_MAX, mesh.world());
-  MPI_Allreduce(mine_or_3, least, kGroups, MPI_INT, MPI_MIN, mesh.world());
+  world_->all_reduce(mine, most, kGroups, DType::i32, comm::ReduceOp::max).wait();
+  world_->all_reduce(mine_or_3, least, kGroups, DType::i32, comm::ReduceOp::min).wait();
   std::string line;
   for (int g = 0; g < kGroups; ++g) {
     if (most[g] == 0) continue;

@@ -29,11 +29,6 @@ struct DeviceRoute {
   size_t staging_bytes = size_t(32) << 20;  // host staging's buffer, at most
 };
 
-// Collective over `group`: the path of its device buffers, the same on every
-// rank of the group. `name` names the group in errors ("the dp group of rank
-// 4"). RankError for nccl where it is refused (on every rank of the group).
-comm::DeviceComm group_path(MPI_Comm group, const DeviceRoute& route, const std::string& name);
-
 // A communicator over `group` whose device buffers take `path`; `device`
 // (how bytes cross between the device and the host) must outlive it. Not
 // collective.

@@ -117,6 +117,9 @@ struct CommConfig {
   // How the CUDA backend's device buffers move between a group's ranks
   // (comm/device_comm.h); the planner's cuda estimates follow it.
   comm::DeviceComm device = comm::DeviceComm::automatic;
+  // Host staging's buffer of a group, at most (comm/staged_comm.h): bucket_mb
+  // MiB, at least 1 MiB.
+  size_t staging_bytes() const { return static_cast<size_t>(bucket_mb > 1 ? bucket_mb : 1) << 20; }
 };
 
 // [memory] what a rank and a node may use: before anything large is

@@ -24,7 +24,7 @@ RunMemoryOptions memory_options(const RunConfig& cfg, uint64_t windows) {
   // The groups of a device backend without NCCL, or told to, stage their
   // device buffers through the host (train/group_comm.h).
   if (caps.device_memory && (!caps.nccl || cfg.comm.device == comm::DeviceComm::host))
-    o.staging_bytes = static_cast<size_t>(std::max(cfg.comm.bucket_mb, 1)) << 20;
+    o.staging_bytes = cfg.comm.staging_bytes();
   return o;
 }
 
