@@ -26,6 +26,8 @@ public:
   const quant::Dequantizer& dequantizer() const { return *dequantizer_; }
   int device() const { return device_; }
   int device_count() const { return count_; }
+  // The cudaStream_t the kernels run on.
+  void* stream() const { return stream_; }
   // "NVIDIA H100 80GB HBM3", as the driver names it.
   const std::string& name() const { return name_; }
   // The device's memory as the driver sees it (cudaMemGetInfo): in use by

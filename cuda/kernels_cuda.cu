@@ -197,6 +197,10 @@ public:
     cuda::add_bias(out, bias, N, C, s_);
   }
   void fill(float* x, float value, size_t n) const override { cuda::fill(x, value, n, s_); }
+  void copy(float* dst, const float* src, size_t n) const override {
+    if (n > 0)
+      CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, s_));
+  }
   // Copies from pageable memory (the model's host tensors, the node-shared
   // window of the quantized base) go through two pinned buffers in turn: the
   // host fills one while the device reads the other.

@@ -1,9 +1,8 @@
 // Collectives over one group of ranks (a DP, TP or PP group, or the world),
 // behind one interface so that the training code does not know what moves
-// the bytes. Today MPI moves host buffers (comm/mpi_comm.h), and device
-// buffers through host staging (comm/staged_comm.h: comm.device = host,
-// which the CUDA backend's ranks will use when they share a GPU); a device
-// implementation (NCCL) would take this interface, and none exists yet.
+// the bytes. MPI moves host buffers (comm/mpi_comm.h), and device buffers
+// through host staging (comm/staged_comm.h: comm.device = host) or NCCL
+// (cuda/nccl_comm.h: comm.device = nccl), which take this interface.
 //
 // Every operation is asynchronous and returns a Handle; the buffers must stay
 // valid and untouched until it completes. Operations on one Communicator

@@ -15,7 +15,7 @@ const char* kernel_op_name(KernelOp op) {
       "gqa_pack_forward", "gqa_pack_backward", "residual_forward",
       "residual_backward", "xent_local_max", "xent_local_sums", "xent_losses",
       "xent_local_backward", "xent_rows", "gemm", "hold_rounded", "zero", "add", "add_bias",
-      "fill", "upload", "download", "adamw_update", "sum_of_squares", "scale"};
+      "fill", "copy", "upload", "download", "adamw_update", "sum_of_squares", "scale"};
   static_assert(std::size(kNames) == static_cast<size_t>(KernelOp::count));
   return kNames[static_cast<int>(op)];
 }
@@ -280,6 +280,11 @@ void ForwardingKernels::add_bias(float* out, const float* bias, int N, int C) co
 void ForwardingKernels::fill(float* x, float value, size_t n) const {
   const auto body = [&] { inner_.fill(x, value, n); };
   around(KernelOp::fill, mem(1.0 * n), nullptr, body);
+}
+
+void ForwardingKernels::copy(float* dst, const float* src, size_t n) const {
+  const auto body = [&] { inner_.copy(dst, src, n); };
+  around(KernelOp::copy, mem(2.0 * n), nullptr, body);
 }
 
 void ForwardingKernels::upload(void* dst, const void* host_src, size_t bytes) const {

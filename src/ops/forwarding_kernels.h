@@ -24,8 +24,8 @@ enum class KernelOp : int {
   swiglu_forward, swiglu_backward, gqa_pack_forward, gqa_pack_backward, residual_forward,
   residual_backward,
   xent_local_max, xent_local_sums, xent_losses, xent_local_backward, xent_rows,
-  gemm, hold_rounded, zero, add, add_bias, fill, upload, download, adamw_update, sum_of_squares,
-  scale, count
+  gemm, hold_rounded, zero, add, add_bias, fill, copy, upload, download, adamw_update,
+  sum_of_squares, scale, count
 };
 const char* kernel_op_name(KernelOp op);
 
@@ -139,6 +139,7 @@ public:
   void add(float* y, const float* x, size_t n) const override;
   void add_bias(float* out, const float* bias, int N, int C) const override;
   void fill(float* x, float value, size_t n) const override;
+  void copy(float* dst, const float* src, size_t n) const override;
   void upload(void* dst, const void* host_src, size_t bytes) const override;
   void download(void* host_dst, const void* src, size_t bytes) const override;
   void adamw_update(float* params, const float* grads, float* m, float* v,

@@ -145,6 +145,9 @@ public:
   void add(float* y, const float* x, size_t n) const override {
     for (size_t i = 0; i < n; ++i) y[i] += x[i];
   }
+  void copy(float* dst, const float* src, size_t n) const override {
+    if (n > 0) std::memcpy(dst, src, n * sizeof(float));
+  }
   void add_bias(float* out, const float* bias, int N, int C) const override {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; ++n) {

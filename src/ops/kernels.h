@@ -129,6 +129,8 @@ public:
   virtual void add_bias(float* out, const float* bias, int N, int C) const = 0;
   // x(n) = value
   virtual void fill(float* x, float value, size_t n) const = 0;
+  // dst(n) = src(n), both in the backend's memory, not overlapping
+  virtual void copy(float* dst, const float* src, size_t n) const = 0;
 
   // ---- between the host and the backend's memory; both return when done ----
   virtual void upload(void* dst, const void* host_src, size_t bytes) const = 0;

@@ -292,9 +292,10 @@ size_t staged_comm_bytes(const GPTConfig& model, const RankPlan& r, int pp, size
     return std::min(most, count) * f * size_t(parts);
   };
   size_t bytes = 0;
+  const bool groups = staging_bytes > 0;  // else NCCL's: untracked, as MPI's own
   // DP: ZeRO's reductions of the gradients, and the all-gather of the
   // updated shards.
-  if (r.dp > 1) {
+  if (groups && r.dp > 1) {
     const ZeroLayout z = zero_layout(model, r);
     size_t dp = 0;
     if (r.zero_stage == 0) dp = stage(z.n, 1, r.dp);
@@ -316,7 +317,7 @@ size_t staged_comm_bytes(const GPTConfig& model, const RankPlan& r, int pp, size
     bytes += dp;
   }
   // TP: the all-reduces inside the layers.
-  if (r.shard.tp_size > 1)
+  if (groups && r.shard.tp_size > 1)
     bytes += stage(tp_reduction_count(model, r, table), 1, r.shard.tp_size);
   if (pp > 1) {
     // PP: each slot's activations sent forward (not from the last stage),
@@ -326,7 +327,7 @@ size_t staged_comm_bytes(const GPTConfig& model, const RankPlan& r, int pp, size
     bytes += act;
     // The embedding group of the first and last stage: the tied tensors'
     // gradients summed (below ZeRO 2) and their values shared.
-    if (r.shard.first_stage || r.shard.last_stage)
+    if (groups && (r.shard.first_stage || r.shard.last_stage))
       for (const ParamSpec& p : table) {
         if (p.tied != TiedGroup::embedding) continue;
         bytes += stage(p.numel(), 1, 2);
@@ -366,7 +367,7 @@ PhasedMemory predict_run_phases(const GPTConfig& model, const RankPlan& r,
                                 const RunMemoryOptions& o) {
   PhasedMemory phased = predict_phases(model, r, o.windows, o.shuffle);
   phased.add(MemPhase::training, MemCategory::comm, ring_scratch_prediction(model, r, o.pp));
-  if (o.staging_bytes > 0)
+  if (o.device)
     phased.add(MemPhase::training, MemCategory::comm,
                staged_comm_bytes(model, r, o.pp, o.staging_bytes));
   // checkpoint.async: the host snapshot, made with the checkpointer after

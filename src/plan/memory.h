@@ -167,7 +167,7 @@ struct RunMemoryOptions {
   quant::QuantType quant_type = quant::QuantType::nf4;  // the frozen base's (LoRA)
   int pp = 1;                     // the mesh's pipeline stages
   // A device backend's groups staged through the host (comm.device = host):
-  // the most each staged collective's piece holds; 0 = not staged.
+  // the most each staged collective's piece holds; 0 = not staged (NCCL).
   size_t staging_bytes = 0;
 };
 
@@ -189,8 +189,9 @@ size_t ring_scratch_prediction(const GPTConfig& model, const RankPlan& rank, int
 // Host staging of a device backend's groups (comm.device = host,
 // comm/staged_comm.h; a rank of `pp` stages): the staging buffer of each
 // group that moves device buffers, as large as the largest piece of its
-// collectives (pieces of at most `staging_bytes`), and the pipeline's host
-// buffers of activations (train/pipeline_runner.h).
+// collectives (pieces of at most `staging_bytes`; 0: the groups are NCCL's),
+// and the pipeline's host buffers of activations (train/pipeline_runner.h:
+// on a device backend the pipeline always goes through the host).
 size_t staged_comm_bytes(const GPTConfig& model, const RankPlan& rank, int pp,
                          size_t staging_bytes);
 // What is live at each phase of the run on the host: predict_phases, with

@@ -43,6 +43,9 @@ BackendCaps cuda_caps() {
   c.device_memory = true;
   c.device_workspace = true;
   c.device_used_source = "cudaMemGetInfo";
+#ifdef MESHLM_HAVE_CUDA
+  c.nccl = true;
+#endif
   c.native_16bit_gemm = true;
   c.fp32_note = " (TF32 off)";
   c.qtile_rows = ops::kGpuQTileRows;
@@ -60,6 +63,7 @@ BackendCaps emulated_caps() {
   c.built = true;
   c.missing_build = "";
   c.device_workspace = false;  // the CPU's ops need none
+  c.nccl = false;
   c.device_used_source = "the emulated device's pages handed out";
   c.native_16bit_gemm = false;
   c.fp32_note = "";
@@ -150,10 +154,20 @@ int Backend::device_ordinal() const {
   return emulated_ ? node_rank_ : 0;
 }
 
+void* Backend::device_stream() const {
+#ifdef MESHLM_HAVE_CUDA
+  if (gpu_) return gpu_->stream();
+#endif
+  return nullptr;
+}
+
 DeviceRoute device_route(const RunConfig& cfg, const ProcessMesh& mesh, const Backend& backend) {
   DeviceRoute r;
   r.asked = cfg.comm.device;
-  r.nccl = backend.caps().nccl;
+  // NCCL where asked for by name; auto stages through the host until the
+  // NCCL path has run on GPUs (tests/cuda/test_cuda_nccl.cpp).
+  r.nccl = backend.caps().nccl && cfg.comm.device == comm::DeviceComm::nccl;
+  r.stream = backend.device_stream();
   r.backend = name_of(backend.kind());
   r.slot = {mesh.node_index(), backend.device_ordinal(), mesh.rank()};
   r.staging_bytes = cfg.comm.staging_bytes();

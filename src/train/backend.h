@@ -90,6 +90,8 @@ public:
   // The device this rank computes on, among its node's (0 on the CPU; each
   // rank its own under emulated).
   int device_ordinal() const;
+  // The GPU's compute stream (cudaStream_t; null elsewhere).
+  void* device_stream() const;
   // A GPU's memory as its driver reports it (every process on the device),
   // and its size; 0 on the CPU.
   size_t device_used_bytes() const;

@@ -118,12 +118,19 @@ void Engine::make_communicators(const ops::Kernels& kernels, const DeviceRoute& 
   for (int g = 0; g < kGroups; ++g)
     try_all(mesh.world(), "", [&] {
       if (groups[g] == MPI_COMM_NULL) return;
+      // The pipeline's sends and receives go on two communicators, which
+      // NCCL would not match: its activations travel through the host.
+      if (g == kPp) {
+        paths[g] = comm::DeviceComm::host;
+        return;
+      }
       paths[g] = comm::group_device_comm(
           groups[g], route.asked, route.nccl, route.backend, route.slot,
           fmt::format("the {} group of rank {}", kNames[g], mesh.rank()));
     }, MESHLM_HERE);
   auto make = [&](int g) {
-    return make_group_communicator(groups[g], paths[g], *device_access_, route.staging_bytes);
+    return make_group_communicator(groups[g], paths[g], *device_access_, route,
+                                   fmt::format("the {} group of rank {}", kNames[g], mesh.rank()));
   };
   pp_through_host_ = paths[kPp] == comm::DeviceComm::host;
   world_through_host_ = paths[kWorld] == comm::DeviceComm::host;

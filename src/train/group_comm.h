@@ -27,13 +27,17 @@ struct DeviceRoute {
   const char* backend = "";  // runtime.backend, for messages
   comm::GpuSlot slot;        // the rank's node, GPU and world rank
   size_t staging_bytes = size_t(32) << 20;  // host staging's buffer, at most
+  void* stream = nullptr;  // the GPU's compute stream, which NCCL's work follows
 };
 
-// A communicator over `group` whose device buffers take `path`; `device`
-// (how bytes cross between the device and the host) must outlive it. Not
-// collective.
+// A communicator over `group` (named `name` in messages) whose device
+// buffers take `path`: host staging through `device` (how bytes cross
+// between the device and the host; it must outlive the result), or NCCL
+// after the work of `route.stream` (cuda/nccl_comm.h). Collective over the
+// group under nccl.
 std::unique_ptr<comm::Communicator> make_group_communicator(MPI_Comm group, comm::DeviceComm path,
                                                             const comm::DeviceAccess& device,
-                                                            size_t staging_bytes);
+                                                            const DeviceRoute& route,
+                                                            const std::string& name);
 
 }  // namespace meshlm

@@ -13,8 +13,10 @@ PipelineRunner::PipelineRunner(GPT& model, std::vector<Action> schedule,
       through_host_(through_host) {
   const int slots = model_.options().slots;
   const size_t act_bytes = static_cast<size_t>(B_) * T_ * model_.config().n_embd * sizeof(float);
+  // In the model's memory, or the host's when the group moves host buffers.
   if (!model_.shard().first_stage)
-    send_back_ = Buffer(slots * act_bytes, MemCategory::comm, "pipeline.send_back");
+    send_back_ = Buffer(slots * act_bytes, MemCategory::comm, "pipeline.send_back",
+                        through_host_ ? Device::cpu : model_.kernels().device());
   if (through_host_ && send_.size() > 1) {
     if (!model_.shard().last_stage)
       send_forward_ = Buffer(slots * act_bytes, MemCategory::comm, "pipeline.send_forward");
@@ -101,9 +103,10 @@ double PipelineRunner::walk(const std::vector<Action>& actions, const int32_t* t
         ScopedTimer t(timers_, Section::pp_comm);
         bwd_sends_[slot].wait();
         float* buf = send_back_.as<float>() + slot * act;
-        // The gradient stream lives in the model's memory (a device's on a
-        // GPU); the message leaves from the host.
-        model_.kernels().download(buf, model_.grad_stream(), act * sizeof(float));
+        if (through_host_)
+          model_.kernels().download(buf, model_.grad_stream(), act * sizeof(float));
+        else
+          model_.kernels().copy(buf, model_.grad_stream(), act);
         bwd_sends_[slot] = send_.send(buf, act, DType::f32, stage - 1);
         break;
       }

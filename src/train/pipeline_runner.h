@@ -72,7 +72,8 @@ private:
   // with the peer's send).
   void receive(float* dst, size_t count, int peer);
 
-  // Gradients sent back to the previous stage, one per slot (comm category).
+  // Gradients sent back to the previous stage, one per slot (comm category;
+  // in the model's memory, or the host's through the host).
   Buffer send_back_;
   // Through the host: the activations sent forward, one per slot, and the
   // message received last (comm category).

@@ -21,9 +21,9 @@ RunMemoryOptions memory_options(const RunConfig& cfg, uint64_t windows) {
   o.precision = cfg.train.precision;
   o.quant_type = cfg.quant.type;
   o.pp = cfg.parallel.pp;
-  // The groups of a device backend without NCCL, or told to, stage their
-  // device buffers through the host (train/group_comm.h).
-  if (caps.device_memory && (!caps.nccl || cfg.comm.device == comm::DeviceComm::host))
+  // The groups of a device backend stage their device buffers through the
+  // host unless NCCL is asked for by name (train/backend.h, device_route).
+  if (caps.device_memory && !(caps.nccl && cfg.comm.device == comm::DeviceComm::nccl))
     o.staging_bytes = cfg.comm.staging_bytes();
   return o;
 }

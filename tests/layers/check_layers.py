@@ -36,7 +36,7 @@ ALLOWED = {
     "plan": ["core", "ops", "comm", "mesh", "quant", "model"],
     "train": ["core", "ops", "comm", "mesh", "quant", "model", "io", "load", "plan", "cuda"],
     "app": ["core", "ops", "comm", "mesh", "quant", "model", "io", "load", "plan", "train", "text"],
-    "cuda": ["core", "ops", "quant"],
+    "cuda": ["core", "ops", "comm", "quant"],
 }
 # Only these folders call MPI functions (types such as MPI_Comm may appear
 # anywhere in a signature).

@@ -298,16 +298,21 @@ TEST(Config, ValuesHoldingMessageTokensDoNotHang) {
 }
 
 // runtime.backend = cuda: any layout, full training or LoRA; a build without
-// the CUDA backend refuses it by name. Without an NCCL path comm.device =
-// nccl is refused by name on either device backend.
+// the CUDA backend refuses it by name. The emulated device has no NCCL:
+// comm.device = nccl is refused by name there, and taken on cuda.
 TEST(Config, TheCudaBackendTrainsEveryLayout) {
   for (const char* b : {"--runtime.backend=emulated", "--runtime.backend=cuda"}) {
-    if (std::string(b).ends_with("cuda") && !backend_caps(ComputeBackend::cuda).built) continue;
+    const bool cuda = std::string(b).ends_with("cuda");
+    if (cuda && !backend_caps(ComputeBackend::cuda).built) continue;
     EXPECT_EQ(error_of(kGood, {b, "--parallel.dp=2", "--parallel.pp=2", "--parallel.zero_stage=2",
                                "--parallel.schedule=gpipe"}, 4),
               "");
     const std::string msg = error_of(kGood, {b, "--comm.device=nccl"});
-    EXPECT_NE(msg.find("comm.device = nccl: runtime.backend = "), std::string::npos) << msg;
+    if (cuda)
+      EXPECT_EQ(msg, "");
+    else
+      EXPECT_NE(msg.find("comm.device = nccl: runtime.backend = emulated"), std::string::npos)
+          << msg;
     EXPECT_EQ(error_of(kGood, {b, "--comm.device=host"}), "");
   }
   if (backend_caps(ComputeBackend::cuda).built) {
