@@ -6,7 +6,8 @@
 # targets in build-gpu, runs the `cuda` tests, compute-sanitizer (memcheck
 # and racecheck) on the fused attention's tests, and the attention benchmark
 # beside PyTorch's scaled_dot_product_attention at GPT-2 124M's and 1.5B's
-# shapes; then meshlm_bench's GPT-2 124M step (bf16, flash, B = 16). With
+# shapes; then meshlm_bench's GPT-2 124M step (bf16, flash, B = 16), and
+# meshlm train on 1, 2 and 4 ranks sharing the GPU (losses, step times). With
 # BASELINE_TREE (a copy of an earlier commit's sources), that tree's
 # meshlm_bench is built too, in the background while the tests run, and
 # timed on the same GPU right before this tree's. Logs and JSON lines go to
@@ -78,6 +79,41 @@ for mode in full nf4; do
   build-gpu/meshlm train inputs/gpt2-124m.cfg "${run[@]}" "${extra[@]}" \
     --output.dir="$scratch/$mode" >"$out/ops_$mode.log" 2>&1 || echo "# op timings ($mode) failed"
 done
+# Several ranks on the one GPU (comm.device = auto: staged through the
+# host): GPT-2 124M fp32, 10 steps of batch 16 (micro-batches of 4) on one
+# rank, pp 2 and dp 2 x pp 2; the losses of each against one rank's and the
+# step times (what the host path costs).
+if command -v mpiexec >/dev/null; then
+  layouts=("1 --parallel.dp=1" "2 --parallel.pp=2" "4 --parallel.dp=2 --parallel.pp=2")
+  for l in "${layouts[@]}"; do
+    set -- $l
+    n=$1; shift
+    timeout 300 mpiexec --allow-run-as-root --oversubscribe -n "$n" build-gpu/meshlm train \
+      inputs/gpt2-124m.cfg --runtime.backend=cuda --train.steps=10 --train.log_every=1 \
+      --train.batch_size=16 --train.micro_batch_size=4 --train.warmup_steps=2 \
+      --data.path="$scratch/corpus.h5" --output.dir="$scratch/ranks$n" "$@" \
+      >"$out/ranks$n.log" 2>&1 || echo "# $n ranks on one GPU failed: $(grep -m1 ERROR "$out/ranks$n.log")"
+  done
+  python3 - "$scratch" <<'PY'
+import sys
+import h5py
+import numpy as np
+d = sys.argv[1]
+def run(n):
+    with h5py.File(f"{d}/ranks{n}/run.h5", "r") as f:
+        return f["metrics/loss"][()], f["metrics/tokens_per_s"][()]
+try:
+    ref, ref_ms = run(1)
+    for n in (2, 4):
+        loss, tps = run(n)
+        rel = float(np.max(np.abs(loss - ref) / np.abs(ref)))
+        t = f", {np.median(tps[2:]):.0f} tokens/s against one rank's {np.median(ref_ms[2:]):.0f}"
+        print(f"# {n} ranks on one GPU: loss within {rel:.1e} of one rank's{t}"
+              f"{'' if rel <= 1e-4 else ' FAIL'}")
+except (OSError, KeyError) as e:
+    print(f"# ranks on one GPU: no result ({e})")
+PY
+fi
 rm -rf "$scratch"
 cd "$root" || exit 1
 python3 - "$jsonl" <<'PY'
