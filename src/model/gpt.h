@@ -184,6 +184,11 @@ public:
   // block at a time is enough).
   void set_grad_target(std::function<float*(size_t index)> where,
                        std::function<void(int layer)> block_done);
+  // block_done(l) as above, the gradients staying in the model's buffer
+  // (ZeRO 0/1's reductions during the backward).
+  void on_block_done(std::function<void(int layer)> block_done) {
+    block_done_ = std::move(block_done);
+  }
   // The token embedding's gradient in blocks of rows of this rank's
   // vocabulary part, never whole (ZeRO 2): `rows` rows at a time (at most
   // wte_grad_rows() for the micro-batch's tokens) land in `buffer` (rows * C

@@ -79,6 +79,29 @@ int zero2_wte_rows(const GPTConfig& model, const RankPlan& r, const std::vector<
                        static_cast<size_t>(r.micro_batch) * static_cast<size_t>(r.seq_len));
 }
 
+std::vector<GradBucket> grad_buckets(const std::vector<ParamSpec>& table, size_t bucket_bytes) {
+  const std::vector<std::pair<size_t, size_t>> ranges = block_ranges(table);
+  const int L = static_cast<int>(ranges.size());
+  // Layers one after the other, each holding gradients; else no buckets
+  // (the reduction after the backward).
+  for (int l = 0; l < L; ++l)
+    if (ranges[l].second <= ranges[l].first || (l + 1 < L && ranges[l].second != ranges[l + 1].first))
+      return {};
+  std::vector<GradBucket> out;
+  size_t end = 0;
+  bool open = false;
+  for (int l = L - 1; l >= 0; --l) {
+    if (!open) end = ranges[l].second;
+    open = true;
+    const size_t begin = ranges[l].first;
+    if ((end - begin) * sizeof(float) >= bucket_bytes || l == 0) {
+      out.push_back({l, begin, end});
+      open = false;
+    }
+  }
+  return out;
+}
+
 size_t zero2_wte_block_numel(const GPTConfig& model, const RankPlan& r,
                              const std::vector<ParamSpec>& table) {
   const ParamSpec* wte = find_role(table, ParamRole::token_embedding);
@@ -106,16 +129,34 @@ std::vector<std::pair<size_t, size_t>> block_ranges(const std::vector<ParamSpec>
 }
 
 size_t zero_ring_scratch_bytes(int stage, const std::vector<ParamSpec>& table, const ZeroLayout& z,
-                               int dp, int dp_rank, int wte_rows) {
+                               int dp, int dp_rank, int wte_rows, size_t overlap_bytes) {
   using comm::Reduction;
-  if (stage == 0) return comm::ring_scratch_bytes_of(Reduction::all_reduce, z.n, DType::f32, dp);
-  if (stage == 1)
-    return comm::ring_scratch_bytes_of(Reduction::reduce_scatter, z.shard, DType::f32, dp);
   size_t most = 0;
   auto reduce = [&](int owner, size_t lo, size_t hi) {
     most = std::max(most, comm::ring_scratch_bytes_of(Reduction::reduce, hi - lo, DType::f32, dp,
                                                       dp_rank, owner));
   };
+  if (stage < 2 && overlap_bytes > 0 && dp > 1) {
+    if (const std::vector<GradBucket> buckets = grad_buckets(table, overlap_bytes); !buckets.empty()) {
+      // comm.overlap: each bucket, then what lies before and after them.
+      const std::pair<size_t, size_t> rest[2] = {{0, buckets.back().begin},
+                                                 {buckets.front().end, z.n}};
+      auto part = [&](size_t a, size_t b) {
+        if (a >= b) return;
+        if (stage == 0)
+          most = std::max(most, comm::ring_scratch_bytes_of(Reduction::all_reduce, b - a,
+                                                            DType::f32, dp));
+        else
+          for_each_owner_part(a, b, z.shard, dp, reduce);
+      };
+      for (const GradBucket& b : buckets) part(b.begin, b.end);
+      for (const auto& [a, b] : rest) part(a, b);
+      return most;
+    }
+  }
+  if (stage == 0) return comm::ring_scratch_bytes_of(Reduction::all_reduce, z.n, DType::f32, dp);
+  if (stage == 1)
+    return comm::ring_scratch_bytes_of(Reduction::reduce_scatter, z.shard, DType::f32, dp);
   for (const auto& [a, b] : block_ranges(table)) for_each_owner_part(a, b, z.shard, dp, reduce);
   for (const ParamSpec& p : table) {
     if (p.layer >= 0) continue;
@@ -280,7 +321,8 @@ size_t tp_reduction_count(const GPTConfig& model, const RankPlan& r,
 
 }  // namespace
 
-size_t staged_comm_bytes(const GPTConfig& model, const RankPlan& r, int pp, size_t staging_bytes) {
+size_t staged_comm_bytes(const GPTConfig& model, const RankPlan& r, int pp, size_t staging_bytes,
+                         size_t overlap_bytes) {
   const auto table_kept = shared_trainable_table(model, r.shard, r.model);
   const std::vector<ParamSpec>& table = *table_kept;
   const size_t f = sizeof(float);
@@ -298,8 +340,28 @@ size_t staged_comm_bytes(const GPTConfig& model, const RankPlan& r, int pp, size
   if (groups && r.dp > 1) {
     const ZeroLayout z = zero_layout(model, r);
     size_t dp = 0;
+    const std::vector<GradBucket> buckets =
+        r.zero_stage < 2 && overlap_bytes > 0 ? grad_buckets(table, overlap_bytes)
+                                              : std::vector<GradBucket>{};
     if (r.zero_stage == 0) dp = stage(z.n, 1, r.dp);
     if (r.zero_stage >= 1) dp = stage(z.shard, r.dp, r.dp);
+    if (!buckets.empty()) {
+      // comm.overlap: the buckets and the rest, all-reduced (ZeRO 0) or
+      // reduced to each owner's part (ZeRO 1, whose all-gather stays).
+      dp = r.zero_stage == 1 ? stage(z.shard, r.dp, r.dp) : 0;
+      auto part = [&](size_t a, size_t b) {
+        if (a >= b) return;
+        if (r.zero_stage == 0)
+          dp = std::max(dp, stage(b - a, 1, r.dp));
+        else
+          for_each_owner_part(a, b, z.shard, r.dp, [&](int, size_t lo, size_t hi) {
+            dp = std::max(dp, stage(hi - lo, 1, r.dp));
+          });
+      };
+      for (const GradBucket& b : buckets) part(b.begin, b.end);
+      part(0, buckets.back().begin);
+      part(buckets.front().end, z.n);
+    }
     if (r.zero_stage == 2) {
       const int wte_rows = zero2_wte_rows(model, r, table);
       auto reduce = [&](int, size_t lo, size_t hi) { dp = std::max(dp, stage(hi - lo, 1, r.dp)); };
@@ -340,13 +402,14 @@ size_t staged_comm_bytes(const GPTConfig& model, const RankPlan& r, int pp, size
   return bytes;
 }
 
-size_t ring_scratch_prediction(const GPTConfig& model, const RankPlan& r, int pp) {
+size_t ring_scratch_prediction(const GPTConfig& model, const RankPlan& r, int pp,
+                               size_t overlap_bytes) {
   using comm::Reduction;
   const auto table_kept = shared_trainable_table(model, r.shard, r.model);
   const std::vector<ParamSpec>& table = *table_kept;
   // Gradients over dp, as ZeRO reduces them.
   size_t most = zero_ring_scratch_bytes(r.zero_stage, table, zero_layout(model, r), r.dp,
-                                        r.dp_rank, zero2_wte_rows(model, r, table));
+                                        r.dp_rank, zero2_wte_rows(model, r, table), overlap_bytes);
   // Over tp: what tp_reduction_count says.
   const int tp = r.shard.tp_size;
   most = std::max(most, comm::ring_scratch_bytes_of(Reduction::all_reduce,
@@ -366,10 +429,11 @@ size_t ring_scratch_prediction(const GPTConfig& model, const RankPlan& r, int pp
 PhasedMemory predict_run_phases(const GPTConfig& model, const RankPlan& r,
                                 const RunMemoryOptions& o) {
   PhasedMemory phased = predict_phases(model, r, o.windows, o.shuffle);
-  phased.add(MemPhase::training, MemCategory::comm, ring_scratch_prediction(model, r, o.pp));
+  phased.add(MemPhase::training, MemCategory::comm,
+             ring_scratch_prediction(model, r, o.pp, o.overlap_bytes));
   if (o.device)
     phased.add(MemPhase::training, MemCategory::comm,
-               staged_comm_bytes(model, r, o.pp, o.staging_bytes));
+               staged_comm_bytes(model, r, o.pp, o.staging_bytes, o.overlap_bytes));
   // checkpoint.async: the host snapshot, made with the checkpointer after
   // the training buffers (the last moment of initialisation) and kept.
   if (o.checkpoint_async) {

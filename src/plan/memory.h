@@ -83,6 +83,16 @@ size_t edge_numel(const std::vector<ParamSpec>& table);
 // trains no wte), and the bucket that holds a block's gradients or those rows.
 int zero2_wte_rows(const GPTConfig& model, const RankPlan& r, const std::vector<ParamSpec>& table);
 size_t zero2_bucket_numel(const std::vector<ParamSpec>& table, int wte_rows);
+// ZeRO 0/1 under comm.overlap (train/zero.h): the layers' ranges of the flat
+// gradient grouped from the shard's last layer down into buckets of at least
+// `bucket_bytes` (the lowest may be smaller): each `layer` (the bucket's
+// lowest, counted in the shard) and its elements [begin, end). The buckets
+// are contiguous and in the order the backward finishes them.
+struct GradBucket {
+  int layer;
+  size_t begin, end;
+};
+std::vector<GradBucket> grad_buckets(const std::vector<ParamSpec>& table, size_t bucket_bytes);
 // The elements of one such block of rows (0 without wte).
 size_t zero2_wte_block_numel(const GPTConfig& model, const RankPlan& r,
                              const std::vector<ParamSpec>& table);
@@ -114,7 +124,7 @@ void for_each_wte_block(const ParamSpec& p, int rows, F block) {
 // reduction's scratch is on every rank of its chain but the first, so the
 // ranks of a group differ.)
 size_t zero_ring_scratch_bytes(int stage, const std::vector<ParamSpec>& table, const ZeroLayout& z,
-                               int dp, int dp_rank, int wte_rows);
+                               int dp, int dp_rank, int wte_rows, size_t overlap_bytes = 0);
 
 // What is live at the peak of each phase of the run (core/alloc.h,
 // MemPhase), per category:
@@ -169,6 +179,9 @@ struct RunMemoryOptions {
   // A device backend's groups staged through the host (comm.device = host):
   // the most each staged collective's piece holds; 0 = not staged (NCCL).
   size_t staging_bytes = 0;
+  // comm.overlap under ZeRO 0/1: the DP reduction's buckets (grad_buckets);
+  // 0 = one reduction after the backward.
+  size_t overlap_bytes = 0;
 };
 
 // A GPU backend's workspace for the step `step` declares (model/
@@ -185,7 +198,8 @@ size_t device_workspace_bytes(const GPTConfig& model, const RankPlan& rank, ops:
 // The scratch of the ring reductions this rank will make: the largest of
 // its gradient reductions over dp (as ZeRO makes them), its activations'
 // over tp and the tied embedding's over pp.
-size_t ring_scratch_prediction(const GPTConfig& model, const RankPlan& rank, int pp);
+size_t ring_scratch_prediction(const GPTConfig& model, const RankPlan& rank, int pp,
+                               size_t overlap_bytes = 0);
 // Host staging of a device backend's groups (comm.device = host,
 // comm/staged_comm.h; a rank of `pp` stages): the staging buffer of each
 // group that moves device buffers, as large as the largest piece of its
@@ -193,7 +207,7 @@ size_t ring_scratch_prediction(const GPTConfig& model, const RankPlan& rank, int
 // and the pipeline's host buffers of activations (train/pipeline_runner.h:
 // on a device backend the pipeline always goes through the host).
 size_t staged_comm_bytes(const GPTConfig& model, const RankPlan& rank, int pp,
-                         size_t staging_bytes);
+                         size_t staging_bytes, size_t overlap_bytes = 0);
 // What is live at each phase of the run on the host: predict_phases, with
 // the rings' scratch in training, checkpoint.async's snapshot and the CPU's
 // start-up GEMM: what the run's memory table and the tests set beside the

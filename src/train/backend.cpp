@@ -174,6 +174,14 @@ DeviceRoute device_route(const RunConfig& cfg, const ProcessMesh& mesh, const Ba
   return r;
 }
 
+size_t dp_overlap_bytes(const RunConfig& cfg) {
+  if (cfg.parallel.zero_stage >= 2 || cfg.parallel.dp <= 1) return 0;
+  bool on = cfg.comm.overlap == Overlap::on;
+  if (cfg.comm.overlap == Overlap::automatic)
+    on = backend_caps(cfg.runtime.backend).nccl && cfg.comm.device == comm::DeviceComm::nccl;
+  return on ? cfg.comm.staging_bytes() : 0;
+}
+
 size_t Backend::device_reserved_bytes() const {
 #ifdef MESHLM_HAVE_CUDA
   if (gpu_) return gpu_->reserved_bytes();

@@ -115,5 +115,10 @@ private:
 // what `backend` can do, the rank's node and device, the staging buffer of
 // comm.bucket_mb (at least 1 MiB).
 DeviceRoute device_route(const RunConfig& cfg, const ProcessMesh& mesh, const Backend& backend);
+// comm.overlap resolved: the bytes of the buckets in which ZeRO 0/1 reduce
+// the gradients over dp during the last backward (train/zero.h), or 0 (one
+// reduction after it; ZeRO 2; dp = 1). auto is on where the dp group is
+// NCCL's.
+size_t dp_overlap_bytes(const RunConfig& cfg);
 
 }  // namespace meshlm

@@ -55,7 +55,8 @@ Engine::Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& tim
   model_->ensure_activations(B, T);
 
   zero_ = std::make_unique<Zero>(shape_.zero_stage, *dp_, *model_, zero_layout(cfg.model, shape_),
-                                 zero2_wte_rows(cfg.model, shape_, model_->table()), timers_);
+                                 zero2_wte_rows(cfg.model, shape_, model_->table()), timers_,
+                                 dp_overlap_bytes(cfg));
   const auto [opt_begin, opt_end] =
       optimizer_range(model_->table(), shape_, zero_layout(cfg.model, shape_));
   MESHLM_CHECK(opt_begin >= zero_->own_begin() && opt_end <= zero_->own_end(),
@@ -92,6 +93,11 @@ Engine::Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& tim
       *model_, build_schedule(cfg.parallel.schedule, c.pp, cfg.parallel.pp, m), *pp_send_,
       *pp_recv_, B, T, 1.0f / static_cast<float>(m * cfg.parallel.dp), timers_,
       pp_through_host_);
+  // The last micro-batch's backward completes each layer's gradients: ZeRO
+  // may reduce them as it goes (comm.overlap).
+  pipeline_->set_before_backward([this, m](int micro) {
+    if (micro == m - 1) zero_->arm();
+  });
 }
 
 Engine::~Engine() = default;

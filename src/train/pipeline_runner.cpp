@@ -95,6 +95,7 @@ double PipelineRunner::walk(const std::vector<Action>& actions, const int32_t* t
         break;
       }
       case ActionKind::backward: {
+        if (before_backward_) before_backward_(a.micro);
         ScopedTimer t(timers_, Section::backward);
         model_.backward(slot, loss_scale_);
         break;

@@ -50,6 +50,8 @@ public:
   double forward_only(const int32_t* tokens, const int32_t* targets);
 
   const std::vector<Action>& schedule() const { return schedule_; }
+  // Called before each backward of run() with its micro-batch.
+  void set_before_backward(std::function<void(int micro)> f) { before_backward_ = std::move(f); }
   // The factor of the next run()'s backward (the engine's fp16 loss scale
   // times 1 / (micro_batches * dp)).
   void set_loss_scale(float s) { loss_scale_ = s; }
@@ -80,6 +82,7 @@ private:
   bool through_host_ = false;
   Buffer send_forward_, received_;
   std::vector<comm::Handle> fwd_sends_, bwd_sends_;
+  std::function<void(int micro)> before_backward_;
 };
 
 }  // namespace meshlm

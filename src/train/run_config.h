@@ -105,6 +105,16 @@ struct RuntimeConfig {
   double stall_timeout_s = 600;
 };
 
+// comm.overlap: whether ZeRO 0/1 reduce the DP gradients in buckets during
+// the last micro-batch's backward (train/zero.h).
+enum class Overlap { automatic, on, off };
+inline constexpr EnumName<Overlap> kOverlapNames[] = {
+    {Overlap::automatic, "auto"},
+    {Overlap::on, "on"},
+    {Overlap::off, "off"},
+};
+constexpr std::span<const EnumName<Overlap>> enum_names(Overlap) { return kOverlapNames; }
+
 // [comm] how ranks exchange data.
 struct CommConfig {
   // Reductions above 1 MiB run in meshlm's ring, in pieces through a scratch
@@ -117,6 +127,9 @@ struct CommConfig {
   // How the CUDA backend's device buffers move between a group's ranks
   // (comm/device_comm.h); the planner's cuda estimates follow it.
   comm::DeviceComm device = comm::DeviceComm::automatic;
+  // The DP reduction in buckets of staging_bytes() during the backward: auto
+  // = where the dp group is NCCL's (its reductions run beside the compute).
+  Overlap overlap = Overlap::automatic;
   // Host staging's buffer of a group, at most (comm/staged_comm.h): bucket_mb
   // MiB, at least 1 MiB.
   size_t staging_bytes() const { return static_cast<size_t>(bucket_mb > 1 ? bucket_mb : 1) << 20; }

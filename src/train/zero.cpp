@@ -8,7 +8,7 @@
 namespace meshlm {
 
 Zero::Zero(int stage, comm::Communicator& dp, GPT& model, const ZeroLayout& layout, int wte_rows,
-           SectionTimers& timers)
+           SectionTimers& timers, size_t overlap_bytes)
     : stage_(stage), dp_(dp), model_(model), k_(model.kernels()), z_(layout), timers_(timers) {
   MESHLM_CHECK(stage >= 0 && stage <= 2, "ZeRO stage must be 0, 1 or 2");
   MESHLM_CHECK(model.padded_params() == z_.padded &&
@@ -23,7 +23,18 @@ Zero::Zero(int stage, comm::Communicator& dp, GPT& model, const ZeroLayout& layo
     own_begin_ = static_cast<size_t>(dp.rank()) * z_.shard;
     own_end_ = own_begin_ + z_.shard;
   }
-  if (stage_ < 2) return;
+  if (stage_ < 2) {
+    if (overlap_bytes == 0 || dp.size() == 1) return;
+    buckets_ = grad_buckets(model_.table(), overlap_bytes);
+    model_.on_block_done([this, layer0 = model_.shard().layer_begin](int layer) {
+      if (!armed_) return;
+      while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].layer == layer - layer0) {
+        const GradBucket& b = buckets_[next_bucket_++];
+        start_reduction(b.begin, b.end);
+      }
+    });
+    return;
+  }
 
   const std::vector<ParamSpec>& table = model_.table();
   const int layer0 = model_.shard().layer_begin;
@@ -101,7 +112,32 @@ void Zero::reduce_to_owners(float* src, size_t a, size_t b) {
   });
 }
 
+void Zero::start_reduction(size_t a, size_t b) {
+  if (a >= b) return;
+  ScopedTimer t(timers_, Section::dp_comm);
+  float* g = model_.grads();
+  if (stage_ == 0) {
+    started_.push_back(dp_.all_reduce(g + a, g + a, b - a, DType::f32, comm::ReduceOp::sum));
+    return;
+  }
+  for_each_owner_part(a, b, z_.shard, dp_.size(), [&](int k, size_t lo, size_t hi) {
+    started_.push_back(dp_.reduce(g + lo, g + lo, hi - lo, DType::f32, comm::ReduceOp::sum, k));
+  });
+}
+
 void Zero::reduce() {
+  if (armed_) {
+    // The buckets the backward started, then the tensors outside the layers.
+    MESHLM_CHECK(next_bucket_ == buckets_.size(), "the backward finished every bucket's layers");
+    start_reduction(0, buckets_.back().begin);
+    start_reduction(buckets_.front().end, z_.n);
+    ScopedTimer t(timers_, Section::dp_comm);
+    for (comm::Handle& h : started_) h.wait();
+    started_.clear();
+    next_bucket_ = 0;
+    armed_ = false;
+    return;
+  }
   ScopedTimer t(timers_, Section::dp_comm);
   float* g = model_.grads();
   switch (stage_) {

@@ -42,8 +42,12 @@ public:
   // (plan_rank does); under stage 2 its gradients are redirected here.
   // `wte_rows`: stage 2's block of the token embedding's rows
   // (zero2_wte_rows; 0 where the model trains no wte).
+  // `overlap_bytes` > 0 (stages 0 and 1, comm.overlap): the layers'
+  // gradients are reduced in buckets of at least that many bytes
+  // (grad_buckets) as the backward after arm() finishes them, without
+  // waiting; reduce() then reduces the rest and waits for all.
   Zero(int stage, comm::Communicator& dp, GPT& model, const ZeroLayout& layout, int wte_rows,
-       SectionTimers& timers);
+       SectionTimers& timers, size_t overlap_bytes = 0);
 
   int stage() const { return stage_; }
   // The flat elements [begin, end) this rank updates.
@@ -57,6 +61,10 @@ public:
   // Where the gradient of table entry `index` is between backward and
   // reduce(), for a tensor outside the blocks (the tied embedding's sum).
   float* gradient(size_t index);
+  // The next backward is the step's last (its micro-batch's gradients
+  // complete each layer's): under overlap, its finished buckets are reduced
+  // as it goes.
+  void arm() { armed_ = !buckets_.empty(); }
   // Collective over DP: the gradients of every rank summed into what each
   // rank owns.
   void reduce();
@@ -92,6 +100,10 @@ private:
   // Stage 2: sums the gradients of the flat elements [a, b), held in src,
   // into the shards of their owners.
   void reduce_to_owners(float* src, size_t a, size_t b);
+  // Stages 0 and 1 under overlap: starts the reduction of the model's
+  // gradients [a, b) (all-reduce under 0, a reduce to each owner's part
+  // under 1) without waiting.
+  void start_reduction(size_t a, size_t b);
 
   int stage_;
   comm::Communicator& dp_;
@@ -105,6 +117,12 @@ private:
   Buffer shard_grads_, bucket_, edge_grads_;
   std::vector<size_t> edge_offset_;                     // per table entry, into edge_grads_
   std::vector<std::pair<size_t, size_t>> block_range_;  // per local block, flat [a, b)
+  // Stages 0 and 1 under overlap: the buckets, the next one to start, whether
+  // the running backward starts them, and the reductions started.
+  std::vector<GradBucket> buckets_;
+  size_t next_bucket_ = 0;
+  bool armed_ = false;
+  std::vector<comm::Handle> started_;
 };
 
 }  // namespace meshlm

@@ -79,6 +79,23 @@ TEST_F(ParallelTraining, EveryLayoutMatchesOneRank) {
   }
 }
 
+// comm.overlap = on: ZeRO 0/1 reduce the gradients over dp in buckets of
+// whole layers while the last micro-batch's backward runs (C = 256: each
+// layer's 0.79 M gradients, 3 MiB, are a bucket of their own at 1 MiB), the
+// embeddings and the final norm after it. Against one rank, on the CPU and
+// on the emulated device (host staging), with every rank's memory predicted.
+TEST_F(ParallelTraining, DpReductionOverlappedWithTheBackwardMatchesOneRank) {
+  const std::vector<Layout> layouts = {{2, 1, 1, 0, "1f1b", "none"}, {2, 1, 1, 1, "1f1b", "full"},
+                                       {2, 2, 1, 1, "1f1b", "none"}, {2, 1, 2, 0, "gpipe", "none"},
+                                       {4, 1, 2, 1, "1f1b", "none"}};
+  const std::vector<std::string> job = {"--model.n_embd=256", "--comm.bucket_mb=1",
+                                        "--train.steps=4"};
+  expect_layouts_match_one_rank(kGpt2LayoutsConfig, dir_, layouts, job, {"--comm.overlap=on"},
+                                0.05);
+  expect_layouts_match_one_rank(kGpt2LayoutsConfig, dir_, {layouts[1], layouts[4]}, job,
+                                {"--comm.overlap=on", "--runtime.backend=emulated"}, 0.05);
+}
+
 // ZeRO 2 under pp: each stage reduces its part of the tied embedding's
 // gradient into its own DP shards, which cut wte at other places on the two
 // stages once wte is larger than a shard (V = 1000: wte has 32768 elements,
