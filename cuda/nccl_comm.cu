@@ -4,9 +4,14 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <chrono>
+#include <thread>
 #include <utility>
+#include <vector>
 
+#include "comm/stall_watchdog.h"
 #include "core/error.h"
+#include "core/heartbeat.h"
 #include "cuda/cuda_check.cuh"
 
 namespace meshlm::cuda {
@@ -47,12 +52,42 @@ ncclDataType_t reduced_type(DType t) {
 // What moves without arithmetic (gathers, broadcasts, messages): bytes.
 size_t bytes_of(size_t count, DType t) { return count * dtype_size(t); }
 
-// One operation queued on the communicator's stream: done when its event is.
+// What a wait names to the stall watchdog and in errors: the group's world
+// ranks, its NCCL communicator and its name (shared by the communicator and
+// its pending operations).
+struct Group {
+  std::vector<int> members;
+  ncclComm_t comm = nullptr;
+  std::string name;
+};
+
+// One operation queued on the communicator's stream: done when its event
+// is. The wait polls the event, so that the stall watchdog sees what this
+// rank waits in (comm/stall_watchdog.h) and an error NCCL reports meanwhile
+// (a peer gone) ends it; completion is progress (core/heartbeat.h).
 class NcclHandle final : public comm::HandleImpl {
 public:
-  explicit NcclHandle(cudaEvent_t done) : done_(done) {}
+  NcclHandle(cudaEvent_t done, std::shared_ptr<const Group> group, const char* op, int peer)
+      : done_(done), group_(std::move(group)), op_(op), peer_(peer) {}
   ~NcclHandle() override { cudaEventDestroy(done_); }
-  void wait() override { CUDA_CHECK(cudaEventSynchronize(done_)); }
+  void wait() override {
+    comm::note_wait(op_, &group_->members, peer_);
+    int pause_us = 0;
+    while (!test()) {
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(group_->comm, &async);
+      if (async != ncclSuccess && async != ncclInProgress) {
+        comm::note_wait_done();
+        throw RankError(std::string(op_) + " on " + group_->name + " failed: NCCL error " +
+                            ncclGetErrorString(async),
+                        MESHLM_HERE);
+      }
+      if (pause_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
+      pause_us = pause_us == 0 ? 1 : std::min(2 * pause_us, 200);
+    }
+    comm::note_wait_done();
+    heartbeat::beat();
+  }
   bool test() override {
     const cudaError_t e = cudaEventQuery(done_);
     if (e == cudaErrorNotReady) return false;
@@ -62,11 +97,15 @@ public:
 
 private:
   cudaEvent_t done_;
+  std::shared_ptr<const Group> group_;
+  const char* op_;
+  int peer_;
 };
 
 class NcclCommunicator final : public comm::Communicator {
 public:
-  NcclCommunicator(std::unique_ptr<comm::Communicator> host, void* compute, std::string name)
+  NcclCommunicator(std::unique_ptr<comm::Communicator> host, void* compute, std::string name,
+                   std::vector<int> members)
       : host_(std::move(host)), compute_(static_cast<cudaStream_t>(compute)),
         name_(std::move(name)) {
     MESHLM_CHECK(host_ != nullptr && compute_ != nullptr,
@@ -77,8 +116,17 @@ public:
     check(ncclCommInitRank(&comm_, host_->size(), id, host_->rank()), "ncclCommInitRank");
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    auto group = std::make_shared<Group>();
+    group->members = std::move(members);
+    group->comm = comm_;
+    group->name = name_;
+    group_ = std::move(group);
+    // A stall aborts the communicator first: its kernels then give the
+    // device back to the job's end.
+    comm::on_stall(this, [c = comm_] { ncclCommAbort(c); });
   }
   ~NcclCommunicator() override {
+    comm::forget_on_stall(this);
     cudaStreamSynchronize(stream_);
     ncclCommDestroy(comm_);
     cudaEventDestroy(ready_);
@@ -94,7 +142,7 @@ public:
   comm::Handle all_reduce(const void* send, void* recv, size_t count, DType type,
                           comm::ReduceOp op, comm::Stream stream) override {
     if (!device(send, recv, "all_reduce")) return host().all_reduce(send, recv, count, type, op);
-    return enqueue("ncclAllReduce", stream, [&] {
+    return enqueue("ncclAllReduce", "all_reduce", -1, stream, [&] {
       return ncclAllReduce(send, recv, count, reduced_type(type), nccl_op(op), comm_, stream_);
     });
   }
@@ -102,7 +150,7 @@ public:
   comm::Handle reduce(const void* send, void* recv, size_t count, DType type, comm::ReduceOp op,
                       int root, comm::Stream stream) override {
     if (!device(send, recv, "reduce")) return host().reduce(send, recv, count, type, op, root);
-    return enqueue("ncclReduce", stream, [&] {
+    return enqueue("ncclReduce", "reduce", -1, stream, [&] {
       return ncclReduce(send, recv, count, reduced_type(type), nccl_op(op), root, comm_, stream_);
     });
   }
@@ -111,7 +159,7 @@ public:
                               comm::ReduceOp op, comm::Stream stream) override {
     if (!device(send, recv, "reduce_scatter"))
       return host().reduce_scatter(send, recv, count, type, op);
-    return enqueue("ncclReduceScatter", stream, [&] {
+    return enqueue("ncclReduceScatter", "reduce_scatter", -1, stream, [&] {
       return ncclReduceScatter(send, recv, count, reduced_type(type), nccl_op(op), comm_, stream_);
     });
   }
@@ -119,7 +167,7 @@ public:
   comm::Handle all_gather(const void* send, void* recv, size_t count, DType type,
                           comm::Stream stream) override {
     if (!device(send, recv, "all_gather")) return host().all_gather(send, recv, count, type);
-    return enqueue("ncclAllGather", stream, [&] {
+    return enqueue("ncclAllGather", "all_gather", -1, stream, [&] {
       return ncclAllGather(send, recv, bytes_of(count, type), ncclUint8, comm_, stream_);
     });
   }
@@ -127,7 +175,7 @@ public:
   comm::Handle broadcast(void* buf, size_t count, DType type, int root,
                          comm::Stream stream) override {
     if (!device(buf, nullptr, "broadcast")) return host().broadcast(buf, count, type, root);
-    return enqueue("ncclBroadcast", stream, [&] {
+    return enqueue("ncclBroadcast", "broadcast", -1, stream, [&] {
       return ncclBroadcast(buf, buf, bytes_of(count, type), ncclUint8, root, comm_, stream_);
     });
   }
@@ -135,14 +183,14 @@ public:
   comm::Handle send(const void* buf, size_t count, DType type, int peer,
                     comm::Stream stream) override {
     if (!device(buf, nullptr, "send")) return host().send(buf, count, type, peer);
-    return enqueue("ncclSend", stream, [&] {
+    return enqueue("ncclSend", "send", peer, stream, [&] {
       return ncclSend(buf, bytes_of(count, type), ncclUint8, peer, comm_, stream_);
     });
   }
 
   comm::Handle recv(void* buf, size_t count, DType type, int peer, comm::Stream stream) override {
     if (!device(buf, nullptr, "recv")) return host().recv(buf, count, type, peer);
-    return enqueue("ncclRecv", stream, [&] {
+    return enqueue("ncclRecv", "recv", peer, stream, [&] {
       return ncclRecv(buf, bytes_of(count, type), ncclUint8, peer, comm_, stream_);
     });
   }
@@ -169,15 +217,17 @@ private:
   }
   // Queues `call` (an NCCL operation on stream_) after the work on the
   // compute stream (or `stream`, when given).
+  // `op` names the NCCL call in errors, `what` the operation to the stall
+  // watchdog, waiting for group rank `peer` (-1: all).
   template <typename F>
-  comm::Handle enqueue(const char* op, comm::Stream stream, F&& call) {
+  comm::Handle enqueue(const char* op, const char* what, int peer, comm::Stream stream, F&& call) {
     CUDA_CHECK(cudaEventRecord(ready_, stream ? static_cast<cudaStream_t>(stream) : compute_));
     CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
     check(call(), op);
     cudaEvent_t done = nullptr;
     CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventRecord(done, stream_));
-    return comm::Handle(std::make_unique<NcclHandle>(done));
+    return comm::Handle(std::make_unique<NcclHandle>(done, group_, what, peer));
   }
   void check(ncclResult_t r, const char* op) const {
     if (r == ncclSuccess) return;
@@ -195,13 +245,15 @@ private:
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;
+  std::shared_ptr<const Group> group_;
 };
 
 }  // namespace
 
 std::unique_ptr<comm::Communicator> make_nccl_communicator(
-    std::unique_ptr<comm::Communicator> host, void* compute, const std::string& name) {
-  return std::make_unique<NcclCommunicator>(std::move(host), compute, name);
+    std::unique_ptr<comm::Communicator> host, void* compute, const std::string& name,
+    std::vector<int> members) {
+  return std::make_unique<NcclCommunicator>(std::move(host), compute, name, std::move(members));
 }
 
 }  // namespace meshlm::cuda

@@ -14,11 +14,15 @@
 // two Communicators, as the engine makes them, each with its stream.
 //
 // A failed NCCL call is a RankError naming the group, the rank and the
-// operation, with NCCL's own detail.
+// operation, with NCCL's own detail. A wait polls its operation's event: the
+// stall watchdog (comm/stall_watchdog.h) names the operation and the group's
+// ranks when it stops, and aborts the NCCL communicator before it ends the
+// job; an error NCCL reports while a rank waits ends the wait with it.
 #pragma once
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/comm.h"
 
@@ -27,8 +31,9 @@ namespace meshlm::cuda {
 // Collective over `host` (every rank of its group calls it, each on its own
 // GPU: the current device). `compute` is the cudaStream_t the rank's kernels
 // run on (must outlive the result); `name` names the group in messages ("the
-// dp group of rank 4").
+// dp group of rank 4"), `members` its world ranks (the stall watchdog's).
 std::unique_ptr<comm::Communicator> make_nccl_communicator(
-    std::unique_ptr<comm::Communicator> host, void* compute, const std::string& name);
+    std::unique_ptr<comm::Communicator> host, void* compute, const std::string& name,
+    std::vector<int> members);
 
 }  // namespace meshlm::cuda

@@ -195,7 +195,7 @@ public:
                       MESHLM_HERE);
     check(MPI_Comm_rank(comm, &rank_), "make_mpi_communicator", "MPI_Comm_rank");
     check(MPI_Comm_size(comm, &size_), "make_mpi_communicator", "MPI_Comm_size");
-    queue_ = std::make_shared<RequestQueue>(world_ranks(comm, size_));
+    queue_ = std::make_shared<RequestQueue>(world_ranks_of(comm));
   }
 
   int rank() const override { return rank_; }
@@ -464,21 +464,6 @@ private:
                       MESHLM_HERE);
   }
 
-  // The world ranks of `comm`'s ranks, in its order (for the stall
-  // watchdog's reports).
-  static std::vector<int> world_ranks(MPI_Comm comm, int size) {
-    std::vector<int> mine(static_cast<size_t>(size)), world(static_cast<size_t>(size));
-    for (int i = 0; i < size; ++i) mine[static_cast<size_t>(i)] = i;
-    MPI_Group g = MPI_GROUP_NULL, wg = MPI_GROUP_NULL;
-    check(MPI_Comm_group(comm, &g), "make_mpi_communicator", "MPI_Comm_group");
-    check(MPI_Comm_group(MPI_COMM_WORLD, &wg), "make_mpi_communicator", "MPI_Comm_group");
-    check(MPI_Group_translate_ranks(g, size, mine.data(), wg, world.data()), "make_mpi_communicator",
-          "MPI_Group_translate_ranks");
-    MPI_Group_free(&g);
-    MPI_Group_free(&wg);
-    return world;
-  }
-
   WaitSite site(int peer = -1) const { return {queue_->members(), peer}; }
 
   Handle enqueue(MPI_Request req, const char* op, std::function<void()> done = {}, int peer = -1) {
@@ -570,6 +555,21 @@ OwnedComm::~OwnedComm() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
+}
+
+std::vector<int> world_ranks_of(MPI_Comm comm) {
+  int size = 1;
+  check(MPI_Comm_size(comm, &size), "world_ranks_of", "MPI_Comm_size");
+  std::vector<int> mine(static_cast<size_t>(size)), world(static_cast<size_t>(size));
+  for (int i = 0; i < size; ++i) mine[static_cast<size_t>(i)] = i;
+  MPI_Group g = MPI_GROUP_NULL, wg = MPI_GROUP_NULL;
+  check(MPI_Comm_group(comm, &g), "world_ranks_of", "MPI_Comm_group");
+  check(MPI_Comm_group(MPI_COMM_WORLD, &wg), "world_ranks_of", "MPI_Comm_group");
+  check(MPI_Group_translate_ranks(g, size, mine.data(), wg, world.data()), "world_ranks_of",
+        "MPI_Group_translate_ranks");
+  MPI_Group_free(&g);
+  MPI_Group_free(&wg);
+  return world;
 }
 
 }  // namespace meshlm::comm

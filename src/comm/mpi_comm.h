@@ -15,6 +15,7 @@
 #include <mpi.h>
 
 #include <memory>
+#include <vector>
 
 #include "comm/comm.h"
 
@@ -27,6 +28,10 @@ namespace meshlm::comm {
 inline constexpr size_t kBroadcastPieceBytes = size_t{1} << 30;
 std::unique_ptr<Communicator> make_mpi_communicator(
     MPI_Comm comm, size_t broadcast_piece_bytes = kBroadcastPieceBytes);
+
+// The world ranks of `comm`'s ranks, in its order (what the stall watchdog
+// names). Not collective.
+std::vector<int> world_ranks_of(MPI_Comm comm);
 
 // Large reductions. MPI's collectives allocate temporaries of their own,
 // which no allocator of meshlm sees: with Open MPI, MPI_Iallreduce in place

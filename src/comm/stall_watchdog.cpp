@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -70,6 +71,26 @@ void note_wait(const char* op, const std::vector<int>* members, int peer) {
 void note_wait_done() {
   if (g_watched.load(std::memory_order_relaxed) != std::this_thread::get_id()) return;
   g_in_wait.store(false, std::memory_order_release);
+}
+
+namespace {
+
+std::mutex g_actions_mutex;
+std::map<const void*, std::function<void()>>& stall_actions() {
+  static std::map<const void*, std::function<void()>> actions;
+  return actions;
+}
+
+}  // namespace
+
+void on_stall(const void* key, std::function<void()> action) {
+  std::lock_guard<std::mutex> lock(g_actions_mutex);
+  stall_actions()[key] = std::move(action);
+}
+
+void forget_on_stall(const void* key) {
+  std::lock_guard<std::mutex> lock(g_actions_mutex);
+  stall_actions().erase(key);
 }
 
 struct StallWatchdog::Impl {
@@ -183,6 +204,10 @@ struct StallWatchdog::Impl {
                  kStallExitCode);
     std::fflush(stderr);
     std::fflush(stdout);
+    {
+      std::lock_guard<std::mutex> lock(g_actions_mutex);
+      for (auto& [key, action] : stall_actions()) action();
+    }
     MPI_Abort(world, kStallExitCode);
     std::_Exit(kStallExitCode);
   }

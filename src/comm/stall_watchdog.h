@@ -19,6 +19,7 @@
 
 #include <mpi.h>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -55,5 +56,12 @@ private:
 // all of them, a collective). `members` lives as long as the wait.
 void note_wait(const char* op, const std::vector<int>* members, int peer);
 void note_wait_done();
+
+// What a stall does before it ends the job, besides the line and MPI_Abort:
+// `action` (an NCCL communicator's ncclCommAbort, so that its kernels let
+// the device go), registered under `key` until forget_on_stall(key). Any
+// thread; the actions run on the watchdog's thread.
+void on_stall(const void* key, std::function<void()> action);
+void forget_on_stall(const void* key);
 
 }  // namespace meshlm::comm

@@ -15,7 +15,8 @@ std::unique_ptr<comm::Communicator> make_group_communicator(MPI_Comm group, comm
   std::unique_ptr<comm::Communicator> mpi = comm::make_mpi_communicator(group);
   if (path == comm::DeviceComm::nccl) {
 #ifdef MESHLM_HAVE_CUDA
-    return cuda::make_nccl_communicator(std::move(mpi), route.stream, name);
+    return cuda::make_nccl_communicator(std::move(mpi), route.stream, name,
+                                        comm::world_ranks_of(group));
 #else
     throw RankError("comm.device = nccl for " + name + ": this meshlm was built without CUDA",
                     MESHLM_HERE);

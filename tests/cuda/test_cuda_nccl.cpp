@@ -37,7 +37,7 @@ protected:
     CUDA_CHECK(cudaSetDevice(rank_));
     CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
     comm_ = cuda::make_nccl_communicator(comm::make_mpi_communicator(MPI_COMM_WORLD), compute_,
-                                         "the test group");
+                                         "the test group", comm::world_ranks_of(MPI_COMM_WORLD));
   }
   void TearDown() override {
     comm_.reset();

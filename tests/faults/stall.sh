@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# stall.sh "MPIEXEC -n 4 ..." MESHLM TINY_CFG
+# stall.sh "MPIEXEC -n 4 ..." MESHLM TINY_CFG ["EXTRA FLAGS"]
 #
 # runtime.stall_timeout_s: one rank stopped with SIGSTOP (a silent stall:
 # it holds its messages, its process is alive) ends the job within the bound
@@ -7,11 +7,23 @@
 # waited in; no rank is left behind. A whole job stopped for longer than the
 # bound and continued (a batch system's suspend and resume) trains on to its
 # end. Under Open MPI the rank of a process is its OMPI_COMM_WORLD_RANK.
+# EXTRA FLAGS go to every run: "--runtime.backend=cuda" stops a rank of four
+# sharing one GPU (host staging), "--runtime.backend=cuda --comm.device=nccl"
+# one waited for in NCCL (four GPUs). Exit 77 (skipped) where meshlm says the
+# machine has no GPU it can use, or too few for NCCL.
 set -u
 mpiexec=$1; meshlm=$2; cfg=$3
+read -r -a extra <<< "${4:-}"
 dir=$(mktemp -d /tmp/meshlm_stall_XXXXXX)
 trap '[ -n "${KEEP:-}" ] || rm -rf "$dir"' EXIT
 "$meshlm" tokenize /usr/share/common-licenses/GPL-3 "$dir/tokens.h5" > /dev/null || exit 1
+if [ ${#extra[@]} -gt 0 ]; then
+  $mpiexec "$meshlm" train "$cfg" --data.path="$dir/tokens.h5" --output.dir="$dir/probe" --train.steps=1 \
+    --checkpoint.final=false --parallel.dp=4 "${extra[@]}" > "$dir/probe.log" 2>&1
+  if grep -qE "can use no GPU|built without the CUDA backend|NCCL refuses two ranks on one GPU" "$dir/probe.log"; then
+    grep -m1 -E "can use no GPU|built without|NCCL refuses" "$dir/probe.log"; echo "SKIP"; exit 77
+  fi
+fi
 bound=5
 fail=0
 
@@ -30,7 +42,7 @@ for spec in "dp4:3" "dp2pp2:2" "dp2pp2:0"; do
   esac
   out="$dir/$layout-$victim"
   $mpiexec "$meshlm" train "$cfg" --data.path="$dir/tokens.h5" --output.dir="$out" --train.steps=100000 \
-    --train.log_every=1 --checkpoint.final=false --runtime.stall_timeout_s=$bound "${par[@]}" > "$out.log" 2>&1 &
+    --train.log_every=1 --checkpoint.final=false --runtime.stall_timeout_s=$bound "${par[@]}" "${extra[@]}" > "$out.log" 2>&1 &
   launcher=$!
   wait_step "$out.log" 3 || { tail -5 "$out.log"; echo "FAIL [$spec]: no step 3"; fail=1; kill $launcher; continue; }
   pid=
@@ -57,7 +69,7 @@ done
 out="$dir/suspended"
 $mpiexec "$meshlm" train "$cfg" --data.path="$dir/tokens.h5" --output.dir="$out" --train.steps=40 \
   --train.log_every=1 --checkpoint.final=false --runtime.stall_timeout_s=$bound --parallel.dp=2 --parallel.pp=2 \
-  > "$out.log" 2>&1 &
+  "${extra[@]}" > "$out.log" 2>&1 &
 launcher=$!
 if wait_step "$out.log" 3; then
   all=$(ranks_of "$out")
