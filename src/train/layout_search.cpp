@@ -346,7 +346,9 @@ StepWork step_shape(const RunConfig& cfg) {
 }  // namespace
 
 std::string device_comm_of(const RunConfig& cfg, const PlanMachine& m) {
-  if (!backend_caps(m.backend).device_memory) return "";
+  const BackendCaps& caps = backend_caps(m.backend);
+  if (!caps.device_memory) return "";
+  if (!caps.nccl) return "host";  // the emulated device: every group through the host
   const ParallelConfig& p = cfg.parallel;
   bool host = false;
   const int gpus = m.gpus_per_node > 0 ? m.gpus_per_node : m.ranks_per_node;

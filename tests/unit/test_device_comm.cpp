@@ -78,6 +78,10 @@ TEST(DeviceComm, ThePlannerStagesLayoutsWhoseGroupsShareAGpu) {
   // tp 8 alone on a node of 8 GPUs of 16 ranks: its group has a GPU each.
   EXPECT_EQ(device_comm_of(layout(1, 8, 1, DeviceComm::automatic), gpus(8, 16, 8)), "nccl");
   EXPECT_EQ(device_comm_of(layout(16, 1, 1, DeviceComm::host), gpus(16, 8, 8)), "host");
+  // The emulated device has no NCCL: every layout through the host.
+  PlanMachine emulated = gpus(16, 8, 8);
+  emulated.backend = ComputeBackend::emulated;
+  EXPECT_EQ(device_comm_of(layout(16, 1, 1, DeviceComm::automatic), emulated), "host");
   EXPECT_THROW(device_comm_of(layout(16, 1, 1, DeviceComm::nccl), gpus(16, 16, 8)), CollectiveError);
   PlanMachine cpu = gpus(16, 16, 8);
   cpu.backend = ComputeBackend::cpu;
