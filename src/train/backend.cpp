@@ -43,9 +43,7 @@ BackendCaps cuda_caps() {
   c.device_memory = true;
   c.device_workspace = true;
   c.device_used_source = "cudaMemGetInfo";
-#ifdef MESHLM_HAVE_CUDA
-  c.nccl = true;
-#endif
+  c.nccl = true;  // (a build without CUDA refuses the backend: `built`)
   c.native_16bit_gemm = true;
   c.fp32_note = " (TF32 off)";
   c.qtile_rows = ops::kGpuQTileRows;
