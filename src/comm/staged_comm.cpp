@@ -13,6 +13,13 @@ namespace meshlm::comm {
 
 DeviceAccess::~DeviceAccess() = default;
 
+size_t staged_piece_elements(size_t element_bytes, int parts, int ranks, size_t staging_bytes) {
+  // At least one element of the widest type per rank, for the pieces of
+  // reduce_scatter and all_gather.
+  const size_t cap = std::max(staging_bytes, size_t(ranks) * sizeof(double));
+  return std::max<size_t>(1, cap / element_bytes / size_t(parts));
+}
+
 namespace {
 
 // The operations of one staged Communicator not yet completed, in issue
@@ -85,12 +92,10 @@ class StagedCommunicator : public Communicator {
 public:
   StagedCommunicator(std::unique_ptr<Communicator> host, const DeviceAccess& device,
                      size_t staging_bytes)
-      : host_(std::move(host)), dev_(device), pending_(std::make_shared<Pending>()) {
+      : host_(std::move(host)), dev_(device), pending_(std::make_shared<Pending>()),
+        staging_bytes_(staging_bytes) {
     MESHLM_CHECK(host_ != nullptr && staging_bytes > 0,
                  "a staged communicator needs a host communicator and a staging buffer");
-    // At least one element of the widest type per rank, for the pieces of
-    // reduce_scatter and all_gather.
-    staging_bytes_ = std::max(staging_bytes, size_t(host_->size()) * sizeof(double));
   }
 
   int rank() const override { return host_->rank(); }
@@ -217,7 +222,7 @@ private:
   template <typename F>
   void pieces(size_t count, DType type, int parts, F&& piece) {
     const size_t e = dtype_size(type);
-    const size_t most = std::max<size_t>(1, staging_bytes_ / e / size_t(parts));
+    const size_t most = staged_piece_elements(e, parts, host_->size(), staging_bytes_);
     const size_t need = std::min(most, count) * e * size_t(parts);
     if (stage_.bytes() < need) {
       stage_ = Buffer();  // the old stage gone before the new one is made

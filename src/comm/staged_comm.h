@@ -46,6 +46,13 @@ public:
   virtual void to_device(void* device, const void* host, size_t bytes, Stream stream) const = 0;
 };
 
+// The elements of each rank in one piece of a staged collective over `ranks`
+// whose pieces hold `parts` ranks' side by side (1, or the group's size for
+// reduce_scatter and all_gather), elements of `element_bytes`, under
+// `staging_bytes`: the stage holds min(this, count) * element_bytes * parts
+// bytes (the memory prediction's rule too).
+size_t staged_piece_elements(size_t element_bytes, int parts, int ranks, size_t staging_bytes);
+
 // `host` moves host buffers (Stream nullptr); `device` must outlive the
 // result. staging_bytes > 0. Not collective.
 std::unique_ptr<Communicator> make_staged_communicator(std::unique_ptr<Communicator> host,

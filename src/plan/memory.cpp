@@ -5,6 +5,7 @@
 #include <climits>
 
 #include "comm/mpi_comm.h"
+#include "comm/staged_comm.h"
 #include "core/error.h"
 #include "model/gpt.h"
 #include "ops/blas.h"
@@ -128,35 +129,37 @@ std::vector<std::pair<size_t, size_t>> block_ranges(const std::vector<ParamSpec>
   return ranges;
 }
 
-size_t zero_ring_scratch_bytes(int stage, const std::vector<ParamSpec>& table, const ZeroLayout& z,
-                               int dp, int dp_rank, int wte_rows, size_t overlap_bytes) {
+namespace {
+
+// The reductions over dp ZeRO makes of one step's gradients (train/zero.h),
+// each as f(kind, count, owner) with `count` as the Communicator call takes
+// it (owner: a reduce's root): ZeRO 0 one all-reduce, ZeRO 1 one
+// reduce-scatter, ZeRO 2 a reduce to each owner's part of every layer, block
+// of wte's rows and other tensor; under comm.overlap (`overlap_bytes`, ZeRO
+// 0/1) the same per bucket of layers and for the tensors before and after
+// them.
+template <typename F>
+void for_each_dp_reduction(int stage, const std::vector<ParamSpec>& table, const ZeroLayout& z,
+                           int dp, int wte_rows, size_t overlap_bytes, F f) {
   using comm::Reduction;
-  size_t most = 0;
-  auto reduce = [&](int owner, size_t lo, size_t hi) {
-    most = std::max(most, comm::ring_scratch_bytes_of(Reduction::reduce, hi - lo, DType::f32, dp,
-                                                      dp_rank, owner));
-  };
+  auto reduce = [&](int owner, size_t lo, size_t hi) { f(Reduction::reduce, hi - lo, owner); };
   if (stage < 2 && overlap_bytes > 0 && dp > 1) {
     if (const std::vector<GradBucket> buckets = grad_buckets(table, overlap_bytes); !buckets.empty()) {
-      // comm.overlap: each bucket, then what lies before and after them.
-      const std::pair<size_t, size_t> rest[2] = {{0, buckets.back().begin},
-                                                 {buckets.front().end, z.n}};
       auto part = [&](size_t a, size_t b) {
         if (a >= b) return;
         if (stage == 0)
-          most = std::max(most, comm::ring_scratch_bytes_of(Reduction::all_reduce, b - a,
-                                                            DType::f32, dp));
+          f(Reduction::all_reduce, b - a, 0);
         else
           for_each_owner_part(a, b, z.shard, dp, reduce);
       };
       for (const GradBucket& b : buckets) part(b.begin, b.end);
-      for (const auto& [a, b] : rest) part(a, b);
-      return most;
+      part(0, buckets.back().begin);
+      part(buckets.front().end, z.n);
+      return;
     }
   }
-  if (stage == 0) return comm::ring_scratch_bytes_of(Reduction::all_reduce, z.n, DType::f32, dp);
-  if (stage == 1)
-    return comm::ring_scratch_bytes_of(Reduction::reduce_scatter, z.shard, DType::f32, dp);
+  if (stage == 0) return f(Reduction::all_reduce, z.n, 0);
+  if (stage == 1) return f(Reduction::reduce_scatter, z.shard, 0);
   for (const auto& [a, b] : block_ranges(table)) for_each_owner_part(a, b, z.shard, dp, reduce);
   for (const ParamSpec& p : table) {
     if (p.layer >= 0) continue;
@@ -167,6 +170,22 @@ size_t zero_ring_scratch_bytes(int stage, const std::vector<ParamSpec>& table, c
     else
       for_each_owner_part(p.offset, p.offset + p.numel(), z.shard, dp, reduce);
   }
+}
+
+}  // namespace
+
+size_t zero_ring_scratch_bytes(int stage, const std::vector<ParamSpec>& table, const ZeroLayout& z,
+                               int dp, int dp_rank, int wte_rows, size_t overlap_bytes) {
+  using comm::Reduction;
+  size_t most = 0;
+  for_each_dp_reduction(stage, table, z, dp, wte_rows, overlap_bytes,
+                        [&](Reduction kind, size_t count, int owner) {
+                          most = std::max(most, kind == Reduction::reduce
+                                                    ? comm::ring_scratch_bytes_of(
+                                                          kind, count, DType::f32, dp, dp_rank, owner)
+                                                    : comm::ring_scratch_bytes_of(kind, count,
+                                                                                  DType::f32, dp));
+                        });
   return most;
 }
 
@@ -326,56 +345,27 @@ size_t staged_comm_bytes(const GPTConfig& model, const RankPlan& r, int pp, size
   const auto table_kept = shared_trainable_table(model, r.shard, r.model);
   const std::vector<ParamSpec>& table = *table_kept;
   const size_t f = sizeof(float);
-  // A staged collective of `count` floats whose pieces hold `parts` ranks'
-  // pieces side by side, on a group of `ranks` (comm/staged_comm.cpp).
+  // The stage of a staged collective of `count` floats whose pieces hold
+  // `parts` ranks' side by side, on a group of `ranks`.
   auto stage = [&](size_t count, int parts, int ranks) {
-    const size_t cap = std::max(staging_bytes, size_t(ranks) * sizeof(double));
-    const size_t most = std::max<size_t>(1, cap / f / size_t(parts));
-    return std::min(most, count) * f * size_t(parts);
+    return std::min(comm::staged_piece_elements(f, parts, ranks, staging_bytes), count) * f *
+           size_t(parts);
   };
   size_t bytes = 0;
   const bool groups = staging_bytes > 0;  // else NCCL's: untracked, as MPI's own
-  // DP: ZeRO's reductions of the gradients, and the all-gather of the
+  // DP: ZeRO's reductions of the gradients and the all-gather of the
   // updated shards.
   if (groups && r.dp > 1) {
+    // The all-gather of the updated shards (ZeRO 1 and 2), then ZeRO's
+    // reductions, each in its own pieces.
     const ZeroLayout z = zero_layout(model, r);
-    size_t dp = 0;
-    const std::vector<GradBucket> buckets =
-        r.zero_stage < 2 && overlap_bytes > 0 ? grad_buckets(table, overlap_bytes)
-                                              : std::vector<GradBucket>{};
-    if (r.zero_stage == 0) dp = stage(z.n, 1, r.dp);
-    if (r.zero_stage >= 1) dp = stage(z.shard, r.dp, r.dp);
-    if (!buckets.empty()) {
-      // comm.overlap: the buckets and the rest, all-reduced (ZeRO 0) or
-      // reduced to each owner's part (ZeRO 1, whose all-gather stays).
-      dp = r.zero_stage == 1 ? stage(z.shard, r.dp, r.dp) : 0;
-      auto part = [&](size_t a, size_t b) {
-        if (a >= b) return;
-        if (r.zero_stage == 0)
-          dp = std::max(dp, stage(b - a, 1, r.dp));
-        else
-          for_each_owner_part(a, b, z.shard, r.dp, [&](int, size_t lo, size_t hi) {
-            dp = std::max(dp, stage(hi - lo, 1, r.dp));
-          });
-      };
-      for (const GradBucket& b : buckets) part(b.begin, b.end);
-      part(0, buckets.back().begin);
-      part(buckets.front().end, z.n);
-    }
-    if (r.zero_stage == 2) {
-      const int wte_rows = zero2_wte_rows(model, r, table);
-      auto reduce = [&](int, size_t lo, size_t hi) { dp = std::max(dp, stage(hi - lo, 1, r.dp)); };
-      for (const auto& [a, b] : block_ranges(table)) for_each_owner_part(a, b, z.shard, r.dp, reduce);
-      for (const ParamSpec& p : table) {
-        if (p.layer >= 0) continue;
-        if (p.tied == TiedGroup::embedding)
-          for_each_wte_block(p, wte_rows, [&](int, int, size_t a, size_t b) {
-            for_each_owner_part(a, b, z.shard, r.dp, reduce);
-          });
-        else
-          for_each_owner_part(p.offset, p.offset + p.numel(), z.shard, r.dp, reduce);
-      }
-    }
+    size_t dp = r.zero_stage >= 1 ? stage(z.shard, r.dp, r.dp) : 0;
+    for_each_dp_reduction(r.zero_stage, table, z, r.dp,
+                          zero2_wte_rows(model, r, table), overlap_bytes,
+                          [&](comm::Reduction kind, size_t count, int) {
+                            const int parts = kind == comm::Reduction::reduce_scatter ? r.dp : 1;
+                            dp = std::max(dp, stage(count, parts, r.dp));
+                          });
     bytes += dp;
   }
   // TP: the all-reduces inside the layers.

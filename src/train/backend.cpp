@@ -159,12 +159,14 @@ void* Backend::device_stream() const {
   return nullptr;
 }
 
+bool nccl_named(const RunConfig& cfg) {
+  return backend_caps(cfg.runtime.backend).nccl && cfg.comm.device == comm::DeviceComm::nccl;
+}
+
 DeviceRoute device_route(const RunConfig& cfg, const ProcessMesh& mesh, const Backend& backend) {
   DeviceRoute r;
   r.asked = cfg.comm.device;
-  // NCCL where asked for by name; auto stages through the host until the
-  // NCCL path has run on GPUs (tests/cuda/test_cuda_nccl.cpp).
-  r.nccl = backend.caps().nccl && cfg.comm.device == comm::DeviceComm::nccl;
+  r.nccl = nccl_named(cfg);
   r.stream = backend.device_stream();
   r.backend = name_of(backend.kind());
   r.slot = {mesh.node_index(), backend.device_ordinal(), mesh.rank()};
@@ -175,8 +177,7 @@ DeviceRoute device_route(const RunConfig& cfg, const ProcessMesh& mesh, const Ba
 size_t dp_overlap_bytes(const RunConfig& cfg) {
   if (cfg.parallel.zero_stage >= 2 || cfg.parallel.dp <= 1) return 0;
   bool on = cfg.comm.overlap == Overlap::on;
-  if (cfg.comm.overlap == Overlap::automatic)
-    on = backend_caps(cfg.runtime.backend).nccl && cfg.comm.device == comm::DeviceComm::nccl;
+  if (cfg.comm.overlap == Overlap::automatic) on = nccl_named(cfg);
   return on ? cfg.comm.staging_bytes() : 0;
 }
 

@@ -111,6 +111,10 @@ private:
   std::unique_ptr<ops::TimedKernels> timed_;
 };
 
+// Whether the run's groups (but the pipeline's) move device buffers by
+// NCCL: comm.device = nccl on a backend that has it. auto stages through the
+// host until the NCCL path has run on GPUs (tests/cuda/test_cuda_nccl.cpp).
+bool nccl_named(const RunConfig& cfg);
 // How the rank's groups move device buffers (train/group_comm.h): comm.device,
 // what `backend` can do, the rank's node and device, the staging buffer of
 // comm.bucket_mb (at least 1 MiB).

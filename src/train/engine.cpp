@@ -12,11 +12,11 @@
 #include "comm/mpi_comm.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "train/report.h"
 #include "load/base_source.h"
 #include "plan/memory.h"
 #include "train/backend.h"
 #include "train/param_gather.h"
+#include "train/report.h"
 
 namespace meshlm {
 

@@ -23,8 +23,8 @@ RunMemoryOptions memory_options(const RunConfig& cfg, uint64_t windows) {
   o.pp = cfg.parallel.pp;
   o.overlap_bytes = dp_overlap_bytes(cfg);
   // The groups of a device backend stage their device buffers through the
-  // host unless NCCL is asked for by name (train/backend.h, device_route).
-  if (caps.device_memory && !(caps.nccl && cfg.comm.device == comm::DeviceComm::nccl))
+  // host unless NCCL is asked for by name.
+  if (caps.device_memory && !nccl_named(cfg))
     o.staging_bytes = cfg.comm.staging_bytes();
   return o;
 }
