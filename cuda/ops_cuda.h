@@ -152,6 +152,18 @@ void gqa_pack_forward(float* qkv, const float* q, const float* k, const float* v
 void gqa_pack_backward(float* dq, float* dk, float* dv, const float* dqkv, int N, int NH, int NKV,
                        int HS, ops::GqaMap m, cudaStream_t stream);
 
+// ---- attention against a key/value cache (cuda/cached_attention.cu) -------------------
+// ops::cached_attention_forward in fp32 (whatever the backend's precision):
+// the new rows appended to the caches, each score a warp's dot product, each
+// (row, head) a block's softmax and product with V, summed in a fixed order
+// (the same bits every run). scratch: cached_attention_scratch(n, keys, NH)
+// floats (the scores).
+size_t cached_attention_scratch(int n, int keys, int NH);
+void cached_attention_forward(float* out, float* kc, float* vc, const float* q, size_t ldq,
+                              const float* k, const float* v, size_t ldkv, int n, int p0, int NH,
+                              int NKV, int HS, float* scratch, size_t scratch_floats,
+                              cudaStream_t stream);
+
 // ---- residual -------------------------------------------------------------------------
 void residual_forward(float* out, const float* a, const float* b, size_t n, cudaStream_t stream);
 // da += dout; db += dout

@@ -175,6 +175,26 @@ foreach(_case gpt2 llama checkpoint lora text errors)
   set_tests_properties(generate_${_case} PROPERTIES LABELS python TIMEOUT 300
     ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
 endforeach()
+# The same checks with --backend emulated (the decoder's parameters, cache
+# and scratch in device memory the host cannot touch, model/decode.h) and,
+# where CUDA is built, --backend cuda (label cuda: skipped, saying why, on a
+# machine without a GPU).
+foreach(_case gpt2 llama)
+  add_test(NAME generate_emulated_${_case}
+    COMMAND ${MESHLM_PYTHON} ${_torch}/check_generate.py --meshlm $<TARGET_FILE:meshlm>
+            --mpiexec "${MESHLM_MPIEXEC_ONE_LINE}" --case ${_case} --backend emulated)
+  set_tests_properties(generate_emulated_${_case} PROPERTIES LABELS python TIMEOUT 300
+    ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
+endforeach()
+if(MESHLM_HAVE_CUDA)
+  foreach(_case gpt2 llama checkpoint)
+    add_test(NAME generate_cuda_${_case}
+      COMMAND ${MESHLM_PYTHON} ${_torch}/check_generate.py --meshlm $<TARGET_FILE:meshlm>
+              --mpiexec "${MESHLM_MPIEXEC_ONE_LINE}" --case ${_case} --backend cuda)
+    set_tests_properties(generate_cuda_${_case} PROPERTIES LABELS cuda TIMEOUT 300
+      SKIP_RETURN_CODE 77 ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
+  endforeach()
+endif()
 
 # Deliver of the memory model: every rank's predicted peak against VmHWM,
 # read from /proc by tests/tools/memprobe.cpp (not by meshlm), within 3% or

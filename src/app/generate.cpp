@@ -29,7 +29,9 @@
 #include "core/timer.h"
 #include "model/decode.h"
 #include "model/sampling.h"
+#include "mesh/mesh.h"
 #include "ops/blas.h"
+#include "train/backend.h"
 
 namespace meshlm {
 
@@ -38,9 +40,9 @@ namespace {
 const char* kGenerateUsage =
     "usage: meshlm generate MODEL (--prompt TEXT | --prompt-ids 1,2,3) [options]\n"
     "\n"
-    "Continues a prompt with a model, one token at a time, on the CPU (one rank; the\n"
-    "other ranks of a job wait). The prompt runs once and its keys and values are\n"
-    "cached, so each new token costs one position's forward.\n"
+    "Continues a prompt with a model, one token at a time, on the CPU or a GPU (one\n"
+    "rank; the other ranks of a job wait). The prompt runs once and its keys and\n"
+    "values are cached, so each new token costs one position's forward.\n"
     "\n"
     "MODEL is one of:\n"
     "  DIR                 a Hugging Face model directory, GPT-2 or Llama (config.json and\n"
@@ -72,7 +74,7 @@ const char* kGenerateUsage =
     "  --top-p P           then among the most likely tokens holding P of their\n"
     "                      probability (nucleus; default 1: all)\n"
     "  --seed S            the sampling's seed, a whole number (default 0): the same seed,\n"
-    "                      model and options give the same tokens on any machine\n"
+    "                      model, options and backend give the same tokens on any machine\n"
     "  --print text|ids    text: the decoded text, streamed as the tokens come (the\n"
     "                      default when a tokenizer is known); ids: one line of the new\n"
     "                      token ids, comma-separated (the end-of-text id included\n"
@@ -81,19 +83,25 @@ const char* kGenerateUsage =
     "                      (\"\": the initialisation of /meta seed); its XXH3-128 must\n"
     "                      match /meta base_hash\n"
     "  --n_head N          attention heads of a safetensors file\n"
+    "  --backend B         cpu (default), cuda (the GPU of rank 0's node-local rank 0:\n"
+    "                      its parameters, cache and scratch in device memory, fp32 with\n"
+    "                      TF32 off; the logits come back to the host for sampling) or\n"
+    "                      emulated (the CPU's ops on device memory the host cannot touch,\n"
+    "                      for tests; runtime.backend's values)\n"
     "  --threads N         OpenMP and BLAS threads (default: the cores of the process's\n"
     "                      CPU affinity mask; under mpiexec, --bind-to none gives all)\n"
     "\n"
     "Generation stops after --max-new-tokens tokens, at the tokenizer's end-of-text id,\n"
     "or when prompt and new tokens fill the context. Then a line on stderr gives the\n"
-    "prefill's and the decode's tokens per second. The CPU backend only (the CUDA one\n"
-    "is to come): padded vocabulary rows are never chosen.\n";
+    "prefill's and the decode's tokens per second. Padded vocabulary rows are never\n"
+    "chosen.\n";
 
 struct GenerateOptions {
   GenerateModelOptions model;
   std::string tokenizer, merges, prompt, prompt_ids, print;
   bool has_prompt = false, has_ids = false, has_tokenizer = false, bos = true;
   int max_new = 64, threads = 0;
+  ComputeBackend backend = ComputeBackend::cpu;
   SamplingOptions sampling;
   uint64_t seed = 0;
 };
@@ -130,7 +138,7 @@ double real(const std::string& key, const std::string& text, double lo, double h
 // an unknown one.
 const std::vector<std::string> kOptionNames = {
     "--prompt", "--prompt-ids", "--tokenizer", "--merges", "--base", "--n_head",
-    "--max-new-tokens", "--threads", "--temperature", "--top-k", "--top-p", "--seed", "--print",
+    "--max-new-tokens", "--threads", "--backend", "--temperature", "--top-k", "--top-p", "--seed", "--print",
     "--no-bos", "--help"};
 
 // Sets one option of `o` from `key` and `value`; false for an unknown key.
@@ -143,6 +151,12 @@ bool set_option(GenerateOptions& o, const std::string& key, const std::string& v
   else if (key == "--n_head") o.model.n_head = static_cast<int>(whole(key, value, 1, 1 << 20));
   else if (key == "--max-new-tokens") o.max_new = static_cast<int>(whole(key, value, 1, 1 << 30));
   else if (key == "--threads") o.threads = static_cast<int>(whole(key, value, 1, 4096));
+  else if (key == "--backend") {
+    const std::optional<ComputeBackend> b = enum_from_name<ComputeBackend>(value);
+    if (!b)
+      bad("--backend '" + log::printable(value) + "': " + enum_choices<ComputeBackend>(" or "));
+    o.backend = *b;
+  }
   else if (key == "--temperature") o.sampling.temperature = real(key, value, 0, 1e6, false);
   else if (key == "--top-k") o.sampling.top_k = static_cast<int>(whole(key, value, 0, 1 << 30));
   else if (key == "--top-p") o.sampling.top_p = real(key, value, 0, 1, true);
@@ -292,11 +306,17 @@ void run(const GenerateOptions& o) {
                     "(max_seq_len: GPT-2's n_positions, a Llama's max_position_embeddings)",
                     n, T));
   const int context = static_cast<int>(std::min<long long>(T, static_cast<long long>(n) + o.max_new));
-  Decoder dec(cfg, context);
-  model->fill(dec.table(), dec.params());
-  log::write_line(stderr, fmt::format("# generate: {} ({}), {} threads, loaded in {:.2f} s\n",
+  const BackendCaps& caps = backend_caps(o.backend);
+  if (!caps.built) bad(std::string("--backend ") + name_of(o.backend) + ": " + caps.missing_build);
+  // This rank alone: a mesh of one, whose GPU is its node's first.
+  const ProcessMesh self(MPI_COMM_SELF, MeshLayout(1, 1, 1));
+  const Backend backend(o.backend, self);
+  Decoder dec(cfg, context, Decoder::kChunkRows, backend.kernels());
+  dec.load([&](const ParamSpec& p, float* out) { model->read_checked(p, out); });
+  log::write_line(stderr, fmt::format("# generate: {} ({}), {} threads, loaded in {:.2f} s; "
+                                      "backend {}\n",
                                       model->describe(), cfg.describe(), threads,
-                                      now_seconds() - t0));
+                                      now_seconds() - t0, backend.describe()));
   if (static_cast<long long>(n) + o.max_new > T)
     log::write_line(stderr, fmt::format("# generate: the prompt's {} tokens and --max-new-tokens "
                                         "{} exceed the context of {} positions: at most {} new "

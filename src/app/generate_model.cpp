@@ -114,17 +114,14 @@ std::unique_ptr<GenerateModel> safetensors_model(const GenerateModelOptions& o) 
 
 }  // namespace
 
-void GenerateModel::fill(const std::vector<ParamSpec>& table, float* params) {
-  for (const ParamSpec& p : table) {
-    float* out = params + p.offset;
-    read(p, out);
-    for (size_t i = 0; i < p.numel(); ++i)
-      if (!std::isfinite(out[i]))
-        throw RankError(what_ + ": tensor '" + p.name + "' holds " +
-                            (std::isnan(out[i]) ? "NaN" : "an infinite value") + " at index " +
-                            std::to_string(i),
-                        MESHLM_HERE);
-  }
+void GenerateModel::read_checked(const ParamSpec& p, float* out) {
+  read(p, out);
+  for (size_t i = 0; i < p.numel(); ++i)
+    if (!std::isfinite(out[i]))
+      throw RankError(what_ + ": tensor '" + p.name + "' holds " +
+                          (std::isnan(out[i]) ? "NaN" : "an infinite value") + " at index " +
+                          std::to_string(i),
+                      MESHLM_HERE);
 }
 
 std::unique_ptr<GenerateModel> open_generate_model(const GenerateModelOptions& o) {

@@ -38,10 +38,10 @@ public:
   const std::string& describe() const { return what_; }
   // A Hugging Face directory's path (where its tokenizer may be), else "".
   const std::string& directory() const { return dir_; }
-  // Writes every tensor of `table` (model_param_table(config())) at its
-  // offset into `params`; RankError naming the tensor and the file for a
+  // Writes tensor `p` of model_param_table(config()) to out (p.numel()
+  // floats, host memory); RankError naming the tensor and the file for a
   // value that is not finite.
-  void fill(const std::vector<ParamSpec>& table, float* params);
+  void read_checked(const ParamSpec& p, float* out);
 
 protected:
   virtual void read(const ParamSpec& p, float* out) = 0;

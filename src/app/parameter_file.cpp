@@ -241,7 +241,7 @@ void add_model_and_train_options(RunConfig& c, OptionTable& t) {
         Range::ints(1, kMaxSequence));
   t.add(model, "model.max_seq_len", &c.model.max_seq_len, "rows of the position table wpe; at least seq_len (GPT-2 uses 1024)",
         Range::ints(1, kMaxSequence));
-  t.add(model, "model.arch", &c.model.arch, enum_choices<ModelArch>() + ": the model family; llama = RMSNorm, rotary position embeddings, grouped-query attention, SwiGLU, no biases (the keys below; runtime.backend = cpu for now)");
+  t.add(model, "model.arch", &c.model.arch, enum_choices<ModelArch>() + ": the model family; llama = RMSNorm, rotary position embeddings, grouped-query attention, SwiGLU, no biases (the keys below), on every backend and layout");
   t.add(model, "model.n_kv_head", &c.model.n_kv_head, "llama: key/value heads (grouped-query attention), dividing n_head; 0 = n_head",
         Range::ints(0, kMaxHeads));
   t.add(model, "model.intermediate_size", &c.model.intermediate_size, "llama: the SwiGLU MLP's width; 0 = 4 n_embd",

@@ -26,20 +26,25 @@
 // caller must never choose.
 //
 // The ops are those of training (ops::Kernels: matmul, layernorm, rmsnorm,
-// rope, gelu, swiglu, residual), but for the products of a single row (a
-// decoding step), which are BLAS matrix-vector products; the attention
-// against the cache is this file's own (scores of a block of query rows
-// against every cached key, one GEMM per head into per-thread scratch,
-// softmax, one GEMM with V). The CPU only for now.
+// rope, gelu, swiglu, residual) and the attention against the cache
+// (Kernels::cached_attention_forward), on the backend the Kernels give: the
+// CPU's, or a device's (runtime.backend = cuda or emulated), where the
+// parameters, the cache and the scratch live in the device's memory and
+// only the new tokens go up and the logits asked for come down. On the CPU
+// a single row's products (a decoding step's) are BLAS matrix-vector
+// products.
 //
-// Memory (tracked): params (the model), activations (the cache: 2 L T Ckv
-// floats for a context of T positions, Ckv = NKV HS), workspace (the
-// scratch of kChunkRows rows, the attention's per-thread scores, the rotary
-// tables).
+// Memory (tracked, on the backend's device): params (the model),
+// activations (the cache: 2 L T Ckv floats for a context of T positions,
+// Ckv = NKV HS), workspace (the scratch of kChunkRows rows, the attention's
+// scores, the rotary tables; on a device also the token ids and the logits
+// of the rows asked for, and while load() runs a host buffer of the largest
+// tensor).
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "core/alloc.h"
@@ -56,26 +61,34 @@ public:
   static constexpr int kChunkRows = 128;
 
   // The model `cfg` (validated by the caller) for sequences of at most
-  // `context` positions (<= cfg.max_seq_len). Parameters start zero: fill
-  // params() (table() says where each tensor goes) before the first
-  // forward(). `chunk_rows` (tests) bounds the rows run at once.
+  // `context` positions (<= cfg.max_seq_len), on the backend of `kernels`.
+  // Parameters start zero: load() them (or, on the CPU, fill params(), as
+  // table() says) before the first forward(). `chunk_rows` (tests) bounds
+  // the rows run at once.
   Decoder(const GPTConfig& cfg, int context, int chunk_rows = kChunkRows,
           const ops::Kernels& kernels = ops::Kernels::cpu());
 
   const GPTConfig& config() const { return cfg_; }
   const std::vector<ParamSpec>& table() const { return table_; }
+  // The parameters, in the backend's memory (the host's on the CPU).
   float* params() { return params_.as<float>(); }
+  // Sets every tensor of table(): read(p, out) writes tensor p's p.numel()
+  // values to `out`, host memory (on a device, a buffer of the largest
+  // tensor, uploaded after each).
+  using TensorReader = std::function<void(const ParamSpec&, float*)>;
+  void load(const TensorReader& read);
   int context() const { return context_; }
   // Positions run so far (held in the cache).
   int position() const { return pos_; }
   // Forgets the cached positions (the next forward starts at position 0).
   void reset() { pos_ = 0; }
 
-  // Runs tokens[0, n) (each in [0, V)) at positions [position(), position()
-  // + n), n >= 1 and position() + n <= context(), and appends their keys and
-  // values to the cache. logits: (n, Vp) with all_rows, else (1, Vp) of the
-  // last token (what predicts the next one). Throws RankError for an id out
-  // of range or a sequence past the context.
+  // Runs tokens[0, n) (host memory, each in [0, V)) at positions
+  // [position(), position() + n), n >= 1 and position() + n <= context(),
+  // and appends their keys and values to the cache. logits (host memory):
+  // (n, Vp) with all_rows, else (1, Vp) of the last token (what predicts the
+  // next one). Throws RankError for an id out of range or a sequence past
+  // the context.
   void forward(const int32_t* tokens, int n, float* logits, bool all_rows = false);
 
 private:
@@ -90,16 +103,15 @@ private:
   void forward_rows(const int32_t* tokens, int n, float* logits, bool all_rows);
   void gpt2_block(const Layer& w, int l, int n);
   void llama_block(const Layer& w, int l, int n);
-  // Appends rows [pos_, pos_ + n) of layer l's keys and values (rows ld
-  // floats apart) to the cache.
-  void append_kv(int l, const float* k, const float* v, size_t ld, int n);
-  // atty(n, C) = softmax(q K^T / sqrt(HS), causal) V over the cached
-  // positions [0, pos_ + i] of each query row i (q rows ldq apart).
-  void attend(int l, const float* q, size_t ldq, int n);
+  // Appends rows [pos_, pos_ + n) of layer l's keys k and values v (rows ld
+  // floats apart) to the cache, then atty(n, C) = the attention of the
+  // queries q (rows ldq apart) against it.
+  void attend(int l, const float* q, size_t ldq, const float* k, const float* v, size_t ld, int n);
 
   GPTConfig cfg_;
   int context_, chunk_;
   const ops::Kernels* k_;
+  bool on_host_;  // the CPU backend: the caller's tokens and logits used in place
   std::vector<ParamSpec> table_;
   Buffer params_;
   int C_, HS_, NH_, NKV_, Ckv_, F_, Vp_;
@@ -112,8 +124,9 @@ private:
   Buffer work_;   // the scratch arrays below
   float *x_, *ln_, *q_, *kk_, *vv_, *atty_, *proj_, *fc_, *fc2_, *mean_, *rstd_, *rope_cos_,
       *rope_sin_, *scores_;
-  int threads_ = 1;
-  std::vector<int32_t> ids_;
+  size_t scores_floats_ = 0;
+  int32_t* ids_ = nullptr;  // a device's copy of the chunk's tokens
+  Buffer logits_;           // a device's logits of the rows asked for (grown as needed)
 };
 
 }  // namespace meshlm

@@ -12,7 +12,7 @@ const char* kernel_op_name(KernelOp op) {
       "attention_forward", "attention_backward", "flash_attention_forward",
       "flash_attention_backward", "gelu_forward", "gelu_backward", "rmsnorm_forward",
       "rmsnorm_backward", "rope_forward", "rope_backward", "swiglu_forward", "swiglu_backward",
-      "gqa_pack_forward", "gqa_pack_backward", "residual_forward",
+      "gqa_pack_forward", "gqa_pack_backward", "cached_attention_forward", "residual_forward",
       "residual_backward", "xent_local_max", "xent_local_sums", "xent_losses",
       "xent_local_backward", "xent_rows", "gemm", "hold_rounded", "zero", "add", "add_bias",
       "fill", "copy", "upload", "download", "adamw_update", "sum_of_squares", "scale"};
@@ -195,6 +195,23 @@ void ForwardingKernels::gqa_pack_backward(float* dq, float* dk, float* dv, const
                                           int NH, int NKV, int HS, ops::GqaMap m) const {
   const auto body = [&] { inner_.gqa_pack_backward(dq, dk, dv, dqkv, N, NH, NKV, HS, m); };
   around(KernelOp::gqa_pack_backward, mem(2.0 * N * (NH + 2 * NKV) * HS), nullptr, body);
+}
+
+void ForwardingKernels::cached_attention_forward(float* out, float* kc, float* vc, const float* q,
+                                                 size_t ldq, const float* k, const float* v,
+                                                 size_t ldkv, int n, int p0, int NH, int NKV,
+                                                 int HS, float* scratch,
+                                                 size_t scratch_floats) const {
+  const auto body = [&] {
+    inner_.cached_attention_forward(out, kc, vc, q, ldq, k, v, ldkv, n, p0, NH, NKV, HS, scratch,
+                                    scratch_floats);
+  };
+  // Scores and the product with V: 2 multiply-adds per query row, key and
+  // channel (the causal half counted whole, as attention() does); q, the
+  // keys and values seen, out and the appended rows.
+  const double keys = p0 + n, C = double(NH) * HS, Ckv = double(NKV) * HS;
+  const OpWork w{4.0 * n * keys * C, kF * (2.0 * n * C + 2.0 * keys * Ckv + 2.0 * n * Ckv)};
+  around(KernelOp::cached_attention_forward, w, nullptr, body);
 }
 
 void ForwardingKernels::residual_forward(float* out, const float* a, const float* b,

@@ -21,7 +21,8 @@ enum class KernelOp : int {
   matmul_backward,
   attention_forward, attention_backward, flash_attention_forward, flash_attention_backward,
   gelu_forward, gelu_backward, rmsnorm_forward, rmsnorm_backward, rope_forward, rope_backward,
-  swiglu_forward, swiglu_backward, gqa_pack_forward, gqa_pack_backward, residual_forward,
+  swiglu_forward, swiglu_backward, gqa_pack_forward, gqa_pack_backward, cached_attention_forward,
+  residual_forward,
   residual_backward,
   xent_local_max, xent_local_sums, xent_losses, xent_local_backward, xent_rows,
   gemm, hold_rounded, zero, add, add_bias, fill, copy, upload, download, adamw_update,
@@ -120,6 +121,13 @@ public:
                         int NKV, int HS, ops::GqaMap m) const override;
   void gqa_pack_backward(float* dq, float* dk, float* dv, const float* dqkv, int N, int NH,
                          int NKV, int HS, ops::GqaMap m) const override;
+  size_t cached_attention_scratch(int n, int keys, int NH) const override {
+    return inner_.cached_attention_scratch(n, keys, NH);
+  }
+  void cached_attention_forward(float* out, float* kc, float* vc, const float* q, size_t ldq,
+                                const float* k, const float* v, size_t ldkv, int n, int p0, int NH,
+                                int NKV, int HS, float* scratch,
+                                size_t scratch_floats) const override;
   void residual_forward(float* out, const float* a, const float* b, size_t n) const override;
   void residual_backward(float* da, float* db, const float* dout, size_t n) const override;
   void xent_local_max(float* rowmax, const float* logits, int N, int Vl, int v0,

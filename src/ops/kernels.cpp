@@ -109,6 +109,16 @@ public:
                          int NKV, int HS, ops::GqaMap m) const override {
     ops::gqa_pack_backward(dq, dk, dv, dqkv, N, NH, NKV, HS, m);
   }
+  size_t cached_attention_scratch(int n, int keys, int) const override {
+    return ops::cached_attention_scratch(n, keys, omp_get_max_threads());
+  }
+  void cached_attention_forward(float* out, float* kc, float* vc, const float* q, size_t ldq,
+                                const float* k, const float* v, size_t ldkv, int n, int p0, int NH,
+                                int NKV, int HS, float* scratch,
+                                size_t scratch_floats) const override {
+    ops::cached_attention_forward(out, kc, vc, q, ldq, k, v, ldkv, n, p0, NH, NKV, HS, scratch,
+                                  scratch_floats, p_);
+  }
   void residual_forward(float* out, const float* a, const float* b, size_t n) const override {
     ops::residual_forward(out, a, b, n);
   }

@@ -80,6 +80,15 @@ public:
                                 int NH, int NKV, int HS, ops::GqaMap m) const = 0;
   virtual void gqa_pack_backward(float* dq, float* dk, float* dv, const float* dqkv, int N, int NH,
                                  int NKV, int HS, ops::GqaMap m) const = 0;
+  // meshlm generate's attention against a key/value cache
+  // (ops::cached_attention_forward, the caches in the backend's memory):
+  // `scratch` holds scratch_floats, at least cached_attention_scratch(n,
+  // keys, NH) for n rows seeing up to `keys` positions.
+  virtual size_t cached_attention_scratch(int n, int keys, int NH) const = 0;
+  virtual void cached_attention_forward(float* out, float* kc, float* vc, const float* q,
+                                        size_t ldq, const float* k, const float* v, size_t ldkv,
+                                        int n, int p0, int NH, int NKV, int HS, float* scratch,
+                                        size_t scratch_floats) const = 0;
   virtual void residual_forward(float* out, const float* a, const float* b, size_t n) const = 0;
   virtual void residual_backward(float* da, float* db, const float* dout, size_t n) const = 0;
   virtual void xent_local_max(float* rowmax, const float* logits, int N, int Vl, int v0,

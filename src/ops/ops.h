@@ -186,6 +186,23 @@ template <typename T>
 void gqa_pack_backward(T* dq, T* dk, T* dv, const T* dqkv, int N, int NH, int NKV, int HS,
                        GqaMap m = {});
 
+// ---- attention against a key/value cache (meshlm generate) --------------------
+// n new rows at positions [p0, p0 + n): their keys k and values v (n, Ckv),
+// Ckv = NKV HS, rows ldkv apart) are first written to rows [p0, p0 + n) of
+// the caches kc and vc (positions, Ckv), then out(n, NH HS) = softmax(q
+// K^T / sqrt(HS)) V with row i seeing the cached positions [0, p0 + i],
+// query head h (q rows ldq apart) reading key/value head h / (NH / NKV). The
+// scores of a block of query rows are one GEMM per head (a matrix-vector
+// product for one row, a decoding step's), rounded to `p` as gemm() does.
+// `scratch` holds `scratch_floats` floats, at least
+// cached_attention_scratch(n, p0 + n, 1); more lets more threads work.
+constexpr int kCachedAttentionRows = 64;  // query rows of one head per GEMM
+size_t cached_attention_scratch(int n, int keys, int threads);
+void cached_attention_forward(float* out, float* kc, float* vc, const float* q, size_t ldq,
+                              const float* k, const float* v, size_t ldkv, int n, int p0, int NH,
+                              int NKV, int HS, float* scratch, size_t scratch_floats,
+                              Precision p = Precision::fp32);
+
 // ---- residual ---------------------------------------------------------------
 template <typename T>
 void residual_forward(T* out, const T* a, const T* b, size_t n);

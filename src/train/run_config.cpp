@@ -228,11 +228,6 @@ void resolve_run_config(RunConfig& c, int world_size) {
   validate_train(c);
   c.parallel.validate(c.model);
   c.finetune.validate();
-  if (c.model.arch == ModelArch::llama) {
-    if (c.runtime.backend == ComputeBackend::cuda)
-      fail(std::string("model.arch = llama runs on runtime.backend = cpu or emulated for now (got ") +
-           name_of(c.runtime.backend) + ")");
-  }
   if (const LinearSlots extra = c.finetune.lora_targets.outside(c.model.arch); !extra.empty())
     fail("finetune.lora_targets names " + slots_text(extra) + ", which model.arch = " +
          name_of(c.model.arch) + " does not have (its linear layers: " +

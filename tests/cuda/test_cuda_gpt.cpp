@@ -16,6 +16,7 @@
 #include "core/rng.h"
 #include "cuda/context.h"
 #include "cuda_test.h"
+#include "../unit/decode_cases.h"
 #include "load/base_loader.h"
 #include "model/gpt.h"
 #include "ops/gpu_workspace.h"
@@ -68,13 +69,31 @@ protected:
     return c;
   }
 
+  // A Llama of the same size: grouped-query (2 key/value heads of 4) with
+  // an untied classifier and Llama 3 rope scaling whose frequencies matter
+  // within 48 positions, or multi-query (1) with the classifier tied.
+  GPTConfig llama_config(int kv_heads, bool tied) const {
+    GPTConfig c = config();
+    c.arch = ModelArch::llama;
+    c.n_kv_head = kv_heads;
+    c.intermediate_size = 96;
+    c.rope_theta = 500000;
+    if (!tied)
+      c.rope_scaling = {.factor = 8, .low_freq_factor = 1, .high_freq_factor = 4,
+                        .original_max_positions = 16};
+    c.tie_word_embeddings = tied;
+    return c;
+  }
+
   // Forward + backward on both backends; checks loss and every gradient
   // within `tol` (relative, in norm per tensor); returns the two losses.
+  // The model is config()'s unless `model` is given.
   std::pair<float, float> compare_step(const GPTOptions& base_opts, int B, int T, uint64_t seed,
                                        const cuda::DeviceContext* gpu_ctx = nullptr,
-                                       double tol = kGradTol) {
+                                       double tol = kGradTol,
+                                       const GPTConfig* model = nullptr) {
     const cuda::DeviceContext& ctx = gpu_ctx ? *gpu_ctx : *gpu_;
-    const GPTConfig cfg = config();
+    const GPTConfig cfg = model ? *model : config();
     GPTOptions cpu_opts = base_opts, gpu_opts = base_opts;
     cpu_opts.kernels = &ops::Kernels::cpu(ctx.kernels().precision());
     gpu_opts.kernels = &ctx.kernels();
@@ -161,6 +180,25 @@ TEST_F(CudaGPT, FlashAttentionMatchesTheCpuEmulation) {
     compare_step(o, 3, 40, 15, &ctx, tol);
     o.checkpointing = Checkpointing::full;
     compare_step(o, 2, 48, 16, &ctx, tol);
+  }
+}
+
+// Llama's blocks (RMSNorm, rope, SwiGLU, grouped-query attention:
+// cuda/llama_ops.cu) through the whole model: the loss and every gradient
+// against the CPU backend at fp32, with and without checkpointed blocks,
+// and at bf16 with the fused flash attention against the CPU's emulation
+// (head size 16), within the tolerances of GPT-2's tests above.
+TEST_F(CudaGPT, LlamaMatchesTheCpu) {
+  for (const auto& [kv, tied] : {std::pair{2, false}, std::pair{1, true}}) {
+    SCOPED_TRACE("n_kv_head " + std::to_string(kv) + (tied ? ", tied" : ", untied"));
+    const GPTConfig cfg = llama_config(kv, tied);
+    compare_step({}, 3, 40, 41, nullptr, kGradTol, &cfg);
+    GPTOptions o;
+    o.checkpointing = Checkpointing::full;
+    compare_step(o, 2, 48, 42, nullptr, kGradTol, &cfg);
+    const cuda::DeviceContext bf16(0, 0, ops::Precision::bf16);
+    o.attention = Attention::flash;
+    compare_step(o, 2, 48, 43, &bf16, 1e-2, &cfg);
   }
 }
 
@@ -338,3 +376,12 @@ TEST_F(CudaGPT, TokenOutOfRangeIsAnErrorBeforeTheDeviceSeesIt) {
 }
 
 }  // namespace
+
+// meshlm generate's decoder on the GPU (parameters, cache and scratch in
+// device memory, the attention against the cache in cuda/cached_attention.cu)
+// against the CPU's forward over the whole sequence, for GPT-2 and the Llama
+// cases (tests/unit/decode_cases.h): every position's logits within 1e-5
+// of the row's largest.
+TEST_F(CudaGPT, CachedDecodeMatchesTheCpu) {
+  expect_decode_matches_whole_forward(gpu_->kernels(), 1e-5);
+}

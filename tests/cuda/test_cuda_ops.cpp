@@ -1211,3 +1211,52 @@ TEST_F(CudaOps, GroupedQueryPacking) {
     EXPECT_TRUE(same_bits(dv.gpu(), dv.cpu));
   }
 }
+
+// ---- attention against a key/value cache (meshlm generate) ---------------------------
+
+// The new rows appended exactly (the cache's other rows untouched), the
+// attention of every row and head within kTol, the same bits on a second
+// run. Cases: one decoding step at position 0 and deep into the cache,
+// prefill chunks that continue a cache, grouped and multi-query heads, a
+// head size that does not divide the block (80) and one larger than it (300).
+TEST_F(CudaOps, CachedAttention) {
+  struct Case {
+    int n, p0, NH, NKV, HS;
+  };
+  for (const Case& k : {Case{1, 0, 1, 1, 2}, Case{1, 37, 12, 12, 64}, Case{7, 20, 4, 2, 16},
+                        Case{128, 0, 32, 8, 64}, Case{64, 900, 12, 12, 64}, Case{3, 5, 2, 1, 80},
+                        Case{2, 9, 2, 2, 300}}) {
+    SCOPED_TRACE("n " + std::to_string(k.n) + " p0 " + std::to_string(k.p0) + " NH " +
+                 std::to_string(k.NH) + " NKV " + std::to_string(k.NKV) + " HS " +
+                 std::to_string(k.HS));
+    const size_t C = size_t(k.NH) * k.HS, Ckv = size_t(k.NKV) * k.HS;
+    const int keys = k.p0 + k.n, context = keys + 3;  // rows past the new ones stay as they are
+    const size_t ldq = 3 * C, ldkv = Ckv + 5;         // rows inside wider buffers
+    Both<float> kc = input(size_t(context) * Ckv, -2.0, 2.0), vc = input(size_t(context) * Ckv);
+    Both<float> q = input(size_t(k.n) * ldq, -2.0, 2.0), kk = input(size_t(k.n) * ldkv, -2.0, 2.0),
+                v = input(size_t(k.n) * ldkv);
+    Both<float> out = output(size_t(k.n) * C);
+    std::vector<float> cpu_scratch(ops::cached_attention_scratch(k.n, keys, 1));
+    const size_t gpu_floats = cuda::cached_attention_scratch(k.n, keys, k.NH);
+    DeviceArray<float> gpu_scratch(gpu_floats);
+    auto gpu_op = [&] {
+      cuda::cached_attention_forward(out.g(), kc.g(), vc.g(), q.g(), ldq, kk.g(), v.g(), ldkv, k.n,
+                                     k.p0, k.NH, k.NKV, k.HS, gpu_scratch.get(), gpu_floats,
+                                     stream_);
+    };
+    run_both(
+        [&] {
+          ops::cached_attention_forward(out.c(), kc.c(), vc.c(), q.c(), ldq, kk.c(), v.c(), ldkv,
+                                        k.n, k.p0, k.NH, k.NKV, k.HS, cpu_scratch.data(),
+                                        cpu_scratch.size());
+        },
+        gpu_op);
+    EXPECT_TRUE(same_bits(kc.gpu(), kc.cpu));
+    EXPECT_TRUE(same_bits(vc.gpu(), vc.cpu));
+    EXPECT_TRUE(matches(out, kTol));
+    const std::vector<float> first = out.gpu();
+    out.restart_gpu();
+    run_gpu(gpu_op);
+    EXPECT_TRUE(same_bits(out.gpu(), first));
+  }
+}

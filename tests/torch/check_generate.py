@@ -4,7 +4,8 @@ gpt2_torch.py and llama_torch.py, float64, written from the published
 definitions): greedy generation must pick, at every generated position, the
 token the reference ranks first.
 
-usage: check_generate.py --meshlm PATH --mpiexec "mpiexec -n 1 ..." --case CASE [--keep DIR]
+usage: check_generate.py --meshlm PATH --mpiexec "mpiexec -n 1 ..." --case CASE
+                         [--backend cpu|emulated|cuda] [--keep DIR]
 
 The greedy check: `meshlm generate MODEL --prompt-ids P --temperature 0
 --max-new-tokens 32 --print ids` gives ids G; the reference runs P + G once and
@@ -57,6 +58,12 @@ CASE:
               tokenizer (--tokenizer), an unknown option, --temperature -1,
               --top-p 0; prompt + --max-new-tokens past the context stops at
               the context, saying so with both lengths.
+--backend runs every `meshlm generate` of the case on that backend (the
+model's parameters, cache and scratch in device memory under emulated and
+cuda) and checks that its line on stderr names it; the references are the
+same. Under cuda, a machine without a GPU meshlm can use exits 77 (skipped),
+saying why.
+
 Exit status 1 on any failure.
 """
 import argparse
@@ -104,14 +111,21 @@ def padded(v):
 # ---------------------------------------------------------------------------
 
 class Meshlm:
-    def __init__(self, exe, mpiexec, d):
-        self.exe, self.mpiexec, self.d = exe, shlex.split(mpiexec), d
+    def __init__(self, exe, mpiexec, d, backend="cpu"):
+        self.exe, self.mpiexec, self.d, self.backend = exe, shlex.split(mpiexec), d, backend
         self.env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
 
     def run(self, *args, ok=True):
+        args = list(args)
+        if args[0] == "generate" and self.backend != "cpu":
+            args += ["--backend", self.backend]
         cmd = self.mpiexec + [self.exe] + [str(a) for a in args]
         p = subprocess.run(cmd, cwd=self.d, capture_output=True, timeout=300, env=self.env)
         out, err = p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+        if self.backend == "cuda" and p.returncode != 0 and "can use no GPU" in err:
+            print(error_line(err))
+            print("SKIP: no GPU")
+            raise SystemExit(77)
         if ok and p.returncode != 0:
             print("$", " ".join(cmd))
             print(out[-2000:], err[-3000:])
@@ -132,6 +146,9 @@ class Meshlm:
         check(len(ids) == NEW, f"{NEW} new ids (got {len(ids)})")
         check(re.search(r"prefill \d+ tokens in .* tokens/s\), decode \d+ tokens in .* tokens/s\)", err)
               is not None, "a line on stderr with the prefill's and the decode's tokens/s")
+        on = re.search(r"# generate: .*; backend (\S+)", err)
+        check(on is not None and on.group(1).startswith(self.backend),
+              f"the line on stderr names the backend {self.backend} (got {on.group(1) if on else None})")
         return ids
 
 
@@ -565,6 +582,8 @@ def case_errors(m, d):
         (["gpt2", "--prompt-ids", "1", "--temperature", "-1"], ["--temperature"], "a negative temperature"),
         (["gpt2", "--prompt-ids", "1", "--top-p", "0"], ["--top-p"], "--top-p 0"),
         (["gpt2", "--prompt-ids", "1", "--max-new-tokens", "0"], ["--max-new-tokens"], "--max-new-tokens 0"),
+        (["gpt2", "--prompt-ids", "1", "--backend", "gpu"], ["--backend", "'gpu'", "cuda"],
+         "an unknown backend, the choices named"),
     ]
     for args, want, what in cases:
         rc, out, err = m.run("generate", *args, ok=False)
@@ -582,12 +601,13 @@ def main():
     ap.add_argument("--meshlm", required=True)
     ap.add_argument("--mpiexec", required=True)
     ap.add_argument("--case", required=True, choices=["gpt2", "llama", "checkpoint", "lora", "text", "errors"])
+    ap.add_argument("--backend", default="cpu", choices=["cpu", "emulated", "cuda"])
     ap.add_argument("--keep", help="work in this directory and keep it")
     a = ap.parse_args()
     d = a.keep or tempfile.mkdtemp(prefix="meshlm-generate-")
     os.makedirs(d, exist_ok=True)
     try:
-        m = Meshlm(os.path.abspath(a.meshlm), a.mpiexec, d)
+        m = Meshlm(os.path.abspath(a.meshlm), a.mpiexec, d, a.backend)
         {"gpt2": case_gpt2, "llama": case_llama, "checkpoint": case_checkpoint, "lora": case_lora,
          "text": case_text, "errors": case_errors}[a.case](m, d)
     finally:

@@ -20,62 +20,12 @@
 #include "model/decode.h"
 #include "model/gpt.h"
 #include "model/sampling.h"
+#include "decode_cases.h"
+#include "train/emulated_device.h"
 
 using namespace meshlm;
 
 namespace {
-
-GPTConfig gpt2_config() {
-  return {.n_layer = 2, .n_head = 4, .n_embd = 32, .vocab_size = 90, .max_seq_len = 40};
-}
-
-GPTConfig llama_config(bool tied, int kv_heads) {
-  GPTConfig c{.n_layer = 2, .n_head = 4, .n_embd = 32, .vocab_size = 90, .max_seq_len = 40};
-  c.arch = ModelArch::llama;
-  c.n_kv_head = kv_heads;
-  c.intermediate_size = 48;
-  c.rope_theta = 500000;
-  c.rope_scaling = {.factor = 8, .low_freq_factor = 1, .high_freq_factor = 4,
-                    .original_max_positions = 16};
-  c.tie_word_embeddings = tied;
-  return c;
-}
-
-// Random weights large enough that attention and the logits are far from
-// uniform: matrices N(0, 0.3^2), norm gains 1 + N(0, 0.1^2), biases
-// N(0, 0.1^2); the padded vocabulary rows zero.
-void random_weights(const GPTConfig& cfg, const std::vector<ParamSpec>& table, float* params,
-                    uint64_t seed) {
-  Rng r(seed);
-  for (const ParamSpec& p : table) {
-    float* t = params + p.offset;
-    const bool vocab = p.role == ParamRole::token_embedding || p.role == ParamRole::lm_head;
-    const size_t real = vocab ? static_cast<size_t>(cfg.vocab_size) * p.full_shape[1] : p.numel();
-    for (size_t i = 0; i < p.numel(); ++i) {
-      double v = 0;
-      if (i < real) {
-        switch (p.role) {
-          case ParamRole::ln1_weight:
-          case ParamRole::ln2_weight:
-          case ParamRole::lnf_weight: v = 1 + 0.1 * r.normal(); break;
-          case ParamRole::ln1_bias:
-          case ParamRole::ln2_bias:
-          case ParamRole::lnf_bias:
-          case ParamRole::linear_bias: v = 0.1 * r.normal(); break;
-          default: v = 0.3 * r.normal(); break;
-        }
-      }
-      t[i] = static_cast<float>(v);
-    }
-  }
-}
-
-std::vector<int32_t> random_tokens(int n, int V, uint64_t seed) {
-  Rng r(seed);
-  std::vector<int32_t> t(n);
-  for (int32_t& x : t) x = static_cast<int32_t>(r.below(V));
-  return t;
-}
 
 // Mean cross-entropy of logits rows (n, Vp) against targets, over [0, V).
 double mean_xent(const std::vector<float>& logits, int Vp, int V, const std::vector<int32_t>& y) {
@@ -90,24 +40,12 @@ double mean_xent(const std::vector<float>& logits, int Vp, int V, const std::vec
   return sum / static_cast<double>(y.size());
 }
 
-struct Case {
-  std::string name;
-  GPTConfig cfg;
-};
-
-std::vector<Case> cases() {
-  return {{"gpt2", gpt2_config()},
-          {"llama GQA untied", llama_config(false, 2)},
-          {"llama MQA tied", llama_config(true, 1)},
-          {"llama MHA untied", llama_config(false, 4)}};
-}
-
 }  // namespace
 
 // The decoder's logits over a whole sequence give the training model's
 // loss: the same function of the same weights.
 TEST(Decoder, LogitsGiveTheTrainingModelsLoss) {
-  for (const Case& c : cases()) {
+  for (const DecodeCase& c : decode_cases()) {
     SCOPED_TRACE(c.name);
     const int T = 30;
     GPT gpt(c.cfg);
@@ -133,41 +71,24 @@ TEST(Decoder, LogitsGiveTheTrainingModelsLoss) {
 // against the cache: every position's logits those of one forward of the
 // whole sequence (without cache, one chunk), within float rounding.
 TEST(Decoder, CachedDecodeEqualsTheWholeForward) {
-  for (const Case& c : cases()) {
-    SCOPED_TRACE(c.name);
-    const int T = c.cfg.max_seq_len, Vp = c.cfg.padded_vocab_size(), P = 7;
-    const std::vector<int32_t> x = random_tokens(T, c.cfg.vocab_size, 5);
-    Decoder whole(c.cfg, T, /*chunk_rows=*/T);
-    random_weights(c.cfg, whole.table(), whole.params(), 3);
-    std::vector<float> ref(static_cast<size_t>(T) * Vp);
-    whole.forward(x.data(), T, ref.data(), true);
+  expect_decode_matches_whole_forward(ops::Kernels::cpu(), 1e-5);
+}
 
-    // Every logit within 1e-5 of the largest, per position.
-    auto expect_row = [&](const float* got, int t) {
-      const float* r = ref.data() + static_cast<size_t>(t) * Vp;
-      float scale = 0;
-      for (int v = 0; v < Vp; ++v) scale = std::max(scale, std::abs(r[v]));
-      float worst = 0;
-      for (int v = 0; v < Vp; ++v) worst = std::max(worst, std::abs(got[v] - r[v]));
-      EXPECT_LE(worst, 1e-5f * scale) << "position " << t;
-    };
-    Decoder dec(c.cfg, T, /*chunk_rows=*/3);
-    random_weights(c.cfg, dec.table(), dec.params(), 3);
-    std::vector<float> rows(static_cast<size_t>(P) * Vp), last(Vp);
-    dec.forward(x.data(), P, rows.data(), /*all_rows=*/true);
-    for (int t = 0; t < P; ++t) expect_row(rows.data() + static_cast<size_t>(t) * Vp, t);
-    for (int t = P; t < T; ++t) {
-      dec.forward(x.data() + t, 1, last.data());
-      expect_row(last.data(), t);
-    }
-    EXPECT_EQ(dec.position(), T);
-    // The prefill's last row alone; then reset() starts again at position 0.
-    dec.reset();
-    dec.forward(x.data(), P, last.data());
-    expect_row(last.data(), P - 1);
-    dec.forward(x.data() + P, 1, last.data());
-    expect_row(last.data(), P);
+// The same on the emulated device: the parameters, the cache and the
+// scratch in device memory the host cannot touch (a host access would stop
+// the test with SIGSEGV), the tokens uploaded and the logits downloaded.
+TEST(Decoder, RunsOnTheEmulatedDevice) {
+  const EmulatedDevice device(ops::Precision::fp32);
+  const MemTracker& mem = MemTracker::get();
+  const size_t before = mem.current_total(Device::cuda);
+  {
+    Decoder dec(gpt2_config(), 8, 3, device.kernels());
+    EXPECT_TRUE(device.kernels().holds(dec.params()));
+    EXPECT_GT(mem.current(MemCategory::params, Device::cuda), 0u);
+    EXPECT_GT(mem.current(MemCategory::activations, Device::cuda), 0u);
   }
+  EXPECT_EQ(mem.current_total(Device::cuda), before);
+  expect_decode_matches_whole_forward(device.kernels(), 1e-5);
 }
 
 TEST(Decoder, RefusesIdsOutsideTheVocabularyAndPositionsPastTheContext) {
