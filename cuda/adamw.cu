@@ -1,5 +1,6 @@
-// AdamW, the gradient norm and its clipping on the GPU: the CUDA version of
-// train/adamw.cpp, in float as there, every parameter tensor in one launch.
+// AdamW, the gradient norm and its clipping, and a micro-batch's mean loss on
+// the GPU: the CUDA version of train/adamw.cpp, in float as there, every
+// parameter tensor in one launch.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -59,6 +60,22 @@ __global__ void sum_partials_kernel(double* out, const double* partial, size_t n
   *out = total;
 }
 
+// One block: out[0] = (sum of x in double) / n, each thread's strided sum,
+// then the warps', then thread 0 adds the warps' sums in order.
+__global__ void mean_kernel(float* out, const float* x, size_t n) {
+  __shared__ double warp_sums[kThreads / kWarp];
+  double s = 0.0;
+  for (size_t i = threadIdx.x; i < n; i += kThreads) s += x[i];
+  for (int o = kWarp / 2; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if (threadIdx.x % kWarp == 0) warp_sums[threadIdx.x / kWarp] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int w = 0; w < kThreads / kWarp; ++w) total += warp_sums[w];
+    out[0] = static_cast<float>(total / static_cast<double>(n));
+  }
+}
+
 __global__ void scale_kernel(float* x, size_t n, float factor) {
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x)
@@ -98,6 +115,12 @@ void sum_of_squares(double* out, double* scratch, const float* grads, size_t n,
                                                                                  n);
   CUDA_CHECK(cudaGetLastError());
   sum_partials_kernel<<<1, 1, 0, stream>>>(out, scratch, nblocks);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void mean(float* out, const float* x, size_t n, cudaStream_t stream) {
+  MESHLM_CHECK(out != nullptr && x != nullptr && n >= 1, "cuda::mean with n = " + std::to_string(n));
+  mean_kernel<<<1, kThreads, 0, stream>>>(out, x, n);
   CUDA_CHECK(cudaGetLastError());
 }
 

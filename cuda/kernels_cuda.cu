@@ -212,8 +212,10 @@ public:
       CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, s_));
   }
   // Copies from pageable memory (the model's host tensors, the node-shared
-  // window of the quantized base) go through two pinned buffers in turn: the
-  // host fills one while the device reads the other.
+  // window of the quantized base, a micro-batch's token ids) go through two
+  // pinned buffers in turn: the host fills one while the device reads the
+  // other. Nothing waits for the last copy: the ops queued after it find its
+  // bytes, and the host waits for a buffer only to fill it again.
   void upload(void* dst, const void* host_src, size_t bytes) const override {
     const auto* src = static_cast<const unsigned char*>(host_src);
     auto* out = static_cast<unsigned char*>(dst);
@@ -224,7 +226,6 @@ public:
       CUDA_CHECK(cudaMemcpyAsync(out + off, stage_[i], n, cudaMemcpyHostToDevice, s_));
       CUDA_CHECK(cudaEventRecord(staged_[i], s_));
     }
-    CUDA_CHECK(cudaStreamSynchronize(s_));
   }
   void download(void* host_dst, const void* src, size_t bytes) const override {
     if (bytes == 0) return;
@@ -257,6 +258,7 @@ public:
     cuda::adamw_step(params, grads, m, v, d_segments_.as<ops::AdamWSegment>(),
                      static_cast<int>(segments_.size()), max_count_, h, s_);
   }
+  void mean(float* out, const float* x, size_t n) const override { cuda::mean(out, x, n, s_); }
   double sum_of_squares(const float* x, size_t n) const override {
     double out = 0;
     const Span span{x, n};

@@ -209,6 +209,9 @@ void adamw_step(float* params, const float* grads, float* m, float* v,
 // bits every run. `scratch` is device memory of sum_of_squares_scratch(n)
 // doubles (the caller allocates it, so that it is tracked).
 size_t sum_of_squares_scratch(size_t n);
+// out[0] = the mean of x(n) (ops::mean), one block summing in double in a
+// fixed order (the same bits every run); n >= 1.
+void mean(float* out, const float* x, size_t n, cudaStream_t stream);
 void sum_of_squares(double* out, double* scratch, const float* grads, size_t n,
                     cudaStream_t stream);
 // grads *= factor (clipping to a known global norm).

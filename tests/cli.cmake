@@ -182,6 +182,14 @@ add_test(NAME cli_op_timings_same_losses
 set_tests_properties(cli_op_timings_same_losses PROPERTIES LABELS cli TIMEOUT 120
   ENVIRONMENT "OMP_NUM_THREADS=1;EXPECT_IN_LOG=  matmul_backward ")
 
+# A training step waits for a device backend twice (the gradient norm and
+# the micro-batches' losses, read together), whatever its micro-batches:
+# the calls counted through the backend interface on the emulated device.
+add_test(NAME cli_step_waits
+  COMMAND bash ${_cli}/step_waits.sh "${MESHLM_MPIEXEC_ONE_LINE}" $<TARGET_FILE:meshlm> ${_tiny})
+set_tests_properties(cli_step_waits PROPERTIES LABELS cli TIMEOUT 120
+  ENVIRONMENT "OMP_NUM_THREADS=1")
+
 # Two processes writing one quantization cache at once, while a third reads
 # it: every read finds one writer's whole file, and no temporary file is
 # left behind.

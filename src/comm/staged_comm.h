@@ -40,8 +40,10 @@ public:
   virtual ~DeviceAccess();
   // True when `p` points into device memory.
   virtual bool on_device(const void* p) const = 0;
-  // Blocking copies between the device and the host, ordered after the work
-  // issued before them on `stream` (nullptr: the default stream).
+  // Copies between the device and the host, ordered after the work issued
+  // before them on `stream` (nullptr: the default stream): to_host returns
+  // with the bytes on the host; to_device once `host` may be reused, the
+  // copy ahead of the work issued after it on `stream`.
   virtual void to_host(void* host, const void* device, size_t bytes, Stream stream) const = 0;
   virtual void to_device(void* device, const void* host, size_t bytes, Stream stream) const = 0;
 };

@@ -94,6 +94,7 @@ void plan_activations(const GPTConfig& cfg, const ModelShard& shard, const GPTOp
       cut(s.xent_sums, 2 * BT);
     }
   }
+  if (shard.last_stage) cut(L.g.loss_means, static_cast<size_t>(std::max(opts.micro_batches, 1)));
   cut(L.g.dres, BT * C, true);
   cut(L.g.dln, BT * C, true);
   cut(L.g.dqkv, BT * 3 * Cl, true);

@@ -71,6 +71,9 @@ struct GradActs {
   float* dfch;       // (B,T,Fl)
   float* dfch_gelu;  // (B,T,Fl)
   float* dlosses;    // (B,T)
+  // (micro_batches) each micro-batch's mean loss, kept on the backend until
+  // the step reads them at once (last stage; GPT::forward_queued)
+  float* loss_means;
   float* logits;     // (rows, Vl) one chunk of the classifier's logits, then its dlogits
   // LoRA / quantized base scratch (null in full training)
   float* lora_u;     // (B*T, r)

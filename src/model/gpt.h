@@ -160,6 +160,14 @@ public:
   // backward() recomputes the logits: the same bits, one more GEMM.
   float forward(int slot, const int32_t* tokens, const int32_t* targets, int B, int Tn,
                 std::optional<float> head_grad_scale = std::nullopt);
+  // The same, but the last stage keeps the mean loss on the backend as
+  // micro-batch `micro`'s (micro < options().micro_batches) instead of
+  // waiting for it: a step reads all of them with one queued_losses().
+  void forward_queued(int slot, int micro, const int32_t* tokens, const int32_t* targets, int B,
+                      int Tn, std::optional<float> head_grad_scale = std::nullopt);
+  // Last stage: the mean losses of micro-batches [0, n) that forward_queued
+  // left, as forward() returns them (one wait for the backend).
+  std::vector<float> queued_losses(int n) const;
   // Backward of slot's forward. Last stage: of loss_scale * mean loss; other
   // stages: of <grad_stream(), output> (put d loss / d output in
   // grad_stream() first). Parameter gradients are accumulated (+=); on a
@@ -288,7 +296,6 @@ private:
   Buffer act_buf_, grad_act_buf_;
   std::vector<SlotActs> slots_;
   GradActs gacts_{};
-  std::vector<float> host_losses_;  // a micro-batch's losses, summed on the host
 };
 
 }  // namespace meshlm

@@ -160,7 +160,26 @@ void GPT::embedding_grad_blocks(const SlotActs& s, int N) {
 
 float GPT::forward(int slot, const int32_t* tokens, const int32_t* targets, int B, int Tn,
                    std::optional<float> head_grad_scale) {
+  forward_queued(slot, 0, tokens, targets, B, Tn, head_grad_scale);
+  return shard_.last_stage ? queued_losses(1)[0] : 0.0f;
+}
+
+std::vector<float> GPT::queued_losses(int n) const {
+  MESHLM_CHECK(shard_.last_stage && n >= 0 && n <= std::max(opts_.micro_batches, 1) &&
+                   gacts_.loss_means != nullptr,
+               "queued_losses: not the last stage, no forward yet, or more micro-batches than "
+               "options().micro_batches");
+  std::vector<float> out(static_cast<size_t>(n));
+  k_->download(out.data(), gacts_.loss_means, out.size() * sizeof(float));
+  return out;
+}
+
+void GPT::forward_queued(int slot, int micro, const int32_t* tokens, const int32_t* targets, int B,
+                         int Tn, std::optional<float> head_grad_scale) {
   ensure_activations(B, Tn);
+  MESHLM_CHECK(micro >= 0 && micro < std::max(opts_.micro_batches, 1),
+               "forward_queued: micro-batch " + std::to_string(micro) + " of " +
+                   std::to_string(opts_.micro_batches));
   MESHLM_CHECK(slot >= 0 && slot < opts_.slots, "activation slot out of range");
   SlotActs& s = slots_[slot];
   const int C = cfg_.n_embd, V = cfg_.vocab_size, tp = shard_.tp_size;
@@ -194,7 +213,7 @@ float GPT::forward(int slot, const int32_t* tokens, const int32_t* targets, int 
     x = s.blocks[l].res3;
   }
   s.forwarded = true;
-  if (!shard_.last_stage) return 0.0f;
+  if (!shard_.last_stage) return;
 
   check_ids(targets, N, V, "target");
   k_->upload(s.targets, targets, static_cast<size_t>(N) * sizeof(int32_t));
@@ -233,11 +252,7 @@ float GPT::forward(int slot, const int32_t* tokens, const int32_t* targets, int 
   }
   if (head_grad_scale && cls_in_blocks()) head_wte_grad_blocks(s, p, N);
   k_->xent_losses(s.losses, s.xent_max, s.xent_sums, N);
-  host_losses_.resize(N);
-  k_->download(host_losses_.data(), s.losses, static_cast<size_t>(N) * sizeof(float));
-  double sum = 0;
-  for (int i = 0; i < N; ++i) sum += host_losses_[i];
-  return static_cast<float>(sum / N);
+  k_->mean(gacts_.loss_means + micro, s.losses, static_cast<size_t>(N));
 }
 
 // The backward of one GPT-2 block, its forward's activations in `a` (recomputed

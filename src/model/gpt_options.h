@@ -46,6 +46,7 @@ constexpr std::span<const EnumName<Attention>> enum_names(Attention) { return kA
 
 struct GPTOptions {
   int slots = 1;  // micro-batches whose activations are kept at once (pipeline in-flight)
+  int micro_batches = 1;  // of a step: the mean losses kept until the step reads them
   Checkpointing checkpointing = Checkpointing::none;
   Attention attention = Attention::probabilities;  // never automatic here
   size_t pad_multiple = 1;  // flat buffers padded to a multiple of this (ZeRO shards)

@@ -15,7 +15,7 @@ const char* kernel_op_name(KernelOp op) {
       "gqa_pack_forward", "gqa_pack_backward", "cached_attention_forward", "residual_forward",
       "residual_backward", "xent_local_max", "xent_local_sums", "xent_losses",
       "xent_local_backward", "xent_rows", "gemm", "hold_rounded", "zero", "add", "add_bias",
-      "fill", "copy", "upload", "download", "adamw_update", "sum_of_squares", "scale"};
+      "fill", "copy", "upload", "download", "adamw_update", "sum_of_squares", "scale", "mean"};
   static_assert(std::size(kNames) == static_cast<size_t>(KernelOp::count));
   return kNames[static_cast<int>(op)];
 }
@@ -341,6 +341,11 @@ double ForwardingKernels::sum_of_squares(const float* x, size_t n) const {
 void ForwardingKernels::scale(float* x, float factor, size_t n) const {
   const auto body = [&] { inner_.scale(x, factor, n); };
   around(KernelOp::scale, mem(2.0 * n), nullptr, body);
+}
+
+void ForwardingKernels::mean(float* out, const float* x, size_t n) const {
+  const auto body = [&] { inner_.mean(out, x, n); };
+  around(KernelOp::mean, mem(n + 1.0), nullptr, body);
 }
 
 }  // namespace meshlm::ops

@@ -26,7 +26,7 @@ enum class KernelOp : int {
   residual_backward,
   xent_local_max, xent_local_sums, xent_losses, xent_local_backward, xent_rows,
   gemm, hold_rounded, zero, add, add_bias, fill, copy, upload, download, adamw_update,
-  sum_of_squares, scale, count
+  sum_of_squares, scale, mean, count
 };
 const char* kernel_op_name(KernelOp op);
 
@@ -155,6 +155,7 @@ public:
   double sum_of_squares(const float* x, size_t n) const override;
   void sums_of_squares(std::span<const Span> spans, double* out) const override;
   void scale(float* x, float factor, size_t n) const override;
+  void mean(float* out, const float* x, size_t n) const override;
 
 protected:
   // Runs `body` (the inner backend's op) for `op`, whose work is `w` (and,

@@ -181,6 +181,7 @@ public:
     return ops::sum_of_squares(x, n);
   }
   void scale(float* x, float factor, size_t n) const override { ops::scale(x, factor, n); }
+  void mean(float* out, const float* x, size_t n) const override { ops::mean(out, x, n); }
 
 private:
   Precision p_;

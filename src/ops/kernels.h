@@ -141,7 +141,11 @@ public:
   // dst(n) = src(n), both in the backend's memory, not overlapping
   virtual void copy(float* dst, const float* src, size_t n) const = 0;
 
-  // ---- between the host and the backend's memory; both return when done ----
+  // ---- between the host and the backend's memory ------------------------------
+  // upload returns once host_src may be reused; the copy is queued ahead of
+  // every op issued after it (on a GPU it may still be in flight: the bytes
+  // sit in pinned memory of the backend's). download returns when the bytes
+  // are on the host: it waits for every op queued before it.
   virtual void upload(void* dst, const void* host_src, size_t bytes) const = 0;
   virtual void download(void* host_dst, const void* src, size_t bytes) const = 0;
   // Waits for every op queued so far (a no-op on the CPU).
@@ -168,6 +172,10 @@ public:
     for (size_t i = 0; i < spans.size(); ++i) out[i] = sum_of_squares(spans[i].first, spans[i].second);
   }
   virtual void scale(float* x, float factor, size_t n) const = 0;
+  // out[0] = the mean of x(n), n >= 1 (ops::mean: summed in double; the
+  // CUDA backend in another order), out in the backend's memory: a
+  // micro-batch's loss kept there until the step reads them all at once.
+  virtual void mean(float* out, const float* x, size_t n) const = 0;
 };
 
 // hold_rounded for the life of a scope; nothing held where x is null.

@@ -272,5 +272,8 @@ inline constexpr size_t kSumOfSquaresBlock = size_t(1) << 16;
 double sum_of_squares(const float* x, size_t n);
 // x(n) *= factor
 void scale(float* x, float factor, size_t n);
+// out[0] = (sum of x(n) in double, in order) / n, rounded to float (a
+// micro-batch's mean loss from its rows'); n >= 1.
+void mean(float* out, const float* x, size_t n);
 
 }  // namespace meshlm::ops

@@ -52,6 +52,12 @@ double sum_of_squares(const float* x, size_t n) {
   return total;
 }
 
+void mean(float* out, const float* x, size_t n) {
+  double sum = 0;
+  for (size_t i = 0; i < n; ++i) sum += x[i];
+  out[0] = static_cast<float>(sum / static_cast<double>(n));
+}
+
 void scale(float* x, float factor, size_t n) {
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; ++i) x[i] *= factor;

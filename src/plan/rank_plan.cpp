@@ -20,6 +20,7 @@ RankPlan plan_rank(const GPTConfig& model, const ParallelConfig& p, const Finetu
   r.shard.first_stage = c.pp == 0;
   r.shard.last_stage = c.pp == p.pp - 1;
   r.model.slots = in_flight_micro_batches(p.schedule, c.pp, p.pp, p.micro_batches);
+  r.model.micro_batches = p.micro_batches;
   r.model.checkpointing = p.activation_checkpointing;
   r.model.attention = attention;
   r.model.pad_multiple = p.zero_stage > 0 ? static_cast<size_t>(p.dp) : 1;

@@ -242,8 +242,7 @@ StepResult Engine::step(const int32_t* tokens, const int32_t* targets, float lr,
   const double S = scaler_.scale();
   pipeline_->set_loss_scale(
       static_cast<float>(S / (cfg_.parallel.micro_batches * cfg_.parallel.dp)));
-  const double loss_sum =
-      pipeline_->run(tokens, targets, [&](int) { faults_.in_forward(step_number); });
+  pipeline_->run(tokens, targets, [&](int) { faults_.in_forward(step_number); });
   sum_tied_gradients();
   zero_->reduce();
   if (faults_.poisons_gradients(step_number))
@@ -251,10 +250,13 @@ StepResult Engine::step(const int32_t* tokens, const int32_t* targets, float lr,
 
   StepResult r;
   r.loss_scale = S;
-  r.loss = global_mean_loss(loss_sum);
   {
     ScopedTimer t(timers_, Section::optimizer);
+    // The step's two waits for the backend, both after the backward: the
+    // gradient norm, then the micro-batches' losses (the queue is empty by
+    // then). Both decide whether the update runs.
     const double scaled_norm = global_grad_norm();
+    r.loss = global_mean_loss(pipeline_->losses());
     r.grad_norm = scaled_norm / S;
     // Both are the same on every rank: every rank takes the same branch.
     const bool finite = std::isfinite(r.loss) && std::isfinite(scaled_norm);

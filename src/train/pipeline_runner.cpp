@@ -24,21 +24,28 @@ PipelineRunner::PipelineRunner(GPT& model, std::vector<Action> schedule,
   }
   fwd_sends_.resize(slots);
   bwd_sends_.resize(slots);
-  int micro_batches = 0;
   for (const Action& a : schedule_)
-    if (a.kind == ActionKind::forward) ++micro_batches;
-  forward_only_ = build_forward_schedule(send_.rank(), send_.size(), micro_batches);
+    if (a.kind == ActionKind::forward) ++micro_batches_;
+  forward_only_ = build_forward_schedule(send_.rank(), send_.size(), micro_batches_);
 }
 
-double PipelineRunner::run(const int32_t* tokens, const int32_t* targets,
-                           const std::function<void(int micro)>& before_forward) {
+void PipelineRunner::run(const int32_t* tokens, const int32_t* targets,
+                         const std::function<void(int micro)>& before_forward) {
   // The last stage runs the classifier's backward in the forward
   // (GPT::forward), at the scale backward() will use.
-  return walk(schedule_, tokens, targets, before_forward, loss_scale_);
+  walk(schedule_, tokens, targets, before_forward, loss_scale_);
 }
 
 double PipelineRunner::forward_only(const int32_t* tokens, const int32_t* targets) {
-  return walk(forward_only_, tokens, targets, nullptr, std::nullopt);
+  walk(forward_only_, tokens, targets, nullptr, std::nullopt);
+  return losses();
+}
+
+double PipelineRunner::losses() const {
+  if (!model_.shard().last_stage) return 0.0;
+  double sum = 0;
+  for (const float loss : model_.queued_losses(micro_batches_)) sum += loss;
+  return sum;
 }
 
 void PipelineRunner::receive(float* dst, size_t count, int peer) {
@@ -50,15 +57,14 @@ void PipelineRunner::receive(float* dst, size_t count, int peer) {
   model_.kernels().upload(dst, received_.data(), count * sizeof(float));
 }
 
-double PipelineRunner::walk(const std::vector<Action>& actions, const int32_t* tokens,
-                            const int32_t* targets,
-                            const std::function<void(int micro)>& before_forward,
-                            std::optional<float> head_scale) {
+void PipelineRunner::walk(const std::vector<Action>& actions, const int32_t* tokens,
+                          const int32_t* targets,
+                          const std::function<void(int micro)>& before_forward,
+                          std::optional<float> head_scale) {
   const size_t BT = static_cast<size_t>(B_) * T_;
   const size_t act = BT * model_.config().n_embd;
   const int stage = send_.rank();
   const int slots = model_.options().slots;
-  double loss_sum = 0;
   for (const Action& a : actions) {
     const int slot = a.micro % slots;
     switch (a.kind) {
@@ -74,8 +80,8 @@ double PipelineRunner::walk(const std::vector<Action>& actions, const int32_t* t
         }
         ScopedTimer t(timers_, Section::forward);
         if (before_forward) before_forward(a.micro);
-        loss_sum += model_.forward(slot, tokens + a.micro * BT, targets + a.micro * BT, B_, T_,
-                                   head_scale);
+        model_.forward_queued(slot, a.micro, tokens + a.micro * BT, targets + a.micro * BT, B_,
+                              T_, head_scale);
         break;
       }
       case ActionKind::send_forward: {
@@ -116,7 +122,6 @@ double PipelineRunner::walk(const std::vector<Action>& actions, const int32_t* t
   ScopedTimer t(timers_, Section::pp_comm);
   for (auto& h : fwd_sends_) h.wait();
   for (auto& h : bwd_sends_) h.wait();
-  return loss_sum;
 }
 
 }  // namespace meshlm

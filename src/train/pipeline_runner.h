@@ -39,10 +39,12 @@ public:
 
   // Collective over the PP group: the step's actions. tokens/targets hold
   // the micro-batches of (B, T) one after the other; before_forward(micro)
-  // runs before each forward. Returns the sum of the micro-batches' mean
-  // losses on the last stage, 0 elsewhere.
-  double run(const int32_t* tokens, const int32_t* targets,
-             const std::function<void(int micro)>& before_forward);
+  // runs before each forward. The losses stay on the backend (losses()).
+  void run(const int32_t* tokens, const int32_t* targets,
+           const std::function<void(int micro)>& before_forward);
+  // The sum of the last run's micro-batches' mean losses, in micro-batch
+  // order, on the last stage (one wait for the backend); 0 elsewhere.
+  double losses() const;
   // Collective over the PP group: the forward of the same micro-batches
   // only (evaluation), by the forward-only list (build_forward_schedule):
   // the loss, no gradient is touched and no loss scale applies. Returns the
@@ -59,13 +61,14 @@ public:
 private:
   // Walks `actions`; each forward runs at `head_scale` (the classifier's
   // backward in the forward, training) or without (evaluation).
-  double walk(const std::vector<Action>& actions, const int32_t* tokens, const int32_t* targets,
+  void walk(const std::vector<Action>& actions, const int32_t* tokens, const int32_t* targets,
               const std::function<void(int micro)>& before_forward,
               std::optional<float> head_scale);
 
   GPT& model_;
   std::vector<Action> schedule_;
   std::vector<Action> forward_only_;  // the same micro-batches, forward only
+  int micro_batches_ = 0;
   comm::Communicator &send_, &recv_;
   int B_, T_;
   float loss_scale_;

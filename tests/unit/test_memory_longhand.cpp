@@ -197,8 +197,11 @@ Expected longhand(const Case& k) {
   const size_t qtile = kTileRows * std::max(C, Fl);
   const size_t wpe_rows = k.first ? T * C : 0;
   const size_t lora_scratch = lora ? lora_u + lora_du + lora_tmp + qtile + wpe_rows : 0;
+  // The last stage keeps each micro-batch's mean loss until the step reads
+  // them all: one float per micro-batch of the step.
+  const size_t loss_means = k.last ? static_cast<size_t>(p.micro_batches) : 0;
   at(m, MemCategory::activations) =
-      (k.slots * per_slot + recompute + grad_acts + lora_scratch) * kF;
+      (k.slots * per_slot + recompute + grad_acts + lora_scratch + loss_means) * kF;
 
   // ---- the rest ----------------------------------------------------------
   at(m, MemCategory::quantized) = k.quantized_bytes;
@@ -476,14 +479,15 @@ TEST(MemoryLonghand, EveryCasePerCategory) {
 //     (lnf, its mean and rstd, dlnf, losses, row max, sums)
 //     = 96 + 2304 + 223680 + 4896,
 //   gradients: 48 (14 C + 1) + 3072 + one chunk of logits, all 48 rows: 48 Vp
-//     = 35376 + 6144 = 41520.
+//     = 35376 + 6144 = 41520,
+//   the step's one micro-batch's mean loss: 1.
 TEST(MemoryLonghand, WholeModelAsNumbers) {
   const GPTConfig A = model_a();
   const MemoryByCategory got = predict_memory(A, 3, 16, 1000, true);
   EXPECT_EQ(at(got, MemCategory::params), 148560u * 4);
   EXPECT_EQ(at(got, MemCategory::grads), 148560u * 4);
   EXPECT_EQ(at(got, MemCategory::optimizer), 2u * 148560u * 4);
-  EXPECT_EQ(at(got, MemCategory::activations), (96u + 2304u + 223680u + 4896u + 41520u) * 4);
+  EXPECT_EQ(at(got, MemCategory::activations), (96u + 2304u + 223680u + 4896u + 41520u + 1u) * 4);
   EXPECT_EQ(at(got, MemCategory::quantized), 0u);
   EXPECT_EQ(at(got, MemCategory::comm), 0u);
   EXPECT_EQ(at(got, MemCategory::workspace), 0u);
