@@ -36,21 +36,28 @@ __global__ void adamw_kernel(float* params, const float* grads, float* m, float*
 
 constexpr size_t kSumBlock = ops::kSumOfSquaresBlock;  // as ops::sum_of_squares
 
+// The sum of every thread's `s` over a block of kThreads, in double: each
+// warp's by shuffles, then thread 0 adds the warps' in order. Valid in
+// thread 0 only.
+__device__ double block_sum_in_order(double s) {
+  __shared__ double warp_sums[kThreads / kWarp];
+  for (int o = kWarp / 2; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if (threadIdx.x % kWarp == 0) warp_sums[threadIdx.x / kWarp] = s;
+  __syncthreads();
+  double total = 0.0;
+  if (threadIdx.x == 0)
+    for (int w = 0; w < kThreads / kWarp; ++w) total += warp_sums[w];
+  return total;
+}
+
 // Block b: the sum of squares of elements [b kSumBlock, (b+1) kSumBlock), in double.
 __global__ void partial_squares_kernel(double* partial, const float* g, size_t n) {
-  __shared__ double warp_sums[kThreads / kWarp];
   const size_t begin = size_t(blockIdx.x) * kSumBlock;
   const size_t end = begin + kSumBlock < n ? begin + kSumBlock : n;
   double s = 0.0;
   for (size_t i = begin + threadIdx.x; i < end; i += kThreads) s += double(g[i]) * g[i];
-  for (int o = kWarp / 2; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
-  if (threadIdx.x % kWarp == 0) warp_sums[threadIdx.x / kWarp] = s;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double total = 0.0;
-    for (int w = 0; w < kThreads / kWarp; ++w) total += warp_sums[w];
-    partial[blockIdx.x] = total;
-  }
+  const double total = block_sum_in_order(s);
+  if (threadIdx.x == 0) partial[blockIdx.x] = total;
 }
 
 // One thread adds the partial sums in order.
@@ -60,20 +67,13 @@ __global__ void sum_partials_kernel(double* out, const double* partial, size_t n
   *out = total;
 }
 
-// One block: out[0] = (sum of x in double) / n, each thread's strided sum,
-// then the warps', then thread 0 adds the warps' sums in order.
+// One block: out[0] = (sum of x in double) / n, each thread summing every
+// kThreads-th element.
 __global__ void mean_kernel(float* out, const float* x, size_t n) {
-  __shared__ double warp_sums[kThreads / kWarp];
   double s = 0.0;
   for (size_t i = threadIdx.x; i < n; i += kThreads) s += x[i];
-  for (int o = kWarp / 2; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
-  if (threadIdx.x % kWarp == 0) warp_sums[threadIdx.x / kWarp] = s;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double total = 0.0;
-    for (int w = 0; w < kThreads / kWarp; ++w) total += warp_sums[w];
-    out[0] = static_cast<float>(total / static_cast<double>(n));
-  }
+  const double total = block_sum_in_order(s);
+  if (threadIdx.x == 0) out[0] = static_cast<float>(total / static_cast<double>(n));
 }
 
 __global__ void scale_kernel(float* x, size_t n, float factor) {

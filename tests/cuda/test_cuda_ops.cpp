@@ -1260,3 +1260,21 @@ TEST_F(CudaOps, CachedAttention) {
     EXPECT_TRUE(same_bits(out.gpu(), first));
   }
 }
+
+// ---- a micro-batch's mean loss ----------------------------------------------------------
+
+// ops::mean against cuda::mean: n = 1, fewer rows than the block's threads,
+// GPT-2's 16 x 1024 rows; within kTol (both sum in double), the same bits
+// twice.
+TEST_F(CudaOps, Mean) {
+  for (const size_t n : {size_t(1), size_t(37), size_t(16384), size_t(100003)}) {
+    SCOPED_TRACE("n " + std::to_string(n));
+    Both<float> x = input(n, 0.0, 11.0), out = output(1);
+    run_both([&] { ops::mean(out.c(), x.c(), n); }, [&] { cuda::mean(out.g(), x.g(), n, stream_); });
+    EXPECT_TRUE(matches(out, kTol));
+    const std::vector<float> first = out.gpu();
+    out.restart_gpu();
+    run_gpu([&] { cuda::mean(out.g(), x.g(), n, stream_); });
+    EXPECT_TRUE(same_bits(out.gpu(), first));
+  }
+}
