@@ -182,6 +182,16 @@ add_test(NAME cli_op_timings_same_losses
 set_tests_properties(cli_op_timings_same_losses PROPERTIES LABELS cli TIMEOUT 120
   ENVIRONMENT "OMP_NUM_THREADS=1;EXPECT_IN_LOG=  matmul_backward ")
 
+# comm.overlap = on: the DP reduction in buckets during the backward gives
+# one rank's losses, and the timing table shows the part of it that was in
+# flight while the backward ran ("dp-comm hidden") apart from the exposed
+# dp-comm section.
+add_test(NAME cli_overlap_same_losses
+  COMMAND bash ${_cli}/same_losses.sh "${MESHLM_MPIEXEC_ONE_LINE}" "${_mpiexec2}" $<TARGET_FILE:meshlm> ${_tiny}
+          --parallel.dp=2 --comm.overlap=on)
+set_tests_properties(cli_overlap_same_losses PROPERTIES LABELS cli TIMEOUT 120
+  ENVIRONMENT "OMP_NUM_THREADS=1;EXPECT_IN_LOG=dp-comm hidden")
+
 # A training step waits for a device backend twice (the gradient norm and
 # the micro-batches' losses, read together), whatever its micro-batches:
 # the calls counted through the backend interface on the emulated device.

@@ -25,6 +25,10 @@ inline double now_seconds() {
 
 // Sections nest: while an inner section runs (tensor-parallel communication
 // inside a forward), the outer one is paused, so every second is booked once.
+// A communication section books the time the rank spends issuing and
+// waiting for its operations: the exposed part. Operations that run while
+// the rank computes (the DP reduction overlapped with the backward) book
+// their hidden part apart (add_hidden), outside the sections' sum.
 class SectionTimers {
 public:
   void add(Section s, double seconds) { total_[static_cast<int>(s)] += seconds; }
@@ -40,6 +44,10 @@ public:
     mark_ = now;
   }
   double total(Section s) const { return total_[static_cast<int>(s)]; }
+  // Seconds during which operations of communication section `s` were in
+  // flight while the rank did other work (no wait of its own).
+  void add_hidden(Section s, double seconds) { hidden_[static_cast<int>(s)] += seconds; }
+  double hidden(Section s) const { return hidden_[static_cast<int>(s)]; }
   double sum() const {
     double s = 0;
     for (double t : total_) s += t;
@@ -53,7 +61,7 @@ public:
 
 private:
   static constexpr int kMaxDepth = 8;
-  std::array<double, static_cast<int>(Section::count)> total_{};
+  std::array<double, static_cast<int>(Section::count)> total_{}, hidden_{};
   std::array<Section, kMaxDepth> stack_{};
   int depth_ = 0;
   double mark_ = 0;

@@ -28,6 +28,7 @@ Zero::Zero(int stage, comm::Communicator& dp, GPT& model, const ZeroLayout& layo
     buckets_ = grad_buckets(model_.table(), overlap_bytes);
     model_.on_block_done([this, layer0 = model_.shard().layer_begin](int layer) {
       if (!armed_) return;
+      poll_started();
       while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].layer == layer - layer0) {
         const GradBucket& b = buckets_[next_bucket_++];
         start_reduction(b.begin, b.end);
@@ -112,9 +113,25 @@ void Zero::reduce_to_owners(float* src, size_t a, size_t b) {
   });
 }
 
+void Zero::poll_started() {
+  if (started_.empty()) return;
+  {
+    ScopedTimer t(timers_, Section::dp_comm);
+    std::erase_if(started_, [](comm::Handle& h) { return h.test(); });
+  }
+  if (started_.empty()) book_in_flight();
+}
+
+void Zero::book_in_flight() {
+  if (in_flight_since_ < 0) return;
+  timers_.add_hidden(Section::dp_comm, now_seconds() - in_flight_since_);
+  in_flight_since_ = started_.empty() ? -1 : now_seconds();
+}
+
 void Zero::start_reduction(size_t a, size_t b) {
   if (a >= b) return;
   ScopedTimer t(timers_, Section::dp_comm);
+  if (in_flight_since_ < 0) in_flight_since_ = now_seconds();
   float* g = model_.grads();
   if (stage_ == 0) {
     started_.push_back(dp_.all_reduce(g + a, g + a, b - a, DType::f32, comm::ReduceOp::sum));
@@ -131,6 +148,9 @@ void Zero::reduce() {
     MESHLM_CHECK(next_bucket_ == buckets_.size(), "the backward finished every bucket's layers");
     start_reduction(0, buckets_.back().begin);
     start_reduction(buckets_.front().end, z_.n);
+    // What is still in flight was hidden until now; the wait is exposed.
+    book_in_flight();
+    in_flight_since_ = -1;
     ScopedTimer t(timers_, Section::dp_comm);
     for (comm::Handle& h : started_) h.wait();
     started_.clear();

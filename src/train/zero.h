@@ -104,6 +104,12 @@ private:
   // gradients [a, b) (all-reduce under 0, a reduce to each owner's part
   // under 1) without waiting.
   void start_reduction(size_t a, size_t b);
+  // Tests the reductions started (which lets MPI progress them) and drops
+  // those complete; when none is left in flight, books the time since the
+  // first was started as hidden dp communication.
+  void poll_started();
+  // Books the time the reductions have been in flight so far as hidden.
+  void book_in_flight();
 
   int stage_;
   comm::Communicator& dp_;
@@ -123,6 +129,7 @@ private:
   size_t next_bucket_ = 0;
   bool armed_ = false;
   std::vector<comm::Handle> started_;
+  double in_flight_since_ = -1;  // when started_ last became non-empty (-1: empty)
 };
 
 }  // namespace meshlm
