@@ -133,6 +133,11 @@ public:
                         const float* w, const float* rstd, int N, int C) const override {
     cuda::rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C, s_);
   }
+  void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a,
+                                const float* b, const float* w, int N, int C,
+                                double eps) const override {
+    cuda::residual_rmsnorm_forward(res, out, rstd, a, b, w, N, C, eps, s_);
+  }
   void rope_forward(float* x, const float* cos, const float* sin, int B, int Tn, int heads, int HS,
                     size_t ld) const override {
     cuda::rope_forward(x, cos, sin, B, Tn, heads, HS, ld, s_);

@@ -41,6 +41,22 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// A warp-per-row kernel's residual add (residual_layernorm_forward,
+// residual_rmsnorm_forward): this lane's elements c = lane, lane + kWarp, ...
+// of res = x + y written, and the lane's sum of term(v) over them returned.
+// The row's later passes read res back, each lane only what it wrote.
+template <typename Term>
+__device__ __forceinline__ float add_row(float* res, const float* x, const float* y, int C,
+                                         Term term) {
+  float sum = 0.0f;
+  for (int c = threadIdx.x % kWarp; c < C; c += kWarp) {
+    const float v = x[c] + y[c];
+    res[c] = v;
+    sum += term(v);
+  }
+  return sum;
+}
+
 // The sum (or max) over a block of kThreads threads, returned to every
 // thread. `scratch` holds kThreads / kWarp floats; the block must not use it
 // again before a __syncthreads().

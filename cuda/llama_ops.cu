@@ -23,15 +23,25 @@ void check_launch(bool args_ok, const char* op, long long rows, long long cols) 
                             std::to_string(cols));
 }
 
-// Warp per row: out = w (x s), s = 1 / sqrt(mean(x^2) + eps).
+// Warp per row: out = w (x s), s = 1 / sqrt(mean(x^2) + eps). With kAdd,
+// the row is first res = inp + add, written out and read back by the same
+// lanes (residual_rmsnorm_forward).
+template <bool kAdd>
 __global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp, const float* w,
-                                       int N, int C, float eps) {
+                                       int N, int C, float eps, float* res = nullptr,
+                                       const float* add = nullptr) {
   const long long n = warp_row(N);
   if (n < 0) return;
   const int lane = threadIdx.x % kWarp;
   const float* x = inp + size_t(n) * C;
   float ss = 0.0f;
-  for (int c = lane; c < C; c += kWarp) ss += x[c] * x[c];
+  if constexpr (kAdd) {
+    float* r = res + size_t(n) * C;
+    ss = add_row(r, x, add + size_t(n) * C, C, [](float v) { return v * v; });
+    x = r;
+  } else {
+    for (int c = lane; c < C; c += kWarp) ss += x[c] * x[c];
+  }
   const float s = 1.0f / sqrtf(warp_sum(ss) / C + eps);
   float* o = out + size_t(n) * C;
   for (int c = lane; c < C; c += kWarp) o[c] = w[c] * (x[c] * s);
@@ -159,8 +169,18 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, 
                      double eps, cudaStream_t stream) {
   if (N == 0) return;
   check_launch(out && rstd && inp && w && N > 0 && C > 0, "rmsnorm_forward", N, C);
-  rmsnorm_forward_kernel<<<grid_for_rows(N), kThreads, 0, stream>>>(out, rstd, inp, w, N, C,
-                                                                    static_cast<float>(eps));
+  rmsnorm_forward_kernel<false><<<grid_for_rows(N), kThreads, 0, stream>>>(
+      out, rstd, inp, w, N, C, static_cast<float>(eps));
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a, const float* b,
+                              const float* w, int N, int C, double eps, cudaStream_t stream) {
+  if (N == 0) return;
+  check_launch(res && out && rstd && a && b && w && N > 0 && C > 0, "residual_rmsnorm_forward", N,
+               C);
+  rmsnorm_forward_kernel<true><<<grid_for_rows(N), kThreads, 0, stream>>>(
+      out, rstd, a, w, N, C, static_cast<float>(eps), res, b);
   CUDA_CHECK(cudaGetLastError());
 }
 

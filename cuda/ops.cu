@@ -95,14 +95,9 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
   const float* x = inp + size_t(n) * C;
   float sum = 0.0f;
   if constexpr (kAdd) {
-    const float* y = add + size_t(n) * C;
     float* r = res + size_t(n) * C;
-    for (int c = lane; c < C; c += kWarp) {
-      const float v = x[c] + y[c];
-      r[c] = v;
-      sum += v;
-    }
-    x = r;  // each lane reads back only the elements it wrote
+    sum = add_row(r, x, add + size_t(n) * C, C, [](float v) { return v; });
+    x = r;
   } else {
     for (int c = lane; c < C; c += kWarp) sum += x[c];
   }

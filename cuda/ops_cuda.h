@@ -137,6 +137,10 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, 
                      double eps, cudaStream_t stream);
 void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
                       const float* rstd, int N, int C, cudaStream_t stream);
+// res = a + b, then out = rmsnorm(res), a warp per row: res is written once
+// and read back from cache (ops::residual_rmsnorm_forward).
+void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a, const float* b,
+                              const float* w, int N, int C, double eps, cudaStream_t stream);
 // In place on `heads` heads of HS channels at the start of rows ld apart;
 // cos and sin (Tn, HS/2) in device memory.
 void rope_forward(float* x, const float* cos, const float* sin, int B, int Tn, int heads, int HS,

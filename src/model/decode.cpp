@@ -190,8 +190,7 @@ void Decoder::gpt2_block(const Layer& w, int l, int n) {
   const size_t ld = 3 * static_cast<size_t>(C_);
   attend(l, q_, ld, q_ + C_, q_ + 2 * C_, ld, n);
   linear(proj_, atty_, w.w[out], w.b[out], n, C_, C_);
-  k_->residual_forward(x_, x_, proj_, nC);
-  k_->layernorm_forward(ln_, mean_, rstd_, x_, w.ln2w, w.ln2b, n, C_);
+  k_->residual_layernorm_forward(x_, ln_, mean_, rstd_, x_, proj_, w.ln2w, w.ln2b, n, C_);
   linear(fc_, ln_, w.w[up], w.b[up], n, C_, F_);
   k_->gelu_forward(fc2_, fc_, static_cast<size_t>(n) * F_);
   linear(proj_, fc2_, w.w[down], w.b[down], n, F_, C_);
@@ -213,8 +212,7 @@ void Decoder::llama_block(const Layer& w, int l, int n) {
   k_->rope_forward(kk_, cos, sin, 1, n, NKV_, HS_, static_cast<size_t>(Ckv_));
   attend(l, q_, static_cast<size_t>(C_), kk_, vv_, static_cast<size_t>(Ckv_), n);
   linear(proj_, atty_, W(LinearSlot::o), nullptr, n, C_, C_);
-  k_->residual_forward(x_, x_, proj_, nC);
-  k_->rmsnorm_forward(ln_, rstd_, x_, w.ln2w, n, C_, eps);
+  k_->residual_rmsnorm_forward(x_, ln_, rstd_, x_, proj_, w.ln2w, n, C_, eps);
   linear(fc_, ln_, W(LinearSlot::gate), nullptr, n, C_, F_);
   linear(fc2_, ln_, W(LinearSlot::up), nullptr, n, C_, F_);
   k_->swiglu_forward(fc_, fc_, fc2_, n, F_, static_cast<size_t>(F_));

@@ -62,9 +62,8 @@ void GPT::llama_block_forward(int l, const BlockTensors& w, BlockActs& a, const 
     k_->attention_forward(a.atty, a.att, a.qkv, B, Tn, h.Cl, h.NHl);
   linear_forward(l, LinearSlot::o, a.attproj, a.atty, w.ow, nullptr, N, h.Cl, C);
   tp_.reduce_from_region_forward(a.attproj, NC);
-  k_->residual_forward(a.res2, x, a.attproj, NC);
-  // The SwiGLU MLP.
-  k_->rmsnorm_forward(a.ln2, a.ln2_rstd, a.res2, w.ln2w, N, C, eps);
+  // The residual add and the SwiGLU MLP's norm in one pass.
+  k_->residual_rmsnorm_forward(a.res2, a.ln2, a.ln2_rstd, x, a.attproj, w.ln2w, N, C, eps);
   tp_.copy_to_region_forward(a.ln2, NC);
   linear_forward(l, LinearSlot::gate, a.fch, a.ln2, w.gatew, nullptr, N, C, h.Fl);
   linear_forward(l, LinearSlot::up, a.up, a.ln2, w.upw, nullptr, N, C, h.Fl);

@@ -11,7 +11,7 @@ const char* kernel_op_name(KernelOp op) {
       "matmul_forward", "matmul_backward",
       "attention_forward", "attention_backward", "flash_attention_forward",
       "flash_attention_backward", "gelu_forward", "gelu_backward", "rmsnorm_forward",
-      "rmsnorm_backward", "rope_forward", "rope_backward", "swiglu_forward", "swiglu_backward",
+      "rmsnorm_backward", "residual_rmsnorm_forward", "rope_forward", "rope_backward", "swiglu_forward", "swiglu_backward",
       "gqa_pack_forward", "gqa_pack_backward", "cached_attention_forward", "residual_forward",
       "residual_backward", "xent_local_max", "xent_local_sums", "xent_losses",
       "xent_local_backward", "xent_rows", "gemm", "hold_rounded", "zero", "add", "add_bias",
@@ -158,6 +158,13 @@ void ForwardingKernels::rmsnorm_backward(float* dinp, float* dw, const float* do
                                          int C) const {
   const auto body = [&] { inner_.rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C); };
   around(KernelOp::rmsnorm_backward, mem(3.0 * N * C), nullptr, body);
+}
+
+void ForwardingKernels::residual_rmsnorm_forward(float* res, float* out, float* rstd,
+                                                 const float* a, const float* b, const float* w,
+                                                 int N, int C, double eps) const {
+  const auto body = [&] { inner_.residual_rmsnorm_forward(res, out, rstd, a, b, w, N, C, eps); };
+  around(KernelOp::residual_rmsnorm_forward, mem(4.0 * N * C), nullptr, body);
 }
 
 void ForwardingKernels::rope_forward(float* x, const float* cos, const float* sin, int B, int Tn,

@@ -20,7 +20,8 @@ enum class KernelOp : int {
   layernorm_forward, layernorm_backward, residual_layernorm_forward, matmul_forward,
   matmul_backward,
   attention_forward, attention_backward, flash_attention_forward, flash_attention_backward,
-  gelu_forward, gelu_backward, rmsnorm_forward, rmsnorm_backward, rope_forward, rope_backward,
+  gelu_forward, gelu_backward, rmsnorm_forward, rmsnorm_backward, residual_rmsnorm_forward,
+  rope_forward, rope_backward,
   swiglu_forward, swiglu_backward, gqa_pack_forward, gqa_pack_backward, cached_attention_forward,
   residual_forward,
   residual_backward,
@@ -109,6 +110,9 @@ public:
                        double eps) const override;
   void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp,
                         const float* w, const float* rstd, int N, int C) const override;
+  void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a,
+                                const float* b, const float* w, int N, int C,
+                                double eps) const override;
   void rope_forward(float* x, const float* cos, const float* sin, int B, int Tn, int heads, int HS,
                     size_t ld) const override;
   void rope_backward(float* dx, const float* cos, const float* sin, int B, int Tn, int heads,

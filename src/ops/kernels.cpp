@@ -85,6 +85,11 @@ public:
                         const float* w, const float* rstd, int N, int C) const override {
     ops::rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
   }
+  void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a,
+                                const float* b, const float* w, int N, int C,
+                                double eps) const override {
+    ops::residual_rmsnorm_forward(res, out, rstd, a, b, w, N, C, eps);
+  }
   void rope_forward(float* x, const float* cos, const float* sin, int B, int Tn, int heads, int HS,
                     size_t ld) const override {
     ops::rope_forward(x, cos, sin, B, Tn, heads, HS, ld);

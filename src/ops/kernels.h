@@ -68,6 +68,9 @@ public:
                                int C, double eps) const = 0;
   virtual void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp,
                                 const float* w, const float* rstd, int N, int C) const = 0;
+  virtual void residual_rmsnorm_forward(float* res, float* out, float* rstd, const float* a,
+                                        const float* b, const float* w, int N, int C,
+                                        double eps) const = 0;
   virtual void rope_forward(float* x, const float* cos, const float* sin, int B, int Tn, int heads,
                             int HS, size_t ld) const = 0;
   virtual void rope_backward(float* dx, const float* cos, const float* sin, int B, int Tn,

@@ -127,6 +127,12 @@ void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* w, int N, int C, do
 template <typename T>
 void rmsnorm_backward(T* dinp, T* dw, const T* dout, const T* inp, const T* w, const T* rstd,
                       int N, int C);
+// res(N,C) = a + b, then out = rmsnorm(res): the bits of residual_forward
+// followed by rmsnorm_forward, in one pass over the rows (Llama's block:
+// the attention branch's residual add and the MLP's norm).
+template <typename T>
+void residual_rmsnorm_forward(T* res, T* out, T* rstd, const T* a, const T* b, const T* w, int N,
+                              int C, double eps);
 
 // Llama 3's rope scaling (rope_scaling.rope_type = "llama3"); factor 0: none.
 struct RopeScaling {

@@ -8,17 +8,37 @@
 
 namespace meshlm::ops {
 
+namespace {
+
+// One row: out = w (x s), s = 1 / sqrt(mean(x^2) + eps), kept in *rstd.
+template <typename T>
+void rmsnorm_row(T* out, T* rstd, const T* x, const T* w, int C, double eps) {
+  T ss = 0;
+  for (int c = 0; c < C; ++c) ss += x[c] * x[c];
+  const T s = T(1) / std::sqrt(ss / T(C) + T(eps));
+  for (int c = 0; c < C; ++c) out[c] = w[c] * (x[c] * s);
+  *rstd = s;
+}
+
+}  // namespace
+
 template <typename T>
 void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* w, int N, int C, double eps) {
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; ++n) {
     const size_t r = static_cast<size_t>(n) * C;
-    const T* x = inp + r;
-    T ss = 0;
-    for (int c = 0; c < C; ++c) ss += x[c] * x[c];
-    const T s = T(1) / std::sqrt(ss / T(C) + T(eps));
-    for (int c = 0; c < C; ++c) out[r + c] = w[c] * (x[c] * s);
-    rstd[n] = s;
+    rmsnorm_row(out + r, rstd + n, inp + r, w, C, eps);
+  }
+}
+
+template <typename T>
+void residual_rmsnorm_forward(T* res, T* out, T* rstd, const T* a, const T* b, const T* w, int N,
+                              int C, double eps) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; ++n) {
+    const size_t r = static_cast<size_t>(n) * C;
+    for (int c = 0; c < C; ++c) res[r + c] = a[r + c] + b[r + c];
+    rmsnorm_row(out + r, rstd + n, res + r, w, C, eps);
   }
 }
 
@@ -52,6 +72,8 @@ void rmsnorm_backward(T* dinp, T* dw, const T* dout, const T* inp, const T* w, c
 
 template void rmsnorm_forward<float>(float*, float*, const float*, const float*, int, int, double);
 template void rmsnorm_forward<double>(double*, double*, const double*, const double*, int, int, double);
+template void residual_rmsnorm_forward<float>(float*, float*, float*, const float*, const float*, const float*, int, int, double);
+template void residual_rmsnorm_forward<double>(double*, double*, double*, const double*, const double*, const double*, int, int, double);
 template void rmsnorm_backward<float>(float*, float*, const float*, const float*, const float*, const float*, int, int);
 template void rmsnorm_backward<double>(double*, double*, const double*, const double*, const double*, const double*, int, int);
 

@@ -27,18 +27,19 @@ std::vector<OpClass> op_classes() {
       {"GEMM", {K::matmul_forward, K::matmul_backward, K::gemm}},
       {"attention", {K::attention_forward, K::attention_backward, K::flash_attention_forward,
                      K::flash_attention_backward, K::rope_forward, K::rope_backward,
-                     K::gqa_pack_forward, K::gqa_pack_backward}},
+                     K::gqa_pack_forward, K::gqa_pack_backward, K::cached_attention_forward}},
       {"LayerNorm", {K::layernorm_forward, K::residual_layernorm_forward, K::layernorm_backward,
-                     K::rmsnorm_forward, K::rmsnorm_backward}},
+                     K::rmsnorm_forward, K::residual_rmsnorm_forward, K::rmsnorm_backward}},
       {"GELU / SwiGLU", {K::gelu_forward, K::gelu_backward, K::swiglu_forward, K::swiglu_backward}},
       {"softmax + cross-entropy", {K::xent_local_max, K::xent_local_sums, K::xent_losses,
                                    K::xent_local_backward, K::xent_rows}},
       {"AdamW", {K::adamw_update}},
-      {"gradient norm + clip", {K::sum_of_squares, K::scale}},
+      {"gradient norm + clip, loss", {K::sum_of_squares, K::scale, K::mean}},
       {"residual, bias", {K::residual_forward, K::residual_backward, K::add_bias}},
       {"embeddings", {K::embedding_forward, K::embedding_backward, K::position_forward,
                       K::position_backward}},
-      {"copies, zero, fill", {K::zero, K::fill, K::add, K::hold_rounded, K::upload, K::download}},
+      {"copies, zero, fill", {K::zero, K::fill, K::add, K::copy, K::hold_rounded, K::upload,
+                              K::download}},
   };
 }
 

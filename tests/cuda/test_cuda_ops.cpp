@@ -1125,6 +1125,29 @@ TEST_F(CudaOps, RmsNorm) {
   }
 }
 
+// The fused residual add: res a single IEEE addition (the CPU's bits), out
+// and rstd as the plain RMSNorm; all three written.
+TEST_F(CudaOps, ResidualRmsNorm) {
+  for (const LayerNormCase& k : kLayerNormCases) {
+    SCOPED_TRACE(k.str());
+    const int N = k.N, C = k.C;
+    Both<float> a(layernorm_input(N, C, next_seed())), b = input(size_t(N) * C), w = input(C);
+    Both<float> res = output(size_t(N) * C), out = output(size_t(N) * C), rstd = output(N);
+    run_both(
+        [&] {
+          ops::residual_rmsnorm_forward<float>(res.c(), out.c(), rstd.c(), a.c(), b.c(), w.c(), N,
+                                               C, 1e-5);
+        },
+        [&] {
+          cuda::residual_rmsnorm_forward(res.g(), out.g(), rstd.g(), a.g(), b.g(), w.g(), N, C,
+                                         1e-5, stream_);
+        });
+    EXPECT_TRUE(matches(res, kExact));
+    EXPECT_TRUE(matches(out, kTol));
+    EXPECT_TRUE(matches(rstd, kTol));
+  }
+}
+
 // q's heads inside packed rows (ld larger than the heads), the rest of each
 // row untouched; forward then backward on the same tables.
 TEST_F(CudaOps, Rope) {

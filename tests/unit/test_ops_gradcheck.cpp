@@ -287,6 +287,42 @@ TEST(OpsGradcheck, ResidualLayerNormIsTheTwoOps) {
   }
 }
 
+// The same for Llama's residual add and RMSNorm, and with res written over
+// a (the decoder's in-place use).
+template <typename T>
+void expect_fused_residual_rmsnorm_is_the_two_ops(int N, int C) {
+  const size_t n = size_t(N) * C;
+  const auto a = cast<T>(randn(n, 71, 3.0)), b = cast<T>(randn(n, 72));
+  const auto w = cast<T>(randn(C, 73));
+  const double eps = 1e-5;
+  std::vector<T> res1(n), out1(n), rstd1(N);
+  ops::residual_forward(res1.data(), a.data(), b.data(), n);
+  ops::rmsnorm_forward(out1.data(), rstd1.data(), res1.data(), w.data(), N, C, eps);
+  const T nan = std::numeric_limits<T>::quiet_NaN();
+  std::vector<T> res2(n, nan), out2(n, nan), rstd2(N, nan);
+  ops::residual_rmsnorm_forward(res2.data(), out2.data(), rstd2.data(), a.data(), b.data(),
+                                w.data(), N, C, eps);
+  auto same = [](const std::vector<T>& x, const std::vector<T>& y) {
+    return std::memcmp(x.data(), y.data(), x.size() * sizeof(T)) == 0;
+  };
+  EXPECT_TRUE(same(res1, res2)) << "res";
+  EXPECT_TRUE(same(out1, out2)) << "out";
+  EXPECT_TRUE(same(rstd1, rstd2)) << "rstd";
+  std::vector<T> in_place = a, out3(n, nan), rstd3(N, nan);
+  ops::residual_rmsnorm_forward(in_place.data(), out3.data(), rstd3.data(), in_place.data(),
+                                b.data(), w.data(), N, C, eps);
+  EXPECT_TRUE(same(res1, in_place)) << "res in place";
+  EXPECT_TRUE(same(out1, out3)) << "out in place";
+}
+
+TEST(OpsGradcheck, ResidualRmsNormIsTheTwoOps) {
+  for (const auto& [N, C] : {std::pair{1, 3}, std::pair{7, 33}, std::pair{5, 2048}}) {
+    SCOPED_TRACE("N=" + std::to_string(N) + " C=" + std::to_string(C));
+    expect_fused_residual_rmsnorm_is_the_two_ops<float>(N, C);
+    expect_fused_residual_rmsnorm_is_the_two_ops<double>(N, C);
+  }
+}
+
 // Vocabulary-parallel embedding with tensor parallelism emulated by hand: the
 // Vp rows of wte are split into P equal parts, the parts' lookups are summed
 // (the all-reduce of the model), then the position embedding is added once.
