@@ -310,7 +310,13 @@ void run(const GenerateOptions& o) {
   if (!caps.built) bad(std::string("--backend ") + name_of(o.backend) + ": " + caps.missing_build);
   // This rank alone: a mesh of one, whose GPU is its node's first.
   const ProcessMesh self(MPI_COMM_SELF, MeshLayout(1, 1, 1));
-  const Backend backend(o.backend, self);
+  std::unique_ptr<Backend> opened;
+  try {
+    opened = std::make_unique<Backend>(o.backend, self);
+  } catch (const std::exception& e) {
+    throw RankError(std::string("--backend ") + name_of(o.backend) + ": " + e.what(), MESHLM_HERE);
+  }
+  const Backend& backend = *opened;
   Decoder dec(cfg, context, Decoder::kChunkRows, backend.kernels());
   dec.load([&](const ParamSpec& p, float* out) { model->read_checked(p, out); });
   log::write_line(stderr, fmt::format("# generate: {} ({}), {} threads, loaded in {:.2f} s; "
