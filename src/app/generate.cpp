@@ -138,8 +138,8 @@ double real(const std::string& key, const std::string& text, double lo, double h
 // an unknown one.
 const std::vector<std::string> kOptionNames = {
     "--prompt", "--prompt-ids", "--tokenizer", "--merges", "--base", "--n_head",
-    "--max-new-tokens", "--threads", "--backend", "--temperature", "--top-k", "--top-p", "--seed", "--print",
-    "--no-bos", "--help"};
+    "--max-new-tokens", "--threads", "--backend", "--temperature", "--top-k", "--top-p", "--seed",
+    "--print", "--no-bos", "--help"};
 
 // Sets one option of `o` from `key` and `value`; false for an unknown key.
 bool set_option(GenerateOptions& o, const std::string& key, const std::string& value) {
@@ -306,8 +306,6 @@ void run(const GenerateOptions& o) {
                     "(max_seq_len: GPT-2's n_positions, a Llama's max_position_embeddings)",
                     n, T));
   const int context = static_cast<int>(std::min<long long>(T, static_cast<long long>(n) + o.max_new));
-  const BackendCaps& caps = backend_caps(o.backend);
-  if (!caps.built) bad(std::string("--backend ") + name_of(o.backend) + ": " + caps.missing_build);
   // This rank alone: a mesh of one, whose GPU is its node's first.
   const ProcessMesh self(MPI_COMM_SELF, MeshLayout(1, 1, 1));
   std::unique_ptr<Backend> opened;

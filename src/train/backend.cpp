@@ -98,8 +98,8 @@ Backend::Backend(ComputeBackend kind, const ProcessMesh& mesh, ops::Precision pr
       gpu_ = std::make_unique<cuda::DeviceContext>(mesh.node_rank(), mesh.rank(), precision_);
     }, MESHLM_HERE);
 #else
-    throw CollectiveError(
-        "runtime.backend = cuda, but this meshlm was built without the CUDA backend", MESHLM_HERE);
+    throw CollectiveError(std::string("runtime.backend = cuda, but ") + caps().missing_build,
+                          MESHLM_HERE);
 #endif
   }
   if (kind_ == ComputeBackend::emulated) emulated_ = std::make_unique<EmulatedDevice>(precision_);

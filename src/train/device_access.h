@@ -1,8 +1,9 @@
 // The rank's compute backend as comm::DeviceAccess: host staging
 // (comm/staged_comm.h, comm.device = host) copies a device buffer's bytes
 // with the backend's download and upload, on its stream, after the work
-// queued there (an upload returns before it lands, ahead of what follows). On the CPU backend nothing is a device buffer, and a staged
-// communicator passes every buffer to MPI as it is.
+// queued there (an upload returns before it lands, ahead of what follows).
+// On the CPU backend nothing is a device buffer, and a staged communicator
+// passes every buffer to MPI as it is.
 #pragma once
 
 #include <cstddef>

@@ -62,8 +62,7 @@ private:
   // Walks `actions`; each forward runs at `head_scale` (the classifier's
   // backward in the forward, training) or without (evaluation).
   void walk(const std::vector<Action>& actions, const int32_t* tokens, const int32_t* targets,
-              const std::function<void(int micro)>& before_forward,
-              std::optional<float> head_scale);
+            const std::function<void(int micro)>& before_forward, std::optional<float> head_scale);
 
   GPT& model_;
   std::vector<Action> schedule_;
