@@ -125,7 +125,7 @@ void Zero::poll_started() {
 void Zero::book_in_flight() {
   if (in_flight_since_ < 0) return;
   timers_.add_hidden(Section::dp_comm, now_seconds() - in_flight_since_);
-  in_flight_since_ = started_.empty() ? -1 : now_seconds();
+  in_flight_since_ = -1;
 }
 
 void Zero::start_reduction(size_t a, size_t b) {
@@ -150,7 +150,6 @@ void Zero::reduce() {
     start_reduction(buckets_.front().end, z_.n);
     // What is still in flight was hidden until now; the wait is exposed.
     book_in_flight();
-    in_flight_since_ = -1;
     ScopedTimer t(timers_, Section::dp_comm);
     for (comm::Handle& h : started_) h.wait();
     started_.clear();

@@ -108,7 +108,8 @@ private:
   // those complete; when none is left in flight, books the time since the
   // first was started as hidden dp communication.
   void poll_started();
-  // Books the time the reductions have been in flight so far as hidden.
+  // Books the time since the first reduction in flight was started as
+  // hidden, and stops that clock.
   void book_in_flight();
 
   int stage_;
