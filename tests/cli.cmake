@@ -62,9 +62,6 @@ set_tests_properties(cli_cuda_backend_without_a_gpu PROPERTIES LABELS cli TIMEOU
 add_test(NAME cli_cublas_not_linked
   COMMAND bash -c "readelf -d \"$0\" | grep NEEDED; ! readelf -d \"$0\" | grep -q 'NEEDED.*libcublas'" $<TARGET_FILE:meshlm>)
 set_tests_properties(cli_cublas_not_linked PROPERTIES LABELS cli TIMEOUT 30)
-# comm.device = nccl where the backend has no NCCL (the emulated device).
-meshlm_cli_error(nccl_on_emulated_device "comm.device = nccl: runtime.backend = emulated moves device buffers between ranks only through the host"
-  train ${_tiny} --runtime.backend=emulated --comm.device=nccl)
 
 # Non-finite numbers: in a base file (full and LoRA), in a step's gradient
 # (train.on_nonfinite = stop | skip, train.max_skipped).

@@ -23,20 +23,24 @@
 namespace {
 // The failures of one rank > 0: file, line and message of each failed
 // assertion, so a test that fails only there says why.
+// (GoogleTest calls OnTestPartResult holding the lock that
+// current_test_info() takes: the test is kept from OnTestStart instead.)
 class FailurePrinter : public ::testing::EmptyTestEventListener {
 public:
   explicit FailurePrinter(int rank) : rank_(rank) {}
+  void OnTestStart(const ::testing::TestInfo& t) override { test_ = &t; }
+  void OnTestEnd(const ::testing::TestInfo&) override { test_ = nullptr; }
   void OnTestPartResult(const ::testing::TestPartResult& r) override {
     if (!r.failed()) return;
-    const ::testing::TestInfo* t = ::testing::UnitTest::GetInstance()->current_test_info();
     std::fprintf(stderr, "[rank %d] FAILED %s.%s at %s:%d\n%s\n", rank_,
-                 t ? t->test_suite_name() : "?", t ? t->name() : "?",
+                 test_ ? test_->test_suite_name() : "?", test_ ? test_->name() : "?",
                  r.file_name() ? r.file_name() : "?", r.line_number(), r.message());
     std::fflush(stderr);
   }
 
 private:
   int rank_;
+  const ::testing::TestInfo* test_ = nullptr;
 };
 }  // namespace
 

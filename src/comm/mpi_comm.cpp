@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/ordered_comm.h"
 #include "comm/stall_watchdog.h"
 #include "core/alloc.h"
 #include "core/error.h"
@@ -73,7 +74,17 @@ struct WaitSite {
 // completion is progress (core/heartbeat.h).
 void wait_requests(int n, MPI_Request* reqs, const char* op, const char* call, WaitSite site) {
   note_wait(op, site.members, site.peer);
-  if (g_wait_policy.load(std::memory_order_relaxed) == WaitPolicy::poll) {
+  // While operations of an ordered communicator are pending, they advance
+  // between the tests (comm/ordered_comm.h): an NCCL stream would go on.
+  if (advance_ordered_communicators()) {
+    for (;;) {
+      int flag = 0;
+      check(MPI_Testall(n, reqs, &flag, MPI_STATUSES_IGNORE), op, call);
+      if (flag) break;
+      advance_ordered_communicators();
+      std::this_thread::yield();
+    }
+  } else if (g_wait_policy.load(std::memory_order_relaxed) == WaitPolicy::poll) {
     check(n == 1 ? MPI_Wait(reqs, MPI_STATUS_IGNORE) : MPI_Waitall(n, reqs, MPI_STATUSES_IGNORE),
           op, call);
   } else {

@@ -371,7 +371,7 @@ size_t staged_comm_bytes(const GPTConfig& model, const RankPlan& r, int pp, size
   // TP: the all-reduces inside the layers.
   if (groups && r.shard.tp_size > 1)
     bytes += stage(tp_reduction_count(model, r, table), 1, r.shard.tp_size);
-  if (pp > 1) {
+  if (groups && pp > 1) {
     // PP: each slot's activations sent forward (not from the last stage),
     // and the message received last, in host buffers of the pipeline's.
     const size_t act = static_cast<size_t>(r.micro_batch) * r.seq_len * model.n_embd * f;
@@ -379,7 +379,7 @@ size_t staged_comm_bytes(const GPTConfig& model, const RankPlan& r, int pp, size
     bytes += act;
     // The embedding group of the first and last stage: the tied tensors'
     // gradients summed (below ZeRO 2) and their values shared.
-    if (groups && (r.shard.first_stage || r.shard.last_stage))
+    if (r.shard.first_stage || r.shard.last_stage)
       for (const ParamSpec& p : table) {
         if (p.tied != TiedGroup::embedding) continue;
         bytes += stage(p.numel(), 1, 2);
@@ -419,8 +419,12 @@ size_t ring_scratch_prediction(const GPTConfig& model, const RankPlan& r, int pp
 PhasedMemory predict_run_phases(const GPTConfig& model, const RankPlan& r,
                                 const RunMemoryOptions& o) {
   PhasedMemory phased = predict_phases(model, r, o.windows, o.shuffle);
-  phased.add(MemPhase::training, MemCategory::comm,
-             ring_scratch_prediction(model, r, o.pp, o.overlap_bytes));
+  // The rings' scratch: MPI's reductions of host buffers, the CPU's and a
+  // device's staged through the host. A device's groups under NCCL reduce
+  // on the device (their scalars are below the rings' threshold).
+  if (!o.device || o.staging_bytes > 0)
+    phased.add(MemPhase::training, MemCategory::comm,
+               ring_scratch_prediction(model, r, o.pp, o.overlap_bytes));
   if (o.device)
     phased.add(MemPhase::training, MemCategory::comm,
                staged_comm_bytes(model, r, o.pp, o.staging_bytes, o.overlap_bytes));

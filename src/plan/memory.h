@@ -204,8 +204,8 @@ size_t ring_scratch_prediction(const GPTConfig& model, const RankPlan& rank, int
 // comm/staged_comm.h; a rank of `pp` stages): the staging buffer of each
 // group that moves device buffers, as large as the largest piece of its
 // collectives (pieces of at most `staging_bytes`; 0: the groups are NCCL's),
-// and the pipeline's host buffers of activations (train/pipeline_runner.h:
-// on a device backend the pipeline always goes through the host).
+// and the pipeline's host buffers of activations (train/pipeline_runner.h;
+// none where its links are NCCL's, comm/pipeline_links.h).
 size_t staged_comm_bytes(const GPTConfig& model, const RankPlan& rank, int pp,
                          size_t staging_bytes, size_t overlap_bytes = 0);
 // What is live at each phase of the run on the host: predict_phases, with

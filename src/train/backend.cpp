@@ -61,7 +61,7 @@ BackendCaps emulated_caps() {
   c.built = true;
   c.missing_build = "";
   c.device_workspace = false;  // the CPU's ops need none
-  c.nccl = false;
+  c.nccl_emulated = true;
   c.device_used_source = "the emulated device's pages handed out";
   c.native_16bit_gemm = false;
   c.fp32_note = "";
@@ -167,6 +167,7 @@ DeviceRoute device_route(const RunConfig& cfg, const ProcessMesh& mesh, const Ba
   DeviceRoute r;
   r.asked = cfg.comm.device;
   r.nccl = nccl_named(cfg);
+  r.nccl_emulated = backend_caps(cfg.runtime.backend).nccl_emulated;
   r.stream = backend.device_stream();
   r.backend = name_of(backend.kind());
   r.slot = {mesh.node_index(), backend.device_ordinal(), mesh.rank()};

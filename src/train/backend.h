@@ -44,6 +44,8 @@ struct BackendCaps {
   const char* fp32_note = "";
   // Device buffers move between GPUs by NCCL (comm.device = nccl).
   bool nccl = false;
+  // ... by comm/ordered_comm.h's emulation of NCCL (the emulated device).
+  bool nccl_emulated = false;
   // The start-up GEMM that makes OpenBLAS's per-thread buffer resident (and
   // the memory prediction's line for it).
   bool openblas_warm_up = false;
@@ -111,8 +113,8 @@ private:
   std::unique_ptr<ops::TimedKernels> timed_;
 };
 
-// Whether the run's groups (but the pipeline's) move device buffers by
-// NCCL: comm.device = nccl on a backend that has it. auto stages through the
+// Whether the run's groups move device buffers by NCCL: comm.device = nccl
+// on a backend that has it. auto stages through the
 // host until the NCCL path has run on GPUs (tests/cuda/test_cuda_nccl.cpp).
 bool nccl_named(const RunConfig& cfg);
 // How the rank's groups move device buffers (train/group_comm.h): comm.device,

@@ -10,6 +10,7 @@
 
 #include "comm/errors.h"
 #include "comm/mpi_comm.h"
+#include "comm/pipeline_links.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "load/base_source.h"
@@ -91,8 +92,8 @@ Engine::Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& tim
   }
   pipeline_ = std::make_unique<PipelineRunner>(
       *model_, build_schedule(cfg.parallel.schedule, c.pp, cfg.parallel.pp, m), *pp_send_,
-      *pp_recv_, B, T, 1.0f / static_cast<float>(m * cfg.parallel.dp), timers_,
-      pp_through_host_);
+      pp_recv_ ? *pp_recv_ : *pp_send_, B, T, 1.0f / static_cast<float>(m * cfg.parallel.dp),
+      timers_, pp_through_host_);
   // The last micro-batch's backward completes each layer's gradients: ZeRO
   // may reduce them as it goes (comm.overlap).
   pipeline_->set_before_backward([this, m](int micro) {
@@ -124,12 +125,6 @@ void Engine::make_communicators(const ops::Kernels& kernels, const DeviceRoute& 
   for (int g = 0; g < kGroups; ++g)
     try_all(mesh.world(), "", [&] {
       if (groups[g] == MPI_COMM_NULL) return;
-      // The pipeline's sends and receives go on two communicators, which
-      // NCCL would not match: its activations travel through the host.
-      if (g == kPp) {
-        paths[g] = comm::DeviceComm::host;
-        return;
-      }
       paths[g] = comm::group_device_comm(
           groups[g], route.asked, route.nccl, route.backend, route.slot,
           fmt::format("the {} group of rank {}", kNames[g], mesh.rank()));
@@ -142,8 +137,20 @@ void Engine::make_communicators(const ops::Kernels& kernels, const DeviceRoute& 
   world_through_host_ = paths[kWorld] == comm::DeviceComm::host;
   dp_ = make(kDp);
   tp_ = make(kTp);
-  pp_send_ = make(kPp);
-  pp_recv_ = make(kPp);
+  if (paths[kPp] == comm::DeviceComm::nccl) {
+    // A communicator per neighbour and direction (comm/pipeline_links.h),
+    // which the runner's sends and receives share.
+    pp_send_ = comm::make_pipeline_links(
+        mesh.pp(),
+        [&](MPI_Comm pair, const std::string& link) {
+          return make_group_communicator(pair, comm::DeviceComm::nccl, *device_access_, route,
+                                         fmt::format("{} of rank {}", link, mesh.rank()));
+        },
+        fmt::format("the pp group of rank {}", mesh.rank()));
+  } else {
+    pp_send_ = make(kPp);
+    pp_recv_ = make(kPp);
+  }
   world_ = make(kWorld);
   if (mesh.embedding() != MPI_COMM_NULL) emb_ = make(kEmb);
   // Which paths the groups took, over every rank: 1 = host, 2 = nccl, 0 =

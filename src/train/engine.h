@@ -131,7 +131,8 @@ private:
   // How host staging reaches the device's buffers (device backends).
   std::unique_ptr<KernelsDeviceAccess> device_access_;
   std::unique_ptr<comm::Communicator> tp_, dp_, emb_, world_;
-  // Two views of the PP group (see PipelineRunner).
+  // Two views of the PP group (see PipelineRunner); under NCCL one, its
+  // links (comm/pipeline_links.h), and pp_recv_ null.
   std::unique_ptr<comm::Communicator> pp_send_, pp_recv_;
   bool pp_through_host_ = false;  // a device's activations staged through the host
   bool world_through_host_ = false;  // ... and the tied embedding's pieces under ZeRO 2

@@ -1,6 +1,7 @@
 #include "train/group_comm.h"
 
 #include "comm/mpi_comm.h"
+#include "comm/ordered_comm.h"
 #include "core/error.h"
 #ifdef MESHLM_HAVE_CUDA
 #include "cuda/nccl_comm.h"
@@ -13,6 +14,8 @@ std::unique_ptr<comm::Communicator> make_group_communicator(MPI_Comm group, comm
                                                             const DeviceRoute& route,
                                                             const std::string& name) {
   std::unique_ptr<comm::Communicator> mpi = comm::make_mpi_communicator(group);
+  if (path == comm::DeviceComm::nccl && route.nccl_emulated)
+    return comm::make_ordered_communicator(std::move(mpi), group, device, name);
   if (path == comm::DeviceComm::nccl) {
 #ifdef MESHLM_HAVE_CUDA
     return cuda::make_nccl_communicator(std::move(mpi), route.stream, name,

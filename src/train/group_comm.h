@@ -24,6 +24,8 @@ struct DeviceRoute {
   // Whether this meshlm can move device buffers with NCCL on this backend;
   // without it auto is host and nccl an error.
   bool nccl = false;
+  // NCCL is comm/ordered_comm.h's emulation (the emulated device).
+  bool nccl_emulated = false;
   const char* backend = "";  // runtime.backend, for messages
   comm::GpuSlot slot;        // the rank's node, GPU and world rank
   size_t staging_bytes = size_t(32) << 20;  // host staging's buffer, at most
@@ -33,8 +35,9 @@ struct DeviceRoute {
 // A communicator over `group` (named `name` in messages) whose device
 // buffers take `path`: host staging through `device` (how bytes cross
 // between the device and the host; it must outlive the result), or NCCL
-// after the work of `route.stream` (cuda/nccl_comm.h). Collective over the
-// group under nccl.
+// after the work of `route.stream` (cuda/nccl_comm.h; its emulation through
+// `device` where route.nccl_emulated, comm/ordered_comm.h). Collective over
+// the group under nccl.
 std::unique_ptr<comm::Communicator> make_group_communicator(MPI_Comm group, comm::DeviceComm path,
                                                             const comm::DeviceAccess& device,
                                                             const DeviceRoute& route,

@@ -348,7 +348,9 @@ StepWork step_shape(const RunConfig& cfg) {
 std::string device_comm_of(const RunConfig& cfg, const PlanMachine& m) {
   const BackendCaps& caps = backend_caps(m.backend);
   if (!caps.device_memory) return "";
-  if (!caps.nccl) return "host";  // the emulated device: every group through the host
+  if (!caps.nccl) return "host";
+  // The emulated device's auto is host staging, as train takes it.
+  if (caps.nccl_emulated && cfg.comm.device != comm::DeviceComm::nccl) return "host";
   const ParallelConfig& p = cfg.parallel;
   bool host = false;
   const int gpus = m.gpus_per_node > 0 ? m.gpus_per_node : m.ranks_per_node;

@@ -27,8 +27,9 @@ class PipelineRunner {
 public:
   // `model`, the two views of the PP group and `timers` must outlive the
   // runner: operations on one Communicator complete in issue order, and a
-  // receive must not wait behind a send still in flight (as sends and
-  // receives on separate streams under NCCL). `loss_scale` multiplies each
+  // receive must not wait behind a send still in flight (under NCCL both
+  // views are the group's links, comm/pipeline_links.h, a communicator per
+  // neighbour and direction). `loss_scale` multiplies each
   // micro-batch's mean loss in backward. `through_host`: the model's
   // buffers are a device's and the PP group moves host buffers (host
   // staging): activations leave from and arrive in host buffers of the

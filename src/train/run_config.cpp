@@ -94,9 +94,6 @@ void validate_train(const RunConfig& c) {
   const std::string backend = name_of(c.runtime.backend);
   if (!caps.built)
     fail("runtime.backend = " + backend + ", but " + caps.missing_build);
-  if (caps.device_memory && !caps.nccl && c.comm.device == comm::DeviceComm::nccl)
-    fail("comm.device = nccl: runtime.backend = " + backend + " moves device buffers between "
-         "ranks only through the host; set comm.device = host or auto");
   if (t.attention == Attention::flash && c.model.n_head > 0 &&
       c.model.n_embd % c.model.n_head == 0 &&
       !caps.flash_attention(t.precision, c.model.n_embd / c.model.n_head))

@@ -2,10 +2,12 @@
 // comm::Communicator and a message between two ranks through NCCL on device
 // buffers, against the values every rank can work out; host buffers (the
 // losses and norms the engine reduces) through the same communicator go to
-// MPI. Every rank on a GPU of its own (rank r on GPU r): run as one rank
-// (cuda_nccl: every code path on a communicator of one) and under mpiexec
-// -n 2 (cuda_nccl_two_gpus), which skips, saying why, where the machine has
-// one GPU. Skips without a CUDA device.
+// MPI; and the pipeline's links (comm/pipeline_links.h), a pair of NCCL
+// communicators per neighbouring ranks. Every rank on a GPU of its own (rank
+// r on GPU r): run as one rank (cuda_nccl: every code path on a
+// communicator of one) and under mpiexec -n 2 (cuda_nccl_two_gpus), which
+// skips, saying why, where the machine has one GPU. Skips without a CUDA
+// device.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "comm/mpi_comm.h"
+#include "comm/pipeline_links.h"
 #include "cuda/nccl_comm.h"
 #include "cuda_test.h"
 
@@ -115,6 +118,34 @@ TEST_F(CudaNccl, AMessageToTheNextRank) {
     comm_->send(out.get(), n, DType::f32, next).wait();
   }
   EXPECT_FLOAT_EQ(host_of(in)[n - 1], value(prev, n - 1));
+}
+
+// The pipeline's links (comm/pipeline_links.h) over NCCL: every stage posts
+// its sends (down to the next, up to the previous) before its receives, and
+// waits for all four; one NCCL communicator per stage would hang here.
+TEST_F(CudaNccl, PipelineLinksCarryBothDirectionsAtOnce) {
+  if (size_ < 2) GTEST_SKIP() << "a pipeline of one stage has no links";
+  auto links = comm::make_pipeline_links(
+      MPI_COMM_WORLD,
+      [&](MPI_Comm pair, const std::string& name) {
+        return cuda::make_nccl_communicator(comm::make_mpi_communicator(pair), compute_, name,
+                                            comm::world_ranks_of(pair));
+      },
+      "the test pipeline");
+  const int s = rank_, last = size_ - 1;
+  const size_t n = size_t{1} << 20;  // 4 MiB each way: past NCCL's buffers
+  DeviceArray<float> down_out(n), up_out(n), down_in(n), up_in(n);
+  fill(down_out, 2 * rank_);
+  fill(up_out, 2 * rank_ + 1);
+  std::vector<comm::Handle> hs;
+  if (s < last) hs.push_back(links->send(down_out.get(), n, DType::f32, s + 1));
+  if (s > 0) hs.push_back(links->send(up_out.get(), n, DType::f32, s - 1));
+  if (s > 0) hs.push_back(links->recv(down_in.get(), n, DType::f32, s - 1));
+  if (s < last) hs.push_back(links->recv(up_in.get(), n, DType::f32, s + 1));
+  for (comm::Handle& h : hs) h.wait();
+  if (s > 0) EXPECT_FLOAT_EQ(host_of(down_in)[n - 1], value(2 * (s - 1), n - 1));
+  if (s < last) EXPECT_FLOAT_EQ(host_of(up_in)[n - 1], value(2 * (s + 1) + 1, n - 1));
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 TEST_F(CudaNccl, HostBuffersGoToMpi) {

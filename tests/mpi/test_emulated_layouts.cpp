@@ -3,7 +3,8 @@
 // runtime.backend = emulated (train/emulated_device.h: the CPU's kernels on
 // device memory the host cannot touch between ops), so every buffer the
 // engine exchanges is a device buffer and every group moves it by host
-// staging (comm.device = auto resolves to host: no NCCL). Each layout
+// staging (comm.device = auto resolves to host), and the GPT-2 layouts again
+// under comm.device = nccl (its emulation, comm/ordered_comm.h). Each layout
 // against one rank of the CPU backend: the losses within 1e-5 relative, the
 // gathered final parameters (or adapters) within 1e-5 norm-wise, every
 // rank's memory (host and device together) its prediction per category.
@@ -34,6 +35,17 @@ protected:
 
 TEST_F(EmulatedLayouts, FullTrainingInEveryLayoutMatchesOneCpuRank) {
   expect_layouts_match_one_rank(kGpt2LayoutsConfig, dir_, parallel_layouts(), {}, kEmulated, 0.1);
+}
+
+// comm.device = nccl: every group's device buffers (the pipeline's over its
+// links, comm/pipeline_links.h) on the emulation of NCCL's stream order
+// (comm/ordered_comm.h), with the DP reduction overlapped with the backward
+// (comm.overlap = auto): an engine that issued collectives in different
+// orders on two ranks, or a receive behind a send, would hang or mix them.
+TEST_F(EmulatedLayouts, FullTrainingInEveryLayoutMatchesOneCpuRankInNcclOrder) {
+  std::vector<std::string> nccl = kEmulated;
+  nccl.push_back("--comm.device=nccl");
+  expect_layouts_match_one_rank(kGpt2LayoutsConfig, dir_, parallel_layouts(), {}, nccl, 0.1);
 }
 
 TEST_F(EmulatedLayouts, LoraOnANodeSharedBaseInEveryLayoutMatchesOneCpuRank) {

@@ -15,65 +15,18 @@
 #include <cstring>
 #include <memory>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "comm/comm.h"
 #include "comm/mpi_comm.h"
 #include "comm/staged_comm.h"
+#include "mpi/fake_device.h"
 
 using namespace meshlm;
 using namespace meshlm::comm;
+using namespace meshlm::testing;
 
 namespace {
-
-constexpr int kPoison = -77;
-
-int value(int r, size_t i) { return static_cast<int>((r * 5 + i * 7) % 11) - 3; }
-
-int reduced(ReduceOp op, int size, size_t i) {
-  int acc = value(0, i);
-  for (int r = 1; r < size; ++r)
-    acc = op == ReduceOp::sum   ? acc + value(r, i)
-          : op == ReduceOp::min ? std::min(acc, value(r, i))
-                                : std::max(acc, value(r, i));
-  return acc;
-}
-
-// Host memory that plays the device: the staged communicator must reach it
-// only through to_host and to_device.
-class FakeDevice : public DeviceAccess {
-public:
-  explicit FakeDevice(size_t bytes) : mem_(bytes) {}
-  bool on_device(const void* p) const override {
-    const char* c = static_cast<const char*>(p);
-    return c >= mem_.data() && c < mem_.data() + mem_.size();
-  }
-  void to_host(void* host, const void* device, size_t bytes, Stream) const override {
-    EXPECT_TRUE(inside(device, bytes)) << "a copy from outside the device";
-    EXPECT_FALSE(on_device(host));
-    std::memcpy(host, device, bytes);
-    down += bytes;
-  }
-  void to_device(void* device, const void* host, size_t bytes, Stream) const override {
-    EXPECT_TRUE(inside(device, bytes)) << "a copy to outside the device";
-    EXPECT_FALSE(on_device(host));
-    std::memcpy(device, host, bytes);
-    up += bytes;
-  }
-  template <typename T>
-  T* at(size_t byte_offset) {
-    return reinterpret_cast<T*>(mem_.data() + byte_offset);
-  }
-  mutable size_t down = 0, up = 0;
-
-private:
-  bool inside(const void* p, size_t bytes) const {
-    const char* c = static_cast<const char*>(p);
-    return on_device(p) && c + bytes <= mem_.data() + mem_.size();
-  }
-  std::vector<char> mem_;
-};
 
 class StagedTest : public ::testing::Test {
 protected:
@@ -98,11 +51,6 @@ template <typename T>
 class StagedTyped : public StagedTest {};
 using Types = ::testing::Types<float, double, int32_t>;
 TYPED_TEST_SUITE(StagedTyped, Types);
-
-template <typename T>
-constexpr DType kType = std::is_same_v<T, float>    ? DType::f32
-                        : std::is_same_v<T, double> ? DType::f64
-                                                    : DType::i32;
 
 // Staging from one element to more than any message here; counts from one
 // element to several pieces with a short last one.
