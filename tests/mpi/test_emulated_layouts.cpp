@@ -3,8 +3,9 @@
 // runtime.backend = emulated (train/emulated_device.h: the CPU's kernels on
 // device memory the host cannot touch between ops), so every buffer the
 // engine exchanges is a device buffer and every group moves it by host
-// staging (comm.device = auto resolves to host), and the GPT-2 layouts again
-// under comm.device = nccl (its emulation, comm/ordered_comm.h). Each layout
+// staging (comm.device = auto resolves to host), or under comm.device = nccl
+// (its emulation, comm/ordered_comm.h): GPT-2 both ways, LoRA through the
+// host, Llama in NCCL's order. Each layout
 // against one rank of the CPU backend: the losses within 1e-5 relative, the
 // gathered final parameters (or adapters) within 1e-5 norm-wise, every
 // rank's memory (host and device together) its prediction per category.
@@ -52,9 +53,13 @@ TEST_F(EmulatedLayouts, LoraOnANodeSharedBaseInEveryLayoutMatchesOneCpuRank) {
   expect_layouts_match_one_rank(kLoraLayoutsConfig, dir_, lora_layouts(), {}, kEmulated, 0.05);
 }
 
-TEST_F(EmulatedLayouts, LlamaInEveryLayoutMatchesOneCpuRank) {
-  expect_layouts_match_one_rank(kLlamaLayoutsConfig, dir_, parallel_layouts(), {}, kEmulated,
-                                0.05);
+// Llama's layouts (grouped-query attention: key/value heads replicated
+// over tp where fewer, their gradients reduced) in NCCL's order only: its
+// host staging is GPT-2's.
+TEST_F(EmulatedLayouts, LlamaInEveryLayoutMatchesOneCpuRankInNcclOrder) {
+  std::vector<std::string> nccl = kEmulated;
+  nccl.push_back("--comm.device=nccl");
+  expect_layouts_match_one_rank(kLlamaLayoutsConfig, dir_, parallel_layouts(), {}, nccl, 0.05);
 }
 
 }  // namespace
