@@ -223,3 +223,8 @@ add_test(NAME emulated_train_matches_cpu
           ${PROJECT_SOURCE_DIR}/inputs/tiny.cfg emulated)
 set_tests_properties(emulated_train_matches_cpu PROPERTIES LABELS cli TIMEOUT 300
   ENVIRONMENT "MESHLM_PYTHON=${MESHLM_PYTHON}")
+# cuda_nccl_one_rank's runs on the emulated device (NCCL's order emulated).
+add_test(NAME emulated_nccl_one_rank
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cuda/nccl_one_rank.sh "${MESHLM_MPIEXEC_ONE_LINE}" $<TARGET_FILE:meshlm>
+          ${PROJECT_SOURCE_DIR}/inputs/tiny.cfg ${PROJECT_SOURCE_DIR}/inputs/qlora-tiny.cfg emulated)
+set_tests_properties(emulated_nccl_one_rank PROPERTIES LABELS cli TIMEOUT 300)

@@ -273,7 +273,8 @@ FillReport fill_store(const GPTConfig& cfg, const QuantConfig& q, uint64_t seed,
 }
 
 std::unique_ptr<FrozenBase> FrozenBase::load(const GPTConfig& cfg, const QuantConfig& q,
-                                             uint64_t seed, const ProcessMesh& mesh) {
+                                             uint64_t seed, const ProcessMesh& mesh,
+                                             const DeviceBroadcast* over_device) {
   const double t0 = now_seconds();
   std::unique_ptr<FrozenBase> b(new FrozenBase);
   b->manifest_ = make_manifest(cfg, q.type);
@@ -294,7 +295,21 @@ std::unique_ptr<FrozenBase> FrozenBase::load(const GPTConfig& cfg, const QuantCo
       leaders->broadcast(&flag, 1, DType::i32, 0).wait();
       return flag;
     };
-    auto send_bytes = [&](uint8_t* p, size_t n) { leaders->broadcast(p, n, DType::u8, 0).wait(); };
+    auto send_bytes = [&](uint8_t* p, size_t n) {
+      if (over_device == nullptr) {
+        leaders->broadcast(p, n, DType::u8, 0).wait();
+        return;
+      }
+      // Through the leaders' GPUs, a chunk at a time.
+      const DeviceBroadcast& d = *over_device;
+      const bool root = mesh.rank() == 0;
+      for (size_t done = 0; done < n; done += d.chunk_bytes) {
+        const size_t k = std::min(d.chunk_bytes, n - done);
+        if (root) d.device->to_device(d.chunk, p + done, k, nullptr);
+        d.leaders->broadcast(d.chunk, k, DType::u8, 0).wait();
+        if (!root) d.device->to_host(p + done, d.chunk, k, nullptr);
+      }
+    };
     // Rank 0 tells the leaders first whether the store comes from the cache
     // (then all of it follows) or from the source (then each tensor follows
     // as soon as it is quantized, behind a flag that says whether it could

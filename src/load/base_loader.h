@@ -26,6 +26,8 @@
 #include <string>
 #include <vector>
 
+#include "comm/comm.h"
+#include "comm/staged_comm.h"
 #include "mesh/mesh.h"
 #include "model/gpt_config.h"
 #include "model/param_table.h"
@@ -114,12 +116,27 @@ FillReport fill_store(const GPTConfig& cfg, const QuantConfig& q, uint64_t seed,
                       const StoreManifest& m, uint8_t* store, bool use_cache,
                       const FillHooks& hooks = {});
 
+// quant.broadcast = nccl, on a node leader: the leaders' communicator of
+// device buffers (NCCL's), a chunk of device memory, and how bytes cross
+// between it and the host. The store goes from rank 0's window to the
+// chunk, over the leaders' GPUs, and from each leader's chunk into its
+// node's window, one chunk at a time.
+struct DeviceBroadcast {
+  comm::Communicator* leaders = nullptr;
+  const comm::DeviceAccess* device = nullptr;
+  void* chunk = nullptr;
+  size_t chunk_bytes = 0;
+};
+
 class FrozenBase {
 public:
   // Collective over mesh.world(). Errors (a missing tensor, a bad file) are
   // CollectiveErrors on every rank: no rank waits for bytes that never come.
+  // `over_device`: quant.broadcast = nccl (given on the node leaders, null
+  // elsewhere); MPI_Bcast into the windows otherwise.
   static std::unique_ptr<FrozenBase> load(const GPTConfig& cfg, const QuantConfig& q,
-                                          uint64_t seed, const ProcessMesh& mesh);
+                                          uint64_t seed, const ProcessMesh& mesh,
+                                          const DeviceBroadcast* over_device = nullptr);
 
   // The logical tensor of `spec` (an entry of a GPT-2 table; spec.index is
   // its place in the whole model's) in the store: a view into the window.

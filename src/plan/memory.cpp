@@ -458,9 +458,12 @@ MemoryByCategory predicted_categories(const GPTConfig& model, const RankPlan& r,
   at(predicted, MemCategory::workspace) =
       std::max(at(predicted, MemCategory::workspace), block) +
       (o.device_workspace ? device_workspace_bytes(model, r, o.precision) : 0);
+  // The device's part of the base: the rank's slice of its matrices, and
+  // before it (freed first) a leader's chunk under quant.broadcast = nccl.
   if (r.model.lora.enabled)
     at(predicted, MemCategory::quantized) +=
-        GPT::quantized_matrix_bytes(model, r.shard, o.quant_type);
+        std::max(GPT::quantized_matrix_bytes(model, r.shard, o.quant_type),
+                 r.base_broadcast_bytes);
   return predicted;
 }
 

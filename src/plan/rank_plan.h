@@ -27,6 +27,7 @@ struct RankPlan {
   // LoRA on a frozen base (set where the mesh is known):
   size_t quantized_bytes = 0;     // the store held in this rank's memory (node holder or per_rank)
   size_t base_staging_bytes = 0;  // a rank that quantizes: a block of fp32 source rows + nf4 absmax
+  size_t base_broadcast_bytes = 0;  // quant.broadcast = nccl: a node leader's device chunk
   size_t shared_read_bytes = 0;   // pages of the node's store another rank holds that it reads
 };
 

@@ -94,6 +94,10 @@ void validate_train(const RunConfig& c) {
   const std::string backend = name_of(c.runtime.backend);
   if (!caps.built)
     fail("runtime.backend = " + backend + ", but " + caps.missing_build);
+  // (Under quant.share = per_rank, or full training, nothing is broadcast.)
+  if (c.quant.broadcast == quant::BaseBroadcast::nccl && (!caps.device_memory || !caps.nccl))
+    fail("quant.broadcast = nccl: runtime.backend = " + backend +
+         " has no GPUs to broadcast between; set quant.broadcast = mpi or runtime.backend = cuda");
   if (t.attention == Attention::flash && c.model.n_head > 0 &&
       c.model.n_embd % c.model.n_head == 0 &&
       !caps.flash_attention(t.precision, c.model.n_embd / c.model.n_head))

@@ -1,5 +1,6 @@
 #include "train/run_shape.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "core/alloc.h"
@@ -27,6 +28,10 @@ RunMemoryOptions memory_options(const RunConfig& cfg, uint64_t windows) {
   if (caps.device_memory && !nccl_named(cfg))
     o.staging_bytes = cfg.comm.staging_bytes();
   return o;
+}
+
+size_t base_broadcast_chunk_bytes(const RunConfig& cfg, size_t store_bytes) {
+  return std::min(cfg.comm.staging_bytes(), store_bytes);
 }
 
 RankPlan planned_rank_plan(const RunConfig& cfg, const ProcessMesh& mesh) {
@@ -72,6 +77,8 @@ RankPlan rank_plan_at(const RunConfig& cfg, const MeshCoords& c, int world_rank,
     const bool quantizes = per_rank || world_rank == 0;
     shape.quantized_bytes = holder ? manifest.bytes : 0;
     shape.base_staging_bytes = quantizes ? manifest.staging_bytes() : 0;
+    if (!per_rank && node_rank == 0 && cfg.quant.broadcast == quant::BaseBroadcast::nccl)
+      shape.base_broadcast_bytes = base_broadcast_chunk_bytes(cfg, manifest.bytes);
     if (!holder) shape.shared_read_bytes = shared_pages_read(cfg, manifest, shape.shard);
   }
   return shape;

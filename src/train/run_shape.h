@@ -24,6 +24,10 @@ RankPlan planned_rank_plan(const RunConfig& cfg, const ProcessMesh& mesh);
 // coordinates `c`, the `node_rank`-th of its node.
 RankPlan rank_plan_at(const RunConfig& cfg, const MeshCoords& c, int world_rank, int node_rank);
 
+// quant.broadcast = nccl: the device chunk of a node leader, through which a
+// store of `store_bytes` passes (comm.bucket_mb, at most the store).
+size_t base_broadcast_chunk_bytes(const RunConfig& cfg, size_t store_bytes);
+
 // The run's options as the prediction reads them, for `windows` training
 // windows per epoch.
 RunMemoryOptions memory_options(const RunConfig& cfg, uint64_t windows);

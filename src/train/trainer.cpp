@@ -9,6 +9,7 @@
 #include <limits>
 #include <memory>
 
+#include "comm/device_comm.h"
 #include "comm/errors.h"
 #include "comm/mpi_comm.h"
 #include "comm/stall_watchdog.h"
@@ -30,6 +31,8 @@
 #include "mesh/mesh.h"
 #include "train/backend.h"
 #include "train/checkpoint.h"
+#include "train/device_access.h"
+#include "train/group_comm.h"
 #include "core/stop_signals.h"
 #include "train/engine.h"
 #include "train/report.h"
@@ -501,12 +504,38 @@ std::unique_ptr<load::FrozenBase> load_frozen_base(const RunConfig& cfg, const R
   const std::string base_name =
       cfg.quant.base.empty() ? "GPT-2 initialisation, train.seed" : cfg.quant.base;
   const bool private_copies = cfg.quant.share == quant::ShareMode::per_rank;
-  log::info("# base loading: {} into {} ({} of {})", base_name,
+  log::info("# base loading: {} into {}{} ({} of {})", base_name,
             private_copies ? "a private copy per rank" : "one node-shared window per node",
+            !private_copies && cfg.quant.broadcast == quant::BaseBroadcast::nccl
+                ? ", through the node leaders' GPUs (quant.broadcast = nccl)"
+                : "",
             name_of(cfg.quant.type),
             format_bytes(static_cast<double>(load::make_manifest(cfg.model, cfg.quant.type).bytes)));
-  std::unique_ptr<load::FrozenBase> base =
-      load::FrozenBase::load(cfg.model, cfg.quant, cfg.train.seed, run.mesh);
+  std::unique_ptr<load::FrozenBase> base;
+  if (cfg.quant.broadcast == quant::BaseBroadcast::nccl && !private_copies) {
+    // The leaders' GPUs carry the store (quant.broadcast = nccl), through a
+    // chunk of each leader's device memory (docs/memory.md: base loading).
+    const MPI_Comm leaders = run.mesh.node_leaders();
+    const KernelsDeviceAccess device(run.backend->kernels());
+    const DeviceRoute route = device_route(cfg, run.mesh, *run.backend);
+    const std::string name = fmt::format("the node leaders' group of rank {}", run.mesh.rank());
+    std::unique_ptr<comm::Communicator> over;
+    Buffer chunk;
+    try_all(run.mesh.world(), "quant.broadcast = nccl: ", [&] {
+      if (leaders == MPI_COMM_NULL) return;
+      const comm::DeviceComm path = comm::group_device_comm(
+          leaders, comm::DeviceComm::nccl, run.backend->caps().nccl, route.backend, route.slot,
+          name);
+      over = make_group_communicator(leaders, path, device, route, name);
+      chunk = Buffer(run.shape.base_broadcast_bytes, MemCategory::quantized,
+                     "quant.broadcast_chunk", run.backend->kernels().device());
+    }, MESHLM_HERE);
+    const load::DeviceBroadcast d{over.get(), &device, chunk.data(), chunk.bytes()};
+    base = load::FrozenBase::load(cfg.model, cfg.quant, cfg.train.seed, run.mesh,
+                                  over ? &d : nullptr);
+  } else {
+    base = load::FrozenBase::load(cfg.model, cfg.quant, cfg.train.seed, run.mesh);
+  }
   log::info("# base: {} | {} {} in {} ({} per {}) | cache {} | {:.2f} s", base_name,
             name_of(cfg.quant.type), format_bytes(static_cast<double>(base->manifest().bytes)),
             private_copies ? "private copies" : "node-shared windows",

@@ -7,9 +7,12 @@
 #     (a hit), shares it once per node and trains: the loss falls;
 #  3. the same run with the cache cut in half warns, quantizes again,
 #     replaces the cache, and logs the same losses;
-#  4. the same run with quant.share = per_rank and no cache logs the same
+#  4. quant.broadcast = nccl on the emulated device (four nodes of two
+#     ranks, a wider model), from the cache and from the source: the losses
+#     of quant.broadcast = mpi;
+#  5. the same run with quant.share = per_rank and no cache logs the same
 #     losses (the same bytes, held once per rank);
-#  5. one rank with the whole model logs the same losses (4 decimals).
+#  6. one rank with the whole model logs the same losses (4 decimals).
 set -u
 one=$1
 many=$2
@@ -53,6 +56,27 @@ grep -q "WARNING: quant.cache" corrupt.log || { cat corrupt.log; fail "no warnin
 [ "$(stat -c %s cache/base.h5)" -eq "$size" ] || fail "the corrupt cache was not replaced"
 losses corrupt.log >corrupt.txt
 cmp -s hit.txt corrupt.txt || { paste hit.txt corrupt.txt; fail "losses differ after re-quantizing"; }
+
+# quant.broadcast = nccl on the emulated device, four nodes of two ranks,
+# n_embd 256 (a store of 1.6 MiB): MPI_Bcast into the windows (the cache
+# written), then through the four leaders' "GPUs" in chunks of 1 MiB from
+# the cache (whole) and from the source (tensor by tensor): the same losses.
+wide=(--data.path=tokens.h5 --train.steps=4 --train.log_every=1 --model.n_embd=256
+      --runtime.backend=emulated --parallel.ranks_per_node=2 --comm.bucket_mb=1)
+for run in mpi:cache/wide.h5 nccl:cache/wide.h5 nccl:; do
+  how=${run%%:*} cache=${run#*:}
+  # shellcheck disable=SC2086
+  timeout 120 $many "$meshlm" train "$cfg" "${wide[@]}" --quant.broadcast="$how" \
+    --quant.cache="$cache" --output.dir="wide_$how${cache:+_cache}" >"wide_$how${cache:+_cache}.log" 2>&1 ||
+    { cat "wide_$how${cache:+_cache}.log"; fail "quant.broadcast = $how (cache '$cache')"; }
+  losses "wide_$how${cache:+_cache}.log" >"wide_$how${cache:+_cache}.txt"
+done
+grep -q "through the node leaders' GPUs" wide_nccl_cache.log || fail "quant.broadcast = nccl not taken"
+grep -q "cache hit" wide_nccl_cache.log || fail "the nccl run did not load the cache"
+for t in wide_nccl_cache.txt wide_nccl.txt; do
+  [ "$(wc -l <"$t")" -eq 4 ] || fail "$t: not 4 losses"
+  cmp -s wide_mpi_cache.txt "$t" || { paste wide_mpi_cache.txt "$t"; fail "quant.broadcast = nccl: other losses ($t)"; }
+done
 
 # shellcheck disable=SC2086
 timeout 120 $many "$meshlm" train "$cfg" "${common[@]}" --quant.share=per_rank --quant.cache= \

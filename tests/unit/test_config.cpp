@@ -309,7 +309,13 @@ TEST(Config, TheCudaBackendTrainsEveryLayout) {
               "");
     EXPECT_EQ(error_of(kGood, {b, "--comm.device=nccl"}), "");
     EXPECT_EQ(error_of(kGood, {b, "--comm.device=host"}), "");
+    EXPECT_EQ(error_of(kGood, {b, "--finetune.mode=lora", "--quant.broadcast=nccl"}), "");
   }
+  // The CPU has no GPUs to carry the base between the node leaders.
+  const std::string cpu = error_of(kGood, {"--finetune.mode=lora", "--quant.broadcast=nccl"});
+  EXPECT_NE(cpu.find("quant.broadcast = nccl: runtime.backend = cpu has no GPUs"),
+            std::string::npos)
+      << cpu;
   if (backend_caps(ComputeBackend::cuda).built) {
     EXPECT_EQ(error_of(kGood, {"--runtime.backend=cuda"}), "");
     EXPECT_EQ(error_of(kGood, {"--runtime.backend=cuda", "--finetune.mode=lora"}), "");
