@@ -44,6 +44,8 @@ endif()
 # in test_checkpoint_async:
 # test_checkpoint's asynchronous case, run alone (test_checkpoint runs the
 # others).
+# (Those that run no other test are left out of meshlm_gtests_short:
+# tests/CMakeLists.txt, _long_only_programs.)
 set_tests_properties(test_checkpoint test_lora_training test_emulated_layouts
   PROPERTIES LABELS "mpi;long")
 set_tests_properties(test_checkpoint PROPERTIES ENVIRONMENT
