@@ -112,11 +112,16 @@ public:
     if (op_->done) return;
     note_wait(op_->what, queue_->members(), op_->peer);
     int pause_us = 0;
-    for (;;) {
-      advance_all();
-      if (op_->done) break;
-      if (pause_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
-      pause_us = pause_us == 0 ? 1 : std::min(2 * pause_us, 100);
+    try {
+      for (;;) {
+        advance_all();
+        if (op_->done) break;
+        if (pause_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
+        pause_us = pause_us == 0 ? 1 : std::min(2 * pause_us, 100);
+      }
+    } catch (...) {
+      note_wait_done();
+      throw;
     }
     note_wait_done();
   }
