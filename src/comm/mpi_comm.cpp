@@ -52,15 +52,6 @@ void check_host(Stream stream, const char* op) {
                     MESHLM_HERE);
 }
 
-MPI_Op mpi_op(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum: return MPI_SUM;
-    case ReduceOp::min: return MPI_MIN;
-    case ReduceOp::max: return MPI_MAX;
-  }
-  throw RankError("comm: unknown ReduceOp", MESHLM_HERE);
-}
-
 std::atomic<WaitPolicy> g_wait_policy{WaitPolicy::poll};
 
 // Where a wait waits: the world ranks of the group, and the group rank it
@@ -528,6 +519,15 @@ size_t ring_scratch_bytes(size_t block_elements, size_t element_bytes, size_t bu
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, size_t broadcast_piece_bytes) {
   MESHLM_CHECK(broadcast_piece_bytes > 0, "broadcast pieces must not be empty");
   return std::make_unique<MpiCommunicator>(comm, broadcast_piece_bytes);
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return MPI_SUM;
+    case ReduceOp::min: return MPI_MIN;
+    case ReduceOp::max: return MPI_MAX;
+  }
+  throw RankError("comm: unknown ReduceOp", MESHLM_HERE);
 }
 
 MPI_Datatype mpi_type(DType type) {

@@ -87,6 +87,8 @@ WaitPolicy wait_policy();
 // f32 -> MPI_FLOAT, f64 -> MPI_DOUBLE, i32 -> MPI_INT32_T, u8 -> MPI_UINT8_T,
 // u16 -> MPI_UINT16_T, u32 -> MPI_UINT32_T; bf16 -> RankError.
 MPI_Datatype mpi_type(DType type);
+// sum -> MPI_SUM, min -> MPI_MIN, max -> MPI_MAX.
+MPI_Op mpi_op(ReduceOp op);
 
 // True when MPI was initialised with MPI_THREAD_MULTIPLE (comm/mpi_session.h
 // asks for it): a second thread may then make MPI calls of its own, on a

@@ -299,15 +299,6 @@ private:
     return queues;
   }
 
-  static MPI_Op mpi_op(ReduceOp op) {
-    switch (op) {
-      case ReduceOp::sum: return MPI_SUM;
-      case ReduceOp::min: return MPI_MIN;
-      case ReduceOp::max: return MPI_MAX;
-    }
-    return MPI_SUM;
-  }
-
   // True for device buffers, false for host ones; a mix is the caller's error.
   bool device(const void* a, const void* b, const char* what) const {
     const bool da = dev_.on_device(a), db = b != nullptr && dev_.on_device(b);

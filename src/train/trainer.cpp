@@ -511,18 +511,17 @@ std::unique_ptr<load::FrozenBase> load_frozen_base(const RunConfig& cfg, const R
                 : "",
             name_of(cfg.quant.type),
             format_bytes(static_cast<double>(load::make_manifest(cfg.model, cfg.quant.type).bytes)));
-  std::unique_ptr<load::FrozenBase> base;
-  if (cfg.quant.broadcast == quant::BaseBroadcast::nccl && !private_copies) {
-    // The leaders' GPUs carry the store (quant.broadcast = nccl), through a
-    // chunk of each leader's device memory (docs/memory.md: base loading).
-    const MPI_Comm leaders = run.mesh.node_leaders();
-    const KernelsDeviceAccess device(run.backend->kernels());
-    const DeviceRoute route = device_route(cfg, run.mesh, *run.backend);
-    const std::string name = fmt::format("the node leaders' group of rank {}", run.mesh.rank());
-    std::unique_ptr<comm::Communicator> over;
-    Buffer chunk;
+  // quant.broadcast = nccl: the leaders' GPUs carry the store, through a
+  // chunk of each leader's device memory (docs/memory.md: base loading).
+  const KernelsDeviceAccess device(run.backend->kernels());
+  std::unique_ptr<comm::Communicator> over;
+  Buffer chunk;
+  const MPI_Comm leaders = run.mesh.node_leaders();
+  if (cfg.quant.broadcast == quant::BaseBroadcast::nccl && !private_copies)
     try_all(run.mesh.world(), "quant.broadcast = nccl: ", [&] {
       if (leaders == MPI_COMM_NULL) return;
+      const DeviceRoute route = device_route(cfg, run.mesh, *run.backend);
+      const std::string name = fmt::format("the node leaders' group of rank {}", run.mesh.rank());
       const comm::DeviceComm path = comm::group_device_comm(
           leaders, comm::DeviceComm::nccl, run.backend->caps().nccl, route.backend, route.slot,
           name);
@@ -530,12 +529,9 @@ std::unique_ptr<load::FrozenBase> load_frozen_base(const RunConfig& cfg, const R
       chunk = Buffer(run.shape.base_broadcast_bytes, MemCategory::quantized,
                      "quant.broadcast_chunk", run.backend->kernels().device());
     }, MESHLM_HERE);
-    const load::DeviceBroadcast d{over.get(), &device, chunk.data(), chunk.bytes()};
-    base = load::FrozenBase::load(cfg.model, cfg.quant, cfg.train.seed, run.mesh,
-                                  over ? &d : nullptr);
-  } else {
-    base = load::FrozenBase::load(cfg.model, cfg.quant, cfg.train.seed, run.mesh);
-  }
+  const load::DeviceBroadcast d{over.get(), &device, chunk.data(), chunk.bytes()};
+  std::unique_ptr<load::FrozenBase> base = load::FrozenBase::load(
+      cfg.model, cfg.quant, cfg.train.seed, run.mesh, over ? &d : nullptr);
   log::info("# base: {} | {} {} in {} ({} per {}) | cache {} | {:.2f} s", base_name,
             name_of(cfg.quant.type), format_bytes(static_cast<double>(base->manifest().bytes)),
             private_copies ? "private copies" : "node-shared windows",
