@@ -35,18 +35,19 @@ endif()
 # The long MPI programs are left out of the sanitizer run of CI (.ci/run:
 # -LE long), which must end within its 20 minutes on 2 cores:
 # test_checkpoint (8 ranks, 20 training runs), test_lora_training (8 ranks),
-# test_emulated_layouts (8 ranks, 62 runs on the emulated device) and the
+# test_emulated_layouts (8 ranks, 87 runs on the emulated device),
+# test_llama_layouts (8 ranks, 37 runs; 42 s under the sanitizers) and the
 # unit test test_quant_cache (GPT-2-sized stores). The ASan build runs their
 # code through the other tests (test_parallel_training, whose overlap test
-# trains two layouts on the emulated device, test_emulated_device,
-# test_staged_comm, test_checkpoint_io, test_lora, test_quant,
-# test_fuzz_regressions' cache files), and checkpoint.async's writer thread
-# in test_checkpoint_async:
+# trains two layouts on the emulated device, test_llama_training's dp, tp
+# and pp layouts, test_emulated_device, test_staged_comm, test_ordered_comm,
+# test_checkpoint_io, test_lora, test_quant, test_fuzz_regressions' cache
+# files), and checkpoint.async's writer thread in test_checkpoint_async:
 # test_checkpoint's asynchronous case, run alone (test_checkpoint runs the
 # others).
 # (Those that run no other test are left out of meshlm_gtests_short:
 # tests/CMakeLists.txt, _long_only_programs.)
-set_tests_properties(test_checkpoint test_lora_training test_emulated_layouts
+set_tests_properties(test_checkpoint test_lora_training test_emulated_layouts test_llama_layouts
   PROPERTIES LABELS "mpi;long")
 set_tests_properties(test_checkpoint PROPERTIES ENVIRONMENT
   "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE;GTEST_FILTER=-*Asynchronous*")

@@ -1,10 +1,12 @@
 // A Llama-family model (grouped-query attention, rotary embeddings with
 // Llama 3's scaling, SwiGLU, an untied or tied classifier) trained under
-// data and pipeline parallelism, ZeRO 1 and 2 and activation checkpointing,
+// data, tensor and pipeline parallelism (tp 2 splits the two key/value
+// heads, tp 4 replicates them), ZeRO 1 and 2 and activation checkpointing,
 // against one rank: the losses within 1e-5 relative and the gathered final
 // parameters within 1e-5 (norm-wise), every rank's memory equal to its
-// prediction per category; LoRA on an NF4 base of it likewise. Tensor
-// parallelism and the full list of layouts: test_llama_layouts.
+// prediction per category; LoRA on an NF4 base of it likewise. The full
+// list of layouts: test_llama_layouts (left out of CI's sanitizer run,
+// which runs these).
 // meshlm-test-ranks: 4
 #include <gtest/gtest.h>
 
@@ -79,11 +81,14 @@ TEST_F(LlamaTraining, EveryLayoutMatchesOneRank) {
   check(untied, {"--parallel.dp=2", "--parallel.pp=2", "--parallel.zero_stage=1",
                  "--parallel.micro_batches=2", "--parallel.activation_checkpointing=full"}, 4);
   check(untied, {"--parallel.dp=4", "--parallel.zero_stage=2", "--train.micro_batch_size=1"}, 4);
+  check(untied, {"--parallel.tp=2", "--parallel.pp=2", "--parallel.micro_batches=4"}, 4);
   // Tied: the embedding's gradient summed between the first and last stage.
   const std::vector<std::string> tied = {"--model.tie_word_embeddings=true"};
   check(tied, {"--parallel.pp=2", "--parallel.micro_batches=4", "--parallel.schedule=gpipe"}, 2);
   check(tied, {"--parallel.dp=2", "--parallel.pp=2", "--parallel.zero_stage=2",
                "--parallel.micro_batches=2"}, 4);
+  // The tied classifier split over the vocabulary; key/value heads replicated.
+  check(tied, {"--parallel.tp=4", "--train.micro_batch_size=2"}, 4);
 }
 
 TEST_F(LlamaTraining, LoraOnAnNf4BaseMatchesOneRank) {
@@ -92,6 +97,8 @@ TEST_F(LlamaTraining, LoraOnAnNf4BaseMatchesOneRank) {
         {"--parallel.dp=2", "--parallel.pp=2", "--parallel.micro_batches=2"}, 4);
   check({"--finetune.mode=lora", "--finetune.lora_targets=q,v,down", "--quant.type=nf4"},
         {"--parallel.dp=2", "--train.micro_batch_size=2"}, 2);
+  check({"--finetune.mode=lora", "--finetune.lora_rank=4", "--quant.type=nf4"},
+        {"--parallel.dp=2", "--parallel.tp=2", "--train.micro_batch_size=2"}, 4);
 }
 
 }  // namespace

@@ -15,9 +15,9 @@
     with one ERROR line and no MPI_Abort banner, for a plan's one process) with
     a line naming them, and write nothing; so does cluster.rates of a file
     that --calibrate did not write, and --calibrate over such a file;
-    --calibrate under mpiexec -n 2 writes (and rewrites) this machine's GEMM
-    rates, memory bandwidth, a rank's runtime and the MPI figures between two
-    ranks, and cluster.rates gives each of G ranks the node's rate / G and
+    --calibrate under mpiexec -n 2 rewrites a file of its own with this
+    machine's GEMM rates, memory bandwidth, a rank's runtime and the MPI
+    figures between two ranks, and cluster.rates gives each of G ranks the node's rate / G and
     the measured MPI bandwidth;
   * the pipeline split the planner gives a layout is, of every split of its
     layers, the one it estimates fastest (each split planned on its own as
@@ -151,9 +151,20 @@ with tempfile.TemporaryDirectory() as scratch:
         failures.append(f"cluster.rates of a foreign file: exit {r.returncode}: {r.stderr[-300:]}")
     if set(os.listdir(scratch)) != before:
         failures.append("meshlm plan wrote files")
-    # --calibrate writes this machine's rates, which cluster.rates then takes.
+    # --calibrate refuses to replace a file it did not write (before it
+    # measures anything) ...
     rates = os.path.join(scratch, "rates.json")
     calibrate = mpiexec + ["-n", "2", meshlm, "plan", "--calibrate"]
+    r = subprocess.run(calibrate + [bogus], capture_output=True, text=True, timeout=120)
+    with open(bogus) as f:
+        kept = f.read()
+    if r.returncode == 0 or "not_rates.json" not in r.stderr or kept != '{"gflops": 3}':
+        failures.append(f"--calibrate over a foreign file: exit {r.returncode}, left {kept!r}")
+    # ... and rewrites one of its own (an earlier calibration, here one of an
+    # older meshlm that wrote less) with this machine's rates, which
+    # cluster.rates then takes. (A new file: plan_orders_layouts.)
+    with open(rates, "w") as f:
+        json.dump({"what": "meshlm plan --calibrate", "cores": 0}, f)
     subprocess.run(calibrate + [rates], check=True, capture_output=True, timeout=120)
     with open(rates) as f:
         cal = json.load(f)
@@ -170,15 +181,6 @@ with tempfile.TemporaryDirectory() as scratch:
             # where there are at most two cores, nothing measured otherwise
             (cal["cores"] > 2) == ("sharing_efficiency_by_ranks_per_core" not in cal)):
         failures.append(f"--calibrate wrote {cal}")
-    # ... and never replaces a file it did not write.
-    r = subprocess.run(calibrate + [bogus], capture_output=True, text=True, timeout=120)
-    with open(bogus) as f:
-        kept = f.read()
-    if r.returncode == 0 or "not_rates.json" not in r.stderr or kept != '{"gflops": 3}':
-        failures.append(f"--calibrate over a foreign file: exit {r.returncode}, left {kept!r}")
-    subprocess.run(calibrate + [rates], check=True, capture_output=True, timeout=120)
-    with open(rates) as f:
-        cal = json.load(f)  # rewritten
     r = plan(["--ranks", "2", "--ranks-per-node", "2", f"--cluster.rates={rates}"] + common)
     # A rank of 2 on the node has cores / 2 threads: its rate lies between
     # one core's and all cores', linear in the threads.
