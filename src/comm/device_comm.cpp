@@ -29,12 +29,17 @@ DeviceComm resolve_device_comm(DeviceComm asked, std::span<const GpuSlot> group,
   return DeviceComm::nccl;
 }
 
+std::vector<GpuSlot> gather_slots(MPI_Comm comm, const GpuSlot& mine) {
+  int size = 1;
+  MPI_Comm_size(comm, &size);
+  std::vector<GpuSlot> slots(static_cast<size_t>(size));
+  MPI_Allgather(&mine, sizeof(GpuSlot), MPI_BYTE, slots.data(), sizeof(GpuSlot), MPI_BYTE, comm);
+  return slots;
+}
+
 DeviceComm group_device_comm(MPI_Comm group, DeviceComm asked, bool nccl_built,
                              const char* backend, const GpuSlot& slot, const std::string& name) {
-  int size = 1;
-  MPI_Comm_size(group, &size);
-  std::vector<GpuSlot> slots(static_cast<size_t>(size));
-  MPI_Allgather(&slot, sizeof(GpuSlot), MPI_BYTE, slots.data(), sizeof(GpuSlot), MPI_BYTE, group);
+  const std::vector<GpuSlot> slots = gather_slots(group, slot);
   const DeviceComm path = resolve_device_comm(asked, slots, name);
   if (path != DeviceComm::nccl || nccl_built) return path;
   if (asked == DeviceComm::automatic) return DeviceComm::host;

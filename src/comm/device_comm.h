@@ -11,6 +11,7 @@
 
 #include <span>
 #include <string>
+#include <vector>
 
 #include "core/enum_names.h"
 
@@ -45,6 +46,9 @@ int gpu_of(int node_rank, int gpus_per_node);
 // and its node, and what to set instead. Never automatic.
 DeviceComm resolve_device_comm(DeviceComm asked, std::span<const GpuSlot> slots,
                                const std::string& group);
+
+// Collective over `comm`: every rank's slot (`mine` on each), in rank order.
+std::vector<GpuSlot> gather_slots(MPI_Comm comm, const GpuSlot& mine);
 
 // Collective over `group` (an MPI communicator): its path, the same on
 // every rank of the group, from each rank's `slot` gathered over it.

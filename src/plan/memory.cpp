@@ -340,8 +340,8 @@ size_t tp_reduction_count(const GPTConfig& model, const RankPlan& r,
 
 }  // namespace
 
-size_t staged_comm_bytes(const GPTConfig& model, const RankPlan& r, int pp, size_t staging_bytes,
-                         size_t overlap_bytes) {
+size_t staged_comm_bytes(const GPTConfig& model, const RankPlan& r, int pp, const HostGroups& staged,
+                         size_t staging_bytes, size_t overlap_bytes) {
   const auto table_kept = shared_trainable_table(model, r.shard, r.model);
   const std::vector<ParamSpec>& table = *table_kept;
   const size_t f = sizeof(float);
@@ -352,10 +352,9 @@ size_t staged_comm_bytes(const GPTConfig& model, const RankPlan& r, int pp, size
            size_t(parts);
   };
   size_t bytes = 0;
-  const bool groups = staging_bytes > 0;  // else NCCL's: untracked, as MPI's own
   // DP: ZeRO's reductions of the gradients and the all-gather of the
   // updated shards.
-  if (groups && r.dp > 1) {
+  if (staged.dp && r.dp > 1) {
     // The all-gather of the updated shards (ZeRO 1 and 2), then ZeRO's
     // reductions, each in its own pieces.
     const ZeroLayout z = zero_layout(model, r);
@@ -369,23 +368,26 @@ size_t staged_comm_bytes(const GPTConfig& model, const RankPlan& r, int pp, size
     bytes += dp;
   }
   // TP: the all-reduces inside the layers.
-  if (groups && r.shard.tp_size > 1)
+  if (staged.tp && r.shard.tp_size > 1)
     bytes += stage(tp_reduction_count(model, r, table), 1, r.shard.tp_size);
-  if (groups && pp > 1) {
+  if (pp > 1) {
     // PP: each slot's activations sent forward (not from the last stage),
     // and the message received last, in host buffers of the pipeline's.
-    const size_t act = static_cast<size_t>(r.micro_batch) * r.seq_len * model.n_embd * f;
-    if (!r.shard.last_stage) bytes += static_cast<size_t>(r.model.slots) * act;
-    bytes += act;
+    if (staged.pp) {
+      const size_t act = static_cast<size_t>(r.micro_batch) * r.seq_len * model.n_embd * f;
+      if (!r.shard.last_stage) bytes += static_cast<size_t>(r.model.slots) * act;
+      bytes += act;
+    }
     // The embedding group of the first and last stage: the tied tensors'
     // gradients summed (below ZeRO 2) and their values shared.
     if (r.shard.first_stage || r.shard.last_stage)
       for (const ParamSpec& p : table) {
         if (p.tied != TiedGroup::embedding) continue;
-        bytes += stage(p.numel(), 1, 2);
+        if (staged.embedding) bytes += stage(p.numel(), 1, 2);
         // ZeRO 2 sums them piece by piece through a host buffer of one
-        // block of wte's rows (train/engine.cpp).
-        if (r.zero_stage == 2 && p.role == ParamRole::token_embedding)
+        // block of wte's rows (train/engine.cpp), where the world's buffers
+        // go through the host.
+        if (staged.world && r.zero_stage == 2 && p.role == ParamRole::token_embedding)
           bytes += zero2_wte_block_numel(model, r, table) * f;
       }
   }
@@ -393,22 +395,25 @@ size_t staged_comm_bytes(const GPTConfig& model, const RankPlan& r, int pp, size
 }
 
 size_t ring_scratch_prediction(const GPTConfig& model, const RankPlan& r, int pp,
-                               size_t overlap_bytes) {
+                               size_t overlap_bytes, const HostGroups& through) {
   using comm::Reduction;
   const auto table_kept = shared_trainable_table(model, r.shard, r.model);
   const std::vector<ParamSpec>& table = *table_kept;
+  size_t most = 0;
   // Gradients over dp, as ZeRO reduces them.
-  size_t most = zero_ring_scratch_bytes(r.zero_stage, table, zero_layout(model, r), r.dp,
-                                        r.dp_rank, zero2_wte_rows(model, r, table), overlap_bytes);
+  if (through.dp)
+    most = zero_ring_scratch_bytes(r.zero_stage, table, zero_layout(model, r), r.dp, r.dp_rank,
+                                   zero2_wte_rows(model, r, table), overlap_bytes);
   // Over tp: what tp_reduction_count says.
   const int tp = r.shard.tp_size;
-  most = std::max(most, comm::ring_scratch_bytes_of(Reduction::all_reduce,
-                                                    tp_reduction_count(model, r, table),
-                                                    DType::f32, tp));
+  if (through.tp)
+    most = std::max(most, comm::ring_scratch_bytes_of(Reduction::all_reduce,
+                                                      tp_reduction_count(model, r, table),
+                                                      DType::f32, tp));
   // Over pp: the tied embedding's gradient, from the last stage to the first
   // (the root; the last stage starts the chain and needs no scratch).
   // (ZeRO 2 sends it in pieces through its bucket instead).
-  if (pp > 1 && r.shard.first_stage && r.zero_stage < 2)
+  if (through.embedding && pp > 1 && r.shard.first_stage && r.zero_stage < 2)
     for (const ParamSpec& p : table)
       if (p.tied != TiedGroup::none)
         most = std::max(most,
@@ -422,12 +427,13 @@ PhasedMemory predict_run_phases(const GPTConfig& model, const RankPlan& r,
   // The rings' scratch: MPI's reductions of host buffers, the CPU's and a
   // device's staged through the host. A device's groups under NCCL reduce
   // on the device (their scalars are below the rings' threshold).
-  if (!o.device || o.staging_bytes > 0)
+  if (!o.device || o.host_groups.any())
     phased.add(MemPhase::training, MemCategory::comm,
-               ring_scratch_prediction(model, r, o.pp, o.overlap_bytes));
+               ring_scratch_prediction(model, r, o.pp, o.overlap_bytes,
+                                       o.device ? o.host_groups : HostGroups{}));
   if (o.device)
     phased.add(MemPhase::training, MemCategory::comm,
-               staged_comm_bytes(model, r, o.pp, o.staging_bytes, o.overlap_bytes));
+               staged_comm_bytes(model, r, o.pp, o.host_groups, o.staging_bytes, o.overlap_bytes));
   // checkpoint.async: the host snapshot, made with the checkpointer after
   // the training buffers (the last moment of initialisation) and kept.
   if (o.checkpoint_async) {

@@ -164,6 +164,17 @@ MemoryByCategory predict_memory(const GPTConfig& model, int micro_batch_size, in
 
 // ---- the run's prediction ----------------------------------------------------
 //
+// Which of a rank's groups move their buffers through host memory and MPI:
+// on the CPU all of them; on a device backend those that comm.device stages
+// through the host (comm.device = host, or auto where two ranks of the group
+// share a GPU: train/group_paths.h); the others are NCCL's, whose buffers
+// stay on the device and whose memory is its own (untracked, as MPI's).
+struct HostGroups {
+  bool dp = true, tp = true, pp = true, embedding = true, world = true;
+  bool any() const { return dp || tp || pp || embedding || world; }
+  static HostGroups none() { return {false, false, false, false, false}; }
+};
+
 // What a run decides beyond its rank's shape, as the prediction reads it
 // (train/run_shape.h fills it from the run's options and its backend).
 struct RunMemoryOptions {
@@ -176,8 +187,9 @@ struct RunMemoryOptions {
   ops::Precision precision = ops::Precision::fp32;  // a GPU's GEMM inputs
   quant::QuantType quant_type = quant::QuantType::nf4;  // the frozen base's (LoRA)
   int pp = 1;                     // the mesh's pipeline stages
-  // A device backend's groups staged through the host (comm.device = host):
-  // the most each staged collective's piece holds; 0 = not staged (NCCL).
+  // The groups whose buffers go through the host; on a device backend they
+  // stage in pieces of at most staging_bytes (comm.bucket_mb).
+  HostGroups host_groups;
   size_t staging_bytes = 0;
   // comm.overlap under ZeRO 0/1: the DP reduction's buckets (grad_buckets);
   // 0 = one reduction after the backward.
@@ -195,19 +207,21 @@ size_t device_reduction_scratch_bytes(const StepDeclaration& step);
 size_t device_norm_scratch_bytes(const std::vector<ParamSpec>& trained);
 size_t device_workspace_bytes(const GPTConfig& model, const RankPlan& rank, ops::Precision p);
 
-// The scratch of the ring reductions this rank will make: the largest of
-// its gradient reductions over dp (as ZeRO makes them), its activations'
-// over tp and the tied embedding's over pp.
+// The scratch of the ring reductions this rank will make (one per process,
+// as large as the largest): of its gradient reductions over dp (as ZeRO
+// makes them), its activations' over tp and the tied embedding's over pp,
+// those of the groups in `through` (MPI's; NCCL reduces on the device).
 size_t ring_scratch_prediction(const GPTConfig& model, const RankPlan& rank, int pp,
-                               size_t overlap_bytes = 0);
-// Host staging of a device backend's groups (comm.device = host,
-// comm/staged_comm.h; a rank of `pp` stages): the staging buffer of each
-// group that moves device buffers, as large as the largest piece of its
-// collectives (pieces of at most `staging_bytes`; 0: the groups are NCCL's),
-// and the pipeline's host buffers of activations (train/pipeline_runner.h;
-// none where its links are NCCL's, comm/pipeline_links.h).
+                               size_t overlap_bytes = 0, const HostGroups& through = {});
+// Host staging of a device backend's groups (comm/staged_comm.h; a rank of
+// `pp` stages): the staging buffer of each group of `staged`, as large as
+// the largest piece of its collectives (pieces of at most `staging_bytes`),
+// the pipeline's host buffers of activations where the pp group is staged
+// (train/pipeline_runner.h; none on NCCL's links, comm/pipeline_links.h),
+// and ZeRO 2's host buffer of the tied embedding's pieces where the world
+// is (train/engine.cpp).
 size_t staged_comm_bytes(const GPTConfig& model, const RankPlan& rank, int pp,
-                         size_t staging_bytes, size_t overlap_bytes = 0);
+                         const HostGroups& staged, size_t staging_bytes, size_t overlap_bytes = 0);
 // What is live at each phase of the run on the host: predict_phases, with
 // the rings' scratch in training, checkpoint.async's snapshot and the CPU's
 // start-up GEMM: what the run's memory table and the tests set beside the

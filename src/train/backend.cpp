@@ -1,5 +1,7 @@
 #include "train/backend.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "comm/errors.h"
@@ -90,8 +92,9 @@ void apply_work_sizes(const BackendCaps& caps, size_t vocab_part, GPTOptions& o)
 }
 
 Backend::Backend(ComputeBackend kind, const ProcessMesh& mesh, ops::Precision precision,
-                 bool op_timings)
-    : kind_(kind), precision_(precision), node_rank_(mesh.node_rank()) {
+                 bool op_timings, int gpus_per_node)
+    : kind_(kind), precision_(precision), node_rank_(mesh.node_rank()),
+      emulated_ordinal_(emulated_device_ordinal(mesh.node_rank(), gpus_per_node)) {
   if (kind_ == ComputeBackend::cuda) {
 #ifdef MESHLM_HAVE_CUDA
     try_all(mesh.world(), "", [&] {
@@ -133,7 +136,9 @@ std::string Backend::describe() const {
 #ifdef MESHLM_HAVE_CUDA
   if (gpu_) return "cuda:" + std::to_string(gpu_->device()) + " (" + gpu_->name() + ")";
 #endif
-  if (emulated_) return "emulated (the CPU's kernels on device memory the host cannot touch)";
+  if (emulated_)
+    return fmt::format("emulated GPU {} (the CPU's kernels on device memory the host cannot touch)",
+                       emulated_ordinal_);
   return "cpu";
 }
 
@@ -149,7 +154,7 @@ int Backend::device_ordinal() const {
 #ifdef MESHLM_HAVE_CUDA
   if (gpu_) return gpu_->device();
 #endif
-  return emulated_ ? node_rank_ : 0;
+  return emulated_ ? emulated_ordinal_ : 0;
 }
 
 void* Backend::device_stream() const {
@@ -159,14 +164,10 @@ void* Backend::device_stream() const {
   return nullptr;
 }
 
-bool nccl_named(const RunConfig& cfg) {
-  return backend_caps(cfg.runtime.backend).nccl && cfg.comm.device == comm::DeviceComm::nccl;
-}
-
 DeviceRoute device_route(const RunConfig& cfg, const ProcessMesh& mesh, const Backend& backend) {
   DeviceRoute r;
   r.asked = cfg.comm.device;
-  r.nccl = nccl_named(cfg);
+  r.paths = gather_group_paths(cfg, mesh, backend.device_ordinal());
   r.nccl_emulated = backend_caps(cfg.runtime.backend).nccl_emulated;
   r.stream = backend.device_stream();
   r.backend = name_of(backend.kind());
@@ -175,10 +176,10 @@ DeviceRoute device_route(const RunConfig& cfg, const ProcessMesh& mesh, const Ba
   return r;
 }
 
-size_t dp_overlap_bytes(const RunConfig& cfg) {
+size_t dp_overlap_bytes(const RunConfig& cfg, const GroupPaths& paths) {
   if (cfg.parallel.zero_stage >= 2 || cfg.parallel.dp <= 1) return 0;
   bool on = cfg.comm.overlap == Overlap::on;
-  if (cfg.comm.overlap == Overlap::automatic) on = nccl_named(cfg);
+  if (cfg.comm.overlap == Overlap::automatic) on = paths.nccl(kGroupDp);
   return on ? cfg.comm.staging_bytes() : 0;
 }
 

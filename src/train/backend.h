@@ -71,8 +71,11 @@ public:
   // runtime.backend = cuda makes every rank throw (CollectiveError naming it).
   // The kernels compute at `precision` (train.precision).
   // With op_timings, kernels() times every op (ops/timed_kernels.h).
+  // `gpus_per_node`: the emulated device's GPUs per node (cluster.gpus_per_node;
+  // 0: one per rank), which device_ordinal() gives ranks as cuda's do.
   Backend(ComputeBackend kind, const ProcessMesh& mesh,
-          ops::Precision precision = ops::Precision::fp32, bool op_timings = false);
+          ops::Precision precision = ops::Precision::fp32, bool op_timings = false,
+          int gpus_per_node = 0);
   ~Backend();
   Backend(const Backend&) = delete;
   Backend& operator=(const Backend&) = delete;
@@ -89,8 +92,9 @@ public:
   // "cpu", the GPU's name as its driver gives it ("NVIDIA H100 80GB HBM3"),
   // or "emulated".
   std::string device_name() const;
-  // The device this rank computes on, among its node's (0 on the CPU; each
-  // rank its own under emulated).
+  // The device this rank computes on, among its node's (0 on the CPU; under
+  // emulated the node-local rank modulo gpus_per_node, or the node-local
+  // rank: train/group_paths.h, emulated_device_ordinal).
   int device_ordinal() const;
   // The GPU's compute stream (cudaStream_t; null elsewhere).
   void* device_stream() const;
@@ -108,23 +112,22 @@ private:
   ComputeBackend kind_;
   ops::Precision precision_;
   int node_rank_ = 0;
+  int emulated_ordinal_ = 0;
   std::unique_ptr<cuda::DeviceContext> gpu_;
   std::unique_ptr<EmulatedDevice> emulated_;  // runtime.backend = emulated
   std::unique_ptr<ops::TimedKernels> timed_;
 };
 
-// Whether the run's groups move device buffers by NCCL: comm.device = nccl
-// on a backend that has it. auto stages through the
-// host until the NCCL path has run on GPUs (tests/cuda/test_cuda_nccl.cpp).
-bool nccl_named(const RunConfig& cfg);
-// How the rank's groups move device buffers (train/group_comm.h): comm.device,
-// what `backend` can do, the rank's node and device, the staging buffer of
-// comm.bucket_mb (at least 1 MiB).
+// How the rank's groups move device buffers (train/group_comm.h): comm.device
+// resolved per group from every rank's node and device (train/group_paths.h),
+// the staging buffer of comm.bucket_mb (at least 1 MiB). Collective over
+// mesh.world(); a refusal (nccl where two ranks of a group share a GPU, or
+// on a backend without NCCL) is every rank's error.
 DeviceRoute device_route(const RunConfig& cfg, const ProcessMesh& mesh, const Backend& backend);
 // comm.overlap resolved: the bytes of the buckets in which ZeRO 0/1 reduce
 // the gradients over dp during the last backward (train/zero.h), or 0 (one
-// reduction after it; ZeRO 2; dp = 1). auto is on where the dp group is
-// NCCL's.
-size_t dp_overlap_bytes(const RunConfig& cfg);
+// reduction after it; ZeRO 2; dp = 1). auto is on where the rank's dp group
+// is NCCL's (`paths`).
+size_t dp_overlap_bytes(const RunConfig& cfg, const GroupPaths& paths);
 
 }  // namespace meshlm

@@ -57,7 +57,7 @@ Engine::Engine(const RunConfig& cfg, const ProcessMesh& mesh, SectionTimers& tim
 
   zero_ = std::make_unique<Zero>(shape_.zero_stage, *dp_, *model_, zero_layout(cfg.model, shape_),
                                  zero2_wte_rows(cfg.model, shape_, model_->table()), timers_,
-                                 dp_overlap_bytes(cfg));
+                                 dp_overlap_bytes(cfg, route.paths));
   const auto [opt_begin, opt_end] =
       optimizer_range(model_->table(), shape_, zero_layout(cfg.model, shape_));
   MESHLM_CHECK(opt_begin >= zero_->own_begin() && opt_end <= zero_->own_end(),
@@ -115,29 +115,21 @@ void Engine::make_communicators(const ops::Kernels& kernels, const DeviceRoute& 
     return;
   }
   device_access_ = std::make_unique<KernelsDeviceAccess>(kernels);
-  // Every rank resolves its groups in the same order; a refusal on the ranks
-  // of one group reaches every rank (try_all), so none waits on the others.
-  enum { kDp, kTp, kPp, kEmb, kWorld, kGroups };
-  static const char* const kNames[kGroups] = {"dp", "tp", "pp", "embedding", "world"};
-  const MPI_Comm groups[kGroups] = {mesh.dp(), mesh.tp(), mesh.pp(), mesh.embedding(),
-                                    mesh.world()};
-  comm::DeviceComm paths[kGroups] = {};
-  for (int g = 0; g < kGroups; ++g)
-    try_all(mesh.world(), "", [&] {
-      if (groups[g] == MPI_COMM_NULL) return;
-      paths[g] = comm::group_device_comm(
-          groups[g], route.asked, route.nccl, route.backend, route.slot,
-          fmt::format("the {} group of rank {}", kNames[g], mesh.rank()));
-    }, MESHLM_HERE);
+  // Each group's path, resolved on every rank alike (route.paths,
+  // train/group_paths.h).
+  const MPI_Comm groups[kNumMeshGroups] = {mesh.dp(), mesh.tp(), mesh.pp(), mesh.embedding(),
+                                           mesh.world()};
+  const auto& paths = route.paths.path;
   auto make = [&](int g) {
     return make_group_communicator(groups[g], paths[g], *device_access_, route,
-                                   fmt::format("the {} group of rank {}", kNames[g], mesh.rank()));
+                                   fmt::format("the {} group of rank {}", mesh_group_name(g),
+                                               mesh.rank()));
   };
-  pp_through_host_ = paths[kPp] == comm::DeviceComm::host;
-  world_through_host_ = paths[kWorld] == comm::DeviceComm::host;
-  dp_ = make(kDp);
-  tp_ = make(kTp);
-  if (paths[kPp] == comm::DeviceComm::nccl) {
+  pp_through_host_ = !route.paths.nccl(kGroupPp);
+  world_through_host_ = !route.paths.nccl(kGroupWorld);
+  dp_ = make(kGroupDp);
+  tp_ = make(kGroupTp);
+  if (route.paths.nccl(kGroupPp)) {
     // A communicator per neighbour and direction (comm/pipeline_links.h),
     // which the runner's sends and receives share.
     pp_send_ = comm::make_pipeline_links(
@@ -148,30 +140,15 @@ void Engine::make_communicators(const ops::Kernels& kernels, const DeviceRoute& 
         },
         fmt::format("the pp group of rank {}", mesh.rank()));
   } else {
-    pp_send_ = make(kPp);
-    pp_recv_ = make(kPp);
+    pp_send_ = make(kGroupPp);
+    pp_recv_ = make(kGroupPp);
   }
-  world_ = make(kWorld);
-  if (mesh.embedding() != MPI_COMM_NULL) emb_ = make(kEmb);
-  // Which paths the groups took, over every rank: 1 = host, 2 = nccl, 0 =
-  // not a member (3 in the minimum, which it must not decide).
-  int most[kGroups], least[kGroups], mine[kGroups], mine_or_3[kGroups];
-  for (int g = 0; g < kGroups; ++g) {
-    mine[g] = groups[g] == MPI_COMM_NULL ? 0 : paths[g] == comm::DeviceComm::nccl ? 2 : 1;
-    mine_or_3[g] = mine[g] == 0 ? 3 : mine[g];
-  }
-  world_->all_reduce(mine, most, kGroups, DType::i32, comm::ReduceOp::max).wait();
-  world_->all_reduce(mine_or_3, least, kGroups, DType::i32, comm::ReduceOp::min).wait();
-  std::string line;
-  for (int g = 0; g < kGroups; ++g) {
-    if (most[g] == 0) continue;
-    const char* how =
-        least[g] == most[g] ? (most[g] == 2 ? "nccl" : "host") : "nccl or host by group";
-    line += fmt::format("{}{} {}", line.empty() ? "" : ", ", kNames[g], how);
-  }
+  world_ = make(kGroupWorld);
+  if (mesh.embedding() != MPI_COMM_NULL) emb_ = make(kGroupEmbedding);
   log::info("# comm: device buffers between ranks (comm.device = {}): {}; host = staged through "
             "host memory and MPI in pieces of at most {}",
-            name_of(route.asked), line, format_bytes(static_cast<double>(route.staging_bytes)));
+            name_of(route.asked), describe_group_paths(route.paths, mesh, *world_),
+            format_bytes(static_cast<double>(route.staging_bytes)));
 }
 
 void Engine::load_base_params() {

@@ -15,15 +15,15 @@
 #include "comm/comm.h"
 #include "comm/device_comm.h"
 #include "comm/staged_comm.h"
+#include "train/group_paths.h"
 
 namespace meshlm {
 
-// What a rank of a device backend brings to the choice of its groups' paths.
+// How a rank of a device backend moves its groups' buffers.
 struct DeviceRoute {
   comm::DeviceComm asked = comm::DeviceComm::automatic;  // comm.device
-  // Whether this meshlm can move device buffers with NCCL on this backend;
-  // without it auto is host and nccl an error.
-  bool nccl = false;
+  // Each group's path, comm.device resolved (train/group_paths.h).
+  GroupPaths paths;
   // NCCL is comm/ordered_comm.h's emulation (the emulated device).
   bool nccl_emulated = false;
   const char* backend = "";  // runtime.backend, for messages

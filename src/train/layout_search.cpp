@@ -271,7 +271,12 @@ PlanMachine plan_machine(const ClusterConfig& k, ComputeBackend backend, int ran
   m.rates.intra_latency_s = intra_us * 1e-6;
   m.rates.inter_latency_s = inter_us * 1e-6;
   m.rates.ranks_per_node = m.ranks_per_node;
-  if (device) m.gpus_per_node = k.gpus_per_node > 0 ? k.gpus_per_node : std::max(p.gpus_per_node, 1);
+  // The emulated device's GPUs: one per rank unless cluster.gpus_per_node
+  // says (train/group_paths.h, emulated_device_ordinal).
+  if (device)
+    m.gpus_per_node = k.gpus_per_node > 0                      ? k.gpus_per_node
+                      : backend_caps(m.backend).nccl_emulated ? m.ranks_per_node
+                                                                : std::max(p.gpus_per_node, 1);
   return m;
 }
 
@@ -306,7 +311,7 @@ PlannedRank plan_rank(const RunConfig& cfg, const PlanMachine& o, const MeshCoor
   m.node = r / o.ranks_per_node;
   m.c = c;
   const RankPlan shape = rank_plan_at(cfg, m.c, r, r % o.ranks_per_node);
-  const RunMemoryOptions mo = memory_options(cfg, o.windows);
+  const RunMemoryOptions mo = memory_options(cfg, o.windows, planned_group_paths(cfg, o, r));
   const PhasedMemory phased = predict_run_phases(cfg.model, shape, mo);
   m.table = predicted_categories(cfg.model, shape, mo, phased);
   if (device) {
@@ -345,32 +350,23 @@ StepWork step_shape(const RunConfig& cfg) {
 
 }  // namespace
 
-std::string device_comm_of(const RunConfig& cfg, const PlanMachine& m) {
-  const BackendCaps& caps = backend_caps(m.backend);
-  if (!caps.device_memory) return "";
-  if (!caps.nccl) return "host";
-  // The emulated device's auto is host staging, as train takes it.
-  if (caps.nccl_emulated && cfg.comm.device != comm::DeviceComm::nccl) return "host";
-  const ParallelConfig& p = cfg.parallel;
-  bool host = false;
+GroupPaths planned_group_paths(const RunConfig& cfg, const PlanMachine& m, int rank) {
   const int gpus = m.gpus_per_node > 0 ? m.gpus_per_node : m.ranks_per_node;
-  // Rank 0's groups: tp consecutive ranks, dp by a stride of tp, pp by tp x dp.
-  for (const auto& [name, size, stride] : {std::tuple{"tp", p.tp, 1}, std::tuple{"dp", p.dp, p.tp},
-                                           std::tuple{"pp", p.pp, p.tp * p.dp}}) {
-    std::vector<comm::GpuSlot> slots;
-    for (int k = 0; k < size; ++k) {
-      const int r = k * stride;
-      slots.push_back({r / m.ranks_per_node, comm::gpu_of(r % m.ranks_per_node, gpus), r});
-    }
-    const std::string group = std::string("the ") + name + " group of rank 0";
-    try {
-      host |= comm::resolve_device_comm(cfg.comm.device, slots, group) == comm::DeviceComm::host;
-    } catch (const RankError& e) {
-      // Worked out from the configuration alone: the same on every rank.
-      throw CollectiveError(e.what(), MESHLM_HERE);
-    }
+  try {
+    return resolve_group_paths(m.backend, cfg.comm.device, cfg.parallel, rank, [&](int r) {
+      return comm::GpuSlot{r / m.ranks_per_node, comm::gpu_of(r % m.ranks_per_node, gpus), r};
+    });
+  } catch (const RankError& e) {
+    // Worked out from the configuration alone: the same on every rank.
+    throw CollectiveError(e.what(), MESHLM_HERE);
   }
-  return host ? "host" : "nccl";
+}
+
+std::string device_comm_of(const RunConfig& cfg, const PlanMachine& m) {
+  if (!backend_caps(m.backend).device_memory) return "";
+  const GroupPaths paths = planned_group_paths(cfg, m, 0);
+  const bool nccl = paths.nccl(kGroupDp) && paths.nccl(kGroupTp) && paths.nccl(kGroupPp);
+  return nccl ? "nccl" : "host";
 }
 
 PlannedLayout evaluate_layout(const RunConfig& cfg, const PlanMachine& o) {
@@ -413,7 +409,7 @@ PlannedLayout evaluate_layout(const RunConfig& cfg, const PlanMachine& o) {
   // backward; the CPU's, and one staged through the host, are waited for
   // where they are issued.
   w.host_staged = L.device_comm == "host";
-  w.overlap_dp = L.device_comm == "nccl";
+  w.overlap_dp = !L.device_comm.empty() && planned_group_paths(cfg, o, 0).nccl(kGroupDp);
   w.bucket_bytes = static_cast<double>(size_t(cfg.comm.bucket_mb) << 20);
   L.cost = estimate_step(cfg.model, p, L.stages, w, o.rates);
   if (o.mem_per_rank > 0 && L.worst > o.mem_per_rank) {

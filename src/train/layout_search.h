@@ -17,6 +17,7 @@
 #include "mesh/mesh.h"
 #include "plan/memory.h"
 #include "plan/cost.h"
+#include "train/group_paths.h"
 #include "train/report.h"
 #include "train/run_config.h"
 
@@ -91,6 +92,10 @@ struct PlannedLayout {
 // That path for `cfg` on `m`: CollectiveError when comm.device = nccl and
 // two ranks of one of rank 0's groups (tp, dp, pp) share a GPU.
 std::string device_comm_of(const RunConfig& cfg, const PlanMachine& m);
+// The paths of rank `rank`'s groups for `cfg` on `m`, as train resolves
+// them (train/group_paths.h): rank r on node r / ranks_per_node, on GPU
+// (r mod ranks_per_node) mod gpus_per_node there. CollectiveError as above.
+GroupPaths planned_group_paths(const RunConfig& cfg, const PlanMachine& m, int rank);
 
 // The memory and time of the resolved layout `cfg` on `m`.
 PlannedLayout evaluate_layout(const RunConfig& cfg, const PlanMachine& m);

@@ -10,7 +10,7 @@
 
 namespace meshlm {
 
-RunMemoryOptions memory_options(const RunConfig& cfg, uint64_t windows) {
+RunMemoryOptions memory_options(const RunConfig& cfg, uint64_t windows, const GroupPaths& paths) {
   const BackendCaps& caps = backend_caps(cfg.runtime.backend);
   RunMemoryOptions o;
   o.windows = windows;
@@ -22,11 +22,14 @@ RunMemoryOptions memory_options(const RunConfig& cfg, uint64_t windows) {
   o.precision = cfg.train.precision;
   o.quant_type = cfg.quant.type;
   o.pp = cfg.parallel.pp;
-  o.overlap_bytes = dp_overlap_bytes(cfg);
-  // The groups of a device backend stage their device buffers through the
-  // host unless NCCL is asked for by name.
-  if (caps.device_memory && !nccl_named(cfg))
-    o.staging_bytes = cfg.comm.staging_bytes();
+  o.overlap_bytes = dp_overlap_bytes(cfg, paths);
+  // A device backend's groups that are not NCCL's stage their device
+  // buffers through the host.
+  if (caps.device_memory) {
+    o.host_groups = {!paths.nccl(kGroupDp), !paths.nccl(kGroupTp), !paths.nccl(kGroupPp),
+                     !paths.nccl(kGroupEmbedding), !paths.nccl(kGroupWorld)};
+    if (o.host_groups.any()) o.staging_bytes = cfg.comm.staging_bytes();
+  }
   return o;
 }
 

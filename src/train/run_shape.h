@@ -11,6 +11,7 @@
 #include "mesh/mesh.h"
 #include "plan/memory.h"
 #include "plan/rank_plan.h"
+#include "train/group_paths.h"
 #include "train/run_config.h"
 
 namespace meshlm {
@@ -29,7 +30,8 @@ RankPlan rank_plan_at(const RunConfig& cfg, const MeshCoords& c, int world_rank,
 size_t base_broadcast_chunk_bytes(const RunConfig& cfg, size_t store_bytes);
 
 // The run's options as the prediction reads them, for `windows` training
-// windows per epoch.
-RunMemoryOptions memory_options(const RunConfig& cfg, uint64_t windows);
+// windows per epoch, on a rank whose groups take `paths` (comm.device
+// resolved: train/group_paths.h).
+RunMemoryOptions memory_options(const RunConfig& cfg, uint64_t windows, const GroupPaths& paths);
 
 }  // namespace meshlm

@@ -375,6 +375,10 @@ public:
   const RankThreads threads;
   std::unique_ptr<comm::StallWatchdog> watchdog;  // armed from the first step to the last checkpoint
   std::unique_ptr<Backend> backend;
+  // How the rank's groups move device buffers: comm.device resolved per
+  // group (train/group_paths.h), which the memory prediction and the engine
+  // share.
+  DeviceRoute route;
   std::optional<io::TokenReader> data;  // the loader reads it
   std::unique_ptr<io::BatchLoader> loader;
   // train.eval_every: the held-out tokens and their loader (in file order);
@@ -407,10 +411,14 @@ RunContext::RunContext(const RunConfig& cfg, MPI_Comm job)
             MESHLM_VERSION, mesh.layout().world(), pc.dp, pc.tp, pc.pp, mesh.node_count(),
             cfg.source);
   backend = std::make_unique<Backend>(cfg.runtime.backend, mesh, tc.precision,
-                                      cfg.runtime.op_timings);
-  mesh.print_rank_lines(fmt::format("device {} | cores {} | threads {} | waits {}",
+                                      cfg.runtime.op_timings, cfg.cluster.gpus_per_node);
+  route = device_route(cfg, mesh, *backend);
+  mesh.print_rank_lines(fmt::format("device {} | cores {} | threads {} | waits {}{}",
                                     backend->describe(), threads.cores.text(), threads.threads,
-                                    name_of(wait)));
+                                    name_of(wait),
+                                    backend->caps().device_memory
+                                        ? " | groups " + rank_group_paths(route.paths, mesh)
+                                        : std::string()));
 
   const int rank = mesh.rank();
   check_run_files(cfg, mesh.world(), rank);
@@ -472,7 +480,7 @@ void RunContext::open_held_out(const RunConfig& cfg) {
 // OpenBLAS's buffer once a GEMM of the largest panel has filled it); then
 // the limits checked.
 void RunContext::predict_memory(const RunConfig& cfg) {
-  const RunMemoryOptions o = memory_options(cfg, loader->windows_per_epoch());
+  const RunMemoryOptions o = memory_options(cfg, loader->windows_per_epoch(), route.paths);
   phased = predict_run_phases(cfg.model, shape, o);
   predicted = predicted_categories(cfg.model, shape, o, phased);
   print_predicted_memory(predicted, *world);
@@ -520,7 +528,7 @@ std::unique_ptr<load::FrozenBase> load_frozen_base(const RunConfig& cfg, const R
   if (cfg.quant.broadcast == quant::BaseBroadcast::nccl && !private_copies)
     try_all(run.mesh.world(), "quant.broadcast = nccl: ", [&] {
       if (leaders == MPI_COMM_NULL) return;
-      const DeviceRoute route = device_route(cfg, run.mesh, *run.backend);
+      const DeviceRoute& route = run.route;
       const std::string name = fmt::format("the node leaders' group of rank {}", run.mesh.rank());
       const comm::DeviceComm path = comm::group_device_comm(
           leaders, comm::DeviceComm::nccl, run.backend->caps().nccl, route.backend, route.slot,
@@ -912,7 +920,7 @@ TrainSummary run_training(const RunConfig& cfg, MPI_Comm job, debug::Records rec
   const debug::Faults faults(cfg.debug, run.mesh.rank(), records);
   tracker.enter(MemPhase::initialisation);
   Engine engine(cfg, run.mesh, timers, base.get(), run.backend->kernels(),
-                run.backend->dequantizer(), faults, device_route(cfg, run.mesh, *run.backend));
+                run.backend->dequantizer(), faults, run.route);
   print_run_lines(cfg, run.shape, *run.backend);
 
   Checkpointer checkpointer(cfg, run.mesh, engine, run.loader->windows_per_epoch(), timers,

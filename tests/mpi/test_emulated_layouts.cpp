@@ -3,9 +3,10 @@
 // runtime.backend = emulated (train/emulated_device.h: the CPU's kernels on
 // device memory the host cannot touch between ops), so every buffer the
 // engine exchanges is a device buffer and every group moves it by host
-// staging (comm.device = auto resolves to host), or under comm.device = nccl
-// (its emulation, comm/ordered_comm.h): GPT-2 both ways, LoRA through the
-// host, Llama in NCCL's order. Each layout
+// staging (comm.device = host), under comm.device = nccl (its emulation,
+// comm/ordered_comm.h), or under auto with ranks sharing GPUs (each group
+// its own path): GPT-2 all three ways, LoRA through the host, Llama in
+// NCCL's order. Each layout
 // against one rank of the CPU backend: the losses within 1e-5 relative, the
 // gathered final parameters (or adapters) within 1e-5 norm-wise, every
 // rank's memory (host and device together) its prediction per category.
@@ -34,8 +35,12 @@ protected:
   static inline std::filesystem::path dir_;
 };
 
+// comm.device = host: every group's device buffers staged through the
+// host (comm/staged_comm.h), as ranks that share a GPU move them.
 TEST_F(EmulatedLayouts, FullTrainingInEveryLayoutMatchesOneCpuRank) {
-  expect_layouts_match_one_rank(kGpt2LayoutsConfig, dir_, parallel_layouts(), {}, kEmulated, 0.1);
+  std::vector<std::string> host = kEmulated;
+  host.push_back("--comm.device=host");
+  expect_layouts_match_one_rank(kGpt2LayoutsConfig, dir_, parallel_layouts(), {}, host, 0.1);
 }
 
 // comm.device = nccl: every group's device buffers (the pipeline's over its
@@ -49,11 +54,43 @@ TEST_F(EmulatedLayouts, FullTrainingInEveryLayoutMatchesOneCpuRankInNcclOrder) {
   expect_layouts_match_one_rank(kGpt2LayoutsConfig, dir_, parallel_layouts(), {}, nccl, 0.1);
 }
 
+// comm.device = auto on nodes whose ranks share GPUs (cluster.gpus_per_node
+// of the emulated device): each group takes its own path, NCCL where its
+// ranks have a GPU each and the host where two share one, so that one rank
+// holds NCCL's and staged communicators side by side, and its memory
+// prediction stages only the groups that do (train/group_paths.h). On one
+// node of 2 GPUs (rank r on GPU r mod 2): tp {0, 1} NCCL's, dp {0, 2} and pp
+// {0, 2} staged; dp {0, 1} NCCL's beside pp {0, 2}. On 4 GPUs: dp {0, 2} and
+// tp NCCL's (the DP reduction overlapped: comm.overlap = auto), pp {0, 4}
+// staged; dp {0, 2, 4, 6} staged beside tp; pp {0, 2, 4, 6} staged beside
+// dp {0, 1}; and two nodes of 4: all NCCL's.
+TEST_F(EmulatedLayouts, AutoTakesEachGroupsOwnPathWhereRanksShareGpus) {
+  std::vector<std::string> two = kEmulated, four = kEmulated;
+  two.push_back("--cluster.gpus_per_node=2");
+  four.push_back("--cluster.gpus_per_node=4");
+  const std::vector<Layout> on_two = {
+      {2, 2, 1, 2, "1f1b", "none"},
+      {1, 2, 2, 0, "1f1b", "full"},
+      {2, 1, 2, 1, "gpipe", "none"},
+      {2, 2, 2, 1, "1f1b", "none"},
+  };
+  const std::vector<Layout> on_four = {
+      {2, 2, 2, 0, "1f1b", "none"},
+      {4, 2, 1, 1, "1f1b", "none"},
+      {2, 1, 4, 1, "1f1b", "full"},
+      {2, 2, 2, 2, "1f1b", "full", 4},
+  };
+  expect_layouts_match_one_rank(kGpt2LayoutsConfig, dir_, on_two, {}, two, 0.1);
+  expect_layouts_match_one_rank(kGpt2LayoutsConfig, dir_, on_four, {}, four, 0.1);
+}
+
 // The base reaches the node leaders through their "GPUs" (quant.broadcast =
-// nccl; the device chunk is in the prediction of base loading).
+// nccl; the device chunk is in the prediction of base loading); the groups
+// through the host (comm.device = host).
 TEST_F(EmulatedLayouts, LoraOnANodeSharedBaseInEveryLayoutMatchesOneCpuRank) {
   std::vector<std::string> o = kEmulated;
   o.push_back("--quant.broadcast=nccl");
+  o.push_back("--comm.device=host");
   expect_layouts_match_one_rank(kLoraLayoutsConfig, dir_, lora_layouts(), {}, o, 0.05);
 }
 

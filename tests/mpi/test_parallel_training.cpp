@@ -93,7 +93,9 @@ TEST_F(ParallelTraining, DpReductionOverlappedWithTheBackwardMatchesOneRank) {
   expect_layouts_match_one_rank(kGpt2LayoutsConfig, dir_, layouts, job, {"--comm.overlap=on"},
                                 0.05);
   expect_layouts_match_one_rank(kGpt2LayoutsConfig, dir_, {layouts[1], layouts[4]}, job,
-                                {"--comm.overlap=on", "--runtime.backend=emulated"}, 0.05);
+                                {"--comm.overlap=on", "--runtime.backend=emulated",
+                                 "--comm.device=host"},
+                                0.05);
 }
 
 // ZeRO 2 under pp: each stage reduces its part of the tied embedding's

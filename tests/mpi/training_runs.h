@@ -26,6 +26,8 @@
 #include "io/tokens.h"
 #include "mesh/mesh.h"
 #include "plan/memory.h"
+#include "train/group_paths.h"
+#include "train/run_shape.h"
 #include "train/trainer.h"
 
 namespace meshlm::testing {
@@ -225,7 +227,11 @@ inline RunResult train_on_first_ranks(const char* config_text,
     const io::TokenReader reader = io::TokenReader::open((dir / "tokens.h5").string());
     const uint64_t windows = (reader.size() - 1) / cfg.train.seq_len;
     const RankPlan rank_plan = planned_rank_plan(cfg, mesh);
-    const RunMemoryOptions mo = memory_options(cfg, windows);
+    // The groups' paths from the ranks' GPUs (the emulated device's, as
+    // train/backend.cpp numbers them; none on the CPU).
+    const GroupPaths paths = gather_group_paths(
+        cfg, mesh, emulated_device_ordinal(mesh.node_rank(), cfg.cluster.gpus_per_node));
+    const RunMemoryOptions mo = memory_options(cfg, windows, paths);
     const MemoryByCategory pred = predicted_categories(
         cfg.model, rank_plan, mo, predict_run_phases(cfg.model, rank_plan, mo));
     const int r = mesh.rank();

@@ -1,8 +1,10 @@
-// comm.device (comm/device_comm.h) and how the planner follows it
-// (train/layout_search.h, device_comm_of): a rank's GPU is its node-local
-// rank modulo the node's GPUs; auto gives NCCL to a group whose ranks each
-// have a GPU and host staging to one where two share; nccl asked there is
-// an error naming the two ranks, the GPU and the node; host is host.
+// comm.device (comm/device_comm.h), resolved group by group for a rank
+// (train/group_paths.h), and how the planner follows it
+// (train/layout_search.h, device_comm_of, planned_group_paths): a rank's GPU
+// is its node-local rank modulo the node's GPUs; auto gives NCCL to a group
+// whose ranks each have a GPU and host staging to one where two share; nccl
+// asked there is an error naming the two ranks, the GPU and the node; host
+// is host.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -10,6 +12,7 @@
 
 #include "comm/device_comm.h"
 #include "core/error.h"
+#include "train/group_paths.h"
 #include "train/layout_search.h"
 
 using namespace meshlm;
@@ -78,12 +81,99 @@ TEST(DeviceComm, ThePlannerStagesLayoutsWhoseGroupsShareAGpu) {
   // tp 8 alone on a node of 8 GPUs of 16 ranks: its group has a GPU each.
   EXPECT_EQ(device_comm_of(layout(1, 8, 1, DeviceComm::automatic), gpus(8, 16, 8)), "nccl");
   EXPECT_EQ(device_comm_of(layout(16, 1, 1, DeviceComm::host), gpus(16, 8, 8)), "host");
-  // The emulated device has no NCCL: every layout through the host.
+  // The emulated device's NCCL (its emulation) by the same rule.
   PlanMachine emulated = gpus(16, 8, 8);
   emulated.backend = ComputeBackend::emulated;
+  EXPECT_EQ(device_comm_of(layout(16, 1, 1, DeviceComm::automatic), emulated), "nccl");
+  emulated.gpus_per_node = 4;
   EXPECT_EQ(device_comm_of(layout(16, 1, 1, DeviceComm::automatic), emulated), "host");
   EXPECT_THROW(device_comm_of(layout(16, 1, 1, DeviceComm::nccl), gpus(16, 16, 8)), CollectiveError);
   PlanMachine cpu = gpus(16, 16, 8);
   cpu.backend = ComputeBackend::cpu;
   EXPECT_EQ(device_comm_of(layout(16, 1, 1, DeviceComm::nccl), cpu), "");
+}
+
+namespace {
+
+// The paths of `rank`'s groups on nodes of `rpn` ranks and `g` GPUs each.
+GroupPaths paths_of(const RunConfig& c, int rank, int rpn, int g) {
+  return resolve_group_paths(c.runtime.backend, c.comm.device, c.parallel, rank, [&](int r) {
+    return GpuSlot{r / rpn, comm::gpu_of(r % rpn, g), r};
+  });
+}
+
+std::string text(const GroupPaths& p) {
+  std::string s;
+  for (int g = 0; g < kNumMeshGroups; ++g)
+    s += std::string(g ? " " : "") + mesh_group_name(g) + "=" + (p.nccl(g) ? "nccl" : "host");
+  return s;
+}
+
+RunConfig emulated(int dp, int tp, int pp, DeviceComm device) {
+  RunConfig c = layout(dp, tp, pp, device);
+  c.runtime.backend = ComputeBackend::emulated;
+  return c;
+}
+
+}  // namespace
+
+// Group by group: 8 ranks of dp 2 x tp 2 x pp 2 on one node of 4 GPUs
+// (rank r on GPU r mod 4). Rank 0: tp {0, 1} and dp {0, 2} have a GPU each,
+// pp {0, 4} and the embedding group {0, 4} share GPU 0, and so does the
+// world. Rank 5: tp {4, 5} on GPUs 0 and 1, dp {5, 7} on 1 and 3, pp {1, 5}
+// on 1 and 1.
+TEST(GroupPaths, AutoResolvesEachGroupOfTheRankOnItsOwn) {
+  const RunConfig c = emulated(2, 2, 2, DeviceComm::automatic);
+  EXPECT_EQ(text(paths_of(c, 0, 8, 4)), "dp=nccl tp=nccl pp=host embedding=host world=host");
+  EXPECT_EQ(text(paths_of(c, 5, 8, 4)), "dp=nccl tp=nccl pp=host embedding=host world=host");
+  // A GPU per rank: NCCL everywhere; two nodes of 4 ranks on 4 GPUs each
+  // likewise (GPU 0 of node 0 and of node 1 are two GPUs).
+  EXPECT_EQ(text(paths_of(c, 0, 8, 8)), "dp=nccl tp=nccl pp=nccl embedding=nccl world=nccl");
+  EXPECT_EQ(text(paths_of(c, 6, 4, 4)), "dp=nccl tp=nccl pp=nccl embedding=nccl world=nccl");
+  // One GPU for the node: every group of more than one rank staged; a
+  // group of one (tp 1) has nothing to share.
+  EXPECT_EQ(text(paths_of(emulated(4, 1, 2, DeviceComm::automatic), 3, 8, 1)),
+            "dp=host tp=nccl pp=host embedding=host world=host");
+  // A rank outside the embedding group (a middle stage) keeps host there.
+  EXPECT_EQ(text(paths_of(emulated(1, 1, 4, DeviceComm::automatic), 1, 4, 4)),
+            "dp=nccl tp=nccl pp=nccl embedding=host world=nccl");
+  // comm.device = host: host; the CPU: host (MPI moves its buffers).
+  EXPECT_EQ(text(paths_of(emulated(2, 2, 2, DeviceComm::host), 0, 8, 8)),
+            "dp=host tp=host pp=host embedding=host world=host");
+  RunConfig cpu = layout(2, 2, 2, DeviceComm::nccl);
+  EXPECT_EQ(text(paths_of(cpu, 0, 8, 1)), "dp=host tp=host pp=host embedding=host world=host");
+}
+
+TEST(GroupPaths, NcclOnAGroupThatSharesAGpuNamesIt) {
+  try {
+    paths_of(emulated(2, 2, 2, DeviceComm::nccl), 4, 8, 4);
+    FAIL() << "nccl on a shared GPU";
+  } catch (const RankError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("ranks 0 and 4 of the pp group of rank 4 share GPU 0 of node 0"),
+              std::string::npos) << m;
+  }
+  // The planner's error is every rank's (a CollectiveError).
+  PlanMachine m = gpus(8, 8, 4);
+  m.backend = ComputeBackend::emulated;
+  EXPECT_THROW(planned_group_paths(emulated(2, 2, 2, DeviceComm::nccl), m, 4), CollectiveError);
+}
+
+// The planner's paths are train's for every rank of the layout (the same
+// rule on the same slots), and device_comm_of reads rank 0's.
+TEST(GroupPaths, ThePlannerResolvesEveryRankAsTrainDoes) {
+  const RunConfig c = emulated(2, 2, 2, DeviceComm::automatic);
+  PlanMachine m = gpus(8, 8, 4);
+  m.backend = ComputeBackend::emulated;
+  for (int r = 0; r < 8; ++r)
+    EXPECT_EQ(text(planned_group_paths(c, m, r)), text(paths_of(c, r, 8, 4))) << "rank " << r;
+  EXPECT_EQ(device_comm_of(c, m), "host");
+  m.gpus_per_node = 8;
+  EXPECT_EQ(device_comm_of(c, m), "nccl");
+}
+
+TEST(GroupPaths, TheEmulatedDeviceNumbersGpusAsCudaDoes) {
+  EXPECT_EQ(emulated_device_ordinal(5, 0), 5);  // a GPU per rank
+  EXPECT_EQ(emulated_device_ordinal(5, 4), 1);
+  EXPECT_EQ(emulated_device_ordinal(3, 1), 0);
 }

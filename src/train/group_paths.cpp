@@ -1,0 +1,101 @@
+#include "train/group_paths.h"
+
+#include <fmt/format.h>
+
+#include <vector>
+
+#include "comm/errors.h"
+#include "core/error.h"
+#include "train/backend.h"
+
+namespace meshlm {
+
+const char* mesh_group_name(int group) {
+  static const char* const kNames[kNumMeshGroups] = {"dp", "tp", "pp", "embedding", "world"};
+  MESHLM_CHECK(group >= 0 && group < kNumMeshGroups, "a mesh group");
+  return kNames[group];
+}
+
+bool GroupPaths::any_nccl() const {
+  for (int g = 0; g < kNumMeshGroups; ++g)
+    if (nccl(g)) return true;
+  return false;
+}
+
+int emulated_device_ordinal(int node_rank, int gpus_per_node) {
+  return gpus_per_node > 0 ? comm::gpu_of(node_rank, gpus_per_node) : node_rank;
+}
+
+GroupPaths resolve_group_paths(ComputeBackend backend, comm::DeviceComm asked,
+                               const ParallelConfig& p, int rank,
+                               const std::function<comm::GpuSlot(int)>& slot_of) {
+  GroupPaths paths;
+  const BackendCaps& caps = backend_caps(backend);
+  if (!caps.device_memory || asked == comm::DeviceComm::host) return paths;
+  if (!caps.nccl) {
+    if (asked == comm::DeviceComm::automatic) return paths;
+    throw RankError(std::string("comm.device = nccl: runtime.backend = ") + name_of(caps.kind) +
+                        " has no NCCL path in this meshlm; set comm.device = host or auto",
+                    MESHLM_HERE);
+  }
+  const MeshLayout layout(p.dp, p.tp, p.pp);
+  std::vector<int> world(static_cast<size_t>(layout.world()));
+  for (int r = 0; r < layout.world(); ++r) world[static_cast<size_t>(r)] = r;
+  const std::vector<int> members[kNumMeshGroups] = {layout.dp_group(rank), layout.tp_group(rank),
+                                                    layout.pp_group(rank),
+                                                    layout.embedding_group(rank), world};
+  for (int g = 0; g < kNumMeshGroups; ++g) {
+    if (members[g].empty()) continue;  // not in the embedding group
+    std::vector<comm::GpuSlot> slots;
+    for (const int r : members[g]) slots.push_back(slot_of(r));
+    paths.path[static_cast<size_t>(g)] = comm::resolve_device_comm(
+        asked, slots, fmt::format("the {} group of rank {}", mesh_group_name(g), rank));
+  }
+  return paths;
+}
+
+GroupPaths gather_group_paths(const RunConfig& cfg, const ProcessMesh& mesh, int device_ordinal) {
+  const std::vector<comm::GpuSlot> slots =
+      comm::gather_slots(mesh.world(), {mesh.node_index(), device_ordinal, mesh.rank()});
+  GroupPaths paths;
+  try_all(mesh.world(), "", [&] {
+    paths = resolve_group_paths(cfg.runtime.backend, cfg.comm.device, cfg.parallel, mesh.rank(),
+                                [&](int r) { return slots.at(static_cast<size_t>(r)); });
+  }, MESHLM_HERE);
+  return paths;
+}
+
+std::string rank_group_paths(const GroupPaths& paths, const ProcessMesh& mesh) {
+  std::string line;
+  for (int g = 0; g < kNumMeshGroups; ++g) {
+    if (g == kGroupEmbedding && mesh.embedding() == MPI_COMM_NULL) continue;
+    line += fmt::format("{}{} {}", line.empty() ? "" : ", ", mesh_group_name(g),
+                        paths.nccl(g) ? "nccl" : "host");
+  }
+  return line;
+}
+
+std::string describe_group_paths(const GroupPaths& paths, const ProcessMesh& mesh,
+                                 comm::Communicator& world) {
+  // 1 = host, 2 = nccl, 0 = not a member (3 in the minimum, which it must
+  // not decide).
+  const MPI_Comm groups[kNumMeshGroups] = {mesh.dp(), mesh.tp(), mesh.pp(), mesh.embedding(),
+                                           mesh.world()};
+  int most[kNumMeshGroups], least[kNumMeshGroups], mine[kNumMeshGroups], mine_or_3[kNumMeshGroups];
+  for (int g = 0; g < kNumMeshGroups; ++g) {
+    mine[g] = groups[g] == MPI_COMM_NULL ? 0 : paths.nccl(g) ? 2 : 1;
+    mine_or_3[g] = mine[g] == 0 ? 3 : mine[g];
+  }
+  world.all_reduce(mine, most, kNumMeshGroups, DType::i32, comm::ReduceOp::max).wait();
+  world.all_reduce(mine_or_3, least, kNumMeshGroups, DType::i32, comm::ReduceOp::min).wait();
+  std::string line;
+  for (int g = 0; g < kNumMeshGroups; ++g) {
+    if (most[g] == 0) continue;
+    const char* how =
+        least[g] == most[g] ? (most[g] == 2 ? "nccl" : "host") : "nccl or host by group";
+    line += fmt::format("{}{} {}", line.empty() ? "" : ", ", mesh_group_name(g), how);
+  }
+  return line;
+}
+
+}  // namespace meshlm
