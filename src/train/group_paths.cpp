@@ -46,6 +46,9 @@ GroupPaths resolve_group_paths(ComputeBackend backend, comm::DeviceComm asked,
                                                     layout.embedding_group(rank), world};
   for (int g = 0; g < kNumMeshGroups; ++g) {
     if (members[g].empty()) continue;  // not in the embedding group
+    // auto leaves a group of one rank (nothing moves) to the host path, which
+    // then copies nothing: no NCCL communicator, no NCCL buffers.
+    if (members[g].size() == 1 && asked == comm::DeviceComm::automatic) continue;
     std::vector<comm::GpuSlot> slots;
     for (const int r : members[g]) slots.push_back(slot_of(r));
     paths.path[static_cast<size_t>(g)] = comm::resolve_device_comm(

@@ -1,10 +1,12 @@
 // comm.device resolved for each of a rank's groups: whether the group moves
 // a device backend's buffers by NCCL (GPU to GPU) or stages them through the
-// host (comm/staged_comm.h). auto takes NCCL for a group whose ranks each
-// have a GPU of their own and the host for one in which two ranks share a
-// GPU, group by group: on a node of 4 GPUs and 8 ranks, a tp group of ranks
-// 0 and 1 (GPUs 0 and 1) is NCCL's while the dp group of ranks 0 and 4 (both
-// on GPU 0) is staged. train, its memory prediction and meshlm plan all take
+// host (comm/staged_comm.h). auto takes NCCL for a group of two or more
+// ranks that each have a GPU of their own, and the host for one in which two
+// ranks share a GPU, group by group: on a node of 4 GPUs and 8 ranks, a tp
+// group of ranks 0 and 1 (GPUs 0 and 1) is NCCL's while the dp group of
+// ranks 0 and 4 (both on GPU 0) is staged. A group of one rank moves nothing:
+// auto leaves it on the host path (no NCCL communicator for it), so a run of
+// one rank per GPU-less group, and a run of one rank, opens no NCCL at all. train, its memory prediction and meshlm plan all take
 // their paths from resolve_group_paths, so that they agree.
 #pragma once
 
@@ -46,8 +48,8 @@ int emulated_device_ordinal(int node_rank, int gpus_per_node);
 // node and GPU). host: host; nccl or auto on a backend without NCCL: host
 // under auto, a RankError under nccl; otherwise comm/device_comm.h's rule
 // per group (nccl on a group in which two ranks share a GPU: a RankError
-// naming the group, the ranks and the GPU). All host on a backend without
-// device memory.
+// naming the group, the ranks and the GPU), but auto's groups of one rank
+// are host. All host on a backend without device memory.
 GroupPaths resolve_group_paths(ComputeBackend backend, comm::DeviceComm asked,
                                const ParallelConfig& p, int rank,
                                const std::function<comm::GpuSlot(int)>& slot_of);

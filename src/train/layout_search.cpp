@@ -365,8 +365,11 @@ GroupPaths planned_group_paths(const RunConfig& cfg, const PlanMachine& m, int r
 std::string device_comm_of(const RunConfig& cfg, const PlanMachine& m) {
   if (!backend_caps(m.backend).device_memory) return "";
   const GroupPaths paths = planned_group_paths(cfg, m, 0);
-  const bool nccl = paths.nccl(kGroupDp) && paths.nccl(kGroupTp) && paths.nccl(kGroupPp);
-  return nccl ? "nccl" : "host";
+  const ParallelConfig& p = cfg.parallel;
+  // (A group of one rank moves nothing, whichever its path.)
+  const bool staged = (p.dp > 1 && !paths.nccl(kGroupDp)) || (p.tp > 1 && !paths.nccl(kGroupTp)) ||
+                      (p.pp > 1 && !paths.nccl(kGroupPp));
+  return staged ? "host" : "nccl";
 }
 
 PlannedLayout evaluate_layout(const RunConfig& cfg, const PlanMachine& o) {

@@ -131,12 +131,20 @@ TEST(GroupPaths, AutoResolvesEachGroupOfTheRankOnItsOwn) {
   EXPECT_EQ(text(paths_of(c, 0, 8, 8)), "dp=nccl tp=nccl pp=nccl embedding=nccl world=nccl");
   EXPECT_EQ(text(paths_of(c, 6, 4, 4)), "dp=nccl tp=nccl pp=nccl embedding=nccl world=nccl");
   // One GPU for the node: every group of more than one rank staged; a
-  // group of one (tp 1) has nothing to share.
+  // group of one (tp 1) moves nothing and stays on the host path under
+  // auto (no NCCL communicator), but takes NCCL when it is asked for.
   EXPECT_EQ(text(paths_of(emulated(4, 1, 2, DeviceComm::automatic), 3, 8, 1)),
-            "dp=host tp=nccl pp=host embedding=host world=host");
-  // A rank outside the embedding group (a middle stage) keeps host there.
+            "dp=host tp=host pp=host embedding=host world=host");
   EXPECT_EQ(text(paths_of(emulated(1, 1, 4, DeviceComm::automatic), 1, 4, 4)),
+            "dp=host tp=host pp=nccl embedding=host world=nccl");
+  EXPECT_EQ(text(paths_of(emulated(1, 1, 4, DeviceComm::nccl), 0, 4, 4)),
+            "dp=nccl tp=nccl pp=nccl embedding=nccl world=nccl");
+  // A rank outside the embedding group (a middle stage) keeps host there.
+  EXPECT_EQ(text(paths_of(emulated(1, 1, 4, DeviceComm::nccl), 1, 4, 4)),
             "dp=nccl tp=nccl pp=nccl embedding=host world=nccl");
+  // One rank: nothing but groups of one, no NCCL under auto.
+  EXPECT_EQ(text(paths_of(emulated(1, 1, 1, DeviceComm::automatic), 0, 1, 1)),
+            "dp=host tp=host pp=host embedding=host world=host");
   // comm.device = host: host; the CPU: host (MPI moves its buffers).
   EXPECT_EQ(text(paths_of(emulated(2, 2, 2, DeviceComm::host), 0, 8, 8)),
             "dp=host tp=host pp=host embedding=host world=host");
@@ -170,6 +178,9 @@ TEST(GroupPaths, ThePlannerResolvesEveryRankAsTrainDoes) {
   EXPECT_EQ(device_comm_of(c, m), "host");
   m.gpus_per_node = 8;
   EXPECT_EQ(device_comm_of(c, m), "nccl");
+  // Groups of one rank (tp 1, pp 1) are on the host path and move nothing:
+  // the layout is NCCL's.
+  EXPECT_EQ(device_comm_of(emulated(8, 1, 1, DeviceComm::automatic), m), "nccl");
 }
 
 TEST(GroupPaths, TheEmulatedDeviceNumbersGpusAsCudaDoes) {
