@@ -26,35 +26,87 @@ int emulated_device_ordinal(int node_rank, int gpus_per_node) {
   return gpus_per_node > 0 ? comm::gpu_of(node_rank, gpus_per_node) : node_rank;
 }
 
+namespace {
+
+// Whether comm.device = `asked` can take NCCL on `backend` (false: every
+// group is host); a RankError where nccl is asked of a backend without it.
+bool nccl_possible(ComputeBackend backend, comm::DeviceComm asked) {
+  const BackendCaps& caps = backend_caps(backend);
+  if (!caps.device_memory || asked == comm::DeviceComm::host) return false;
+  if (caps.nccl) return true;
+  if (asked == comm::DeviceComm::automatic) return false;
+  throw RankError(std::string("comm.device = nccl: runtime.backend = ") + name_of(caps.kind) +
+                      " has no NCCL path in this meshlm; set comm.device = host or auto",
+                  MESHLM_HERE);
+}
+
+// Rank `rank`'s group of kind `g` in `layout` (sorted by world rank; empty
+// where the rank is not in its embedding group).
+std::vector<int> members_of(const MeshLayout& layout, int g, int rank) {
+  switch (g) {
+    case kGroupDp: return layout.dp_group(rank);
+    case kGroupTp: return layout.tp_group(rank);
+    case kGroupPp: return layout.pp_group(rank);
+    case kGroupEmbedding: return layout.embedding_group(rank);
+    default: break;
+  }
+  std::vector<int> world(static_cast<size_t>(layout.world()));
+  for (int r = 0; r < layout.world(); ++r) world[static_cast<size_t>(r)] = r;
+  return world;
+}
+
+// The path of the group `members` (of kind g, named for `rank`).
+comm::DeviceComm resolve_group(comm::DeviceComm asked, int g, const std::vector<int>& members,
+                               int rank, const std::function<comm::GpuSlot(int)>& slot_of) {
+  // auto leaves a group of one rank (nothing moves) to the host path, which
+  // then copies nothing: no NCCL communicator, no NCCL buffers.
+  if (members.size() == 1 && asked == comm::DeviceComm::automatic) return comm::DeviceComm::host;
+  std::vector<comm::GpuSlot> slots;
+  slots.reserve(members.size());
+  for (const int r : members) slots.push_back(slot_of(r));
+  return comm::resolve_device_comm(
+      asked, slots, fmt::format("the {} group of rank {}", mesh_group_name(g), rank));
+}
+
+}  // namespace
+
 GroupPaths resolve_group_paths(ComputeBackend backend, comm::DeviceComm asked,
                                const ParallelConfig& p, int rank,
                                const std::function<comm::GpuSlot(int)>& slot_of) {
   GroupPaths paths;
-  const BackendCaps& caps = backend_caps(backend);
-  if (!caps.device_memory || asked == comm::DeviceComm::host) return paths;
-  if (!caps.nccl) {
-    if (asked == comm::DeviceComm::automatic) return paths;
-    throw RankError(std::string("comm.device = nccl: runtime.backend = ") + name_of(caps.kind) +
-                        " has no NCCL path in this meshlm; set comm.device = host or auto",
-                    MESHLM_HERE);
-  }
+  if (!nccl_possible(backend, asked)) return paths;
   const MeshLayout layout(p.dp, p.tp, p.pp);
-  std::vector<int> world(static_cast<size_t>(layout.world()));
-  for (int r = 0; r < layout.world(); ++r) world[static_cast<size_t>(r)] = r;
-  const std::vector<int> members[kNumMeshGroups] = {layout.dp_group(rank), layout.tp_group(rank),
-                                                    layout.pp_group(rank),
-                                                    layout.embedding_group(rank), world};
   for (int g = 0; g < kNumMeshGroups; ++g) {
-    if (members[g].empty()) continue;  // not in the embedding group
-    // auto leaves a group of one rank (nothing moves) to the host path, which
-    // then copies nothing: no NCCL communicator, no NCCL buffers.
-    if (members[g].size() == 1 && asked == comm::DeviceComm::automatic) continue;
-    std::vector<comm::GpuSlot> slots;
-    for (const int r : members[g]) slots.push_back(slot_of(r));
-    paths.path[static_cast<size_t>(g)] = comm::resolve_device_comm(
-        asked, slots, fmt::format("the {} group of rank {}", mesh_group_name(g), rank));
+    const std::vector<int> members = members_of(layout, g, rank);
+    if (!members.empty())
+      paths.path[static_cast<size_t>(g)] = resolve_group(asked, g, members, rank, slot_of);
   }
   return paths;
+}
+
+std::vector<GroupPaths> resolve_every_rank_group_paths(
+    ComputeBackend backend, comm::DeviceComm asked, const ParallelConfig& p,
+    const std::function<comm::GpuSlot(int)>& slot_of) {
+  const MeshLayout layout(p.dp, p.tp, p.pp);
+  const size_t n = static_cast<size_t>(layout.world());
+  std::vector<GroupPaths> all(n);
+  if (!nccl_possible(backend, asked)) return all;
+  // Each group once, by its lowest rank (its first member).
+  for (int g = 0; g < kNumMeshGroups; ++g) {
+    std::vector<int> done(n, -1);  // by first member: the path, as an int
+    for (int r = 0; r < layout.world(); ++r) {
+      const std::vector<int> members = members_of(layout, g, r);
+      if (members.empty()) continue;
+      int& d = done[static_cast<size_t>(members.front())];
+      if (d < 0) d = static_cast<int>(resolve_group(asked, g, members, r, slot_of));
+      all[static_cast<size_t>(r)].path[static_cast<size_t>(g)] = static_cast<comm::DeviceComm>(d);
+      if (g == kGroupWorld) {  // one group: the same for every rank
+        for (GroupPaths& q : all) q.path[kGroupWorld] = static_cast<comm::DeviceComm>(d);
+        break;
+      }
+    }
+  }
+  return all;
 }
 
 GroupPaths gather_group_paths(const RunConfig& cfg, const ProcessMesh& mesh, int device_ordinal) {

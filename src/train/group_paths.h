@@ -15,6 +15,7 @@
 #include <array>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "comm/comm.h"
 #include "comm/device_comm.h"
@@ -53,6 +54,13 @@ int emulated_device_ordinal(int node_rank, int gpus_per_node);
 GroupPaths resolve_group_paths(ComputeBackend backend, comm::DeviceComm asked,
                                const ParallelConfig& p, int rank,
                                const std::function<comm::GpuSlot(int)>& slot_of);
+
+// The same for every rank of the layout at once, each group resolved once
+// (the planner's: a world of thousands of ranks in every layout it weighs);
+// element r is rank r's.
+std::vector<GroupPaths> resolve_every_rank_group_paths(
+    ComputeBackend backend, comm::DeviceComm asked, const ParallelConfig& p,
+    const std::function<comm::GpuSlot(int)>& slot_of);
 
 // Collective over the mesh's world: every rank's slot (its node, and GPU
 // `device_ordinal` there) gathered, then resolve_group_paths for this rank.

@@ -304,14 +304,15 @@ uint64_t data_windows(const DataConfig& data, int seq_len) {
 namespace {
 
 // Rank r (coordinates c) of the layout `cfg` on `o`.
-PlannedRank plan_rank(const RunConfig& cfg, const PlanMachine& o, const MeshCoords& c, int r) {
+PlannedRank plan_rank(const RunConfig& cfg, const PlanMachine& o, const MeshCoords& c, int r,
+                      const GroupPaths& paths) {
   const bool device = backend_caps(o.backend).device_memory;
   PlannedRank m;
   m.rank = r;
   m.node = r / o.ranks_per_node;
   m.c = c;
   const RankPlan shape = rank_plan_at(cfg, m.c, r, r % o.ranks_per_node);
-  const RunMemoryOptions mo = memory_options(cfg, o.windows, planned_group_paths(cfg, o, r));
+  const RunMemoryOptions mo = memory_options(cfg, o.windows, paths);
   const PhasedMemory phased = predict_run_phases(cfg.model, shape, mo);
   m.table = predicted_categories(cfg.model, shape, mo, phased);
   if (device) {
@@ -350,39 +351,64 @@ StepWork step_shape(const RunConfig& cfg) {
 
 }  // namespace
 
-GroupPaths planned_group_paths(const RunConfig& cfg, const PlanMachine& m, int rank) {
+namespace {
+
+// Rank r of `m` on node r / ranks_per_node, GPU (r mod ranks_per_node) mod
+// gpus_per_node there; a refusal, worked out from the configuration alone,
+// the same on every rank.
+template <typename F>
+auto planned_paths(const PlanMachine& m, F&& resolve) {
   const int gpus = m.gpus_per_node > 0 ? m.gpus_per_node : m.ranks_per_node;
   try {
-    return resolve_group_paths(m.backend, cfg.comm.device, cfg.parallel, rank, [&](int r) {
+    return resolve([&m, gpus](int r) {
       return comm::GpuSlot{r / m.ranks_per_node, comm::gpu_of(r % m.ranks_per_node, gpus), r};
     });
   } catch (const RankError& e) {
-    // Worked out from the configuration alone: the same on every rank.
     throw CollectiveError(e.what(), MESHLM_HERE);
   }
 }
 
+// "nccl", "host" (a group of two or more ranks of rank 0 staged) or "" (the
+// CPU). (A group of one rank moves nothing, whichever its path.)
+std::string device_comm_text(const RunConfig& cfg, const PlanMachine& m, const GroupPaths& rank0) {
+  if (!backend_caps(m.backend).device_memory) return "";
+  const ParallelConfig& p = cfg.parallel;
+  const bool staged = (p.dp > 1 && !rank0.nccl(kGroupDp)) || (p.tp > 1 && !rank0.nccl(kGroupTp)) ||
+                      (p.pp > 1 && !rank0.nccl(kGroupPp));
+  return staged ? "host" : "nccl";
+}
+
+}  // namespace
+
+GroupPaths planned_group_paths(const RunConfig& cfg, const PlanMachine& m, int rank) {
+  return planned_paths(m, [&](const auto& slot_of) {
+    return resolve_group_paths(m.backend, cfg.comm.device, cfg.parallel, rank, slot_of);
+  });
+}
+
+std::vector<GroupPaths> planned_every_rank_group_paths(const RunConfig& cfg, const PlanMachine& m) {
+  return planned_paths(m, [&](const auto& slot_of) {
+    return resolve_every_rank_group_paths(m.backend, cfg.comm.device, cfg.parallel, slot_of);
+  });
+}
+
 std::string device_comm_of(const RunConfig& cfg, const PlanMachine& m) {
   if (!backend_caps(m.backend).device_memory) return "";
-  const GroupPaths paths = planned_group_paths(cfg, m, 0);
-  const ParallelConfig& p = cfg.parallel;
-  // (A group of one rank moves nothing, whichever its path.)
-  const bool staged = (p.dp > 1 && !paths.nccl(kGroupDp)) || (p.tp > 1 && !paths.nccl(kGroupTp)) ||
-                      (p.pp > 1 && !paths.nccl(kGroupPp));
-  return staged ? "host" : "nccl";
+  return device_comm_text(cfg, m, planned_group_paths(cfg, m, 0));
 }
 
 PlannedLayout evaluate_layout(const RunConfig& cfg, const PlanMachine& o) {
   PlannedLayout L;
   L.cfg = cfg;
-  L.device_comm = device_comm_of(cfg, o);
+  const std::vector<GroupPaths> paths = planned_every_rank_group_paths(cfg, o);
+  L.device_comm = device_comm_text(cfg, o, paths.front());
   const ParallelConfig& p = cfg.parallel;
   L.stages = stage_layers(cfg.model, p, cfg.train.seq_len);
   const MeshLayout mesh(p.dp, p.tp, p.pp);
   std::map<int, size_t> node_sum;
   size_t trained = 0;
   for (int r = 0; r < o.ranks; ++r) {
-    const PlannedRank m = plan_rank(cfg, o, mesh.coords(r), r);
+    const PlannedRank m = plan_rank(cfg, o, mesh.coords(r), r, paths[static_cast<size_t>(r)]);
     trained = std::max(trained, at(m.table, MemCategory::grads));
     node_sum[m.node] += m.node_part;
     if (m.peak > L.worst) {
@@ -412,7 +438,7 @@ PlannedLayout evaluate_layout(const RunConfig& cfg, const PlanMachine& o) {
   // backward; the CPU's, and one staged through the host, are waited for
   // where they are issued.
   w.host_staged = L.device_comm == "host";
-  w.overlap_dp = !L.device_comm.empty() && planned_group_paths(cfg, o, 0).nccl(kGroupDp);
+  w.overlap_dp = !L.device_comm.empty() && paths.front().nccl(kGroupDp);
   w.bucket_bytes = static_cast<double>(size_t(cfg.comm.bucket_mb) << 20);
   L.cost = estimate_step(cfg.model, p, L.stages, w, o.rates);
   if (o.mem_per_rank > 0 && L.worst > o.mem_per_rank) {
@@ -471,6 +497,7 @@ std::optional<PlannedLayout> split_under_memory(const RunConfig& c, const PlanMa
                                                 const PlannedLayout& L) {
   const int n_layer = c.model.n_layer, p = c.parallel.pp;
   const MeshLayout mesh(c.parallel.dp, c.parallel.tp, p);
+  const std::vector<GroupPaths> paths = planned_every_rank_group_paths(c, m);
   // Stage k with n layers: the largest peak of its ranks; the other stages
   // share the rest (their layers do not change stage k's memory).
   const StageFits fits = [&](int k, int n) {
@@ -486,7 +513,8 @@ std::optional<PlannedLayout> split_under_memory(const RunConfig& c, const PlanMa
       }
     for (int r = 0; r < m.ranks; ++r) {
       const MeshCoords rc = mesh.coords(r);
-      if (rc.pp == k && plan_rank(t, m, rc, r).peak > m.mem_per_rank) return false;
+      if (rc.pp == k && plan_rank(t, m, rc, r, paths[static_cast<size_t>(r)]).peak > m.mem_per_rank)
+        return false;
     }
     return true;
   };

@@ -96,6 +96,8 @@ std::string device_comm_of(const RunConfig& cfg, const PlanMachine& m);
 // them (train/group_paths.h): rank r on node r / ranks_per_node, on GPU
 // (r mod ranks_per_node) mod gpus_per_node there. CollectiveError as above.
 GroupPaths planned_group_paths(const RunConfig& cfg, const PlanMachine& m, int rank);
+// ... of every rank at once (element r: rank r's), each group resolved once.
+std::vector<GroupPaths> planned_every_rank_group_paths(const RunConfig& cfg, const PlanMachine& m);
 
 // The memory and time of the resolved layout `cfg` on `m`.
 PlannedLayout evaluate_layout(const RunConfig& cfg, const PlanMachine& m);

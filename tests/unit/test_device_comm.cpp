@@ -173,14 +173,45 @@ TEST(GroupPaths, ThePlannerResolvesEveryRankAsTrainDoes) {
   const RunConfig c = emulated(2, 2, 2, DeviceComm::automatic);
   PlanMachine m = gpus(8, 8, 4);
   m.backend = ComputeBackend::emulated;
-  for (int r = 0; r < 8; ++r)
+  const std::vector<GroupPaths> every = planned_every_rank_group_paths(c, m);
+  ASSERT_EQ(every.size(), 8u);
+  for (int r = 0; r < 8; ++r) {
     EXPECT_EQ(text(planned_group_paths(c, m, r)), text(paths_of(c, r, 8, 4))) << "rank " << r;
+    EXPECT_EQ(text(every[static_cast<size_t>(r)]), text(paths_of(c, r, 8, 4))) << "rank " << r;
+  }
   EXPECT_EQ(device_comm_of(c, m), "host");
   m.gpus_per_node = 8;
   EXPECT_EQ(device_comm_of(c, m), "nccl");
   // Groups of one rank (tp 1, pp 1) are on the host path and move nothing:
   // the layout is NCCL's.
   EXPECT_EQ(device_comm_of(emulated(8, 1, 1, DeviceComm::automatic), m), "nccl");
+}
+
+// Each group resolved once, and a group's GPUs compared in n log n: every
+// rank of 4096 (dp 64 x tp 8 x pp 8 on nodes of 8 GPUs, one rank a GPU)
+// with NCCL everywhere; on nodes of 16 ranks every tp group is NCCL's
+// (ranks r and r + 8 of a node share a GPU, never one tp group) and every
+// dp group staged (r and r + 8 are neighbours in dp).
+TEST(GroupPaths, EveryRankOfALargeJobAtOnce) {
+  const RunConfig c = emulated(64, 8, 8, DeviceComm::automatic);
+  PlanMachine m = gpus(4096, 8, 8);
+  m.backend = ComputeBackend::emulated;
+  const std::vector<GroupPaths> own = planned_every_rank_group_paths(c, m);
+  ASSERT_EQ(own.size(), 4096u);
+  for (size_t r = 0; r < own.size(); ++r) {
+    const bool end_stage = r < 512 || r >= 4096 - 512;  // in an embedding group
+    ASSERT_TRUE(own[r].nccl(kGroupDp) && own[r].nccl(kGroupTp) && own[r].nccl(kGroupPp) &&
+                own[r].nccl(kGroupWorld) && own[r].nccl(kGroupEmbedding) == end_stage)
+        << r << ": " << text(own[r]);
+  }
+  m.ranks_per_node = 16;
+  const std::vector<GroupPaths> shared = planned_every_rank_group_paths(c, m);
+  for (size_t r = 0; r < shared.size(); ++r) {
+    ASSERT_TRUE(shared[r].nccl(kGroupTp)) << r;
+    ASSERT_FALSE(shared[r].nccl(kGroupDp)) << r;
+    ASSERT_FALSE(shared[r].nccl(kGroupWorld)) << r;
+  }
+  EXPECT_EQ(text(shared[4095]), text(planned_group_paths(c, m, 4095)));
 }
 
 TEST(GroupPaths, TheEmulatedDeviceNumbersGpusAsCudaDoes) {
