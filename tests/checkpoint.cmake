@@ -61,3 +61,10 @@ set_tests_properties(test_checkpoint_async PROPERTIES LABELS mpi TIMEOUT 300
 # Started first (ctest runs the costliest first): a fresh build has no timing
 # history, and these would otherwise start last and run alone at the end.
 set_tests_properties(test_parallel_training test_checkpoint_async PROPERTIES COST 1000)
+# Then the long ones that mostly wait (a stall's timeout, a killed rank's
+# job ending): begun among the first, their waits overlap the others' work
+# instead of ending the run with one core idle.
+# (faults_stalled_rank likewise: tests/faults.cmake.)
+if(TEST checkpoint_kill_and_resume)
+  set_tests_properties(checkpoint_kill_and_resume PROPERTIES COST 500)
+endif()

@@ -8,7 +8,7 @@ set(_faults ${CMAKE_CURRENT_SOURCE_DIR}/faults)
 add_test(NAME faults_stalled_rank
   COMMAND bash ${_faults}/stall.sh "${_faults_mpiexec4}" $<TARGET_FILE:meshlm>
           ${PROJECT_SOURCE_DIR}/inputs/tiny.cfg)
-set_tests_properties(faults_stalled_rank PROPERTIES LABELS faults TIMEOUT 240
+set_tests_properties(faults_stalled_rank PROPERTIES LABELS faults TIMEOUT 240 COST 500
   ENVIRONMENT "OMP_NUM_THREADS=1")
 # The same on GPUs: four ranks sharing one (host staging), and waiting in
 # NCCL (four GPUs; skipped where there are fewer).
