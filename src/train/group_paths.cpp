@@ -16,12 +16,6 @@ const char* mesh_group_name(int group) {
   return kNames[group];
 }
 
-bool GroupPaths::any_nccl() const {
-  for (int g = 0; g < kNumMeshGroups; ++g)
-    if (nccl(g)) return true;
-  return false;
-}
-
 int emulated_device_ordinal(int node_rank, int gpus_per_node) {
   return gpus_per_node > 0 ? comm::gpu_of(node_rank, gpus_per_node) : node_rank;
 }

@@ -36,7 +36,6 @@ struct GroupPaths {
       comm::DeviceComm::host, comm::DeviceComm::host, comm::DeviceComm::host,
       comm::DeviceComm::host, comm::DeviceComm::host};
   bool nccl(int group) const { return path[static_cast<size_t>(group)] == comm::DeviceComm::nccl; }
-  bool any_nccl() const;
 };
 
 // The emulated device's GPU of the node-local rank `node_rank`: modulo

@@ -393,7 +393,6 @@ std::vector<GroupPaths> planned_every_rank_group_paths(const RunConfig& cfg, con
 }
 
 std::string device_comm_of(const RunConfig& cfg, const PlanMachine& m) {
-  if (!backend_caps(m.backend).device_memory) return "";
   return device_comm_text(cfg, m, planned_group_paths(cfg, m, 0));
 }
 
