@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <iterator>
 
@@ -13,19 +14,38 @@ namespace meshlm {
 
 // ---- the arena ---------------------------------------------------------------
 
+namespace {
+
+// The span each open() and close() changes is rounded to transparent huge
+// pages: an mprotect over a whole huge page changes one page-table entry
+// where it changed 512 of the base pages, which made the two calls of each
+// op most of an emulated run's time.
+constexpr size_t kHugePage = size_t{2} << 20;
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+}  // namespace
+
 EmulatedMemory::EmulatedMemory(size_t capacity) {
-  const size_t page = page_bytes();
-  capacity_ = (capacity + page - 1) / page * page;
+  capacity_ = round_up(capacity, kHugePage);
   // Address space only: PROT_NONE and MAP_NORESERVE commit nothing until a
-  // page is handed out and written.
-  void* p = ::mmap(nullptr, capacity_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+  // page is handed out and written. One huge page more than the capacity,
+  // so that the arena can start on a huge page's boundary.
+  const size_t reserved = capacity_ + kHugePage;
+  void* p = ::mmap(nullptr, reserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED)
     throw RankError("runtime.backend = emulated: cannot reserve " +
                         format_bytes(static_cast<double>(capacity_)) +
                         " of address space for the emulated device (" + std::strerror(errno) + ")",
                     MESHLM_HERE);
-  base_ = static_cast<char*>(p);
+  char* const raw = static_cast<char*>(p);
+  base_ = reinterpret_cast<char*>(round_up(reinterpret_cast<uintptr_t>(raw), kHugePage));
+  if (base_ > raw) ::munmap(raw, static_cast<size_t>(base_ - raw));
+  if (const size_t tail = static_cast<size_t>(raw + reserved - (base_ + capacity_)); tail > 0)
+    ::munmap(base_ + capacity_, tail);
+  // A hint: where the kernel gives no huge pages the arena works the same,
+  // only slower.
+  ::madvise(base_, capacity_, MADV_HUGEPAGE);
 }
 
 EmulatedMemory::~EmulatedMemory() { ::munmap(base_, capacity_); }
@@ -43,14 +63,16 @@ void EmulatedMemory::protect(size_t begin, size_t end, bool readable) const {
                     MESHLM_HERE);
 }
 
+// The arena opens and closes up to top_ rounded to a huge page: the pages
+// between top_ and that boundary hold no buffer yet.
 void EmulatedMemory::open() const {
-  if (open_depth_++ == 0) protect(0, top_, true);
+  if (open_depth_++ == 0) protect(0, round_up(top_, kHugePage), true);
 }
 
 void EmulatedMemory::close() const {
   // Called from destructors: a failure leaves the arena readable (the
   // checks weaker), never a throw.
-  if (--open_depth_ == 0 && top_ > 0) ::mprotect(base_, top_, PROT_NONE);
+  if (--open_depth_ == 0 && top_ > 0) ::mprotect(base_, round_up(top_, kHugePage), PROT_NONE);
 }
 
 void* EmulatedMemory::allocate(size_t bytes, const std::string& label) {
@@ -62,6 +84,11 @@ void* EmulatedMemory::allocate(size_t bytes, const std::string& label) {
     free_.erase(it);
     if (left > 0) free_[at + n] = left;
     in_use_ += n;
+    // Given back before: zeroed here (release() leaves the parts of huge
+    // pages it holds as they were).
+    open();
+    std::memset(base_ + at, 0, n);
+    close();
     return base_ + at;
   }
   if (n > capacity_ - top_)
@@ -72,7 +99,7 @@ void* EmulatedMemory::allocate(size_t bytes, const std::string& label) {
                     MESHLM_HERE);
   const size_t at = top_;
   top_ += n;
-  if (open_depth_ > 0) protect(at, top_, true);
+  if (open_depth_ > 0) protect(round_up(at, kHugePage), round_up(top_, kHugePage), true);
   in_use_ += n;
   return base_ + at;
 }
@@ -81,9 +108,12 @@ void EmulatedMemory::release(void* p, size_t bytes) noexcept {
   const size_t page = page_bytes();
   const size_t n = (std::max<size_t>(bytes, 1) + page - 1) / page * page;
   const size_t at = static_cast<size_t>(static_cast<char*>(p) - base_);
-  // A private anonymous page given back reads as zeros when next touched:
-  // allocate() hands out zeroed memory, as DeviceMemory promises.
-  ::madvise(base_ + at, n, MADV_DONTNEED);
+  // The whole huge pages of the run go back to the system (a private
+  // anonymous page given back reads as zeros when next touched); the parts
+  // of huge pages at its ends stay, as dropping them would split their huge
+  // pages into base pages. allocate() zeroes what it hands out again.
+  if (const size_t h0 = round_up(at, kHugePage), h1 = (at + n) / kHugePage * kHugePage; h1 > h0)
+    ::madvise(base_ + h0, h1 - h0, MADV_DONTNEED);
   in_use_ -= n;
   auto [it, inserted] = free_.emplace(at, n);
   // Merged with the free runs on either side.

@@ -13,9 +13,11 @@
 //
 // The arithmetic is the CPU's (ops::Kernels::cpu at the run's precision);
 // the work sizes are the CUDA backend's (BackendCaps). Each op costs two
-// mprotect calls over the arena's span besides its own work: a backend for
-// tests on small models, not for training. Its memory is host memory, so
-// the process's resident memory includes the emulated device's.
+// mprotect calls over the arena's span besides its own work (the arena is
+// backed by transparent huge pages where the kernel gives them, so a call
+// changes one page-table entry per 2 MiB): a backend for tests on small
+// models, not for training. Its memory is host memory, so the process's
+// resident memory includes the emulated device's.
 #pragma once
 
 #include <cstddef>
@@ -30,8 +32,8 @@
 namespace meshlm {
 
 // The emulated device's memory: a reservation of `capacity` bytes of address
-// space, handed out in whole pages (first fit, released pages zeroed), made
-// readable only between open() and close(). One thread uses it.
+// space, handed out in whole pages (first fit, zeroed), made readable only
+// between open() and close(). One thread uses it.
 class EmulatedMemory final : public DeviceMemory {
 public:
   explicit EmulatedMemory(size_t capacity);

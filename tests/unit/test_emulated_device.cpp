@@ -39,20 +39,31 @@ TEST(EmulatedDevice, DeviceBuffersAreReachedOnlyInsideOps) {
 }
 
 TEST(EmulatedDevice, GivenBackMemoryComesBackZeroedAndAFullArenaIsNamed) {
-  EmulatedMemory m(1 << 20);
+  EmulatedMemory m(8 << 20);
   void* a = m.allocate(4096, "first");
+  // Past a page, over whole huge pages (2 MiB) and parts of two: release()
+  // drops the whole ones and keeps the parts, which allocate() zeroes.
+  const size_t big = (5 << 20) + 4096;
+  void* b = m.allocate(big, "big");
+  const std::vector<size_t> at = {0, 100, (2 << 20) - 1, 3 << 20, big - 1};
   m.open();
   static_cast<char*>(a)[100] = 7;
+  for (const size_t i : at) static_cast<char*>(b)[i] = 9;
   m.close();
   m.release(a, 4096);
+  m.release(b, big);
   EXPECT_EQ(m.in_use(), 0u);
   void* again = m.allocate(100, "second");
   EXPECT_EQ(again, a);  // first fit
+  void* big_again = m.allocate(big, "big again");
+  EXPECT_EQ(big_again, b);
   m.open();
   EXPECT_EQ(static_cast<char*>(again)[100], 0);
+  for (const size_t i : at) EXPECT_EQ(static_cast<char*>(big_again)[i], 0) << "byte " << i;
   m.close();
+  m.release(big_again, big);
   try {
-    (void)m.allocate(2 << 20, "too.large");
+    (void)m.allocate(16 << 20, "too.large");
     FAIL() << "no error";
   } catch (const RankError& e) {
     EXPECT_NE(std::string(e.what()).find("too.large"), std::string::npos) << e.what();
