@@ -60,11 +60,12 @@ RunConfig layout(int dp, int tp, int pp, DeviceComm device) {
   return c;
 }
 
-PlanMachine gpus(int ranks, int ranks_per_node, int gpus_per_node) {
+PlanMachine gpus(int ranks, int ranks_per_node, int gpus_per_node,
+                 ComputeBackend backend = ComputeBackend::cuda) {
   PlanMachine m;
   m.ranks = ranks;
   m.ranks_per_node = ranks_per_node;
-  m.backend = ComputeBackend::cuda;
+  m.backend = backend;
   m.gpus_per_node = gpus_per_node;
   return m;
 }
@@ -82,8 +83,7 @@ TEST(DeviceComm, ThePlannerStagesLayoutsWhoseGroupsShareAGpu) {
   EXPECT_EQ(device_comm_of(layout(1, 8, 1, DeviceComm::automatic), gpus(8, 16, 8)), "nccl");
   EXPECT_EQ(device_comm_of(layout(16, 1, 1, DeviceComm::host), gpus(16, 8, 8)), "host");
   // The emulated device's NCCL (its emulation) by the same rule.
-  PlanMachine emulated = gpus(16, 8, 8);
-  emulated.backend = ComputeBackend::emulated;
+  PlanMachine emulated = gpus(16, 8, 8, ComputeBackend::emulated);
   EXPECT_EQ(device_comm_of(layout(16, 1, 1, DeviceComm::automatic), emulated), "nccl");
   emulated.gpus_per_node = 4;
   EXPECT_EQ(device_comm_of(layout(16, 1, 1, DeviceComm::automatic), emulated), "host");
@@ -162,8 +162,7 @@ TEST(GroupPaths, NcclOnAGroupThatSharesAGpuNamesIt) {
               std::string::npos) << m;
   }
   // The planner's error is every rank's (a CollectiveError).
-  PlanMachine m = gpus(8, 8, 4);
-  m.backend = ComputeBackend::emulated;
+  PlanMachine m = gpus(8, 8, 4, ComputeBackend::emulated);
   EXPECT_THROW(planned_group_paths(emulated(2, 2, 2, DeviceComm::nccl), m, 4), CollectiveError);
 }
 
@@ -171,8 +170,7 @@ TEST(GroupPaths, NcclOnAGroupThatSharesAGpuNamesIt) {
 // rule on the same slots), and device_comm_of reads rank 0's.
 TEST(GroupPaths, ThePlannerResolvesEveryRankAsTrainDoes) {
   const RunConfig c = emulated(2, 2, 2, DeviceComm::automatic);
-  PlanMachine m = gpus(8, 8, 4);
-  m.backend = ComputeBackend::emulated;
+  PlanMachine m = gpus(8, 8, 4, ComputeBackend::emulated);
   const std::vector<GroupPaths> every = planned_every_rank_group_paths(c, m);
   ASSERT_EQ(every.size(), 8u);
   for (int r = 0; r < 8; ++r) {
@@ -194,8 +192,7 @@ TEST(GroupPaths, ThePlannerResolvesEveryRankAsTrainDoes) {
 // dp group staged (r and r + 8 are neighbours in dp).
 TEST(GroupPaths, EveryRankOfALargeJobAtOnce) {
   const RunConfig c = emulated(64, 8, 8, DeviceComm::automatic);
-  PlanMachine m = gpus(4096, 8, 8);
-  m.backend = ComputeBackend::emulated;
+  PlanMachine m = gpus(4096, 8, 8, ComputeBackend::emulated);
   const std::vector<GroupPaths> own = planned_every_rank_group_paths(c, m);
   ASSERT_EQ(own.size(), 4096u);
   for (size_t r = 0; r < own.size(); ++r) {
