@@ -118,7 +118,9 @@ def run(meshlm, build, cfg, ranks, backend, L, common, scratch, name):
     prog = [meshlm, "train", cfg] + common + layout_overrides(L) + [
         f"--output.dir={out}", "--output.overwrite=true", "--checkpoint.final=false"]
     poll = GpuPoll() if backend == "cuda" else None
-    cmd = mpiexec + (prog if poll else [os.path.join(build, "tests", "meshlm_memprobe"), probe, "--"] + prog)
+    # memprobe: VmHWM only, no samples of PSS over time (--every-ms 0).
+    cmd = mpiexec + (prog if poll else [os.path.join(build, "tests", "meshlm_memprobe"), probe, "--every-ms", "0",
+                                        "--"] + prog)
     t = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_WAIT_POLICY="PASSIVE"))
     measured = poll.finish() if poll else 0
     with open(os.path.join(out, "log.txt"), "w") as f:

@@ -5,6 +5,10 @@
 //
 //   memprobe OUT [--every-ms N] -- PROGRAM [ARGS...]
 //
+// (--every-ms 0: no samples, only the high-water marks. Each sample walks
+// the program's page tables in the kernel: at 20 ms, for a GPT-2-sized
+// rank, a good part of a core.)
+//
 // Under mpiexec each rank runs its own memprobe, which runs the rank's
 // program as its child. memprobe writes OUT.<rank>.txt (the rank from
 // OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID; 0 without them):
@@ -26,6 +30,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -45,19 +51,23 @@ void forward(int sig) {
   if (g_child > 0) kill(g_child, sig);
 }
 
-// "Key:   1234 kB" of a /proc file, in kB; -1 when absent.
-long proc_kb(const std::string& path, const char* key) {
+// The "Key:   1234 kB" lines of a /proc file, in kB, read once (a read of
+// smaps_rollup is a walk of the page tables); -1 for a key that is absent.
+template <size_t N>
+std::array<long, N> proc_kb(const std::string& path, const std::array<const char*, N>& keys) {
+  std::array<long, N> kb;
+  kb.fill(-1);
   std::ifstream in(path);
   std::string line;
-  const size_t n = std::strlen(key);
   while (std::getline(in, line))
-    if (line.compare(0, n, key) == 0 && line.size() > n && line[n] == ':') {
-      std::istringstream s(line.substr(n + 1));
-      long kb = -1;
-      s >> kb;
-      return kb;
+    for (size_t k = 0; k < N; ++k) {
+      const size_t n = std::strlen(keys[k]);
+      if (line.compare(0, n, keys[k]) == 0 && line.size() > n && line[n] == ':') {
+        std::istringstream s(line.substr(n + 1));
+        s >> kb[k];
+      }
     }
-  return -1;
+  return kb;
 }
 
 double now_ms() {
@@ -89,7 +99,7 @@ int main(int argc, char** argv) {
     else
       usage((std::string("unknown option ") + argv[i]).c_str());
   }
-  if (i + 1 >= argc || every_ms <= 0) usage("no program after --, or --every-ms not positive");
+  if (i + 1 >= argc || every_ms < 0) usage("no program after --, or --every-ms negative");
   char** program = argv + i + 1;
 
   FILE* out = std::fopen(out_path.c_str(), "w");
@@ -120,7 +130,9 @@ int main(int argc, char** argv) {
   rusage usage_of{};
   double next = now_ms();
   for (;;) {
-    const pid_t w = wait4(child, &wstatus, WNOHANG | __WALL, &usage_of);
+    // Without samples, wait4 blocks until the program stops or exits (a
+    // forwarded signal interrupts it: EINTR).
+    const pid_t w = wait4(child, &wstatus, (every_ms > 0 ? WNOHANG : 0) | __WALL, &usage_of);
     if (w < 0 && errno != EINTR) {
       std::perror("memprobe: wait4");
       return 2;
@@ -137,7 +149,7 @@ int main(int argc, char** argv) {
                  reinterpret_cast<void*>(PTRACE_O_TRACEEXIT | PTRACE_O_EXITKILL));
           options_set = true;
         } else if (event == PTRACE_EVENT_EXIT) {
-          hwm_kb = proc_kb(status, "VmHWM");
+          hwm_kb = proc_kb(status, std::array{"VmHWM"})[0];
         } else if (event == 0) {
           deliver = sig;  // a signal for the program: pass it on
         }
@@ -145,13 +157,16 @@ int main(int argc, char** argv) {
       }
       continue;
     }
+    if (every_ms == 0) continue;
     const double t = now_ms();
     if (t >= next) {
-      const long rss = proc_kb(rollup, "Rss"), pss = proc_kb(rollup, "Pss");
+      const auto [rss, pss] = proc_kb(rollup, std::array{"Rss", "Pss"});
       if (rss >= 0) std::fprintf(out, "sample %.1f %ld %ld\n", t, rss, pss);
       next = t + every_ms;
     }
-    usleep(1000);
+    // Until the next sample, 1 ms at least. A stop of the program (its exit,
+    // a signal for it) waits at most that long for the PTRACE_CONT above.
+    usleep(static_cast<useconds_t>(std::max(1.0, next - now_ms()) * 1000));
   }
   std::fprintf(out, "hwm_kb %ld\nmaxrss_kb %ld\n", hwm_kb, static_cast<long>(usage_of.ru_maxrss));
   int code = 0;
