@@ -32,22 +32,26 @@ size_t reference_pages(const load::StoreManifest& m, const GPTConfig& cfg, const
       for_each_part_run(p, 0, p.full_shape[0], shard.tp_rank, shard.tp_size,
                         [&](size_t from, size_t, size_t n) { runs.push_back({from, from + n}); });
     }
-    for (const auto& [a, b] : runs)
-      for (size_t x = a; x < b; ++x)
-        for (int k = 0; k < e.layout.narrays; ++k) {
-          const quant::QArray& arr = e.layout.arrays[k];
-          if (arr.count == 0) continue;
-          const std::string name = arr.name;
-          const size_t per = name == "data"      ? (e.layout.type == quant::QuantType::nf4 ? 2 : 1)
-                             : name == "absmax"  ? size_t(e.layout.type == quant::QuantType::nf4
-                                                              ? quant::kNF4Block
-                                                              : quant::kQ8Block)
-                             : name == "absmax2" ? size_t(quant::kNF4Block) * quant::kNF4AbsmaxBlock
-                                                 : e.layout.n;
-          const size_t i = std::min(x / per, arr.count - 1), elem = dtype_size(arr.elem);
+    // Each array's logical elements per entry and entry size, then every
+    // element of the runs (the arrays' order does not matter to the marks).
+    for (int k = 0; k < e.layout.narrays; ++k) {
+      const quant::QArray& arr = e.layout.arrays[k];
+      if (arr.count == 0) continue;
+      const std::string name = arr.name;
+      const size_t per = name == "data"      ? (e.layout.type == quant::QuantType::nf4 ? 2 : 1)
+                         : name == "absmax"  ? size_t(e.layout.type == quant::QuantType::nf4
+                                                          ? quant::kNF4Block
+                                                          : quant::kQ8Block)
+                         : name == "absmax2" ? size_t(quant::kNF4Block) * quant::kNF4AbsmaxBlock
+                                             : e.layout.n;
+      const size_t elem = dtype_size(arr.elem);
+      for (const auto& [a, b] : runs)
+        for (size_t x = a; x < b; ++x) {
+          const size_t i = std::min(x / per, arr.count - 1);
           for (size_t byte = i * elem; byte < (i + 1) * elem; ++byte)
             read[(e.offset + arr.offset + byte) / page] = true;
         }
+    }
   }
   return static_cast<size_t>(std::count(read.begin(), read.end(), true)) * page;
 }
