@@ -130,8 +130,8 @@ int main(int argc, char** argv) {
   rusage usage_of{};
   double next = now_ms();
   for (;;) {
-    // Without samples, wait4 blocks until the program stops or exits (a
-    // forwarded signal interrupts it: EINTR).
+    // Without samples, wait4 blocks until the program stops or exits (after
+    // a forwarded signal, wait4 goes on: signal() installs with SA_RESTART).
     const pid_t w = wait4(child, &wstatus, (every_ms > 0 ? WNOHANG : 0) | __WALL, &usage_of);
     if (w < 0 && errno != EINTR) {
       std::perror("memprobe: wait4");
