@@ -5,6 +5,7 @@
 
 #include <cstdio>
 
+#include "comm/mpi_session.h"
 #include "core/log.h"
 
 // Built with AddressSanitizer (MESHLM_SANITIZE=address,...): GCC says so
@@ -46,6 +47,7 @@ private:
 
 int main(int argc, char** argv) {
   int provided = MPI_THREAD_SINGLE;  // as comm/mpi_session.cpp asks (checkpoint.async)
+  meshlm::comm::prefer_isolated_singleton();  // as meshlm does: no helper daemon without mpiexec
 #ifdef MESHLM_LEAK_CHECK
   // What Open MPI's initialisation loses (in components it loads and
   // unloads again) is not meshlm's leak: not tracked.

@@ -1,8 +1,13 @@
 #include "comm/mpi_session.h"
 
+#include <cstdlib>
+
 namespace meshlm::comm {
 
+void prefer_isolated_singleton() { ::setenv("OMPI_MCA_ess_singleton_isolated", "1", /*overwrite=*/0); }
+
 MpiSession::MpiSession(int* argc, char*** argv) {
+  prefer_isolated_singleton();
   // A second thread may write checkpoints (checkpoint.async) while the main
   // one trains: MPI calls from both, each on its own communicator.
   int provided = MPI_THREAD_SINGLE;

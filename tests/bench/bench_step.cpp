@@ -50,6 +50,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/mpi_session.h"
 #include "core/rng.h"
 #include "step_budget.h"
 #include "load/base_loader.h"
@@ -63,6 +64,7 @@
 using namespace meshlm;
 
 int main(int argc, char** argv) {
+  comm::prefer_isolated_singleton();
   MPI_Init(&argc, &argv);
   std::map<std::string, long> f = {{"n_layer", 12}, {"n_head", 12},   {"n_embd", 768},
                                    {"vocab_size", 50304}, {"seq_len", 64}, {"batch", 4},

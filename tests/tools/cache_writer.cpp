@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/mpi_session.h"
 #include "io/quant_cache.h"
 
 using namespace meshlm;
@@ -156,6 +157,7 @@ int check_loop(const std::string& path, size_t mib, const std::string& seed_list
 
 int main(int argc, char** argv) {
   // Parallel HDF5 is linked in; keep MPI initialised as in every meshlm program.
+  comm::prefer_isolated_singleton();
   MPI_Init(&argc, &argv);
   int rc = 2;
   try {

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/mpi_session.h"
 #include "core/rng.h"
 #include "io/h5.h"
 #include "model/gpt.h"
@@ -286,6 +287,7 @@ int dump_llama_ops(const std::string& out) {
 }
 
 int main(int argc, char** argv) {
+  comm::prefer_isolated_singleton();
   MPI_Init(&argc, &argv);
   int rc = 2;
   try {
