@@ -207,15 +207,27 @@ add_test(NAME memory_accuracy_quick
 set_tests_properties(memory_accuracy_quick PROPERTIES LABELS "python;memory" RUN_SERIAL TRUE
   TIMEOUT 900)
 
+# This machine's figures for the planner's tests, measured once (the
+# fixture plan_rates: meshlm plan --calibrate over an older calibration's
+# file, which it rewrites), alone on the machine: plan_orders_layouts
+# compares the estimates they give with timed steps.
+string(JOIN " " _mpiexec_plain ${MPIEXEC_EXECUTABLE} ${MESHLM_MPIEXEC_PREFLAGS})
+set(MESHLM_PLAN_RATES ${CMAKE_CURRENT_BINARY_DIR}/plan_rates/rates.json)
+add_test(NAME plan_calibrate
+  COMMAND ${MESHLM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/plan/calibrate_rates.py
+          "${_mpiexec_plain}" $<TARGET_FILE:meshlm> ${MESHLM_PLAN_RATES})
+set_tests_properties(plan_calibrate PROPERTIES LABELS python RUN_SERIAL TRUE TIMEOUT 300
+  FIXTURES_SETUP plan_rates)
+
 # meshlm plan: its per-rank prediction of a layout is what meshlm train of
 # that layout predicts (run.h5, h5py), for 1-8 ranks; limits, the best
-# rejected layouts, bad arguments.
-string(JOIN " " _mpiexec_plain ${MPIEXEC_EXECUTABLE} ${MESHLM_MPIEXEC_PREFLAGS})
+# rejected layouts, bad arguments; the calibration's file.
 add_test(NAME plan_matches_train
   COMMAND ${MESHLM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/plan/plan_matches_train.py
-          "${_mpiexec_plain}" $<TARGET_FILE:meshlm> ${PROJECT_SOURCE_DIR}/inputs/tiny.cfg)
+          "${_mpiexec_plain}" $<TARGET_FILE:meshlm> ${PROJECT_SOURCE_DIR}/inputs/tiny.cfg
+          ${MESHLM_PLAN_RATES})
 set_tests_properties(plan_matches_train PROPERTIES LABELS python TIMEOUT 600
-  ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE")
+  ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=PASSIVE" FIXTURES_REQUIRED plan_rates)
 
 # parallel.layout = auto: meshlm train takes meshlm plan's first layout
 # under the same limits, stores why in run.h5; refusals write nothing.
@@ -237,8 +249,10 @@ set_tests_properties(plan_auto_layout PROPERTIES LABELS python TIMEOUT 600
 # Alone on the machine: it times steps.
 add_test(NAME plan_orders_layouts
   COMMAND ${MESHLM_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/plan/plan_orders_layouts.py
-          "${_mpiexec_plain}" $<TARGET_FILE:meshlm> ${PROJECT_SOURCE_DIR}/inputs/tiny.cfg)
-set_tests_properties(plan_orders_layouts PROPERTIES LABELS python RUN_SERIAL TRUE TIMEOUT 600)
+          "${_mpiexec_plain}" $<TARGET_FILE:meshlm> ${PROJECT_SOURCE_DIR}/inputs/tiny.cfg
+          ${MESHLM_PLAN_RATES})
+set_tests_properties(plan_orders_layouts PROPERTIES LABELS python RUN_SERIAL TRUE TIMEOUT 600
+  FIXTURES_REQUIRED plan_rates)
 
 # The layouts meshlm plan says fit a limit stay under it when run (VmHWM,
 # memprobe), and the fastest it rejects goes over it.

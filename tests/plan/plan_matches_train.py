@@ -15,17 +15,18 @@
     with one ERROR line and no MPI_Abort banner, for a plan's one process) with
     a line naming them, and write nothing; so does cluster.rates of a file
     that --calibrate did not write, and --calibrate over such a file;
-    --calibrate under mpiexec -n 2 rewrites a file of its own with this
-    machine's GEMM rates, memory bandwidth, a rank's runtime and the MPI
-    figures between two ranks, and cluster.rates gives each of G ranks the node's rate / G and
-    the measured MPI bandwidth;
+    --calibrate under mpiexec -n 2 rewrote a file of its own (an older
+    meshlm's: the fixture plan_rates, tests/plan/calibrate_rates.py, RATES
+    here) with this machine's GEMM rates, memory bandwidth, a rank's runtime
+    and the MPI figures between two ranks, and cluster.rates gives each of G
+    ranks the node's rate / G and the measured MPI bandwidth;
   * the pipeline split the planner gives a layout is, of every split of its
     layers, the one it estimates fastest (each split planned on its own as
     parallel.stage_layers), also where that is not the split by FLOPs that
     meshlm train makes without one (rates whose GELU is 10x slower than
     measured make a layer cost more against the classifier).
 
-  plan_matches_train.py MPIEXEC MESHLM CFG
+  plan_matches_train.py MPIEXEC MESHLM CFG RATES
 """
 import json
 import os
@@ -36,7 +37,7 @@ import tempfile
 
 import h5py
 
-mpiexec, meshlm, cfg = shlex.split(sys.argv[1]), sys.argv[2], sys.argv[3]
+mpiexec, meshlm, cfg, rates = shlex.split(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 CATEGORIES = ["params", "grads", "optimizer", "activations", "quantized", "comm", "workspace",
               "checkpoint", "other"]
 failures = []
@@ -153,7 +154,6 @@ with tempfile.TemporaryDirectory() as scratch:
         failures.append("meshlm plan wrote files")
     # --calibrate refuses to replace a file it did not write (before it
     # measures anything) ...
-    rates = os.path.join(scratch, "rates.json")
     calibrate = mpiexec + ["-n", "2", meshlm, "plan", "--calibrate"]
     r = subprocess.run(calibrate + [bogus], capture_output=True, text=True, timeout=120)
     with open(bogus) as f:
@@ -161,11 +161,8 @@ with tempfile.TemporaryDirectory() as scratch:
     if r.returncode == 0 or "not_rates.json" not in r.stderr or kept != '{"gflops": 3}':
         failures.append(f"--calibrate over a foreign file: exit {r.returncode}, left {kept!r}")
     # ... and rewrites one of its own (an earlier calibration, here one of an
-    # older meshlm that wrote less) with this machine's rates, which
-    # cluster.rates then takes. (A new file: plan_orders_layouts.)
-    with open(rates, "w") as f:
-        json.dump({"what": "meshlm plan --calibrate", "cores": 0}, f)
-    subprocess.run(calibrate + [rates], check=True, capture_output=True, timeout=120)
+    # older meshlm that wrote less: the fixture's) with this machine's rates,
+    # which cluster.rates then takes.
     with open(rates) as f:
         cal = json.load(f)
     if not (cal["gflops_per_core"] > 0 and cal["gflops_all_cores"] > 0 and cal["cores"] >= 1 and

@@ -40,7 +40,11 @@ A planner that left out recomputation, the pipeline bubble, tensor-parallel
 communication or the cost of small micro-batches misorders layouts this far
 apart; the noise of a shared 2-core machine (about 7% between runs) does not.
 
-  plan_orders_layouts.py MPIEXEC MESHLM CFG
+The first calibration is the fixture plan_rates's (RATES, measured alone on
+the machine by tests/plan/calibrate_rates.py); without RATES the test
+calibrates first.
+
+  plan_orders_layouts.py MPIEXEC MESHLM CFG [RATES]
 """
 import json
 import os
@@ -56,6 +60,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from layouts import layout_args, plan_fits, run_env, spearman  # noqa: E402
 
 mpiexec, meshlm, cfg = shlex.split(sys.argv[1]), sys.argv[2], sys.argv[3]
+fixture_rates = sys.argv[4] if len(sys.argv) > 4 else None
 GAP = 1.1
 MIN_CHAIN = 6
 STEPS, SKIP = 6, 2
@@ -118,8 +123,11 @@ def main():
         tokens = os.path.join(tmp, "tokens.h5")
         subprocess.run([meshlm, "tokenize", "/usr/share/common-licenses/GPL-3", tokens], check=True,
                        capture_output=True, timeout=120)
-        rates = os.path.join(tmp, "rates.json")
-        calibrate(mpiexec, meshlm, cores, rates)
+        if fixture_rates:
+            rates = fixture_rates
+        else:
+            rates = os.path.join(tmp, "rates.json")
+            calibrate(mpiexec, meshlm, cores, rates)
         common = [f"--data.path={tokens}", f"--train.steps={STEPS}", "--train.log_every=1",
                   "--checkpoint.final=false", "--train.warmup_steps=1"] + MODEL
 
