@@ -40,7 +40,7 @@ namespace {
 using quant::QTensor;
 using quant::QuantType;
 
-constexpr int kBlockSize = 256;  // threads along the columns of a row
+constexpr int kColumnThreads = 256;  // threads along the columns of a row
 // Rows beyond this many are covered by the grid-stride loop: gridDim.y may
 // not exceed 65535.
 constexpr int64_t kMaxGridRows = 65535;
@@ -125,7 +125,7 @@ SplitMap split_map(const quant::QSlice& w, int dim, int64_t D) {
 }
 
 dim3 grid_of(int64_t Kl, int64_t n) {
-  return dim3(static_cast<unsigned>((Kl + kBlockSize - 1) / kBlockSize),
+  return dim3(static_cast<unsigned>((Kl + kColumnThreads - 1) / kColumnThreads),
               static_cast<unsigned>(std::min(n, kMaxGridRows)));
 }
 
@@ -150,7 +150,7 @@ void checked_dispatch(const quant::QSlice& w, const float* out, W&& what, F&& f)
                      std::to_string(w.tp_parts) + " parts over " + std::to_string(w.tp_size) +
                      " ranks");
   }
-  MESHLM_CHECK((w.local_cols() + kBlockSize - 1) / kBlockSize <= INT32_MAX,
+  MESHLM_CHECK((w.local_cols() + kColumnThreads - 1) / kColumnThreads <= INT32_MAX,
                what() + ": too many columns");
   MESHLM_CHECK(out != nullptr && w.t.data != nullptr, what() + ": null pointer");
   switch (w.t.type) {
@@ -186,7 +186,7 @@ void dequantize_rows(const quant::QSlice& w, int64_t i0, int64_t n, float* out,
   if (n == 0) return;
   const int64_t Kl = w.local_cols();
   checked_dispatch(w, out, what, [&](auto type) {
-    dequantize_rows_kernel<decltype(type)::value><<<grid_of(Kl, n), kBlockSize, 0, stream>>>(
+    dequantize_rows_kernel<decltype(type)::value><<<grid_of(Kl, n), kColumnThreads, 0, stream>>>(
         out, w.t, w.K, split_map(w, 0, w.R), split_map(w, 1, w.K), i0, n, Kl);
   });
 }
@@ -201,7 +201,7 @@ void dequantize_lookup(float* out, const int32_t* ids, int N, const quant::QSlic
   MESHLM_CHECK(ids != nullptr, what() + ": null ids");
   const int64_t Kl = w.local_cols();
   checked_dispatch(w, out, what, [&](auto type) {
-    dequantize_lookup_kernel<decltype(type)::value><<<grid_of(Kl, N), kBlockSize, 0, stream>>>(
+    dequantize_lookup_kernel<decltype(type)::value><<<grid_of(Kl, N), kColumnThreads, 0, stream>>>(
         out, ids, w.t, w.K, split_map(w, 0, w.R), split_map(w, 1, w.K), first, w.local_rows(), N,
         Kl);
   });
