@@ -35,6 +35,14 @@ def run_env(shared):
     return env
 
 
+def calibrate(mpiexec, meshlm, rates):
+    """`meshlm plan --calibrate` of this machine into `rates`, on 2 ranks (1
+    on one core) under mpiexec, as users run it; the finished process."""
+    return subprocess.run(mpiexec + ["-n", str(min(2, os.cpu_count() or 1)), "--bind-to", "none", meshlm,
+                                     "plan", "--calibrate", rates],
+                          capture_output=True, text=True, timeout=300, env=run_env(False))
+
+
 def spearman(a, b):
     """Spearman's rank correlation (no ties expected among step times)."""
     ra = np.argsort(np.argsort(a)).astype(float)

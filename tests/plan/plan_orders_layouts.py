@@ -57,7 +57,7 @@ import h5py
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from layouts import layout_args, plan_fits, run_env, spearman  # noqa: E402
+from layouts import calibrate, layout_args, plan_fits, run_env, spearman  # noqa: E402
 
 mpiexec, meshlm, cfg = shlex.split(sys.argv[1]), sys.argv[2], sys.argv[3]
 fixture_rates = sys.argv[4] if len(sys.argv) > 4 else None
@@ -83,11 +83,11 @@ def measure(mpiexec, meshlm, cfg, common, c, n, cores, out):
     return float(np.median(16 * 128 / tps))
 
 
-def calibrate(mpiexec, meshlm, cores, rates):
+def calibrate_or_fail(mpiexec, meshlm, rates):
     """This machine's figures, by meshlm plan --calibrate on 2 ranks, into `rates`."""
-    subprocess.run(mpiexec + ["-n", str(min(2, cores)), "--bind-to", "none", meshlm, "plan", "--calibrate",
-                              rates],
-                   check=True, capture_output=True, timeout=300, env=run_env(False))
+    r = calibrate(mpiexec, meshlm, rates)
+    if r.returncode != 0:
+        sys.exit(f"FAIL: meshlm plan --calibrate exited {r.returncode}:\n{r.stdout}{r.stderr}")
 
 
 def estimate(meshlm, cfg, n, rates, common, c):
@@ -127,7 +127,7 @@ def main():
             rates = fixture_rates
         else:
             rates = os.path.join(tmp, "rates.json")
-            calibrate(mpiexec, meshlm, cores, rates)
+            calibrate_or_fail(mpiexec, meshlm, rates)
         common = [f"--data.path={tokens}", f"--train.steps={STEPS}", "--train.log_every=1",
                   "--checkpoint.final=false", "--train.warmup_steps=1"] + MODEL
 
@@ -184,7 +184,7 @@ def main():
             print(f"FAIL under the first calibration: {'; '.join(failures_of(pred, meas))}; "
                   f"{len(fast)} layouts measured < 1/{SLOW} x the median ratio {median:.2f}: calibrating again")
             again = os.path.join(tmp, "rates_again.json")
-            calibrate(mpiexec, meshlm, cores, again)
+            calibrate_or_fail(mpiexec, meshlm, again)
             pred = [estimate(meshlm, cfg, n, again, common, c) for _, n, c in chain]
             for (_, n, c), e, seconds in zip(chain, pred, meas):
                 print(f"  {n} ranks {' '.join(x[2:] for x in layout_args(c))}: estimated {e:.3f} s "
