@@ -120,7 +120,7 @@ def failures_of(pred, meas):
     """What the chain's estimates `pred` and measured steps `meas` fail of the checks."""
     failures = []
     rho, first = spearman(pred, meas), meas[0] / min(meas)
-    if rho < 0.9:
+    if rho < 0.9 - 1e-9:  # "at least 0.9": ranks give it exactly (9 layouts, sum of d^2 = 12)
         failures.append(f"Spearman {rho:.2f} < 0.9")
     if first > 1.10:
         failures.append(f"the layout estimated fastest is {first:.2f}x the fastest measured (> 1.10)")
