@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu_check.sh OUT_DIR [BASELINE_TREE]
 #
-# One call to a GPU machine (../shared/device/README.md: run it after
+# One call to a GPU machine (../shared/device/README.md: its kit of packages
+# made here by tests/bench/gpu_devkit.sh and carried as .devkit; run it after
 # `source .devkit/setup.sh`, from the repository root): builds the CUDA
 # targets in build-gpu, runs the `cuda` tests, compute-sanitizer (memcheck
 # and racecheck) on the fused attention's tests, and the attention benchmark
