@@ -19,6 +19,7 @@
 #include <mutex>
 #include <thread>
 #include <random>
+#include <string_view>
 
 namespace meshlm {
 
@@ -216,6 +217,28 @@ WriteBack::~WriteBack() {
   state_->thread.join();
 }
 
+namespace {
+
+bool all_digits(std::string_view d) {
+  return !d.empty() && d.find_first_not_of("0123456789") == std::string_view::npos;
+}
+
+// The suffixes Open MPI's MPI-IO (OMPIO's sharedfp lockedfile) adds to the
+// name of a file it opens, for the files it keeps beside that file:
+// "-<job>-<pid>.lock" while the file is open, ".locktest.<rank>" while it
+// tries a lock on the file system.
+bool is_mpi_io_suffix(std::string_view s) {
+  constexpr std::string_view kLock = ".lock", kLockTest = ".locktest.";
+  if (s.starts_with(kLockTest)) return all_digits(s.substr(kLockTest.size()));
+  if (!s.ends_with(kLock) || !s.starts_with('-')) return false;
+  s.remove_suffix(kLock.size());
+  s.remove_prefix(1);
+  const size_t dash = s.find('-');
+  return dash != std::string_view::npos && all_digits(s.substr(0, dash)) && all_digits(s.substr(dash + 1));
+}
+
+}  // namespace
+
 std::vector<std::string> remove_stale_temp_files(const std::string& path) {
   namespace fs = std::filesystem;
   std::vector<std::string> removed;
@@ -226,14 +249,18 @@ std::vector<std::string> remove_stale_temp_files(const std::string& path) {
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (name.rfind(prefix, 0) != 0) continue;
-    // The rest is "<pid>.<16 hex>".
+    // The rest is "<pid>.<16 hex>", or that and the suffix of a file Open
+    // MPI's MPI-IO keeps beside it (is_mpi_io_suffix), left behind when the
+    // process is killed while HDF5 opens or closes the file.
     const std::string rest = name.substr(prefix.size());
     const size_t dot = rest.find('.');
-    if (dot == std::string::npos || rest.size() - dot - 1 != 16) continue;
+    if (dot == std::string::npos || rest.size() < dot + 1 + 16) continue;
+    if (rest.size() > dot + 1 + 16 && !is_mpi_io_suffix(std::string_view(rest).substr(dot + 1 + 16)))
+      continue;
     long pid = 0;
     const auto [pid_end, pid_err] = std::from_chars(rest.data(), rest.data() + dot, pid);
     if (pid_err != std::errc() || pid_end != rest.data() + dot || pid <= 0) continue;
-    if (rest.find_first_not_of("0123456789abcdef", dot + 1) != std::string::npos) continue;
+    if (rest.find_first_not_of("0123456789abcdef", dot + 1) < dot + 1 + 16) continue;
     if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // still running
     std::error_code rm;  // a file, or a directory written under a temporary name
     if (fs::remove_all(it->path(), rm) > 0 && !rm) removed.push_back(it->path().string());

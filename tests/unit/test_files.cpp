@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -87,12 +88,35 @@ TEST_F(FilesTest, StaleTemporaryFilesOfDeadProcessesAreRemoved) {
   const std::vector<std::string> not_ours = {
       dead_prefix + std::to_string(pid) + "x.0123456789abcdef",
       dead_prefix + std::to_string(pid) + ".0123456789abcdeZ",
-      dead_prefix + std::to_string(pid) + ".0123456789abcdef0", dead_prefix + ".0123456789abcdef"};
+      dead_prefix + std::to_string(pid) + ".0123456789abcdef0", dead_prefix + ".0123456789abcdef",
+      // Only "-<job>-<pid>.lock" and ".locktest.<rank>" (Open MPI's files
+      // beside a file opened through MPI-IO) may follow a dead writer's name.
+      dead_prefix + std::to_string(pid) + ".0123456789abcdef.lock",
+      dead_prefix + std::to_string(pid) + ".0123456789abcdef.locktest.",
+      dead_prefix + std::to_string(pid) + ".0123456789abcdef.locktest.0x",
+      dead_prefix + std::to_string(pid) + ".0123456789abcdef-1.lock",
+      dead_prefix + std::to_string(pid) + ".0123456789abcdef-x-1.lock",
+      dead_prefix + std::to_string(pid) + ".0123456789abcdef--1.lock",
+      dead_prefix + std::to_string(pid) + ".0123456789abcdef-1-2.lck",
+      dead_prefix + std::to_string(pid) + ".0123456789abcdeZ-1-2.lock"};
   for (const std::string& name : not_ours) touch(name);
-  const std::vector<std::string> removed = remove_stale_temp_files(target);
+  // The lock file Open MPI's shared file pointers leave when a writer is
+  // killed while HDF5 opens its temporary file, and a live writer's.
+  const std::string dead_lock = dead_prefix + std::to_string(pid) + ".0123456789abcdef-1-" + std::to_string(pid) + ".lock";
+  const std::string dead_locktest = dead_prefix + std::to_string(pid) + ".0123456789abcdef.locktest.0";
+  const std::string live_lock = mine + "-1-" + std::to_string(::getpid()) + ".lock";
+  for (const std::string& name : {dead_lock, dead_locktest, live_lock}) touch(name);
+  std::vector<std::string> removed = remove_stale_temp_files(target);
   for (const std::string& name : not_ours) EXPECT_TRUE(fs::exists(name)) << name;
-  ASSERT_EQ(removed.size(), 1u);
+  ASSERT_EQ(removed.size(), 3u);
+  for (const std::string& name : {dead_lock, dead_locktest}) {
+    const auto at = std::find(removed.begin(), removed.end(), name);
+    ASSERT_NE(at, removed.end()) << name;
+    removed.erase(at);
+    EXPECT_FALSE(fs::exists(name)) << name;
+  }
   EXPECT_NE(removed[0].find("." + std::to_string(pid) + "."), std::string::npos) << removed[0];
+  EXPECT_TRUE(fs::exists(live_lock));
   EXPECT_TRUE(fs::exists(mine));
   EXPECT_TRUE(fs::exists(file("cache.h5.tmp.otherhost.1.0123456789abcdef")));
 }
