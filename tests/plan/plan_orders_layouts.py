@@ -21,15 +21,18 @@ compares its median step with the estimate. The noise of a shared machine
 only ever adds time: while the checks fail, the layouts measured more than
 1.1x the chain's median ratio to their estimate run again, up to three more
 rounds, each layout's fastest median counting (one run's median moves 7-10%
-here, as much as the chain's gap). A model that misjudges a regime stays
-slow there; a slow spell does not:
+here, as much as the chain's gap); while the first pick fails, it runs again
+too, with every layout measured more than 1.1x faster than it (a CI run
+here failed with the first two layouts, estimated 1.13x apart, measured
+once each the other way round by 1.12x, the whole chain 1.20x its
+estimates). A model that misjudges a regime stays slow there; a slow spell
+does not:
 
   * the chain holds at least MIN_CHAIN layouts, so it spans at least
-    GAP**5 = 1.6x (how many it holds depends on the machine's rates: 7 of
-    the 52 layouts of 2 ranks that fit, here and in CI);
+    GAP**4 = 1.75x (how many it holds depends on the machine's rates: 5-6
+    of the 52 layouts of 2 ranks that fit here);
   * the Spearman rank correlation of estimate and measurement is at least
-    0.9 (one neighbouring pair may swap among 6 layouts, two among 7, up to 6
-    among 9);
+    0.9 (one neighbouring pair may swap among 5 or 6 layouts, two among 7);
   * the layout estimated fastest is within 10% of the fastest measured.
 
 A calibration taken while the machine was busy reads rates too low, and
@@ -64,11 +67,16 @@ from layouts import calibrate, layout_args, plan_fits, run_env, spearman  # noqa
 
 mpiexec, meshlm, cfg = shlex.split(sys.argv[1]), sys.argv[2], sys.argv[3]
 fixture_rates = sys.argv[4] if len(sys.argv) > 4 else None
-GAP = 1.1
-MIN_CHAIN = 6
+# Layouts 1.15x apart: a calibration's figures drift 10-15% from one
+# calibration to the next here, and one run's step 7-10%; with layouts 1.1x
+# apart the check failed 2 of 13 runs (a pair swapped on the first pick, and
+# Spearman 0.86), a planner that misorders a regime aside (docs/planner.md).
+GAP = 1.15
+MIN_CHAIN = 5
 STEPS, SKIP = 6, 2
 ROUNDS = 1
 EXTRA_ROUNDS, SLOW = 3, 1.1
+FIRST = 1.10  # the first pick within 10% of the fastest measured
 MODEL = ["--model.n_layer=4", "--model.n_head=4", "--model.n_embd=256", "--model.vocab_size=8192",
          "--model.seq_len=128", "--model.max_seq_len=128", "--train.batch_size=16"]
 
@@ -122,8 +130,8 @@ def failures_of(pred, meas):
     rho, first = spearman(pred, meas), meas[0] / min(meas)
     if rho < 0.9 - 1e-9:  # "at least 0.9": ranks give it exactly (9 layouts, sum of d^2 = 12)
         failures.append(f"Spearman {rho:.2f} < 0.9")
-    if first > 1.10:
-        failures.append(f"the layout estimated fastest is {first:.2f}x the fastest measured (> 1.10)")
+    if first > FIRST:
+        failures.append(f"the layout estimated fastest is {first:.2f}x the fastest measured (> {FIRST:.2f})")
     return failures
 
 
@@ -171,16 +179,21 @@ def main():
         # Noise only adds time: while the check fails, the layouts measured
         # more than SLOW x the chain's median ratio to their estimate run
         # again (a model that misjudges a regime stays slow there; a spell
-        # of a busy machine does not).
+        # of a busy machine does not), and while the first pick fails, it and
+        # every layout measured FIRST x faster than it run again, each as
+        # often: the fastest of each's runs decides.
         for rnd in range(ROUNDS, ROUNDS + EXTRA_ROUNDS):
             if not failures_of(pred, meas):
                 break
             ratios, median = ratios_to_estimates(pred, meas)
             slow = [i for i, r in enumerate(ratios) if r > SLOW * median]
-            if not slow:
+            faster = [i for i, m in enumerate(meas) if m * FIRST < meas[0]]
+            again = sorted(set(slow) | (set([0] + faster) if faster else set()))
+            if not again:
                 break
-            print(f"round {rnd + 1}: again {len(slow)} layouts measured > {SLOW}x the median ratio {median:.2f}")
-            run_round(rnd, slow)
+            print(f"round {rnd + 1}: again {len(slow)} layouts measured > {SLOW}x the median ratio "
+                  f"{median:.2f}, and the first pick beside {len(faster)} measured > {FIRST}x faster")
+            run_round(rnd, again)
             meas = [min(r) for r in runs]
         for (est, n, c), r, seconds in zip(chain, runs, meas):
             print(f"  {n} ranks {' '.join(x[2:] for x in layout_args(c))}: estimated {est:.3f} s, "
