@@ -255,12 +255,12 @@ std::vector<std::string> remove_stale_temp_files(const std::string& path) {
     const std::string rest = name.substr(prefix.size());
     const size_t dot = rest.find('.');
     if (dot == std::string::npos || rest.size() < dot + 1 + 16) continue;
-    if (rest.size() > dot + 1 + 16 && !is_mpi_io_suffix(std::string_view(rest).substr(dot + 1 + 16)))
-      continue;
+    const size_t hex_end = dot + 1 + 16;
+    if (rest.size() > hex_end && !is_mpi_io_suffix(std::string_view(rest).substr(hex_end))) continue;
     long pid = 0;
     const auto [pid_end, pid_err] = std::from_chars(rest.data(), rest.data() + dot, pid);
     if (pid_err != std::errc() || pid_end != rest.data() + dot || pid <= 0) continue;
-    if (rest.find_first_not_of("0123456789abcdef", dot + 1) < dot + 1 + 16) continue;
+    if (rest.find_first_not_of("0123456789abcdef", dot + 1) < hex_end) continue;
     if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // still running
     std::error_code rm;  // a file, or a directory written under a temporary name
     if (fs::remove_all(it->path(), rm) > 0 && !rm) removed.push_back(it->path().string());

@@ -17,8 +17,8 @@ docs/planner.md). From all of them, fastest first, the test takes a
 chain of layouts each estimated at least 1.15 times slower than the one
 before (1.1 where the range holds fewer than MIN_CHAIN layouts so; the
 chain covers the planner's range, from its best layout to its slowest),
-runs each for a few steps and compares its median step with the estimate. The noise of a shared machine
-only ever adds time: while the checks fail, the layouts measured more than
+runs each for a few steps and compares its median step with the estimate.
+The noise of a shared machine only ever adds time: while the checks fail, the layouts measured more than
 1.1x the chain's median ratio to their estimate run again, up to three more
 rounds, each layout's fastest median counting (one run's median moves 7-10%
 here, as much as the chain's gap); while the first pick fails, it runs again
@@ -29,15 +29,16 @@ estimates). A model that misjudges a regime stays slow there; a slow spell
 does not:
 
   * the chain holds at least MIN_CHAIN layouts, so it spans at least
-    1.15**4 = 1.75x (how many it holds depends on the machine's rates: 5-6
+    1.15**4 = 1.75x (how many it holds depends on the machine's rates: 5-7
     of the 52 layouts of 2 ranks that fit here);
   * the Spearman rank correlation of estimate and measurement is at least
     0.9 (one neighbouring pair may swap among 5 or 6 layouts, two among 7);
   * the layout estimated fastest is within 10% of the fastest measured.
 
 A calibration taken while the machine was busy reads rates too low, and
-the layouts that lean on them then measure faster than estimated. So while the checks fail and some layouts measured faster
-than the median ratio / 1.1, the machine is calibrated once more and the
+the layouts that lean on them then measure faster than estimated. So
+while the checks fail and some layouts measured faster than the median
+ratio / 1.1, the machine is calibrated once more and the
 chain is estimated again under the second calibration, which the checks
 then use (both are printed). A planner that misjudges a regime misjudges it
 under either calibration.
@@ -193,7 +194,7 @@ def main():
             ratios, median = ratios_to_estimates(pred, meas)
             slow = [i for i, r in enumerate(ratios) if r > SLOW * median]
             faster = [i for i, m in enumerate(meas) if m * FIRST < meas[0]]
-            again = sorted(set(slow) | (set([0] + faster) if faster else set()))
+            again = sorted(set(slow) | ({0, *faster} if faster else set()))
             if not again:
                 break
             print(f"round {rnd + 1}: again {len(slow)} layouts measured > {SLOW}x the median ratio "
