@@ -145,6 +145,16 @@ add_test(NAME cli_injected_rank_failure_lora
           ${PROJECT_SOURCE_DIR}/inputs/qlora-tiny.cfg --quant.cache=)
 set_tests_properties(cli_injected_rank_failure_lora PROPERTIES LABELS cli TIMEOUT 150
   ENVIRONMENT "OMP_NUM_THREADS=1")
+# A failing rank whose MPI_Abort never returns (a launcher that does not
+# answer, stood in for by a preloaded MPI_Abort) ends itself after the grace
+# of comm/errors.h, and the job ends with it.
+add_library(meshlm_hung_abort SHARED ${_cli}/hung_abort.c)
+target_link_libraries(meshlm_hung_abort PRIVATE MPI::MPI_C)
+add_test(NAME cli_abort_backstop
+  COMMAND bash ${_cli}/abort_backstop.sh "${_mpiexec2}" $<TARGET_FILE:meshlm> ${_tiny}
+          $<TARGET_FILE:meshlm_hung_abort>)
+set_tests_properties(cli_abort_backstop PROPERTIES LABELS cli TIMEOUT 90
+  ENVIRONMENT "OMP_NUM_THREADS=1")
 
 # The issue's acceptance run: 8 ranks as dp=2 x tp=2 x pp=2 log the losses
 # of one rank (with waits that poll; the next test's sleep).

@@ -1,7 +1,9 @@
 #include "comm/errors.h"
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 #include <utility>
 
 namespace meshlm {
@@ -64,8 +66,30 @@ void fatal_one(const std::string& msg, const char* file, int line) {
   // no rank to take down: it exits 1 without MPI_Abort's banner. It does not
   // finalize either, which would let libraries flush what the error left
   // half-done.
-  if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+  if (size > 1) abort_job(MPI_COMM_WORLD, 1);
   std::_Exit(1);
+}
+
+void abort_job(MPI_Comm comm, int code) {
+  // MPI_Abort hands the job's end to the launcher (Open MPI's daemon through
+  // PMIx, or srun) and waits in it. Should that wait never end, this process
+  // ends itself after kAbortGraceSeconds: a rank that exits without
+  // MPI_Finalize makes every launcher end the job all the same. The grace
+  // only ever cuts short a process that is already ending.
+  const int rank = world_rank();
+  try {
+    std::thread([code, rank] {
+      std::this_thread::sleep_for(std::chrono::seconds(kAbortGraceSeconds));
+      std::fprintf(stderr, "rank %d: MPI_Abort has not ended this process in %d s; it exits (status %d)\n",
+                   rank, kAbortGraceSeconds, code);
+      std::fflush(stderr);
+      std::_Exit(code);
+    }).detach();
+  } catch (const std::exception&) {
+    // No thread to spare (an exhausted process): MPI_Abort alone.
+  }
+  MPI_Abort(comm, code);
+  std::_Exit(code);
 }
 
 }  // namespace meshlm

@@ -7,8 +7,8 @@
 //  * fatal_all: the answer to a CollectiveError. Rank 0 prints, every rank
 //    finalizes MPI and exits 1.
 //  * fatal_one: the answer to anything else. This rank prints its number and
-//    aborts the job (MPI_Abort), so no other rank waits in a collective; a
-//    job of one process just exits 1.
+//    aborts the job (abort_job: MPI_Abort), so no other rank waits in a
+//    collective; a job of one process just exits 1.
 #pragma once
 
 #include <mpi.h>
@@ -57,5 +57,12 @@ void try_all(MPI_Comm comm, const std::string& context, F&& fn, const char* file
 // Any one rank: prints "ERROR on rank R: msg" and aborts the whole job (a
 // job of one process exits 1, without MPI_Abort's banner or any cleanup).
 [[noreturn]] void fatal_one(const std::string& msg, const char* file, int line);
+
+// MPI_Abort(comm, code), with a backstop: if MPI_Abort has not ended this
+// process after kAbortGraceSeconds (a launcher that never answers), the
+// process exits with `code` by itself, and the launcher, seeing a rank gone
+// without MPI_Finalize, ends the rest of the job.
+inline constexpr int kAbortGraceSeconds = 10;
+[[noreturn]] void abort_job(MPI_Comm comm, int code);
 
 }  // namespace meshlm

@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "comm/errors.h"
 #include "comm/shared_window.h"
 #include "core/heartbeat.h"
 
@@ -208,8 +209,7 @@ struct StallWatchdog::Impl {
       std::lock_guard<std::mutex> lock(g_actions_mutex);
       for (auto& [key, action] : stall_actions()) action();
     }
-    MPI_Abort(world, kStallExitCode);
-    std::_Exit(kStallExitCode);
+    abort_job(world, kStallExitCode);
   }
 };
 

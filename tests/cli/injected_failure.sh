@@ -10,13 +10,14 @@ mpiexec_line=$1
 meshlm=$2
 cfg=$3
 shift 3
+limit=$(dirname "$0")/limit.sh
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 cd "$scratch"
 fail=0
 for bad in 1 2; do
   # shellcheck disable=SC2086
-  timeout 60 $mpiexec_line "$meshlm" train "$cfg" --parallel.tp=2 --parallel.pp=2 \
+  bash "$limit" 60 $mpiexec_line "$meshlm" train "$cfg" --parallel.tp=2 --parallel.pp=2 \
     --debug.fail_rank=$bad --debug.fail_step=3 --data.path=tokens.h5 --output.dir=out --output.overwrite=true "$@" >log 2>&1
   rc=$?
   cat log
