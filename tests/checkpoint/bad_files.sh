@@ -5,11 +5,13 @@
 # every rank with one clear error naming the dataset or key, without a hang,
 # and nothing in the output or checkpoint directory changes.
 set -u
+# Runs a job as `timeout` would, printing where its processes were on a hang.
+limit=$(cd "$(dirname "$0")/../cli" && pwd)/limit.sh
 mpiexec=$1; meshlm=$2; cfg=$3; python=$4
 dir=$(mktemp -d /tmp/meshlm_badckpt_XXXXXX)
 trap '[ -n "${KEEP:-}" ] || rm -rf "$dir"' EXIT
 base=(--data.path="$dir/tokens.h5" --train.steps=4 --checkpoint.final=true)
-timeout 120 $mpiexec "$meshlm" train "$cfg" "${base[@]}" --output.dir="$dir/good" > "$dir/good.log" 2>&1 \
+bash "$limit" 120 $mpiexec "$meshlm" train "$cfg" "${base[@]}" --output.dir="$dir/good" > "$dir/good.log" 2>&1 \
   || { cat "$dir/good.log"; echo "FAIL: the first run failed"; exit 1; }
 good="$dir/good/checkpoints/step_00000004.h5"
 
@@ -54,7 +56,7 @@ case_() {
   local out="$dir/out_$name"
   mkdir -p "$out"
   local before; before=$(cd "$dir" && ls -l --time-style=full-iso good/checkpoints "$file" 2>/dev/null | md5sum)
-  timeout 60 $mpiexec "$meshlm" train "$cfg" "${base[@]}" --output.dir="$out" \
+  bash "$limit" 60 $mpiexec "$meshlm" train "$cfg" "${base[@]}" --output.dir="$out" \
     --checkpoint.resume="$file" "$@" > "$out.log" 2>&1
   local rc=$?
   local after; after=$(cd "$dir" && ls -l --time-style=full-iso good/checkpoints "$file" 2>/dev/null | md5sum)

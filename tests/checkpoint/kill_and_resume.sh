@@ -9,6 +9,8 @@
 # the dead run's temporary file. The same under checkpoint.async, whose
 # background writer dies at the point named while training goes on.
 set -u
+# Runs a job as `timeout` would, printing where its processes were on a hang.
+limit=$(cd "$(dirname "$0")/../cli" && pwd)/limit.sh
 mpiexec=$1; meshlm=$2; cfg=$3; python=$4
 here=$(cd "$(dirname "$0")" && pwd)
 dir=$(mktemp -d /tmp/meshlm_kill_XXXXXX)
@@ -16,7 +18,7 @@ trap '[ -n "${KEEP:-}" ] || rm -rf "$dir"' EXIT
 common=(--data.path="$dir/tokens.h5" --train.steps=8 --train.log_every=1 --checkpoint.every=2
         --checkpoint.keep_last=0 --data.shuffle=true --parallel.zero_stage=1)
 
-timeout 120 $mpiexec "$meshlm" train "$cfg" "${common[@]}" --output.dir="$dir/whole" \
+bash "$limit" 120 $mpiexec "$meshlm" train "$cfg" "${common[@]}" --output.dir="$dir/whole" \
   > "$dir/whole.log" 2>&1 || { cat "$dir/whole.log"; echo "FAIL: the uninterrupted run failed"; exit 1; }
 
 fail=0
@@ -26,7 +28,7 @@ for spec in create tensors checksums rename latest async:tensors async:latest; d
   out="$dir/${spec/:/_}"
   # Rank 0 renames and moves `latest`; any rank may die before.
   victim=1; case $point in rename|latest) victim=0 ;; esac
-  timeout 120 $mpiexec "$meshlm" train "$cfg" "${common[@]}" --output.dir="$out" \
+  bash "$limit" 120 $mpiexec "$meshlm" train "$cfg" "${common[@]}" --output.dir="$out" \
     --checkpoint.async=$async --debug.kill_in_checkpoint=$point --debug.kill_step=6 --debug.kill_rank=$victim > "$out.log" 2>&1
   rc=$?
   # mpiexec may return before the other ranks are gone (SIGTERM, then SIGKILL).
@@ -52,7 +54,7 @@ for spec in create tensors checksums rename latest async:tensors async:latest; d
       for _ in $(seq 100); do kill -0 "$pid" 2> /dev/null || break; sleep 0.2; done
     done < "$dir/tmp_${spec/:/_}.txt"
   fi
-  timeout 120 $mpiexec "$meshlm" train "$cfg" "${common[@]}" --output.dir="$out" \
+  bash "$limit" 120 $mpiexec "$meshlm" train "$cfg" "${common[@]}" --output.dir="$out" \
     --checkpoint.async=$async --checkpoint.resume=auto > "$out.resume.log" 2>&1 \
     || { cat "$out.resume.log"; echo "FAIL [$spec]: the resumed run failed"; fail=1; continue; }
   grep -q "resuming from .*step_00000004.h5" "$out.resume.log" \

@@ -6,6 +6,8 @@
 # (pp 2) within 1e-5; a GPT-2 run or a Llama of another shape refuses it by
 # name; `meshlm ckpt export` writes it as a Hugging Face Llama directory.
 set -u
+# Runs a job as `timeout` would, printing where its processes were on a hang.
+limit=$(cd "$(dirname "$0")/../cli" && pwd)/limit.sh
 mpiexec=$1; meshlm=$2; cfg=$3; tiny=$4; python=$5
 dir=$(mktemp -d /tmp/meshlm_llama_XXXXXX)
 trap '[ -n "${KEEP:-}" ] || rm -rf "$dir"' EXIT
@@ -14,7 +16,7 @@ common=(--data.path="$dir/tokens.h5" --train.steps=6 --train.log_every=1 --check
 fail=0
 run() {  # run NAME ARGS...: exit status of meshlm train
   local name=$1; shift
-  timeout 120 $mpiexec "$meshlm" train "$cfg" "${common[@]}" --output.dir="$dir/$name" "$@" \
+  bash "$limit" 120 $mpiexec "$meshlm" train "$cfg" "${common[@]}" --output.dir="$dir/$name" "$@" \
     > "$dir/$name.log" 2>&1
 }
 run whole --parallel.dp=2 || { cat "$dir/whole.log"; echo "FAIL: the uninterrupted run failed"; exit 1; }
@@ -45,7 +47,7 @@ print(f"ok [{sys.argv[3]}]: steps 4-6 resumed: {got}")
 PY
 done
 # A GPT-2 run, and a Llama of another shape, refuse it by name.
-timeout 60 $mpiexec "$meshlm" train "$tiny" --data.path="$dir/tokens.h5" --output.dir="$dir/gpt2" \
+bash "$limit" 60 $mpiexec "$meshlm" train "$tiny" --data.path="$dir/tokens.h5" --output.dir="$dir/gpt2" \
   --checkpoint.resume="$ck" > "$dir/gpt2.log" 2>&1
 grep -q "model.arch = llama there, gpt2 in this run" "$dir/gpt2.log" && [ ! -e "$dir/gpt2/run.h5" ] \
   && echo "ok: a GPT-2 run refuses the Llama checkpoint" \
@@ -53,7 +55,7 @@ grep -q "model.arch = llama there, gpt2 in this run" "$dir/gpt2.log" && [ ! -e "
 run kv --model.n_kv_head=4 --checkpoint.resume="$ck"
 grep -q "is of another model: model.n_kv_head = 2 there, 4 in this run" "$dir/kv.log" && echo "ok: another Llama refuses it" \
   || { cat "$dir/kv.log"; echo "FAIL: another Llama resumed it"; fail=1; }
-timeout 60 $mpiexec "$meshlm" ckpt export "$ck" -o "$dir/hf" > "$dir/export.log" 2>&1
+bash "$limit" 60 $mpiexec "$meshlm" ckpt export "$ck" -o "$dir/hf" > "$dir/export.log" 2>&1
 grep -q '"model_type": "llama"' "$dir/hf/config.json" && [ -s "$dir/hf/model.safetensors" ] \
   && echo "ok: export writes a Hugging Face Llama directory" \
   || { cat "$dir/export.log"; echo "FAIL: export of a Llama checkpoint"; fail=1; }

@@ -7,14 +7,15 @@
 # itself after comm/errors.h's kAbortGraceSeconds (10 s), saying so, and the
 # job must end non-zero, the other rank with it: no hang.
 set -u
+# Runs a job as `timeout` would, printing where its processes were on a hang.
+limit=$(cd "$(dirname "$0")" && pwd)/limit.sh
 mpiexec_line=$1
 meshlm=$2
 cfg=$3
 lib=$4
-limit=$(dirname "$0")/limit.sh
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-cd "$scratch"
+cd "$scratch" || exit 1
 start=$SECONDS
 # shellcheck disable=SC2086
 bash "$limit" 60 $mpiexec_line -x LD_PRELOAD="$lib" "$meshlm" train "$cfg" --parallel.dp=2 \

@@ -6,11 +6,12 @@
 # and pipeline receives. The job must end (no hang), non-zero, and the
 # message must name the failing rank.
 set -u
+# Runs a job as `timeout` would, printing where its processes were on a hang.
+limit=$(cd "$(dirname "$0")" && pwd)/limit.sh
 mpiexec_line=$1
 meshlm=$2
 cfg=$3
 shift 3
-limit=$(dirname "$0")/limit.sh
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 cd "$scratch"

@@ -20,6 +20,8 @@
 #      not bit for bit, and the loss falls (by 0.15 in 100 steps: the
 #      base is a random GPT-2, which a low-rank adapter can do little with).
 set -u
+# Runs a job as `timeout` would, printing where its processes were on a hang.
+limit=$(cd "$(dirname "$0")" && pwd)/limit.sh
 mpiexec2=$1
 mpiexec1=$2
 meshlm=$3
@@ -33,7 +35,7 @@ train() {  # train MPIEXEC NAME ARGS...: the run's log in NAME.log, its exit sta
   local mpi=$1 name=$2
   shift 2
   # shellcheck disable=SC2086
-  timeout 300 $mpi "$meshlm" train "$tiny" --data.path=tokens.h5 --runtime.threads=1 \
+  bash "$limit" 300 $mpi "$meshlm" train "$tiny" --data.path=tokens.h5 --runtime.threads=1 \
     --output.dir="$name" "$@" >"$name.log" 2>&1
 }
 must() {  # must NAME REGEX: NAME.log matches

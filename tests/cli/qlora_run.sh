@@ -14,6 +14,8 @@
 #     losses (the same bytes, held once per rank);
 #  6. one rank with the whole model logs the same losses (4 decimals).
 set -u
+# Runs a job as `timeout` would, printing where its processes were on a hang.
+limit=$(cd "$(dirname "$0")" && pwd)/limit.sh
 one=$1
 many=$2
 meshlm=$3
@@ -26,17 +28,17 @@ losses() { awk 'NF == 6 && $1 ~ /^[0-9]+$/ { print $1, $2 }' "$1"; }
 common=(--data.path=tokens.h5 --quant.cache=cache/base.h5 --train.steps=12 --train.log_every=4)
 
 # shellcheck disable=SC2086
-timeout 60 $one "$meshlm" quantize "$cfg" "${common[@]}" >quantize.log 2>&1 ||
+bash "$limit" 60 $one "$meshlm" quantize "$cfg" "${common[@]}" >quantize.log 2>&1 ||
   { cat quantize.log; fail "meshlm quantize"; }
 cat quantize.log
 grep -q "written to cache/base.h5" quantize.log || fail "quantize did not write the cache"
 [ -s cache/base.h5 ] || fail "no cache file"
 # shellcheck disable=SC2086
-timeout 60 $one "$meshlm" quantize "$cfg" "${common[@]}" >quantize2.log 2>&1 || fail "second quantize"
+bash "$limit" 60 $one "$meshlm" quantize "$cfg" "${common[@]}" >quantize2.log 2>&1 || fail "second quantize"
 grep -q "cache is up to date" quantize2.log || { cat quantize2.log; fail "second quantize did not find the cache"; }
 
 # shellcheck disable=SC2086
-timeout 120 $many "$meshlm" train "$cfg" "${common[@]}" --output.dir=hit >hit.log 2>&1 ||
+bash "$limit" 120 $many "$meshlm" train "$cfg" "${common[@]}" --output.dir=hit >hit.log 2>&1 ||
   { cat hit.log; fail "8-rank LoRA run"; }
 cat hit.log
 grep -q "node-shared windows" hit.log || fail "the base is not in node-shared windows"
@@ -50,7 +52,7 @@ awk 'NR == 1 { first = $2 } { last = $2 } END { exit !(last < first - 0.2) }' hi
 size=$(stat -c %s cache/base.h5)
 truncate -s $((size / 2)) cache/base.h5
 # shellcheck disable=SC2086
-timeout 120 $many "$meshlm" train "$cfg" "${common[@]}" --output.dir=corrupt >corrupt.log 2>&1 ||
+bash "$limit" 120 $many "$meshlm" train "$cfg" "${common[@]}" --output.dir=corrupt >corrupt.log 2>&1 ||
   { cat corrupt.log; fail "run with a corrupt cache"; }
 grep -q "WARNING: quant.cache" corrupt.log || { cat corrupt.log; fail "no warning about the corrupt cache"; }
 [ "$(stat -c %s cache/base.h5)" -eq "$size" ] || fail "the corrupt cache was not replaced"
@@ -66,7 +68,7 @@ wide=(--data.path=tokens.h5 --train.steps=4 --train.log_every=1 --model.n_embd=2
 for run in mpi:cache/wide.h5 nccl:cache/wide.h5 nccl:; do
   how=${run%%:*} cache=${run#*:}
   # shellcheck disable=SC2086
-  timeout 120 $many "$meshlm" train "$cfg" "${wide[@]}" --quant.broadcast="$how" \
+  bash "$limit" 120 $many "$meshlm" train "$cfg" "${wide[@]}" --quant.broadcast="$how" \
     --quant.cache="$cache" --output.dir="wide_$how${cache:+_cache}" >"wide_$how${cache:+_cache}.log" 2>&1 ||
     { cat "wide_$how${cache:+_cache}.log"; fail "quant.broadcast = $how (cache '$cache')"; }
   losses "wide_$how${cache:+_cache}.log" >"wide_$how${cache:+_cache}.txt"
@@ -79,14 +81,14 @@ for t in wide_nccl_cache.txt wide_nccl.txt; do
 done
 
 # shellcheck disable=SC2086
-timeout 120 $many "$meshlm" train "$cfg" "${common[@]}" --quant.share=per_rank --quant.cache= \
+bash "$limit" 120 $many "$meshlm" train "$cfg" "${common[@]}" --quant.share=per_rank --quant.cache= \
   --output.dir=per_rank >per_rank.log 2>&1 || { cat per_rank.log; fail "per_rank run"; }
 grep -q "private copies" per_rank.log || fail "per_rank did not keep private copies"
 losses per_rank.log >per_rank.txt
 cmp -s hit.txt per_rank.txt || { paste hit.txt per_rank.txt; fail "per_rank losses differ"; }
 
 # shellcheck disable=SC2086
-timeout 120 $one "$meshlm" train "$cfg" "${common[@]}" --parallel.tp=1 --parallel.pp=1 \
+bash "$limit" 120 $one "$meshlm" train "$cfg" "${common[@]}" --parallel.tp=1 --parallel.pp=1 \
   --output.dir=one >one.log 2>&1 || { cat one.log; fail "one-rank run"; }
 losses one.log >one.txt
 echo "---- step, loss: 8 ranks | one rank"

@@ -7,6 +7,8 @@
 # the id, leaves no output directory, and does not hang. (A failure in the
 # middle of a run is tests/cli/injected_failure.sh.)
 set -u
+# Runs a job as `timeout` would, printing where its processes were on a hang.
+limit=$(cd "$(dirname "$0")" && pwd)/limit.sh
 mpiexec_line=$1
 meshlm=$2
 cfg=$3
@@ -22,7 +24,7 @@ cd "$scratch"
 } > tokens.bin
 
 # shellcheck disable=SC2086
-timeout 60 $mpiexec_line "$meshlm" train "$cfg" --data.path=tokens.bin --data.tokenize_from= \
+bash "$limit" 60 $mpiexec_line "$meshlm" train "$cfg" --data.path=tokens.bin --data.tokenize_from= \
   --output.dir=out >log 2>&1
 rc=$?
 cat log

@@ -8,6 +8,8 @@
 # values themselves within 1e-5 relative). With EXPECT_IN_LOG set, the
 # N-rank run's log must hold that text (the overrides took effect).
 set -u
+# Runs a job as `timeout` would, printing where its processes were on a hang.
+limit=$(cd "$(dirname "$0")" && pwd)/limit.sh
 one=$1
 many=$2
 meshlm=$3
@@ -18,10 +20,10 @@ trap 'rm -rf "$scratch"' EXIT
 cd "$scratch"
 losses() { awk 'NF == 6 && $1 ~ /^[0-9]+$/ { print $1, $2 }' "$1"; }
 # shellcheck disable=SC2086
-timeout 60 $one "$meshlm" train "$cfg" --data.path=tokens.h5 --output.dir=one >one.log 2>&1 ||
+bash "$limit" 60 $one "$meshlm" train "$cfg" --data.path=tokens.h5 --output.dir=one >one.log 2>&1 ||
   { cat one.log; echo "FAIL: one rank"; exit 1; }
 # shellcheck disable=SC2086
-timeout 90 $many "$meshlm" train "$cfg" --data.path=tokens.h5 --output.dir=many "$@" >many.log 2>&1 ||
+bash "$limit" 90 $many "$meshlm" train "$cfg" --data.path=tokens.h5 --output.dir=many "$@" >many.log 2>&1 ||
   { cat many.log; echo "FAIL: $many $*"; exit 1; }
 cat many.log
 if [ -n "${EXPECT_IN_LOG:-}" ] && ! grep -qF -- "$EXPECT_IN_LOG" many.log; then

@@ -14,6 +14,8 @@
 #   * mean: once per micro-batch (each loss reduced on the device);
 # and the logged losses equal those of the CPU backend's run.
 set -u
+# Runs a job as `timeout` would, printing where its processes were on a hang.
+limit=$(cd "$(dirname "$0")" && pwd)/limit.sh
 one=$1
 meshlm=$2
 cfg=$3
@@ -25,10 +27,10 @@ micro=4
 run=(--data.path=tokens.h5 --train.steps=$steps --train.batch_size=$micro --train.micro_batch_size=1
      --train.log_every=1 --checkpoint.final=false --train.eval_every=0)
 # shellcheck disable=SC2086
-timeout 120 $one "$meshlm" train "$cfg" "${run[@]}" --output.dir=cpu >cpu.log 2>&1 ||
+bash "$limit" 120 $one "$meshlm" train "$cfg" "${run[@]}" --output.dir=cpu >cpu.log 2>&1 ||
   { cat cpu.log; echo "FAIL: the CPU run"; exit 1; }
 # shellcheck disable=SC2086
-timeout 120 $one "$meshlm" train "$cfg" "${run[@]}" --output.dir=emulated --runtime.backend=emulated \
+bash "$limit" 120 $one "$meshlm" train "$cfg" "${run[@]}" --output.dir=emulated --runtime.backend=emulated \
   --runtime.op_timings=true >emulated.log 2>&1 || { cat emulated.log; echo "FAIL: the emulated run"; exit 1; }
 calls() { awk -v op="$1" '$1 == op && $2 ~ /^[0-9]+$/ { print $2; found = 1 } END { if (!found) print 0 }' emulated.log; }
 bad=0

@@ -12,6 +12,8 @@
 # emulated by MPI, comm/ordered_comm.h), which checks this script without
 # a GPU.
 set -u
+# Runs a job as `timeout` would, printing where its processes were on a hang.
+limit=$(cd "$(dirname "$0")/../cli" && pwd)/limit.sh
 mpiexec1=$1
 meshlm=$2
 tiny=$3
@@ -33,7 +35,7 @@ for cfg in "$tiny" "$qlora"; do
     [ "$dev" = nccl ] && [ "$cfg" = "$qlora" ] && extra+=(--quant.broadcast=nccl)
     log="${name}_$dev.log"
     # shellcheck disable=SC2086
-    timeout 120 $mpiexec1 "$meshlm" train "$cfg" "${common[@]}" "${extra[@]}" \
+    bash "$limit" 120 $mpiexec1 "$meshlm" train "$cfg" "${common[@]}" "${extra[@]}" \
       --parallel.tp=1 --parallel.pp=1 --parallel.dp=1 --output.dir="${name}_$dev" >"$log" 2>&1 || {
       if grep -q "can use no GPU" "$log"; then
         grep -m1 "can use no GPU" "$log"; echo "SKIP: no GPU"; exit 77

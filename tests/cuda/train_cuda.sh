@@ -42,6 +42,8 @@
 # Exit 77 (skipped) when meshlm says this machine has no GPU it can use.
 # The checks run under $MESHLM_PYTHON (python3 by default), which needs h5py.
 set -u
+# Runs a job as `timeout` would, printing where its processes were on a hang.
+limit=$(cd "$(dirname "$0")/../cli" && pwd)/limit.sh
 mpiexec1=$1
 meshlm=$2
 cfg=$3
@@ -53,7 +55,7 @@ text=/usr/share/common-licenses/GPL-3
 [ -f "$text" ] || text=$(dirname "$cfg")/../README.md
 common=(--data.path=tokens.h5 --data.tokenize_from="$text" --train.steps=200 --train.log_every=1 --runtime.threads=2)
 # shellcheck disable=SC2086
-timeout 120 $mpiexec1 "$meshlm" train "$cfg" "${common[@]}" --output.dir=cuda_fp32 \
+bash "$limit" 120 $mpiexec1 "$meshlm" train "$cfg" "${common[@]}" --output.dir=cuda_fp32 \
   --runtime.backend=$backend >cuda_fp32.log 2>&1
 rc=$?
 if [ $rc -ne 0 ]; then
@@ -65,32 +67,32 @@ if [ $rc -ne 0 ]; then
   cat cuda_fp32.log; echo "FAIL: the CUDA run"; exit 1
 fi
 # shellcheck disable=SC2086
-timeout 120 $mpiexec1 "$meshlm" train "$cfg" "${common[@]}" --output.dir=cpu_fp32 >cpu_fp32.log 2>&1 ||
+bash "$limit" 120 $mpiexec1 "$meshlm" train "$cfg" "${common[@]}" --output.dir=cpu_fp32 >cpu_fp32.log 2>&1 ||
   { cat cpu_fp32.log; echo "FAIL: the CPU run"; exit 1; }
 for p in bf16 fp16; do
   # shellcheck disable=SC2086
-  timeout 120 $mpiexec1 "$meshlm" train "$cfg" "${common[@]}" --output.dir=cuda_$p \
+  bash "$limit" 120 $mpiexec1 "$meshlm" train "$cfg" "${common[@]}" --output.dir=cuda_$p \
     --runtime.backend=$backend --train.precision=$p --train.loss_scale=4096 >cuda_$p.log 2>&1 ||
     { cat cuda_$p.log; echo "FAIL: the CUDA $p run"; exit 1; }
 done
 # shellcheck disable=SC2086
-timeout 120 $mpiexec1 "$meshlm" train "$cfg" "${common[@]}" --output.dir=cuda_bf16_flash \
+bash "$limit" 120 $mpiexec1 "$meshlm" train "$cfg" "${common[@]}" --output.dir=cuda_bf16_flash \
   --runtime.backend=$backend --train.precision=bf16 --train.attention=flash >cuda_bf16_flash.log 2>&1 ||
   { cat cuda_bf16_flash.log; echo "FAIL: the CUDA bf16 run with flash attention"; exit 1; }
 grep -q "attention flash" cuda_bf16_flash.log ||
   { grep "^# parallel" cuda_bf16_flash.log; echo "FAIL: the flash run does not say so"; exit 1; }
 lora=(--train.steps=100 --finetune.mode=lora --quant.type=nf4 --train.lr=${LORA_LR:-0.003})
 # shellcheck disable=SC2086
-timeout 120 $mpiexec1 "$meshlm" train "$cfg" "${common[@]}" "${lora[@]}" --output.dir=cpu_lora \
+bash "$limit" 120 $mpiexec1 "$meshlm" train "$cfg" "${common[@]}" "${lora[@]}" --output.dir=cpu_lora \
   >cpu_lora.log 2>&1 || { cat cpu_lora.log; echo "FAIL: the CPU LoRA run"; exit 1; }
 for p in fp32 bf16; do
   # shellcheck disable=SC2086
-  timeout 120 $mpiexec1 "$meshlm" train "$cfg" "${common[@]}" "${lora[@]}" --output.dir=cuda_lora_$p \
+  bash "$limit" 120 $mpiexec1 "$meshlm" train "$cfg" "${common[@]}" "${lora[@]}" --output.dir=cuda_lora_$p \
     --runtime.backend=$backend --train.precision=$p >cuda_lora_$p.log 2>&1 ||
     { cat cuda_lora_$p.log; echo "FAIL: the CUDA LoRA $p run"; exit 1; }
 done
 # shellcheck disable=SC2086
-timeout 120 $mpiexec1 "$meshlm" train "$cfg" --data.path=tokens.h5 --runtime.threads=2 \
+bash "$limit" 120 $mpiexec1 "$meshlm" train "$cfg" --data.path=tokens.h5 --runtime.threads=2 \
   --train.steps=6 --output.dir=cuda_fp16_nan --runtime.backend=$backend --train.precision=fp16 \
   --train.loss_scale=4096 --debug.nan_step=3 --train.on_nonfinite=stop >cuda_fp16_nan.log 2>&1 ||
   { cat cuda_fp16_nan.log; echo "FAIL: the CUDA fp16 run with an injected NaN"; exit 1; }
@@ -106,12 +108,12 @@ ck=(--data.path=tokens.h5 --runtime.threads=2 --train.steps=20 --train.log_every
     --runtime.backend=$backend --checkpoint.every=10)
 for a in false true; do
   # shellcheck disable=SC2086
-  timeout 120 $mpiexec1 "$meshlm" train "$cfg" "${ck[@]}" --checkpoint.async=$a \
+  bash "$limit" 120 $mpiexec1 "$meshlm" train "$cfg" "${ck[@]}" --checkpoint.async=$a \
     --output.dir=cuda_ck_$a >cuda_ck_$a.log 2>&1 ||
     { cat cuda_ck_$a.log; echo "FAIL: the CUDA run with checkpoint.async = $a"; exit 1; }
 done
 # shellcheck disable=SC2086
-timeout 120 $mpiexec1 "$meshlm" train "$cfg" "${ck[@]}" --checkpoint.async=true \
+bash "$limit" 120 $mpiexec1 "$meshlm" train "$cfg" "${ck[@]}" --checkpoint.async=true \
   --checkpoint.resume=cuda_ck_true/checkpoints/step_00000010.h5 --output.dir=cuda_ck_resumed \
   >cuda_ck_resumed.log 2>&1 ||
   { cat cuda_ck_resumed.log; echo "FAIL: the CUDA run resumed from an async checkpoint"; exit 1; }

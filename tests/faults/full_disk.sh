@@ -13,6 +13,8 @@
 # Needs mount(8) of a tmpfs (root with CAP_SYS_ADMIN): exit 77 (skipped),
 # saying why, where that is refused.
 set -u
+# Runs a job as `timeout` would, printing where its processes were on a hang.
+limit=$(cd "$(dirname "$0")/../cli" && pwd)/limit.sh
 mpiexec=$1; meshlm=$2; cfg=$3; python=$4
 here=$(cd "$(dirname "$0")/../checkpoint" && pwd)
 dir=$(mktemp -d /tmp/meshlm_full_XXXXXX)
@@ -28,12 +30,12 @@ common=(--data.path="$dir/tokens.h5" --train.steps=8 --train.log_every=1 --check
         --checkpoint.keep_last=0 --checkpoint.final=false)
 fail=0
 
-timeout 120 $mpiexec "$meshlm" train "$cfg" "${common[@]}" --output.dir="$dir/whole" > "$dir/whole.log" 2>&1 \
+bash "$limit" 120 $mpiexec "$meshlm" train "$cfg" "${common[@]}" --output.dir="$dir/whole" > "$dir/whole.log" 2>&1 \
   || { cat "$dir/whole.log"; echo "FAIL: the uninterrupted run failed"; exit 1; }
 
 out="$dir/full"
 start=$SECONDS
-timeout 120 $mpiexec "$meshlm" train "$cfg" "${common[@]}" --output.dir="$out" --checkpoint.dir="$disk/ck" \
+bash "$limit" 120 $mpiexec "$meshlm" train "$cfg" "${common[@]}" --output.dir="$out" --checkpoint.dir="$disk/ck" \
   > "$out.log" 2>&1
 rc=$?
 if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then
@@ -49,7 +51,7 @@ ls -A "$disk/ck" | grep -qv -e '^latest$' -e '^step_00000002\.h5$' \
 
 # Space again: resume from step 2 and finish with the uninterrupted losses.
 mount -o remount,size=16m "$disk" || { echo "FAIL: cannot grow the tmpfs"; exit 1; }
-timeout 120 $mpiexec "$meshlm" train "$cfg" "${common[@]}" --output.dir="$out" --checkpoint.dir="$disk/ck" \
+bash "$limit" 120 $mpiexec "$meshlm" train "$cfg" "${common[@]}" --output.dir="$out" --checkpoint.dir="$disk/ck" \
   --checkpoint.resume=auto > "$out.resume.log" 2>&1 \
   || { tail -5 "$out.resume.log"; echo "FAIL: the resumed run failed"; exit 1; }
 grep -q "resuming from .*step_00000002.h5" "$out.resume.log" || { echo "FAIL: did not resume from step 2"; fail=1; }
@@ -65,7 +67,7 @@ PY
 
 # Too small for the first checkpoint: an error at step 2, the directory empty.
 umount "$disk" && mount -t tmpfs -o size=1m tmpfs "$disk" || { echo "FAIL: cannot remount"; exit 1; }
-timeout 120 $mpiexec "$meshlm" train "$cfg" "${common[@]}" --output.dir="$dir/small" --checkpoint.dir="$disk/ck" \
+bash "$limit" 120 $mpiexec "$meshlm" train "$cfg" "${common[@]}" --output.dir="$dir/small" --checkpoint.dir="$disk/ck" \
   > "$dir/small.log" 2>&1
 rc=$?
 grep -qE "^ERROR: checkpoint.dir: .*the checkpoint of step 2 needs about" "$dir/small.log" && [ $rc -ne 0 ] && [ $rc -ne 124 ] \
