@@ -19,7 +19,7 @@ trap 'rm -rf "$scratch"' EXIT
 args=()
 for a in "$@"; do args+=("${a//@SCRATCH@/$scratch}"); done
 
-cd "$scratch"
+cd "$scratch" || exit 1
 # shellcheck disable=SC2086
 $mpiexec_line "$meshlm" "${args[@]}" >"$scratch/.log" 2>&1
 rc=$?

@@ -14,7 +14,7 @@ cfg=$3
 shift 3
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-cd "$scratch"
+cd "$scratch" || exit 1
 fail=0
 for bad in 1 2; do
   # shellcheck disable=SC2086

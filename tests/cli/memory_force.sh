@@ -10,7 +10,7 @@ meshlm=$2
 cfg=$3
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-cd "$scratch"
+cd "$scratch" || exit 1
 # shellcheck disable=SC2086
 $mpiexec_line "$meshlm" train "$cfg" --parallel.pp=2 --train.steps=2 --memory.limit_per_rank=1MiB \
   --memory.limit_per_node=2MiB --memory.force=true >log 2>&1

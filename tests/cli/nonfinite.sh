@@ -16,7 +16,7 @@ tiny=$3
 make_st=$4
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-cd "$scratch"
+cd "$scratch" || exit 1
 fail=0
 run() {  # run NAME EXPECT_RC REGEX ARGS...
   local name=$1 want=$2 regex=$3

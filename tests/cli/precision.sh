@@ -28,7 +28,7 @@ meshlm=$3
 tiny=$4
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-cd "$scratch"
+cd "$scratch" || exit 1
 fail=0
 "$meshlm" tokenize /usr/share/common-licenses/GPL-3 tokens.h5 >/dev/null || exit 1
 train() {  # train MPIEXEC NAME ARGS...: the run's log in NAME.log, its exit status returned

@@ -22,7 +22,7 @@ meshlm=$3
 cfg=$4
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-cd "$scratch"
+cd "$scratch" || exit 1
 fail() { echo "FAIL: $*"; exit 1; }
 losses() { awk 'NF == 6 && $1 ~ /^[0-9]+$/ { print $1, $2 }' "$1"; }
 common=(--data.path=tokens.h5 --quant.cache=cache/base.h5 --train.steps=12 --train.log_every=4)

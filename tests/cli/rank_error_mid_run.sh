@@ -14,7 +14,7 @@ meshlm=$2
 cfg=$3
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-cd "$scratch"
+cd "$scratch" || exit 1
 
 # Raw tokens: "MESHTOK1", format_version 1, 2 bytes per token, 200 tokens,
 # all equal to 300 (0x012c), which is >= model.vocab_size = 256.

@@ -17,7 +17,7 @@ cfg=$4
 shift 4
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-cd "$scratch"
+cd "$scratch" || exit 1
 losses() { awk 'NF == 6 && $1 ~ /^[0-9]+$/ { print $1, $2 }' "$1"; }
 # shellcheck disable=SC2086
 bash "$limit" 60 $one "$meshlm" train "$cfg" --data.path=tokens.h5 --output.dir=one >one.log 2>&1 ||

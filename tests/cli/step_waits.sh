@@ -21,7 +21,7 @@ meshlm=$2
 cfg=$3
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-cd "$scratch"
+cd "$scratch" || exit 1
 steps=3
 micro=4
 run=(--data.path=tokens.h5 --train.steps=$steps --train.batch_size=$micro --train.micro_batch_size=1

@@ -12,7 +12,7 @@ set -u
 meshlm=$(realpath "$1")
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-cd "$scratch"
+cd "$scratch" || exit 1
 fail=0
 yes "a line of text that the byte-level tokenizer turns into ids" | head -c 150000000 > big.txt
 

@@ -21,7 +21,7 @@ qlora=$4
 backend=${5:-cuda}
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-cd "$scratch"
+cd "$scratch" || exit 1
 fail() { echo "FAIL: $*"; exit 1; }
 losses() { awk 'NF == 6 && $1 ~ /^[0-9]+$/ { print $1, $2, $4 }' "$1"; }
 text=/usr/share/common-licenses/GPL-3

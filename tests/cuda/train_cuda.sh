@@ -50,7 +50,7 @@ cfg=$3
 backend=${4:-cuda}
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-cd "$scratch"
+cd "$scratch" || exit 1
 text=/usr/share/common-licenses/GPL-3
 [ -f "$text" ] || text=$(dirname "$cfg")/../README.md
 common=(--data.path=tokens.h5 --data.tokenize_from="$text" --train.steps=200 --train.log_every=1 --runtime.threads=2)
