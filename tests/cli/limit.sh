@@ -3,8 +3,8 @@
 #
 # Runs COMMAND as `timeout SECONDS` would, exit status 124 when time runs
 # out; but first it prints, to standard error, what every process of the
-# command's tree was doing: each thread's state, kernel wait channel and
-# system call, and its backtrace where gdb is installed. A test that hangs
+# command's tree was doing: each thread's state and kernel wait channel,
+# and its backtrace where gdb is installed. A test that hangs
 # once in a thousand runs then leaves where it hung in its log.
 set -u
 limit=$1
@@ -22,19 +22,14 @@ while kill -0 "$pid" 2>/dev/null; do
     procs=$(tree "$pid")
     {
       echo "==== limit.sh: still running after $limit s: $*"
+      # One line per thread: its state and kernel wait channel.
       # shellcheck disable=SC2086
-      ps -o pid,ppid,stat,etime,time,wchan:24,args -p "$(echo $procs | tr ' ' ,)"
-      for p in $procs; do
-        for t in /proc/"$p"/task/*; do
-          [ -r "$t/stat" ] || continue
-          read -r -a st < "$t/stat" 2>/dev/null || continue
-          echo "pid $p thread ${t##*/} ($(cat "$t/comm" 2>/dev/null)): state ${st[2]}," \
-            "wchan $(cat "$t/wchan" 2>/dev/null), syscall $(cut -d' ' -f1 "$t/syscall" 2>/dev/null)"
-        done
-        if command -v gdb >/dev/null; then
+      ps -L -o pid,ppid,lwp,stat,etime,time,wchan:32,comm,args -p "$(echo $procs | tr ' ' ,)"
+      if command -v gdb >/dev/null; then
+        for p in $procs; do
           timeout 30 gdb -p "$p" -batch -nx -ex "thread apply all bt" 2>&1 | grep -E "^(Thread|#)" | head -150
-        fi
-      done
+        done
+      fi
       echo "==== limit.sh: end of the state of the hung processes"
     } >&2
     for p in $procs; do kill -TERM "$p" 2>/dev/null; done
