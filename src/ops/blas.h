@@ -71,8 +71,9 @@ inline void gemm(bool ta, bool tb, int M, int N, int K, double alpha, const doub
               K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-// The GEMM of an op under train.precision: A and B rounded to `p` (a copy
-// each, in per-thread scratch), then the fp32 GEMM (ops/precision.cpp).
+// The GEMM of an op under train.precision: A and B rounded to `p` a tile at
+// a time into the thread's scratch, each tile's product added in fp32
+// (ops/precision.h, RoundingScratch).
 void gemm(Precision p, bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc);
 // The double ops are the references of the fp32 math only: `p` is fp32 there.

@@ -3,6 +3,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -48,21 +49,74 @@ void round_matrix(Precision p, float* dst, const float* src, size_t rows, size_t
   }
 }
 
+namespace {
+
+// The registered scratch (RoundingScratch): set and cleared by the main
+// thread outside parallel regions, read by the threads of later regions.
+float* g_scratch = nullptr;
+int g_scratch_threads = 0;
+
+// The calling thread's part of the registered scratch, or null.
+float* thread_scratch() {
+  const int t = omp_in_parallel() ? omp_get_thread_num() : 0;
+  if (g_scratch == nullptr || t >= g_scratch_threads) return nullptr;
+  return g_scratch + static_cast<size_t>(t) * kRoundingScratchFloats;
+}
+
+}  // namespace
+
+RoundingScratch::RoundingScratch(int threads)
+    : threads_(std::max(threads, 1)),
+      buf_(rounding_scratch_bytes(threads_), MemCategory::workspace, "rounded GEMM tiles") {
+  g_scratch = buf_.as<float>();
+  g_scratch_threads = threads_;
+}
+
+RoundingScratch::~RoundingScratch() {
+  if (g_scratch == buf_.as<float>()) {
+    g_scratch = nullptr;
+    g_scratch_threads = 0;
+  }
+}
+
 void gemm(Precision p, bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc) {
   if (p == Precision::fp32 || M == 0 || N == 0 || K == 0) {
     gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
+  // The tiles this call needs, in the thread's scratch or (none registered)
+  // in a block of their size freed on return.
+  const size_t mb = std::min(M, kRoundTileM), nb = std::min(N, kRoundTileN),
+               kb = std::min(K, kRoundTileK);
+  std::vector<float> own;
+  float* a = thread_scratch();
+  if (a == nullptr) {
+    own.resize((mb + nb) * kb);
+    a = own.data();
+  }
+  float* b = a + mb * kb;
   // op(A) is (M,K): stored (K,M) when transposed; op(B) is (K,N): stored (N,K).
-  const size_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
-  thread_local std::vector<float> a, b;
-  a.resize(ar * ac);
-  b.resize(br * bc);
-  round_matrix(p, a.data(), A, ar, ac, static_cast<size_t>(lda));
-  round_matrix(p, b.data(), B, br, bc, static_cast<size_t>(ldb));
-  gemm(ta, tb, M, N, K, alpha, a.data(), static_cast<int>(ac), b.data(), static_cast<int>(bc), beta,
-       C, ldc);
+  const auto at = [&](const float* X, int ld, bool t, int r0, int c0) {  // element (r0, c0) of op(X)
+    return t ? X + static_cast<size_t>(c0) * ld + r0 : X + static_cast<size_t>(r0) * ld + c0;
+  };
+  for (int k0 = 0; k0 < K; k0 += kRoundTileK) {
+    const int k = std::min(kRoundTileK, K - k0);
+    const float beta_k = k0 == 0 ? beta : 1.0f;
+    for (int n0 = 0; n0 < N; n0 += kRoundTileN) {
+      const int n = std::min(kRoundTileN, N - n0);
+      // op(B)'s rows k0.., columns n0..: stored as n x k when transposed.
+      const int bc = tb ? k : n;
+      round_matrix(p, b, at(B, ldb, tb, k0, n0), tb ? n : k, bc, static_cast<size_t>(ldb));
+      for (int m0 = 0; m0 < M; m0 += kRoundTileM) {
+        const int m = std::min(kRoundTileM, M - m0);
+        const int ac = ta ? m : k;
+        round_matrix(p, a, at(A, lda, ta, m0, k0), ta ? k : m, ac, static_cast<size_t>(lda));
+        gemm(ta, tb, m, n, k, alpha, a, ac, b, bc, beta_k,
+             C + static_cast<size_t>(m0) * ldc + n0, ldc);
+      }
+    }
+  }
 }
 
 }  // namespace meshlm::ops

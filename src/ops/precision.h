@@ -10,8 +10,10 @@
 //
 // Everything else stays fp32: master weights, AdamW moments, the stored
 // activations, LayerNorm, softmax, GELU, the loss. The CPU backend emulates
-// the rounding (a rounded copy of each input, then the fp32 GEMM), so the
-// GPU's mixed precision has an exact reference on the CPU.
+// the rounding (rounded copies of the inputs, then the fp32 GEMM), so the
+// GPU's mixed precision has an exact reference on the CPU: each input is
+// rounded as on the GPU; the fp32 sums are added in another order than
+// cuBLAS's, as any two GEMMs add them.
 #pragma once
 
 #include <bit>
@@ -19,6 +21,7 @@
 #include <cstdint>
 #include <span>
 
+#include "core/alloc.h"
 #include "core/enum_names.h"
 
 namespace meshlm::ops {
@@ -53,5 +56,44 @@ inline float round_to(Precision p, float x) {
 }
 // dst(rows, cols) = round_to(p, src) with src's rows ld apart; dst is dense.
 void round_matrix(Precision p, float* dst, const float* src, size_t rows, size_t cols, size_t ld);
+
+// The CPU's GEMM at bf16 and fp16 (ops::gemm(Precision, ...), ops/blas.h)
+// rounds its inputs a tile at a time, never a whole operand: for each
+// kRoundTileK-long stretch of the sum (K), for each block of kRoundTileN
+// columns and kRoundTileM rows of C, the block's part of op(B) and of op(A)
+// is rounded into the calling thread's scratch and multiplied into C in
+// fp32 (the first stretch with the caller's beta, the others adding). Its
+// memory beyond the operands is therefore kRoundingScratchFloats per thread
+// whatever the shapes (4 MiB), where whole copies of the operands took up
+// to the classifier's weight and a micro-batch of its logits' gradient. The
+// tiles are fixed, so the sums are the same bits whichever thread makes
+// them; measured on 2 cores, the tiled GEMMs of GPT-2 124M's step take
+// 1.01-1.11x the time of one GEMM on whole copies (docs/PERFORMANCE.md).
+constexpr int kRoundTileM = 1024, kRoundTileN = 1024, kRoundTileK = 512;
+constexpr size_t kRoundingScratchFloats = size_t(kRoundTileM + kRoundTileN) * kRoundTileK;
+constexpr size_t rounding_scratch_bytes(int threads) {
+  return threads > 0 ? size_t(threads) * kRoundingScratchFloats * sizeof(float) : 0;
+}
+
+// The rounded GEMMs' scratch of `threads` OpenMP threads, one tracked
+// Buffer (workspace, "rounded GEMM tiles"), which every GEMM at bf16/fp16
+// uses while it lives: outside a parallel region the first thread's part,
+// inside one the part of omp_get_thread_num(). Made and destroyed on the
+// rank's main thread, outside parallel regions; one at a time. Without one
+// (tests, tools), or from a thread past `threads`, a GEMM rounds into a
+// heap block of its tiles' size that it frees before returning, so that no
+// memory outlives the call.
+class RoundingScratch {
+public:
+  explicit RoundingScratch(int threads);
+  ~RoundingScratch();
+  RoundingScratch(const RoundingScratch&) = delete;
+  RoundingScratch& operator=(const RoundingScratch&) = delete;
+  int threads() const { return threads_; }
+
+private:
+  int threads_;
+  Buffer buf_;
+};
 
 }  // namespace meshlm::ops

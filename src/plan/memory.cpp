@@ -447,6 +447,10 @@ PhasedMemory predict_run_phases(const GPTConfig& model, const RankPlan& r,
   // On the CPU the start-up's GEMM that makes OpenBLAS's buffer resident.
   if (o.cpu_gemm_warm_up)
     phased.add(MemPhase::startup, MemCategory::workspace, ops::kGemmWarmUpFloats * sizeof(float));
+  // The rounded GEMMs' tiles (bf16 / fp16 on the CPU's ops), made as
+  // training begins.
+  phased.add(MemPhase::training, MemCategory::workspace,
+             ops::rounding_scratch_bytes(o.rounding_threads));
   return phased;
 }
 

@@ -182,6 +182,9 @@ struct RunMemoryOptions {
   bool shuffle = false;           // data.shuffle: the epoch's order is kept
   bool checkpoint_async = false;  // the host snapshot of checkpoint.async
   bool cpu_gemm_warm_up = false;  // the CPU backend's start-up GEMM (ops::warm_up_gemm)
+  // Threads whose GEMMs round their inputs on the CPU (train.precision bf16
+  // or fp16 on the CPU's ops): their scratch in training (ops::RoundingScratch).
+  int rounding_threads = 0;
   bool device = false;            // a GPU backend: the device's categories are added
   bool device_workspace = true;   // ... and its kernels' scratch (device_workspace_bytes)
   ops::Precision precision = ops::Precision::fp32;  // a GPU's GEMM inputs

@@ -229,6 +229,7 @@ PlanMachine plan_machine(const ClusterConfig& k, ComputeBackend backend, int ran
   // all cores'; the cost model shares the cores among the ranks busy at a
   // time. A GPU is a rank's own.
   const int threads = std::max(1, cores / m.ranks_per_node);
+  m.threads_per_rank = threads;
   m.rates.units_per_node = device ? m.ranks_per_node : cores;
   m.rates.units_per_rank = device ? 1 : threads;
   // comm.wait = auto sleeps wherever the cores are shared, and where they
@@ -312,7 +313,8 @@ PlannedRank plan_rank(const RunConfig& cfg, const PlanMachine& o, const MeshCoor
   m.node = r / o.ranks_per_node;
   m.c = c;
   const RankPlan shape = rank_plan_at(cfg, m.c, r, r % o.ranks_per_node);
-  const RunMemoryOptions mo = memory_options(cfg, o.windows, paths);
+  const int threads = cfg.runtime.threads > 0 ? cfg.runtime.threads : o.threads_per_rank;
+  const RunMemoryOptions mo = memory_options(cfg, o.windows, paths, threads);
   const PhasedMemory phased = predict_run_phases(cfg.model, shape, mo);
   m.table = predicted_categories(cfg.model, shape, mo, phased);
   if (device) {

@@ -28,6 +28,7 @@ struct PlanMachine {
   int ranks = 1, ranks_per_node = 1;
   ComputeBackend backend = ComputeBackend::cpu;
   int gpus_per_node = 0;  // a device backend's; rank r computes on GPU (r mod ranks_per_node) mod this
+  int threads_per_rank = 1;  // a rank's OpenMP threads when runtime.threads = 0 (cores / G, at least 1)
   uint64_t mem_per_rank = 0;       // process (cpu) or device (cuda) peak; 0 = no limit
   uint64_t host_mem_per_node = 0;  // the node's ranks together; 0 = no limit
   uint64_t runtime = 0, runtime_pss = 0, device_runtime = 0;  // outside meshlm's buffers

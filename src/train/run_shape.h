@@ -30,8 +30,9 @@ RankPlan rank_plan_at(const RunConfig& cfg, const MeshCoords& c, int world_rank,
 size_t base_broadcast_chunk_bytes(const RunConfig& cfg, size_t store_bytes);
 
 // The run's options as the prediction reads them, for `windows` training
-// windows per epoch, on a rank whose groups take `paths` (comm.device
-// resolved: train/group_paths.h).
-RunMemoryOptions memory_options(const RunConfig& cfg, uint64_t windows, const GroupPaths& paths);
+// windows per epoch, on a rank of `threads` OpenMP threads whose groups
+// take `paths` (comm.device resolved: train/group_paths.h).
+RunMemoryOptions memory_options(const RunConfig& cfg, uint64_t windows, const GroupPaths& paths,
+                                int threads);
 
 }  // namespace meshlm

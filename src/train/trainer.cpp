@@ -480,7 +480,8 @@ void RunContext::open_held_out(const RunConfig& cfg) {
 // OpenBLAS's buffer once a GEMM of the largest panel has filled it); then
 // the limits checked.
 void RunContext::predict_memory(const RunConfig& cfg) {
-  const RunMemoryOptions o = memory_options(cfg, loader->windows_per_epoch(), route.paths);
+  const RunMemoryOptions o =
+      memory_options(cfg, loader->windows_per_epoch(), route.paths, threads.threads);
   phased = predict_run_phases(cfg.model, shape, o);
   predicted = predicted_categories(cfg.model, shape, o, phased);
   print_predicted_memory(predicted, *world);
@@ -785,6 +786,10 @@ void TrainingLoop::run() {
   const CheckpointConfig& kc = cfg_.checkpoint;
   print_header();
   MemTracker::get().enter(MemPhase::training);
+  // bf16 / fp16 on the CPU's ops: the GEMMs' rounded tiles (ops/precision.h).
+  std::optional<ops::RoundingScratch> rounding;
+  if (!run_.backend->caps().native_16bit_gemm && tc_.precision != ops::Precision::fp32)
+    rounding.emplace(run_.threads.threads);
   run_.watchdog->arm();
   for (int step = static_cast<int>(state_.step); step < tc_.steps; ++step) {
     train_one_step(step);

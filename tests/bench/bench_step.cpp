@@ -45,6 +45,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -112,6 +113,9 @@ int main(int argc, char** argv) {
     const ProcessMesh mesh(MPI_COMM_WORLD, MeshLayout(1, 1, 1));
     const bool budget = f["budget"] != 0;
     const Backend backend(kind, mesh, precision, f["op_timings"] != 0 || budget);
+    // The rounded GEMMs' tiles of bf16 on the CPU, as meshlm train makes them.
+    std::optional<ops::RoundingScratch> rounding;
+    if (!caps.native_16bit_gemm && precision != ops::Precision::fp32) rounding.emplace(threads);
     const ops::Kernels* kernels = &backend.kernels();
     const ops::TimedKernels* timed = backend.op_timer();
     const std::string device = backend.device_name();

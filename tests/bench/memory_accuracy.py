@@ -109,6 +109,14 @@ CONFIGS = {
                                    "--train.batch_size=4"]),
     "llama_lora_d2t2_z2": (4, LLAMA + LORA + ["--parallel.dp=2", "--parallel.tp=2",
                                               "--parallel.zero_stage=2", "--train.batch_size=8"]),
+    # train.precision bf16 / fp16: the CPU rounds each GEMM's inputs in
+    # tiles held in a tracked scratch per thread (ops/precision.h).
+    "mid_bf16": (1, MID + ["--train.precision=bf16", "--train.batch_size=8"]),
+    "small_bf16_dp2": (2, SMALL + ["--train.precision=bf16", "--parallel.dp=2",
+                                   "--train.batch_size=8"]),
+    "llama_fp16_tp2": (2, LLAMA + ["--train.precision=fp16", "--parallel.tp=2",
+                                   "--train.batch_size=4"]),
+    "g124_lora_bf16": (1, G124 + LORA + ["--train.precision=bf16", "--train.batch_size=4"]),
 }
 # The node: its summed PSS, sampled, against meshlm's predicted node peak.
 NODE_TOLERANCE = 0.03

@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <omp.h>
 #include <stdlib.h>
 
 #include <chrono>
@@ -231,7 +232,8 @@ inline RunResult train_on_first_ranks(const char* config_text,
     // train/backend.cpp numbers them; none on the CPU).
     const GroupPaths paths = gather_group_paths(
         cfg, mesh, emulated_device_ordinal(mesh.node_rank(), cfg.cluster.gpus_per_node));
-    const RunMemoryOptions mo = memory_options(cfg, windows, paths);
+    // (The run has set this process's OpenMP threads to its rank's.)
+    const RunMemoryOptions mo = memory_options(cfg, windows, paths, omp_get_max_threads());
     const MemoryByCategory pred = predicted_categories(
         cfg.model, rank_plan, mo, predict_run_phases(cfg.model, rank_plan, mo));
     const int r = mesh.rank();

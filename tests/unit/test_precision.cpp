@@ -5,13 +5,16 @@
 // model at bf16 is checked against PyTorch by tests/torch/check_gpt2_grads.py
 // --precision bf16.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <vector>
 
+#include "core/alloc.h"
 #include "core/rng.h"
 #include "ops/kernels.h"
 #include "ops/precision.h"
@@ -59,13 +62,41 @@ TEST(Precision, Fp16RoundsToNearestEvenAndOverflows) {
   EXPECT_EQ(ops::round_to(Precision::fp32, 1.0f + pow2(-20)), 1.0f + pow2(-20));
 }
 
+namespace {
+
+struct GemmShape3 {
+  int M, N, K;
+};
+
+}  // namespace
+
 // gemm at bf16/fp16 = the exact product of the rounded inputs, up to fp32
 // accumulation, in every transpose, with leading dimensions wider than the
-// matrices; and not the fp32 product.
+// matrices; and not the fp32 product. Small shapes, and shapes past each of
+// the rounding tiles' edges (ops/precision.h: a stretch of K, a block of
+// rows, a block of columns), with and without a RoundingScratch.
 TEST(Precision, GemmRoundsBothInputs) {
   Rng rng(7);
-  const int M = 5, N = 7, K = 33, pad = 3;
-  for (Precision p : {Precision::bf16, Precision::fp16}) {
+  const int pad = 3;
+  const GemmShape3 shapes[] = {{5, 7, 33},
+                               {ops::kRoundTileM + 6, 3, ops::kRoundTileK + 8},
+                               {3, ops::kRoundTileN + 6, ops::kRoundTileK + 1}};
+  struct Case {
+    GemmShape3 shape;
+    bool scratch;
+    Precision p;
+  };
+  std::vector<Case> cases;
+  for (const GemmShape3 sh : shapes) {  // (the scratch changes no bits: the next test)
+    cases.push_back({sh, false, Precision::fp16});
+    cases.push_back({sh, true, Precision::bf16});
+  }
+  for (const Case& c : cases) {
+    const int M = c.shape.M, N = c.shape.N, K = c.shape.K;
+    const Precision p = c.p;
+    std::optional<ops::RoundingScratch> rounding;
+    if (c.scratch) rounding.emplace(2);
+    SCOPED_TRACE(testing::Message() << M << "x" << N << "x" << K << " scratch " << c.scratch);
     for (int ta = 0; ta < 2; ++ta) {
       for (int tb = 0; tb < 2; ++tb) {
         const int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
@@ -79,17 +110,27 @@ TEST(Precision, GemmRoundsBothInputs) {
         k.gemm(ta, tb, M, N, K, 0.75f, A.data(), lda, B.data(), ldb, 2.0f, C.data(), ldc);
         ops::Kernels::cpu().gemm(ta, tb, M, N, K, 0.75f, A.data(), lda, B.data(), ldb, 2.0f,
                                  C32.data(), ldc);
+        std::vector<double> Ar(A.size()), Br(B.size());
+        for (size_t e = 0; e < A.size(); ++e) Ar[e] = ops::round_to(p, A[e]);
+        for (size_t e = 0; e < B.size(); ++e) Br[e] = ops::round_to(p, B[e]);
         double max_from_fp32 = 0;
         for (int i = 0; i < M; ++i) {
           for (int j = 0; j < N; ++j) {
-            double acc = 0;
+            double acc = 0, magnitude = 0;
             for (int kk = 0; kk < K; ++kk) {
-              const float a = ta ? A[size_t(kk) * lda + i] : A[size_t(i) * lda + kk];
-              const float b = tb ? B[size_t(j) * ldb + kk] : B[size_t(kk) * ldb + j];
-              acc += double(ops::round_to(p, a)) * double(ops::round_to(p, b));
+              const double a = ta ? Ar[size_t(kk) * lda + i] : Ar[size_t(i) * lda + kk];
+              const double b = tb ? Br[size_t(j) * ldb + kk] : Br[size_t(kk) * ldb + j];
+              const double ab = a * b;
+              acc += ab;
+              magnitude += std::fabs(ab);
             }
             const double want = 0.75 * acc + 2.0 * 0.5;
-            EXPECT_NEAR(C[size_t(i) * ldc + j], want, 1e-5 * (1 + std::fabs(want)))
+            // fp32 sums of K terms: off by a few 2^-24 of the terms' summed
+            // magnitude (an input left unrounded is off by about 2^-9 of
+            // it / sqrt(K) at bf16, 2^-12 / sqrt(K) at fp16: far more).
+            const double fp32_sums =
+                8 * std::ldexp(0.75 * magnitude, -24) + 1e-6 * (1 + std::fabs(want));
+            EXPECT_NEAR(C[size_t(i) * ldc + j], want, fp32_sums)
                 << "precision " << name_of(p) << " ta " << ta << " tb " << tb << " at " << i << ","
                 << j;
             max_from_fp32 = std::max(max_from_fp32, std::fabs(C32[size_t(i) * ldc + j] - want));
@@ -103,6 +144,56 @@ TEST(Precision, GemmRoundsBothInputs) {
           for (int j = N; j < ldc; ++j) EXPECT_EQ(C[size_t(i) * ldc + j], 0.5f);
       }
     }
+  }
+}
+
+// The rounded GEMMs' scratch is one tracked workspace Buffer of
+// rounding_scratch_bytes(threads) while a RoundingScratch lives, and nothing
+// after; a GEMM gives the same bits through it as through its own block,
+// on the main thread and on every thread of a parallel region (each its
+// own part of the scratch: the threads' products must not mix).
+TEST(Precision, RoundingScratchIsTrackedAndChangesNoBits) {
+  MemTracker& t = MemTracker::get();
+  const size_t before = t.current(MemCategory::workspace);
+  const int M = ops::kRoundTileM + 3, N = 40, K = ops::kRoundTileK + 5, threads = 3;
+  Rng rng(5);
+  std::vector<float> A(size_t(M) * K), B(size_t(K) * N);
+  for (float& x : A) x = static_cast<float>(rng.normal());
+  for (float& x : B) x = static_cast<float>(rng.normal());
+  const ops::Kernels& k = ops::Kernels::cpu(Precision::bf16);
+  // Each thread of a region computes its own column block's product, from
+  // its own part of the scratch, a whole tile's worth at once.
+  const auto product = [&](std::vector<float>& C, bool in_region) {
+    C.assign(size_t(M) * N, 0.0f);
+    if (!in_region) {
+      k.gemm(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
+      return;
+    }
+    const int cols = N / threads;
+#pragma omp parallel num_threads(threads)
+    {
+      const int c0 = omp_get_thread_num() * cols;
+      const int n = omp_get_thread_num() == threads - 1 ? N - c0 : cols;
+      k.gemm(false, false, M, n, K, 1.0f, A.data(), K, B.data() + c0, N, 0.0f, C.data() + c0, N);
+    }
+  };
+  std::vector<float> own, own_region, shared, shared_region;
+  product(own, false);
+  product(own_region, true);
+  {
+    const ops::RoundingScratch scratch(threads);
+    EXPECT_EQ(t.current(MemCategory::workspace) - before, ops::rounding_scratch_bytes(threads));
+    EXPECT_EQ(ops::rounding_scratch_bytes(threads),
+              size_t(threads) * (ops::kRoundTileM + ops::kRoundTileN) * ops::kRoundTileK * 4);
+    product(shared, false);
+    product(shared_region, true);
+  }
+  EXPECT_EQ(t.current(MemCategory::workspace), before);
+  EXPECT_EQ(ops::rounding_scratch_bytes(0), 0u);
+  for (size_t i = 0; i < own.size(); ++i) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(shared[i]), std::bit_cast<uint32_t>(own[i])) << i;
+    ASSERT_EQ(std::bit_cast<uint32_t>(shared_region[i]), std::bit_cast<uint32_t>(own_region[i]))
+        << i;
   }
 }
 
