@@ -22,6 +22,7 @@
 #include "comm/mpi_comm.h"
 #include "core/alloc.h"
 #include "model/gpt.h"
+#include "ops/precision.h"
 #include "mpi/training_runs.h"
 #include "plan/memory.h"
 #include "plan/rank_plan.h"
@@ -290,6 +291,41 @@ TEST_F(ParallelTraining, LargeEmbeddingUnderTpAndZeroTwoIsPredictedExactly) {
       4, dir_);
   if (world_rank() != 0) return;
   expect_predicted_exactly(r);
+}
+
+// train.precision bf16 / fp16 on the CPU's ops: every GEMM rounds its
+// inputs a tile at a time into the scratch of its rank's threads
+// (ops::RoundingScratch), tracked as workspace from the start of training and
+// predicted exactly, on the CPU and on the emulated device; at fp32 none.
+TEST_F(ParallelTraining, RoundedGemmScratchIsPredictedExactly) {
+  const std::vector<std::string> bf16_3d = {"--train.precision=bf16", "--parallel.dp=2",
+                                            "--parallel.tp=2", "--parallel.pp=2",
+                                            "--train.steps=2"};
+  const std::vector<std::string> fp16_emulated = {
+      "--train.precision=fp16", "--parallel.dp=2", "--parallel.zero_stage=2",
+      "--runtime.backend=emulated", "--comm.device=host", "--runtime.threads=1",
+      "--train.steps=2"};
+  const std::vector<std::string> fp32 = {"--parallel.tp=2", "--train.steps=2"};
+  for (const auto& [extra, ranks] : {std::pair{bf16_3d, 8}, std::pair{fp16_emulated, 2},
+                                     std::pair{fp32, 2}}) {
+    const RunResult r = train_on_first_ranks(kGpt2LayoutsConfig, extra, ranks, dir_);
+    if (world_rank() != 0) continue;
+    SCOPED_TRACE(extra.front());
+    expect_predicted_exactly(r);
+    if (extra == fp16_emulated) {
+      // No OpenBLAS warm-up there, and tp 1: the host's workspace is the
+      // scratch alone, of its one thread.
+      EXPECT_EQ(r.peaks[0][static_cast<int>(MemCategory::workspace)],
+                ops::rounding_scratch_bytes(1));
+      continue;
+    }
+    // On the CPU the tracked total at the peak of training, as predicted:
+    // the scratch is in it (but at fp32), where the category's peak is the
+    // start-up's OpenBLAS warm-up (8 MiB).
+    ASSERT_EQ(r.training_peak.size(), size_t(ranks));
+    for (int q = 0; q < ranks; ++q)
+      EXPECT_EQ(r.training_peak[q], r.training_predicted[q]) << "rank " << q;
+  }
 }
 
 TEST_F(ParallelTraining, TensorParallelismHalvesSplitMatrices) {

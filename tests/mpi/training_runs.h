@@ -144,6 +144,9 @@ struct RunResult {
   std::vector<EvalRecord> evals;  // train.eval_every's held-out losses
   std::vector<float> params;  // the trained parameters, gathered on rank 0
   std::vector<MemoryByCategory> peaks, predicted;  // per rank of the run, on rank 0
+  // The host's tracked total at its training-phase peak, measured and
+  // predicted (PhasedMemory::phase_total), per rank of the run, on rank 0.
+  std::vector<size_t> training_peak, training_predicted;
 };
 
 // Collective over the world: a fresh directory made by rank 0 (its name
@@ -234,14 +237,22 @@ inline RunResult train_on_first_ranks(const char* config_text,
         cfg, mesh, emulated_device_ordinal(mesh.node_rank(), cfg.cluster.gpus_per_node));
     // (The run has set this process's OpenMP threads to its rank's.)
     const RunMemoryOptions mo = memory_options(cfg, windows, paths, omp_get_max_threads());
-    const MemoryByCategory pred = predicted_categories(
-        cfg.model, rank_plan, mo, predict_run_phases(cfg.model, rank_plan, mo));
+    const PhasedMemory phased = predict_run_phases(cfg.model, rank_plan, mo);
+    const MemoryByCategory pred = predicted_categories(cfg.model, rank_plan, mo, phased);
     const int r = mesh.rank();
     res.peaks.resize(r == 0 ? w : 0);
     res.predicted.resize(r == 0 ? w : 0);
     MPI_Gather(&peak, sizeof(peak), MPI_BYTE, res.peaks.data(), sizeof(peak), MPI_BYTE, 0, sub);
     MPI_Gather(&pred, sizeof(pred), MPI_BYTE, res.predicted.data(), sizeof(pred), MPI_BYTE, 0,
                sub);
+    const unsigned long long training[2] = {
+        MemTracker::get().phase_peak(MemPhase::training), phased.phase_total(MemPhase::training)};
+    std::vector<unsigned long long> all(r == 0 ? 2 * w : 0);
+    MPI_Gather(training, 2, MPI_UNSIGNED_LONG_LONG, all.data(), 2, MPI_UNSIGNED_LONG_LONG, 0, sub);
+    for (size_t q = 0; q < all.size(); q += 2) {
+      res.training_peak.push_back(all[q]);
+      res.training_predicted.push_back(all[q + 1]);
+    }
     MPI_Comm_free(&sub);
   }
   idle_barrier(MPI_COMM_WORLD);
