@@ -79,44 +79,88 @@ RoundingScratch::~RoundingScratch() {
   }
 }
 
+RoundTiles round_tiles(int M, int N, int K) {
+  RoundTiles t;
+  t.kb = std::min(K, kRoundMaxK);
+  const long long R = static_cast<long long>(kRoundingScratchFloats) / t.kb;  // mb + nb
+  if (M + N <= R) {
+    t.mb = M, t.nb = N;
+  } else if (M <= R / 2) {
+    t.mb = M, t.nb = static_cast<int>(R - M);
+  } else if (N <= R / 2) {
+    t.nb = N, t.mb = static_cast<int>(R - N);
+  } else {
+    t.mb = t.nb = static_cast<int>(R / 2);
+  }
+  // Elements rounded per stretch of K (times its length): the outer
+  // operand once, the inner once per outer block.
+  const double blocks_m = (M + t.mb - 1) / t.mb, blocks_n = (N + t.nb - 1) / t.nb;
+  t.rows_outer = double(M) + double(N) * blocks_m <= double(N) + double(M) * blocks_n;
+  return t;
+}
+
+void gemm_tiles(Precision p, const RoundTiles& t, float* scratch, bool ta, bool tb, int M, int N,
+                int K, float alpha, const float* A, int lda, const float* B, int ldb, float beta,
+                float* C, int ldc) {
+  float* a = scratch;
+  float* b = a + static_cast<size_t>(t.mb) * t.kb;
+  // op(A) is (M,K): stored (K,M) when transposed; op(B) is (K,N): stored (N,K).
+  const auto at = [](const float* X, int ld, bool tr, int r0, int c0) {  // op(X)(r0, c0)
+    return tr ? X + static_cast<size_t>(c0) * ld + r0 : X + static_cast<size_t>(r0) * ld + c0;
+  };
+  // Rows m0.. (m of them) of op(A) over the stretch k0.. (k), into a; its
+  // leading dimension returned. Likewise columns n0.. of op(B) into b.
+  const auto round_a = [&](int m0, int m, int k0, int k) {
+    round_matrix(p, a, at(A, lda, ta, m0, k0), ta ? k : m, ta ? m : k, static_cast<size_t>(lda));
+    return ta ? m : k;
+  };
+  const auto round_b = [&](int n0, int n, int k0, int k) {
+    round_matrix(p, b, at(B, ldb, tb, k0, n0), tb ? n : k, tb ? k : n, static_cast<size_t>(ldb));
+    return tb ? k : n;
+  };
+  for (int k0 = 0; k0 < K; k0 += t.kb) {
+    const int k = std::min(t.kb, K - k0);
+    const float beta_k = k0 == 0 ? beta : 1.0f;
+    const auto product = [&](int m0, int m, int lda_t, int n0, int n, int ldb_t) {
+      gemm(ta, tb, m, n, k, alpha, a, lda_t, b, ldb_t, beta_k,
+           C + static_cast<size_t>(m0) * ldc + n0, ldc);
+    };
+    if (t.rows_outer) {
+      for (int m0 = 0; m0 < M; m0 += t.mb) {
+        const int m = std::min(t.mb, M - m0), lda_t = round_a(m0, m, k0, k);
+        for (int n0 = 0; n0 < N; n0 += t.nb) {
+          const int n = std::min(t.nb, N - n0);
+          product(m0, m, lda_t, n0, n, round_b(n0, n, k0, k));
+        }
+      }
+    } else {
+      for (int n0 = 0; n0 < N; n0 += t.nb) {
+        const int n = std::min(t.nb, N - n0), ldb_t = round_b(n0, n, k0, k);
+        for (int m0 = 0; m0 < M; m0 += t.mb) {
+          const int m = std::min(t.mb, M - m0);
+          product(m0, m, round_a(m0, m, k0, k), n0, n, ldb_t);
+        }
+      }
+    }
+  }
+}
+
 void gemm(Precision p, bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc) {
   if (p == Precision::fp32 || M == 0 || N == 0 || K == 0) {
     gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
-  // The tiles this call needs, in the thread's scratch or (none registered)
-  // in a block of their size freed on return.
-  const size_t mb = std::min(M, kRoundTileM), nb = std::min(N, kRoundTileN),
-               kb = std::min(K, kRoundTileK);
+  const RoundTiles t = round_tiles(M, N, K);
+  // The tiles in the thread's scratch or (none registered) in a block of
+  // their size, freed on return.
   std::vector<float> own;
-  float* a = thread_scratch();
-  if (a == nullptr) {
-    own.resize((mb + nb) * kb);
-    a = own.data();
+  float* scratch = thread_scratch();
+  if (scratch == nullptr) {
+    own.resize((static_cast<size_t>(t.mb) + t.nb) * t.kb);
+    scratch = own.data();
   }
-  float* b = a + mb * kb;
-  // op(A) is (M,K): stored (K,M) when transposed; op(B) is (K,N): stored (N,K).
-  const auto at = [&](const float* X, int ld, bool t, int r0, int c0) {  // element (r0, c0) of op(X)
-    return t ? X + static_cast<size_t>(c0) * ld + r0 : X + static_cast<size_t>(r0) * ld + c0;
-  };
-  for (int k0 = 0; k0 < K; k0 += kRoundTileK) {
-    const int k = std::min(kRoundTileK, K - k0);
-    const float beta_k = k0 == 0 ? beta : 1.0f;
-    for (int n0 = 0; n0 < N; n0 += kRoundTileN) {
-      const int n = std::min(kRoundTileN, N - n0);
-      // op(B)'s rows k0.., columns n0..: stored as n x k when transposed.
-      const int bc = tb ? k : n;
-      round_matrix(p, b, at(B, ldb, tb, k0, n0), tb ? n : k, bc, static_cast<size_t>(ldb));
-      for (int m0 = 0; m0 < M; m0 += kRoundTileM) {
-        const int m = std::min(kRoundTileM, M - m0);
-        const int ac = ta ? m : k;
-        round_matrix(p, a, at(A, lda, ta, m0, k0), ta ? k : m, ac, static_cast<size_t>(lda));
-        gemm(ta, tb, m, n, k, alpha, a, ac, b, bc, beta_k,
-             C + static_cast<size_t>(m0) * ldc + n0, ldc);
-      }
-    }
-  }
+  gemm_tiles(p, t, scratch, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 }  // namespace meshlm::ops

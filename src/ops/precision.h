@@ -58,22 +58,38 @@ inline float round_to(Precision p, float x) {
 void round_matrix(Precision p, float* dst, const float* src, size_t rows, size_t cols, size_t ld);
 
 // The CPU's GEMM at bf16 and fp16 (ops::gemm(Precision, ...), ops/blas.h)
-// rounds its inputs a tile at a time, never a whole operand: for each
-// kRoundTileK-long stretch of the sum (K), for each block of kRoundTileN
-// columns and kRoundTileM rows of C, the block's part of op(B) and of op(A)
-// is rounded into the calling thread's scratch and multiplied into C in
-// fp32 (the first stretch with the caller's beta, the others adding). Its
-// memory beyond the operands is therefore kRoundingScratchFloats per thread
-// whatever the shapes (4 MiB), where whole copies of the operands took up
-// to the classifier's weight and a micro-batch of its logits' gradient. The
-// tiles are fixed, so the sums are the same bits whichever thread makes
-// them; measured on 2 cores, the tiled GEMMs of GPT-2 124M's step take
-// 1.01-1.11x the time of one GEMM on whole copies (docs/PERFORMANCE.md).
-constexpr int kRoundTileM = 1024, kRoundTileN = 1024, kRoundTileK = 512;
-constexpr size_t kRoundingScratchFloats = size_t(kRoundTileM + kRoundTileN) * kRoundTileK;
+// rounds its inputs a tile at a time, never a whole operand: for each stretch
+// of at most kRoundMaxK of the sum (K), blocks of rows of op(A) and of
+// columns of op(B) are rounded into the calling thread's scratch, as many
+// as kRoundingScratchFloats holds, and each pair's product is added to C in
+// fp32 (the first stretch with the caller's beta). Its memory beyond the
+// operands is therefore the scratch, 8 MiB per thread, whatever the shapes,
+// where whole copies of the operands took up to the classifier's weight and
+// a chunk of its logits' gradient (docs/PERFORMANCE.md, "bf16 and fp16 on
+// the CPU"). The tiles are a function of the shape alone (round_tiles), so
+// the sums are the same bits whichever thread makes them.
+constexpr size_t kRoundingScratchFloats = size_t(1) << 21;
+constexpr int kRoundMaxK = 1024;
 constexpr size_t rounding_scratch_bytes(int threads) {
   return threads > 0 ? size_t(threads) * kRoundingScratchFloats * sizeof(float) : 0;
 }
+
+// The tiles of a rounded GEMM of C(M,N) = op(A)(M,K) op(B)(K,N): kb of K
+// at a time, mb rows of op(A) and nb columns of op(B) with (mb + nb) kb <=
+// kRoundingScratchFloats (all of either when it fits); rows_outer: A's
+// blocks outside, each rounded once per stretch and B's once per block of
+// A's, or the other way round, whichever rounds fewer elements.
+struct RoundTiles {
+  int mb = 0, nb = 0, kb = 0;
+  bool rows_outer = true;
+};
+RoundTiles round_tiles(int M, int N, int K);
+// The rounded GEMM on the tiles `t`, its blocks in `scratch` ((t.mb + t.nb)
+// t.kb floats): what gemm(Precision, ...) runs with round_tiles(M, N, K);
+// callable with other tiles so that tests reach every path on small shapes.
+void gemm_tiles(Precision p, const RoundTiles& t, float* scratch, bool ta, bool tb, int M, int N,
+                int K, float alpha, const float* A, int lda, const float* B, int ldb, float beta,
+                float* C, int ldc);
 
 // The rounded GEMMs' scratch of `threads` OpenMP threads, one tracked
 // Buffer (workspace, "rounded GEMM tiles"), which every GEMM at bf16/fp16

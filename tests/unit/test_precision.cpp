@@ -10,12 +10,14 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <vector>
 
 #include "core/alloc.h"
 #include "core/rng.h"
+#include "ops/blas.h"
 #include "ops/kernels.h"
 #include "ops/precision.h"
 #include "train/loss_scaler.h"
@@ -64,87 +66,132 @@ TEST(Precision, Fp16RoundsToNearestEvenAndOverflows) {
 
 namespace {
 
-struct GemmShape3 {
-  int M, N, K;
-};
+// A rounded GEMM under test: C(M,N) = alpha op(A) op(B) + beta C at `p`.
+using RoundedGemm = std::function<void(bool ta, bool tb, int M, int N, int K, float alpha,
+                                       const float* A, int lda, const float* B, int ldb,
+                                       float beta, float* C, int ldc)>;
+
+// `gemm` at bf16/fp16 = the exact product of the rounded inputs, up to fp32
+// accumulation, in every transpose, with leading dimensions wider than the
+// matrices; and not the fp32 product. The reference: the inputs rounded by
+// round_to (checked above against values written out by hand), multiplied
+// in double.
+void expect_rounded_product(Precision p, int M, int N, int K, const RoundedGemm& gemm, Rng& rng) {
+  SCOPED_TRACE(testing::Message() << name_of(p) << " " << M << "x" << N << "x" << K);
+  const int pad = 3;
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) {
+      SCOPED_TRACE(testing::Message() << "ta " << ta << " tb " << tb);
+      const int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+      const int lda = ac + pad, ldb = bc + pad, ldc = N + pad;
+      std::vector<float> A(size_t(ar) * lda), B(size_t(br) * ldb), C(size_t(M) * ldc, 0.5f);
+      for (float& x : A) x = static_cast<float>(2 * rng.uniform() - 1);
+      for (float& x : B) x = static_cast<float>(2 * rng.uniform() - 1);
+      std::vector<float> C32 = C;
+      gemm(ta, tb, M, N, K, 0.75f, A.data(), lda, B.data(), ldb, 2.0f, C.data(), ldc);
+      ops::Kernels::cpu().gemm(ta, tb, M, N, K, 0.75f, A.data(), lda, B.data(), ldb, 2.0f,
+                               C32.data(), ldc);
+      // In double: the product of the rounded inputs and of their
+      // magnitudes (what bounds the fp32 sums' error).
+      std::vector<double> Ar(A.size()), Br(B.size()), Aa(A.size()), Ba(B.size());
+      for (size_t e = 0; e < A.size(); ++e) Aa[e] = std::fabs(Ar[e] = ops::round_to(p, A[e]));
+      for (size_t e = 0; e < B.size(); ++e) Ba[e] = std::fabs(Br[e] = ops::round_to(p, B[e]));
+      std::vector<double> want(size_t(M) * N), magnitude(want.size());
+      ops::gemm(ta, tb, M, N, K, 1.0, Ar.data(), lda, Br.data(), ldb, 0.0, want.data(), N);
+      ops::gemm(ta, tb, M, N, K, 1.0, Aa.data(), lda, Ba.data(), ldb, 0.0, magnitude.data(), N);
+      double max_from_fp32 = 0, allowance = 0;
+      for (int i = 0; i < M; ++i) {
+        for (int j = 0; j < N; ++j) {
+          const size_t e = size_t(i) * N + j;
+          const double w = 0.75 * want[e] + 2.0 * 0.5;
+          // fp32 sums of K terms: off by a few 2^-24 of the terms' summed
+          // magnitude (an input left unrounded is off by about 2^-9 of it
+          // / sqrt(K) at bf16, 2^-12 / sqrt(K) at fp16: far more).
+          const double fp32_sums =
+              8 * std::ldexp(0.75 * magnitude[e], -24) + 1e-6 * (1 + std::fabs(w));
+          allowance = std::max(allowance, fp32_sums);
+          ASSERT_NEAR(C[size_t(i) * ldc + j], w, fp32_sums) << "at " << i << "," << j;
+          max_from_fp32 = std::max(max_from_fp32, std::fabs(C32[size_t(i) * ldc + j] - w));
+        }
+      }
+      // The inputs really were rounded: the fp32 product is further off
+      // than fp32 accumulation could explain.
+      EXPECT_GT(max_from_fp32, 20 * allowance);
+      // The padding between rows is untouched.
+      for (int i = 0; i < M; ++i)
+        for (int j = N; j < ldc; ++j) EXPECT_EQ(C[size_t(i) * ldc + j], 0.5f);
+    }
+  }
+}
 
 }  // namespace
 
-// gemm at bf16/fp16 = the exact product of the rounded inputs, up to fp32
-// accumulation, in every transpose, with leading dimensions wider than the
-// matrices; and not the fp32 product. Small shapes, and shapes past each of
-// the rounding tiles' edges (ops/precision.h: a stretch of K, a block of
-// rows, a block of columns), with and without a RoundingScratch.
+// The backend's GEMM (Kernels::gemm at bf16 and fp16): a small shape, and
+// one of several stretches of K and blocks of rows (round_tiles), with and
+// without a RoundingScratch.
 TEST(Precision, GemmRoundsBothInputs) {
   Rng rng(7);
-  const int pad = 3;
-  const GemmShape3 shapes[] = {{5, 7, 33},
-                               {ops::kRoundTileM + 6, 3, ops::kRoundTileK + 8},
-                               {3, ops::kRoundTileN + 6, ops::kRoundTileK + 1}};
-  struct Case {
-    GemmShape3 shape;
-    bool scratch;
-    Precision p;
-  };
-  std::vector<Case> cases;
-  for (const GemmShape3 sh : shapes) {  // (the scratch changes no bits: the next test)
-    cases.push_back({sh, false, Precision::fp16});
-    cases.push_back({sh, true, Precision::bf16});
-  }
-  for (const Case& c : cases) {
-    const int M = c.shape.M, N = c.shape.N, K = c.shape.K;
-    const Precision p = c.p;
+  const int Kx = ops::kRoundMaxK + 6;
+  const ops::RoundTiles t = ops::round_tiles(2100, 3, Kx);
+  EXPECT_TRUE(t.kb == ops::kRoundMaxK && t.mb < 2100 && t.nb == 3);
+  for (const bool scratch : {false, true}) {
     std::optional<ops::RoundingScratch> rounding;
-    if (c.scratch) rounding.emplace(2);
-    SCOPED_TRACE(testing::Message() << M << "x" << N << "x" << K << " scratch " << c.scratch);
-    for (int ta = 0; ta < 2; ++ta) {
-      for (int tb = 0; tb < 2; ++tb) {
-        const int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
-        const int lda = ac + pad, ldb = bc + pad, ldc = N + pad;
-        std::vector<float> A(size_t(ar) * lda), B(size_t(br) * ldb), C(size_t(M) * ldc, 0.5f);
-        for (float& x : A) x = static_cast<float>(rng.normal());
-        for (float& x : B) x = static_cast<float>(rng.normal());
-        std::vector<float> C32 = C;
-        const ops::Kernels& k = ops::Kernels::cpu(p);
-        ASSERT_EQ(k.precision(), p);
-        k.gemm(ta, tb, M, N, K, 0.75f, A.data(), lda, B.data(), ldb, 2.0f, C.data(), ldc);
-        ops::Kernels::cpu().gemm(ta, tb, M, N, K, 0.75f, A.data(), lda, B.data(), ldb, 2.0f,
-                                 C32.data(), ldc);
-        std::vector<double> Ar(A.size()), Br(B.size());
-        for (size_t e = 0; e < A.size(); ++e) Ar[e] = ops::round_to(p, A[e]);
-        for (size_t e = 0; e < B.size(); ++e) Br[e] = ops::round_to(p, B[e]);
-        double max_from_fp32 = 0;
-        for (int i = 0; i < M; ++i) {
-          for (int j = 0; j < N; ++j) {
-            double acc = 0, magnitude = 0;
-            for (int kk = 0; kk < K; ++kk) {
-              const double a = ta ? Ar[size_t(kk) * lda + i] : Ar[size_t(i) * lda + kk];
-              const double b = tb ? Br[size_t(j) * ldb + kk] : Br[size_t(kk) * ldb + j];
-              const double ab = a * b;
-              acc += ab;
-              magnitude += std::fabs(ab);
-            }
-            const double want = 0.75 * acc + 2.0 * 0.5;
-            // fp32 sums of K terms: off by a few 2^-24 of the terms' summed
-            // magnitude (an input left unrounded is off by about 2^-9 of
-            // it / sqrt(K) at bf16, 2^-12 / sqrt(K) at fp16: far more).
-            const double fp32_sums =
-                8 * std::ldexp(0.75 * magnitude, -24) + 1e-6 * (1 + std::fabs(want));
-            EXPECT_NEAR(C[size_t(i) * ldc + j], want, fp32_sums)
-                << "precision " << name_of(p) << " ta " << ta << " tb " << tb << " at " << i << ","
-                << j;
-            max_from_fp32 = std::max(max_from_fp32, std::fabs(C32[size_t(i) * ldc + j] - want));
-          }
-        }
-        // The inputs really were rounded: the fp32 product is further off
-        // than fp32 accumulation could explain.
-        EXPECT_GT(max_from_fp32, 1e-3) << name_of(p) << " ta " << ta << " tb " << tb;
-        // The padding between rows is untouched.
-        for (int i = 0; i < M; ++i)
-          for (int j = N; j < ldc; ++j) EXPECT_EQ(C[size_t(i) * ldc + j], 0.5f);
-      }
+    if (scratch) rounding.emplace(2);
+    SCOPED_TRACE(testing::Message() << "scratch " << scratch);
+    for (const Precision p : {Precision::bf16, Precision::fp16}) {
+      const ops::Kernels& k = ops::Kernels::cpu(p);
+      ASSERT_EQ(k.precision(), p);
+      const RoundedGemm gemm = [&k](bool ta, bool tb, int M, int N, int K, float alpha,
+                                    const float* A, int lda, const float* B, int ldb, float beta,
+                                    float* C, int ldc) {
+        k.gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+      };
+      expect_rounded_product(p, 5, 7, 33, gemm, rng);
+      if (scratch != (p == Precision::fp16)) expect_rounded_product(p, 2100, 3, Kx, gemm, rng);
     }
   }
+}
+
+// Every path of the tiled GEMM on small tiles: several stretches of K,
+// blocks of rows and of columns with edges, either operand outside.
+TEST(Precision, GemmTilesTakeEveryPath) {
+  Rng rng(9);
+  for (const bool rows_outer : {true, false}) {
+    for (const Precision p : {Precision::bf16, Precision::fp16}) {
+      const ops::RoundTiles t{7, 5, 16, rows_outer};
+      std::vector<float> scratch((size_t(t.mb) + t.nb) * t.kb);
+      SCOPED_TRACE(testing::Message() << "rows outer " << rows_outer);
+      expect_rounded_product(p, 23, 19, 41,
+                             [&](bool ta, bool tb, int M, int N, int K, float alpha,
+                                 const float* A, int lda, const float* B, int ldb, float beta,
+                                 float* C, int ldc) {
+                               ops::gemm_tiles(p, t, scratch.data(), ta, tb, M, N, K, alpha, A,
+                                               lda, B, ldb, beta, C, ldc);
+                             },
+                             rng);
+    }
+  }
+}
+
+// round_tiles: the stretch of K at most kRoundMaxK; blocks that fit the
+// scratch; all of an operand when it fits beside the other's block; the
+// order that rounds fewer elements.
+TEST(Precision, RoundTilesFitTheScratch) {
+  const int Kx = ops::kRoundMaxK + 6;
+  const ops::RoundTiles small = ops::round_tiles(5, 7, 33), rows = ops::round_tiles(2100, 3, Kx),
+                        cols = ops::round_tiles(3, 2100, Kx), wide = ops::round_tiles(1100, 1500, Kx),
+                        tall = ops::round_tiles(1500, 1100, Kx),
+                        logits = ops::round_tiles(256, 50304, 768);
+  EXPECT_TRUE(small.mb == 5 && small.nb == 7 && small.kb == 33);
+  EXPECT_TRUE(rows.kb == ops::kRoundMaxK && rows.nb == 3 && rows.mb < 2100 && !rows.rows_outer);
+  EXPECT_TRUE(cols.mb == 3 && cols.nb < 2100 && cols.rows_outer);
+  EXPECT_TRUE(wide.mb < 1100 && wide.nb < 1500 && !wide.rows_outer);
+  EXPECT_TRUE(tall.mb < 1500 && tall.nb < 1100 && tall.rows_outer);
+  // The classifier's logits: its rows whole and rounded once, wte's rows
+  // (op(B)'s columns) in blocks.
+  EXPECT_TRUE(logits.mb == 256 && logits.kb == 768 && logits.nb < 50304 && logits.rows_outer);
+  for (const ops::RoundTiles t : {small, rows, cols, wide, tall, logits})
+    EXPECT_LE((size_t(t.mb) + t.nb) * t.kb, ops::kRoundingScratchFloats);
 }
 
 // The rounded GEMMs' scratch is one tracked workspace Buffer of
@@ -155,7 +202,8 @@ TEST(Precision, GemmRoundsBothInputs) {
 TEST(Precision, RoundingScratchIsTrackedAndChangesNoBits) {
   MemTracker& t = MemTracker::get();
   const size_t before = t.current(MemCategory::workspace);
-  const int M = ops::kRoundTileM + 3, N = 40, K = ops::kRoundTileK + 5, threads = 3;
+  // Blocks of rows and stretches of K (round_tiles), in each thread.
+  const int M = 3000, N = 40, K = ops::kRoundMaxK + 5, threads = 3;
   Rng rng(5);
   std::vector<float> A(size_t(M) * K), B(size_t(K) * N);
   for (float& x : A) x = static_cast<float>(rng.normal());
@@ -183,8 +231,7 @@ TEST(Precision, RoundingScratchIsTrackedAndChangesNoBits) {
   {
     const ops::RoundingScratch scratch(threads);
     EXPECT_EQ(t.current(MemCategory::workspace) - before, ops::rounding_scratch_bytes(threads));
-    EXPECT_EQ(ops::rounding_scratch_bytes(threads),
-              size_t(threads) * (ops::kRoundTileM + ops::kRoundTileN) * ops::kRoundTileK * 4);
+    EXPECT_EQ(ops::rounding_scratch_bytes(threads), size_t(threads) * (8 << 20));
     product(shared, false);
     product(shared_region, true);
   }
