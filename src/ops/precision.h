@@ -63,12 +63,12 @@ void round_matrix(Precision p, float* dst, const float* src, size_t rows, size_t
 // columns of op(B) are rounded into the calling thread's scratch, as many
 // as kRoundingScratchFloats holds, and each pair's product is added to C in
 // fp32 (the first stretch with the caller's beta). Its memory beyond the
-// operands is therefore the scratch, 8 MiB per thread, whatever the shapes,
+// operands is therefore the scratch, 16 MiB per thread, whatever the shapes,
 // where whole copies of the operands took up to the classifier's weight and
 // a chunk of its logits' gradient (docs/PERFORMANCE.md, "bf16 and fp16 on
-// the CPU"). The tiles are a function of the shape alone (round_tiles), so
-// the sums are the same bits whichever thread makes them.
-constexpr size_t kRoundingScratchFloats = size_t(1) << 21;
+// the CPU"). The tiles are a function of the shape alone (round_tiles): the
+// sums do not depend on whose scratch holds them.
+constexpr size_t kRoundingScratchFloats = size_t(1) << 22;
 constexpr int kRoundMaxK = 1024;
 constexpr size_t rounding_scratch_bytes(int threads) {
   return threads > 0 ? size_t(threads) * kRoundingScratchFloats * sizeof(float) : 0;

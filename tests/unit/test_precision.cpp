@@ -132,8 +132,8 @@ void expect_rounded_product(Precision p, int M, int N, int K, const RoundedGemm&
 TEST(Precision, GemmRoundsBothInputs) {
   Rng rng(7);
   const int Kx = ops::kRoundMaxK + 6;
-  const ops::RoundTiles t = ops::round_tiles(2100, 3, Kx);
-  EXPECT_TRUE(t.kb == ops::kRoundMaxK && t.mb < 2100 && t.nb == 3);
+  const ops::RoundTiles t = ops::round_tiles(4200, 3, Kx);
+  EXPECT_TRUE(t.kb == ops::kRoundMaxK && t.mb < 4200 && t.nb == 3);
   for (const bool scratch : {false, true}) {
     std::optional<ops::RoundingScratch> rounding;
     if (scratch) rounding.emplace(2);
@@ -147,7 +147,7 @@ TEST(Precision, GemmRoundsBothInputs) {
         k.gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
       };
       expect_rounded_product(p, 5, 7, 33, gemm, rng);
-      if (scratch != (p == Precision::fp16)) expect_rounded_product(p, 2100, 3, Kx, gemm, rng);
+      if (scratch != (p == Precision::fp16)) expect_rounded_product(p, 4200, 3, Kx, gemm, rng);
     }
   }
 }
@@ -178,15 +178,15 @@ TEST(Precision, GemmTilesTakeEveryPath) {
 // order that rounds fewer elements.
 TEST(Precision, RoundTilesFitTheScratch) {
   const int Kx = ops::kRoundMaxK + 6;
-  const ops::RoundTiles small = ops::round_tiles(5, 7, 33), rows = ops::round_tiles(2100, 3, Kx),
-                        cols = ops::round_tiles(3, 2100, Kx), wide = ops::round_tiles(1100, 1500, Kx),
-                        tall = ops::round_tiles(1500, 1100, Kx),
+  const ops::RoundTiles small = ops::round_tiles(5, 7, 33), rows = ops::round_tiles(4200, 3, Kx),
+                        cols = ops::round_tiles(3, 4200, Kx), wide = ops::round_tiles(2100, 3000, Kx),
+                        tall = ops::round_tiles(3000, 2100, Kx),
                         logits = ops::round_tiles(256, 50304, 768);
   EXPECT_TRUE(small.mb == 5 && small.nb == 7 && small.kb == 33);
-  EXPECT_TRUE(rows.kb == ops::kRoundMaxK && rows.nb == 3 && rows.mb < 2100 && !rows.rows_outer);
-  EXPECT_TRUE(cols.mb == 3 && cols.nb < 2100 && cols.rows_outer);
-  EXPECT_TRUE(wide.mb < 1100 && wide.nb < 1500 && !wide.rows_outer);
-  EXPECT_TRUE(tall.mb < 1500 && tall.nb < 1100 && tall.rows_outer);
+  EXPECT_TRUE(rows.kb == ops::kRoundMaxK && rows.nb == 3 && rows.mb < 4200 && !rows.rows_outer);
+  EXPECT_TRUE(cols.mb == 3 && cols.nb < 4200 && cols.rows_outer);
+  EXPECT_TRUE(wide.mb < 2100 && wide.nb < 3000 && !wide.rows_outer);
+  EXPECT_TRUE(tall.mb < 3000 && tall.nb < 2100 && tall.rows_outer);
   // The classifier's logits: its rows whole and rounded once, wte's rows
   // (op(B)'s columns) in blocks.
   EXPECT_TRUE(logits.mb == 256 && logits.kb == 768 && logits.nb < 50304 && logits.rows_outer);
@@ -203,7 +203,7 @@ TEST(Precision, RoundingScratchIsTrackedAndChangesNoBits) {
   MemTracker& t = MemTracker::get();
   const size_t before = t.current(MemCategory::workspace);
   // Blocks of rows and stretches of K (round_tiles), in each thread.
-  const int M = 3000, N = 40, K = ops::kRoundMaxK + 5, threads = 3;
+  const int M = 5000, N = 40, K = ops::kRoundMaxK + 5, threads = 3;
   Rng rng(5);
   std::vector<float> A(size_t(M) * K), B(size_t(K) * N);
   for (float& x : A) x = static_cast<float>(rng.normal());
@@ -231,7 +231,7 @@ TEST(Precision, RoundingScratchIsTrackedAndChangesNoBits) {
   {
     const ops::RoundingScratch scratch(threads);
     EXPECT_EQ(t.current(MemCategory::workspace) - before, ops::rounding_scratch_bytes(threads));
-    EXPECT_EQ(ops::rounding_scratch_bytes(threads), size_t(threads) * (8 << 20));
+    EXPECT_EQ(ops::rounding_scratch_bytes(threads), size_t(threads) * (16 << 20));
     product(shared, false);
     product(shared_region, true);
   }
