@@ -105,7 +105,6 @@ public:
   ~RoundingScratch();
   RoundingScratch(const RoundingScratch&) = delete;
   RoundingScratch& operator=(const RoundingScratch&) = delete;
-  int threads() const { return threads_; }
 
 private:
   int threads_;

@@ -91,6 +91,10 @@ void apply_work_sizes(const BackendCaps& caps, size_t vocab_part, GPTOptions& o)
         std::max<size_t>(1, caps.classifier_chunk_floats / std::max<size_t>(vocab_part, 1)));
 }
 
+int rounding_threads(const BackendCaps& caps, ops::Precision precision, int threads) {
+  return !caps.native_16bit_gemm && precision != ops::Precision::fp32 ? threads : 0;
+}
+
 Backend::Backend(ComputeBackend kind, const ProcessMesh& mesh, ops::Precision precision,
                  bool op_timings, int gpus_per_node)
     : kind_(kind), precision_(precision), node_rank_(mesh.node_rank()),

@@ -64,6 +64,11 @@ const BackendCaps& backend_caps(ComputeBackend kind);
 // rows for a vocabulary part of `vocab_part` rows, whole_classifier_tile):
 // what Engine::plan_of gives a rank and meshlm_bench its model.
 void apply_work_sizes(const BackendCaps& caps, size_t vocab_part, GPTOptions& o);
+// The threads of a rank of `threads` whose GEMMs round their inputs on the
+// CPU at `precision` (bf16 / fp16 on a backend without native 16-bit GEMMs),
+// each with its part of an ops::RoundingScratch; 0: none. What the trainer
+// makes and the memory prediction counts.
+int rounding_threads(const BackendCaps& caps, ops::Precision precision, int threads);
 
 class Backend {
 public:

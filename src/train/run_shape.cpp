@@ -21,8 +21,7 @@ RunMemoryOptions memory_options(const RunConfig& cfg, uint64_t windows, const Gr
   o.device = caps.device_memory;
   o.device_workspace = caps.device_workspace;
   o.precision = cfg.train.precision;
-  // The CPU's ops (cpu, emulated) round a GEMM's inputs themselves.
-  if (!caps.native_16bit_gemm && o.precision != ops::Precision::fp32) o.rounding_threads = threads;
+  o.rounding_threads = rounding_threads(caps, o.precision, threads);
   o.quant_type = cfg.quant.type;
   o.pp = cfg.parallel.pp;
   o.overlap_bytes = dp_overlap_bytes(cfg, paths);

@@ -788,8 +788,8 @@ void TrainingLoop::run() {
   MemTracker::get().enter(MemPhase::training);
   // bf16 / fp16 on the CPU's ops: the GEMMs' rounded tiles (ops/precision.h).
   std::optional<ops::RoundingScratch> rounding;
-  if (!run_.backend->caps().native_16bit_gemm && tc_.precision != ops::Precision::fp32)
-    rounding.emplace(run_.threads.threads);
+  if (const int n = rounding_threads(run_.backend->caps(), tc_.precision, run_.threads.threads))
+    rounding.emplace(n);
   run_.watchdog->arm();
   for (int step = static_cast<int>(state_.step); step < tc_.steps; ++step) {
     train_one_step(step);

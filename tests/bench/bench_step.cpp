@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
     const Backend backend(kind, mesh, precision, f["op_timings"] != 0 || budget);
     // The rounded GEMMs' tiles of bf16 on the CPU, as meshlm train makes them.
     std::optional<ops::RoundingScratch> rounding;
-    if (!caps.native_16bit_gemm && precision != ops::Precision::fp32) rounding.emplace(threads);
+    if (const int n = rounding_threads(caps, precision, threads)) rounding.emplace(n);
     const ops::Kernels* kernels = &backend.kernels();
     const ops::TimedKernels* timed = backend.op_timer();
     const std::string device = backend.device_name();
