@@ -6,6 +6,7 @@
 
 #include "comm/comm.h"
 #include "core/error.h"
+#include "core/kept.h"
 
 namespace meshlm {
 
@@ -17,9 +18,14 @@ std::vector<ParamSpec> trainable_table(const GPTConfig& cfg, const ModelShard& s
 std::shared_ptr<const std::vector<ParamSpec>> shared_trainable_table(const GPTConfig& cfg,
                                                                      const ModelShard& shard,
                                                                      const GPTOptions& opts) {
-  if (opts.lora.enabled)
+  if (!opts.lora.enabled) return shared_param_table(cfg, shard);
+  // Kept as shared_param_table keeps the model's tables.
+  thread_local KeptValues<std::pair<GPTConfig, LoraOptions>, ModelShard,
+                          std::shared_ptr<const std::vector<ParamSpec>>>
+      kept(kKeptTables);
+  return kept.get({cfg, opts.lora}, shard, [&] {
     return std::make_shared<const std::vector<ParamSpec>>(lora_param_table(cfg, shard, opts.lora));
-  return shared_param_table(cfg, shard);
+  });
 }
 
 GPT::GPT(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts,

@@ -74,7 +74,8 @@ struct GPTTensors {
 // What a rank trains: the base table (full training) or the adapters (LoRA).
 std::vector<ParamSpec> trainable_table(const GPTConfig& cfg, const ModelShard& shard,
                                        const GPTOptions& opts);
-// The same without a copy of the base table (shared_param_table).
+// The same without a copy, kept for the next call as shared_param_table keeps
+// the model's tables.
 std::shared_ptr<const std::vector<ParamSpec>> shared_trainable_table(const GPTConfig& cfg,
                                                                      const ModelShard& shard,
                                                                      const GPTOptions& opts);

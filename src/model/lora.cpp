@@ -35,7 +35,8 @@ std::vector<ParamSpec> lora_param_table(const GPTConfig& cfg, const ModelShard& 
   const int tp = shard.tp_size, le = shard.layer_end < 0 ? cfg.n_layer : shard.layer_end;
   // Every tensor of the model, split as over this tp (which of Llama's
   // key/value weights are replicated depends on it).
-  const std::vector<ParamSpec> full = model_param_table(cfg, ModelShard{.tp_size = tp});
+  const auto full_kept = shared_param_table(cfg, ModelShard{.tp_size = tp});
+  const std::vector<ParamSpec>& full = *full_kept;
   const int64_t r = lora.rank;
   TableBuilder t(tp);  // index: position in the whole model's adapter table
   for (const ParamSpec& w : full) {

@@ -95,7 +95,7 @@ struct ModelShard {
   int layer_begin = 0, layer_end = -1;  // -1 = n_layer
   bool first_stage = true;              // holds wte + wpe, takes tokens
   bool last_stage = true;               // holds ln_f + lm_head (tied wte), computes the loss
-  bool operator==(const ModelShard&) const = default;
+  auto operator<=>(const ModelShard&) const = default;  // a map's key (the planner's)
 };
 
 // Builds a table in memory order for one shard: add() is called for every
@@ -127,11 +127,12 @@ std::vector<ParamSpec> gpt_param_table(const GPTConfig& cfg, const ModelShard& s
 // heads and width, k and v by key/value heads where n_kv_head is a multiple
 // of tp (replicated otherwise), embed_tokens and lm_head by vocabulary rows.
 std::vector<ParamSpec> llama_param_table(const GPTConfig& cfg, const ModelShard& shard = {});
-// The table of cfg.arch. The last few tables made on the calling thread are
-// kept and given again for the same (cfg, shard): the planner asks for each
-// rank's table several times per layout, and building one (a name formatted
-// per tensor) took 40% of a plan's time; shared_param_table gives the kept
-// table itself, without a copy (the planner's memory prediction).
+// The table of cfg.arch. The tables made on the calling thread for one cfg
+// are kept (up to kKeptTables shards) and given again for the same shard:
+// the planner asks for each rank's table many times per layout, and building
+// one (a name formatted per tensor) took 40% of a plan's time;
+// shared_param_table gives the kept table itself, without a copy.
+inline constexpr size_t kKeptTables = 1024;
 std::vector<ParamSpec> model_param_table(const GPTConfig& cfg, const ModelShard& shard = {});
 std::shared_ptr<const std::vector<ParamSpec>> shared_param_table(const GPTConfig& cfg,
                                                                  const ModelShard& shard = {});

@@ -1,5 +1,6 @@
 // The Llama family's parameter table (model/param_table.h).
 #include "core/error.h"
+#include "core/kept.h"
 #include "model/param_table.h"
 
 namespace meshlm {
@@ -55,20 +56,12 @@ std::vector<ParamSpec> llama_param_table(const GPTConfig& cfg, const ModelShard&
 
 std::shared_ptr<const std::vector<ParamSpec>> shared_param_table(const GPTConfig& cfg,
                                                                  const ModelShard& shard) {
-  struct Kept {
-    GPTConfig cfg;
-    ModelShard shard;
-    std::shared_ptr<const std::vector<ParamSpec>> table;
-  };
-  constexpr size_t kKept = 8;
-  thread_local std::vector<Kept> kept;  // the most recently made last
-  for (auto it = kept.rbegin(); it != kept.rend(); ++it)
-    if (it->shard == shard && it->cfg == cfg) return it->table;
-  auto table = std::make_shared<const std::vector<ParamSpec>>(
-      cfg.arch == ModelArch::llama ? llama_param_table(cfg, shard) : gpt_param_table(cfg, shard));
-  if (kept.size() == kKept) kept.erase(kept.begin());
-  kept.push_back({cfg, shard, table});
-  return table;
+  thread_local KeptValues<GPTConfig, ModelShard, std::shared_ptr<const std::vector<ParamSpec>>>
+      kept(kKeptTables);
+  return kept.get(cfg, shard, [&] {
+    return std::make_shared<const std::vector<ParamSpec>>(
+        cfg.arch == ModelArch::llama ? llama_param_table(cfg, shard) : gpt_param_table(cfg, shard));
+  });
 }
 
 std::vector<ParamSpec> model_param_table(const GPTConfig& cfg, const ModelShard& shard) {

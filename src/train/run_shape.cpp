@@ -1,9 +1,12 @@
 #include "train/run_shape.h"
 
 #include <algorithm>
+#include <memory>
+#include <tuple>
 #include <vector>
 
 #include "core/alloc.h"
+#include "core/kept.h"
 #include "load/base_loader.h"
 #include "train/backend.h"
 #include "train/engine.h"
@@ -45,30 +48,27 @@ RankPlan planned_rank_plan(const RunConfig& cfg, const ProcessMesh& mesh) {
 
 namespace {
 
-// load::store_pages_read for the rank's shard; the planner asks it for
-// every rank of every layout, and the ranks of one shard (tp rank, stage)
-// read the same pages: the last answers of the calling thread are kept.
+// load::store_pages_read for the rank's shard, kept per shard (core/kept.h):
+// the planner's stage balancing asks it for hundreds of distinct shards (477
+// for 8 ranks of Llama 3 8B), each many times over.
 size_t shared_pages_read(const RunConfig& cfg, const load::StoreManifest& manifest,
                          const ModelShard& shard) {
-  struct Kept {
-    GPTConfig model;
-    quant::QuantType type;
-    ModelShard shard;
-    int seq_len;
-    size_t page, bytes;
-  };
-  constexpr size_t kKept = 16;
-  thread_local std::vector<Kept> kept;
   const size_t page = page_bytes();
-  for (const Kept& k : kept)
-    if (k.shard == shard && k.type == cfg.quant.type && k.seq_len == cfg.train.seq_len &&
-        k.page == page && k.model == cfg.model)
-      return k.bytes;
-  const size_t bytes =
-      load::store_pages_read(manifest, cfg.model, shard, cfg.train.seq_len, page);
-  if (kept.size() == kKept) kept.erase(kept.begin());
-  kept.push_back({cfg.model, cfg.quant.type, shard, cfg.train.seq_len, page, bytes});
-  return bytes;
+  thread_local KeptValues<std::tuple<GPTConfig, quant::QuantType, int, size_t>, ModelShard, size_t>
+      kept(1 << 16);
+  return kept.get({cfg.model, cfg.quant.type, cfg.train.seq_len, page}, shard, [&] {
+    return load::store_pages_read(manifest, cfg.model, shard, cfg.train.seq_len, page);
+  });
+}
+
+// load::make_manifest, kept for the next rank of the same model.
+std::shared_ptr<const load::StoreManifest> shared_manifest(const GPTConfig& model,
+                                                           quant::QuantType type) {
+  thread_local KeptValues<GPTConfig, quant::QuantType, std::shared_ptr<const load::StoreManifest>>
+      kept(4);
+  return kept.get(model, type, [&] {
+    return std::make_shared<const load::StoreManifest>(load::make_manifest(model, type));
+  });
 }
 
 }  // namespace
@@ -76,7 +76,8 @@ size_t shared_pages_read(const RunConfig& cfg, const load::StoreManifest& manife
 RankPlan rank_plan_at(const RunConfig& cfg, const MeshCoords& c, int world_rank, int node_rank) {
   RankPlan shape = Engine::plan_of(cfg, c);
   if (shape.model.lora.enabled) {
-    const load::StoreManifest manifest = load::make_manifest(cfg.model, cfg.quant.type);
+    const auto manifest_kept = shared_manifest(cfg.model, cfg.quant.type);
+    const load::StoreManifest& manifest = *manifest_kept;
     const bool per_rank = cfg.quant.share == quant::ShareMode::per_rank;
     const bool holder = per_rank || node_rank == 0;
     const bool quantizes = per_rank || world_rank == 0;

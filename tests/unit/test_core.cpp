@@ -1,4 +1,5 @@
-// core/: shapes and tensor views, the tracked allocator, process memory.
+// core/: shapes and tensor views, the tracked allocator, process memory,
+// kept results.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/kept.h"
 #include "core/tensor.h"
 #include "model/gpt.h"
 
@@ -144,4 +146,36 @@ TEST(Buffer, DeviceBuffersUseTheInstalledDeviceMemory) {
   EXPECT_EQ(fake.released, (std::vector<size_t>{24, 1000}));
   EXPECT_EQ(t.current(MemCategory::grads, Device::cuda), dev_before);
   set_device_memory(nullptr);
+}
+
+// KeptValues makes a value once per (scope, key), gives it again until the
+// scope changes, and starts afresh when it holds `cap` keys and a new one
+// comes.
+TEST(KeptValues, MakesEachValueOncePerScope) {
+  KeptValues<std::string, int, int> kept(3);
+  int made = 0;
+  auto get = [&](const std::string& scope, int key) {
+    return kept.get(scope, key, [&] {
+      ++made;
+      return static_cast<int>(scope.size()) * 100 + key;
+    });
+  };
+  EXPECT_EQ(get("a", 1), 101);
+  EXPECT_EQ(get("a", 2), 102);
+  EXPECT_EQ(get("a", 1), 101);
+  EXPECT_EQ(made, 2);
+  EXPECT_EQ(get("bb", 1), 201);  // another scope: made again
+  EXPECT_EQ(made, 3);
+  EXPECT_EQ(get("a", 1), 101);  // the scope "a" was let go
+  EXPECT_EQ(made, 4);
+  get("a", 2);
+  get("a", 3);
+  EXPECT_EQ(made, 6);
+  get("a", 3);  // three kept, none new: nothing is made
+  EXPECT_EQ(made, 6);
+  get("a", 4);  // a fourth key: the three are let go
+  get("a", 1);
+  EXPECT_EQ(made, 8);
+  get("a", 4);
+  EXPECT_EQ(made, 8);
 }

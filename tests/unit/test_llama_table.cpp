@@ -5,10 +5,12 @@
 // not), and the configuration's checks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 
 #include "core/error.h"
+#include "model/gpt.h"
 #include "model/param_table.h"
 
 using namespace meshlm;
@@ -171,10 +173,28 @@ TEST(LlamaTable, EachArchitectureHasItsLinearLayers) {
     if (p.slot) EXPECT_TRUE(LinearSlots::of(ModelArch::gpt2).has(*p.slot)) << p.name;
 }
 
-// model_param_table keeps its last tables: whatever it was asked before, it
-// gives the table the architecture's builder makes for (cfg, shard), in
-// every field. 12 shards of two configurations, asked round after round, so
-// that tables are found kept and made again after falling out.
+namespace {
+
+bool same_tables(const std::vector<ParamSpec>& a, const std::vector<ParamSpec>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const ParamSpec &x = a[i], &y = b[i];
+    if (x.name != y.name || !(x.shape == y.shape) || x.offset != y.offset || x.tp_dim != y.tp_dim ||
+        x.layer != y.layer || !(x.full_shape == y.full_shape) || x.tp_parts != y.tp_parts ||
+        x.index != y.index || x.role != y.role || x.slot != y.slot || x.init != y.init ||
+        x.tied != y.tied)
+      return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+// model_param_table and shared_trainable_table keep the tables they make
+// (core/kept.h): whatever they were asked before, they give the table the
+// builders make for (cfg, shard[, LoRA]), in every field. 8 shards of two
+// configurations and two LoRA settings, asked round after round, so that the
+// kept tables are found again and made again after the scope changed.
 TEST(ParamTable, KeptTablesEqualFreshOnes) {
   GPTConfig gpt2;
   gpt2.n_layer = 4;
@@ -182,35 +202,33 @@ TEST(ParamTable, KeptTablesEqualFreshOnes) {
   gpt2.n_embd = 64;
   gpt2.vocab_size = 300;
   const GPTConfig configs[] = {gpt2, llama(4, 4, 64, 300, 2, 96, false)};
-  auto same = [](const std::vector<ParamSpec>& a, const std::vector<ParamSpec>& b) {
-    if (a.size() != b.size()) return false;
-    for (size_t i = 0; i < a.size(); ++i) {
-      const ParamSpec &x = a[i], &y = b[i];
-      if (x.name != y.name || !(x.shape == y.shape) || x.offset != y.offset || x.tp_dim != y.tp_dim ||
-          x.layer != y.layer || !(x.full_shape == y.full_shape) || x.tp_parts != y.tp_parts ||
-          x.index != y.index || x.role != y.role || x.slot != y.slot || x.init != y.init ||
-          x.tied != y.tied)
-        return false;
-    }
-    return true;
-  };
   for (int round = 0; round < 3; ++round)
     for (const GPTConfig& cfg : configs)
-      for (int tp : {1, 2})
-        for (int tp_rank = 0; tp_rank < tp; ++tp_rank)
-          for (int stage = 0; stage < 2; ++stage) {
-            const ModelShard shard{.tp_rank = tp_rank,
-                                   .tp_size = tp,
-                                   .layer_begin = 2 * stage,
-                                   .layer_end = 2 * stage + 2,
-                                   .first_stage = stage == 0,
-                                   .last_stage = stage == 1};
-            const std::vector<ParamSpec> fresh = cfg.arch == ModelArch::llama
-                                                     ? llama_param_table(cfg, shard)
-                                                     : gpt_param_table(cfg, shard);
-            EXPECT_TRUE(same(model_param_table(cfg, shard), fresh))
-                << "round " << round << " tp " << tp_rank << "/" << tp << " stage " << stage;
-          }
+      for (int lora_rank : {0, 4, 2})
+        for (int tp : {1, 2})
+          for (int tp_rank = 0; tp_rank < tp; ++tp_rank)
+            for (int stage = 0; stage < 2; ++stage) {
+              const ModelShard shard{.tp_rank = tp_rank,
+                                     .tp_size = tp,
+                                     .layer_begin = 2 * stage,
+                                     .layer_end = 2 * stage + 2,
+                                     .first_stage = stage == 0,
+                                     .last_stage = stage == 1};
+              const std::string where = "round " + std::to_string(round) + " LoRA rank " +
+                                        std::to_string(lora_rank) + " tp " + std::to_string(tp_rank) +
+                                        "/" + std::to_string(tp) + " stage " + std::to_string(stage);
+              const std::vector<ParamSpec> fresh = cfg.arch == ModelArch::llama
+                                                       ? llama_param_table(cfg, shard)
+                                                       : gpt_param_table(cfg, shard);
+              EXPECT_TRUE(same_tables(model_param_table(cfg, shard), fresh)) << where;
+              GPTOptions opts;
+              opts.lora.enabled = lora_rank > 0;
+              opts.lora.rank = std::max(lora_rank, 1);
+              opts.lora.targets = LinearSlots::of(cfg.arch);
+              const std::vector<ParamSpec> trained =
+                  opts.lora.enabled ? lora_param_table(cfg, shard, opts.lora) : fresh;
+              EXPECT_TRUE(same_tables(*shared_trainable_table(cfg, shard, opts), trained)) << where;
+            }
   // A configuration that differs in one key gets a table of its own.
   GPTConfig other = configs[1];
   other.n_layer = 6;
