@@ -5,11 +5,13 @@
 #endif
 
 #include <algorithm>
+#include <tuple>
 
 #include "comm/errors.h"
 #include "comm/mpi_comm.h"
 #include "core/alloc.h"
 #include "core/error.h"
+#include "core/kept.h"
 #include "core/log.h"
 #include "core/progress.h"
 #include "core/timer.h"
@@ -69,15 +71,24 @@ int64_t source_block_rows(const StoreEntry& e) {
                         static_cast<size_t>(std::max(f.block, 1)));
 }
 
-size_t store_pages_read(const StoreManifest& m, const GPTConfig& cfg, const ModelShard& shard,
-                        int seq_len, size_t page) {
+namespace {
+
+// The pages of entry e a rank holding `shard` reads, as store_pages_read
+// counts them: the first and the last, and how many.
+struct TensorPages {
+  size_t first = 0, last = 0, count = 0;
+};
+
+TensorPages tensor_pages_read(const StoreEntry& e, const ParamSpec& p, const ModelShard& shard,
+                              int seq_len, size_t page) {
   // The pages read, as runs [first, last] of page numbers: the runs of one
-  // array of a tensor arrive in increasing order and mostly touch the
-  // previous one (row after row), so each array extends a run of its own
-  // while it can; the runs are merged at the end. (A bitmap of the store's
-  // pages, marked page by page, took a minute to plan 8 ranks of an 8B model.)
+  // array arrive in increasing order and mostly touch the previous one (row
+  // after row), so each array extends a run of its own while it can; the
+  // runs are merged at the end. (A bitmap of the store's pages, marked page
+  // by page, took a minute to plan 8 ranks of an 8B model.)
   std::vector<std::pair<size_t, size_t>> runs;
-  std::vector<std::pair<size_t, size_t>> open;  // per array of the current tensor
+  std::vector<std::pair<size_t, size_t>> open(static_cast<size_t>(e.layout.narrays),
+                                              {1, 0});  // per array, empty
   auto mark = [&](int array, size_t first_byte, size_t last_byte) {  // inclusive
     const size_t a = first_byte / page, b = last_byte / page;
     auto& r = open[static_cast<size_t>(array)];
@@ -88,87 +99,121 @@ size_t store_pages_read(const StoreManifest& m, const GPTConfig& cfg, const Mode
     if (r.first <= r.second) runs.push_back(r);
     r = {a, b};
   };
-  for (const ParamSpec& p : model_param_table(cfg, shard)) {
-    const StoreEntry& e = m.at(p.name);
-    open.assign(static_cast<size_t>(e.layout.narrays), {1, 0});  // empty runs
-    const bool matrix = p.full_shape.ndim == 2;
-    const int64_t R = matrix ? p.full_shape[0] : p.full_shape.numel(), K = matrix ? p.full_shape[1] : 1;
-    const quant::QSlice part{.t = {}, .R = R, .K = K, .tp_dim = p.tp_dim, .tp_parts = p.tp_parts,
-                             .tp_rank = shard.tp_rank, .tp_size = shard.tp_size};
-    // wpe is not split; its first seq_len rows are read.
-    const int64_t rows = p.role == ParamRole::position_embedding ? std::min<int64_t>(R, seq_len)
-                                                                 : part.local_rows();
-    // Of each array: its place in the store, its element's bytes and the
-    // elements of the tensor per element of the array: one (f32, int8 data),
-    // two (nf4 data: 4 bits each), a block (absmax), a group of blocks
-    // (nf4's absmax2); any other array is read whole.
-    struct Array {
-      size_t begin, count, elem, per;
-    };
-    std::vector<Array> arrays;
-    for (int k = 0; k < e.layout.narrays; ++k) {
-      const quant::QArray& arr = e.layout.arrays[k];
-      const std::string_view name = arr.name;
-      const size_t per = name == "data"      ? (e.layout.type == QuantType::nf4 ? 2 : 1)
-                         : name == "absmax"  ? size_t(e.layout.type == QuantType::nf4
-                                                          ? quant::kNF4Block
-                                                          : quant::kQ8Block)
-                         : name == "absmax2" ? size_t(quant::kNF4Block) * quant::kNF4AbsmaxBlock
-                                             : e.layout.n;
-      arrays.push_back({e.offset + arr.offset, arr.count, dtype_size(arr.elem), per});
-    }
-    // Elements [a, b) of the logical tensor: the bytes they take in each array.
-    auto run = [&](int64_t a, int64_t b) {
-      for (size_t k = 0; k < arrays.size(); ++k) {
-        const Array& arr = arrays[k];
-        if (arr.count == 0) continue;
-        const size_t lo = std::min(size_t(a) / arr.per, arr.count - 1);
-        const size_t hi = std::min(size_t(b - 1) / arr.per, arr.count - 1);
-        mark(static_cast<int>(k), arr.begin + lo * arr.elem, arr.begin + (hi + 1) * arr.elem - 1);
-      }
-    };
-    // The rank's rows as runs of consecutive logical rows (first, count):
-    // under a split of the rows, a piece of each of the tensor's tp_parts
-    // parts; else [0, rows).
-    std::vector<std::pair<int64_t, int64_t>> row_runs;
-    if (part.tp_dim == 0 && shard.tp_size > 1) {
-      const int64_t piece = R / part.tp_parts / shard.tp_size;
-      for (int64_t i = 0; i < rows; i += piece)
-        row_runs.emplace_back(part.logical_index(i), std::min(piece, rows - i));
-    } else {
-      row_runs.emplace_back(0, rows);
-    }
-    // Split columns: the runs (first column, length) of this rank's part of
-    // a row, the same in every row.
-    std::vector<std::pair<int64_t, int64_t>> col_runs;
-    if (part.tp_dim == 1 && shard.tp_size > 1) {
-      const int64_t cols = part.local_cols();
-      for (int64_t j = 0; j < cols;) {
-        const int64_t c = part.logical_index(j);
-        int64_t len = 1;
-        while (j + len < cols && part.logical_index(j + len) == c + len) ++len;
-        col_runs.emplace_back(c, len);
-        j += len;
-      }
-    }
-    for (const auto& [r0, n] : row_runs) {
-      if (n == 0) continue;
-      if (col_runs.empty()) {  // whole rows: one run
-        run(r0 * K, (r0 + n) * K);
-        continue;
-      }
-      for (int64_t r = r0; r < r0 + n; ++r)
-        for (const auto& [c, len] : col_runs) run(r * K + c, r * K + c + len);
-    }
-    for (const auto& r : open)
-      if (r.first <= r.second) runs.push_back(r);
+  const bool matrix = p.full_shape.ndim == 2;
+  const int64_t R = matrix ? p.full_shape[0] : p.full_shape.numel(), K = matrix ? p.full_shape[1] : 1;
+  const quant::QSlice part{.t = {}, .R = R, .K = K, .tp_dim = p.tp_dim, .tp_parts = p.tp_parts,
+                           .tp_rank = shard.tp_rank, .tp_size = shard.tp_size};
+  // wpe is not split; its first seq_len rows are read.
+  const int64_t rows = p.role == ParamRole::position_embedding ? std::min<int64_t>(R, seq_len)
+                                                               : part.local_rows();
+  // Of each array: its place in the store, its element's bytes and the
+  // elements of the tensor per element of the array: one (f32, int8 data),
+  // two (nf4 data: 4 bits each), a block (absmax), a group of blocks (nf4's
+  // absmax2); any other array is read whole.
+  struct Array {
+    size_t begin, count, elem, per;
+  };
+  std::vector<Array> arrays;
+  for (int k = 0; k < e.layout.narrays; ++k) {
+    const quant::QArray& arr = e.layout.arrays[k];
+    const std::string_view name = arr.name;
+    const size_t per = name == "data"      ? (e.layout.type == QuantType::nf4 ? 2 : 1)
+                       : name == "absmax"  ? size_t(e.layout.type == QuantType::nf4
+                                                        ? quant::kNF4Block
+                                                        : quant::kQ8Block)
+                       : name == "absmax2" ? size_t(quant::kNF4Block) * quant::kNF4AbsmaxBlock
+                                           : e.layout.n;
+    arrays.push_back({e.offset + arr.offset, arr.count, dtype_size(arr.elem), per});
   }
+  // Elements [a, b) of the logical tensor: the bytes they take in each array.
+  auto run = [&](int64_t a, int64_t b) {
+    for (size_t k = 0; k < arrays.size(); ++k) {
+      const Array& arr = arrays[k];
+      if (arr.count == 0) continue;
+      const size_t lo = std::min(size_t(a) / arr.per, arr.count - 1);
+      const size_t hi = std::min(size_t(b - 1) / arr.per, arr.count - 1);
+      mark(static_cast<int>(k), arr.begin + lo * arr.elem, arr.begin + (hi + 1) * arr.elem - 1);
+    }
+  };
+  // The rank's rows as runs of consecutive logical rows (first, count):
+  // under a split of the rows, a piece of each of the tensor's tp_parts
+  // parts; else [0, rows).
+  std::vector<std::pair<int64_t, int64_t>> row_runs;
+  if (part.tp_dim == 0 && shard.tp_size > 1) {
+    const int64_t piece = R / part.tp_parts / shard.tp_size;
+    for (int64_t i = 0; i < rows; i += piece)
+      row_runs.emplace_back(part.logical_index(i), std::min(piece, rows - i));
+  } else {
+    row_runs.emplace_back(0, rows);
+  }
+  // Split columns: the runs (first column, length) of this rank's part of a
+  // row, the same in every row.
+  std::vector<std::pair<int64_t, int64_t>> col_runs;
+  if (part.tp_dim == 1 && shard.tp_size > 1) {
+    const int64_t cols = part.local_cols();
+    for (int64_t j = 0; j < cols;) {
+      const int64_t c = part.logical_index(j);
+      int64_t len = 1;
+      while (j + len < cols && part.logical_index(j + len) == c + len) ++len;
+      col_runs.emplace_back(c, len);
+      j += len;
+    }
+  }
+  for (const auto& [r0, n] : row_runs) {
+    if (n == 0) continue;
+    if (col_runs.empty()) {  // whole rows: one run
+      run(r0 * K, (r0 + n) * K);
+      continue;
+    }
+    for (int64_t r = r0; r < r0 + n; ++r)
+      for (const auto& [c, len] : col_runs) run(r * K + c, r * K + c + len);
+  }
+  for (const auto& r : open)
+    if (r.first <= r.second) runs.push_back(r);
   std::sort(runs.begin(), runs.end());
-  size_t pages = 0, next = 0;  // pages counted, the first page not yet counted
+  TensorPages t;
+  size_t next = 0;  // the first page not yet counted
   for (const auto& [a, b] : runs) {
     if (b < next) continue;
-    pages += b + 1 - std::max(a, next);
+    t.count += b + 1 - std::max(a, next);
     next = b + 1;
+  }
+  if (!runs.empty()) t.first = runs.front().first, t.last = next - 1;
+  return t;
+}
+
+}  // namespace
+
+size_t store_pages_read(const StoreManifest& m, const GPTConfig& cfg, const ModelShard& shard,
+                        int seq_len, size_t page) {
+  // Each tensor's pages, kept for the next shard that holds the same part of
+  // it (the planner weighs hundreds of pipeline splits): its place, format
+  // and shape, its split and the rank's part of it decide them.
+  using Key = std::tuple<size_t, QuantType, size_t, int64_t, int64_t, int, int, ParamRole, int, int>;
+  thread_local KeptValues<std::pair<int, size_t>, Key, TensorPages> kept(1 << 16);
+  std::vector<std::pair<size_t, TensorPages>> read;  // (offset in the store, pages)
+  for (const ParamSpec& p : *shared_param_table(cfg, shard)) {
+    // The manifest lists the whole model's tensors in the table's order.
+    const auto i = static_cast<size_t>(p.index);
+    const StoreEntry& e =
+        i < m.entries.size() && m.entries[i].spec.name == p.name ? m.entries[i] : m.at(p.name);
+    const Key key{e.offset,       e.type,     e.layout.n,    p.full_shape[0],
+                  p.full_shape.ndim == 2 ? p.full_shape[1] : 1,       p.tp_dim,
+                  p.tp_parts,     p.role,     shard.tp_rank, shard.tp_size};
+    read.emplace_back(e.offset, kept.get({seq_len, page}, key, [&] {
+      return tensor_pages_read(e, p, shard, seq_len, page);
+    }));
+  }
+  // The tensors lie one after another in the store, each reading at least
+  // one page of its own bytes: pages are counted twice only where a tensor's
+  // last page is the next one's first (a page that spans several small
+  // tensors is such a page for each pair of them).
+  std::sort(read.begin(), read.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  size_t pages = 0;
+  for (size_t i = 0; i < read.size(); ++i) {
+    if (i > 0 && read[i].first == read[i - 1].first) continue;  // one tensor named twice
+    pages += read[i].second.count;
+    if (i > 0 && read[i - 1].second.last == read[i].second.first) --pages;
   }
   return pages * page;
 }
