@@ -1,7 +1,9 @@
 #include "model/activations.h"
 
 #include <algorithm>
+#include <tuple>
 
+#include "core/kept.h"
 #include "quant/qlinear.h"
 
 namespace meshlm {
@@ -44,16 +46,17 @@ void plan_activations(const GPTConfig& cfg, const ModelShard& shard, const GPTOp
   // What attention keeps per row of a head: T probabilities, or one
   // log-sum-exp under flash (and as much backward scratch).
   const size_t att_row = opts.attention == Attention::flash ? 1 : static_cast<size_t>(Tn);
-  L.slots.resize(opts.slots);
-  // The vectors are sized before any pointer into them is recorded.
+  // The vectors are sized before any pointer into them is recorded. A count
+  // alone walks every slot through one slot of its own.
+  L.slots.resize(L.count_only ? 1 : static_cast<size_t>(opts.slots));
   for (auto& s : L.slots) s.blocks.assign(n_local, BlockActs{});
   auto cut = [&](float*& p, size_t n, bool grad = false) {
-    L.cuts.push_back({&p, n, grad});
+    if (!L.count_only) L.cuts.push_back({&p, n, grad});
     (grad ? L.grad_floats : L.act_floats) += n;
   };
   static_assert(sizeof(int32_t) == sizeof(float));
   auto cut_ids = [&](int32_t*& p, size_t n) {
-    L.cuts.push_back({nullptr, n, false, &p});
+    if (!L.count_only) L.cuts.push_back({nullptr, n, false, &p});
     L.act_floats += n;
   };
   // Everything of one block but its output (res3).
@@ -75,7 +78,8 @@ void plan_activations(const GPTConfig& cfg, const ModelShard& shard, const GPTOp
     cut(a.fcproj, BT * C);
   };
   if (full) cut_block_inner(L.recompute);
-  for (auto& s : L.slots) {
+  for (int slot = 0; slot < opts.slots; ++slot) {
+    SlotActs& s = L.slots[L.count_only ? 0 : static_cast<size_t>(slot)];
     s.tokens = s.targets = nullptr;
     if (shard.first_stage) cut_ids(s.tokens, BT);
     if (shard.last_stage) cut_ids(s.targets, BT);
@@ -150,9 +154,17 @@ void ActLayout::bind(float* acts, float* grads, Checkpointing checkpointing) {
 
 size_t activation_bytes(const GPTConfig& cfg, const ModelShard& shard, const GPTOptions& opts,
                         int B, int Tn) {
-  ActLayout L;
-  plan_activations(cfg, shard, opts, B, Tn, L);
-  return (L.act_floats + L.grad_floats) * sizeof(float);
+  // Kept (core/kept.h): the planner asks it for every rank of every layout
+  // and candidate pipeline split, the ranks of one shard alike, and a plan
+  // of its cuts costs an allocation per tensor of every block and slot.
+  thread_local KeptValues<GPTConfig, std::tuple<ModelShard, GPTOptions, int, int>, size_t> kept(
+      1 << 16);
+  return kept.get(cfg, {shard, opts, B, Tn}, [&] {
+    ActLayout L;
+    L.count_only = true;
+    plan_activations(cfg, shard, opts, B, Tn, L);
+    return (L.act_floats + L.grad_floats) * sizeof(float);
+  });
 }
 
 }  // namespace meshlm

@@ -111,6 +111,9 @@ struct ActLayout {
   };
   std::vector<Cut> cuts;
   size_t act_floats = 0, grad_floats = 0;
+  // Set before plan_activations: only act_floats and grad_floats are
+  // counted, no slot or cut is kept (activation_bytes, for the planner).
+  bool count_only = false;
 
   // Sets every pointer into `acts` (act_floats) and `grads` (grad_floats).
   // Under full checkpointing the slots' blocks then share `recompute` for

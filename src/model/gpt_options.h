@@ -67,6 +67,7 @@ struct GPTOptions {
   // Dequantizes the frozen base under LoRA, on the same backend as `kernels`
   // (it must outlive the model); null = quant::Dequantizer::cpu().
   const quant::Dequantizer* dequantizer = nullptr;
+  auto operator<=>(const GPTOptions&) const = default;  // a key of kept results
 };
 
 }  // namespace meshlm

@@ -51,7 +51,7 @@ struct LinearSlots {
   bool empty() const { return bits == 0; }
   // The slots of this set that `arch` does not have.
   LinearSlots outside(ModelArch arch) const { return {bits & ~of(arch).bits}; }
-  bool operator==(const LinearSlots&) const = default;
+  auto operator<=>(const LinearSlots&) const = default;
 };
 
 // "qkv,attn-out": the names of the slots in table order.

@@ -66,7 +66,7 @@ struct LoraOptions {
   float alpha = 16.0f;  // s = alpha / r
   LinearSlots targets = LinearSlots::of(ModelArch::gpt2);
   float scale() const { return alpha / static_cast<float>(rank); }
-  bool operator==(const LoraOptions&) const = default;
+  auto operator<=>(const LoraOptions&) const = default;
 };
 LoraOptions lora_options(const FinetuneConfig& f);
 

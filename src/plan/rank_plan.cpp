@@ -1,12 +1,18 @@
 #include "plan/rank_plan.h"
 
+#include <utility>
+
+#include "core/kept.h"
 #include "plan/partition.h"
 
 namespace meshlm {
 
 std::vector<int> stage_layers(const GPTConfig& model, const ParallelConfig& p, int seq_len) {
   if (!p.stage_layers.layers.empty()) return p.stage_layers.layers;
-  return balance_stages(model.n_layer, p.pp, gpt_stage_costs(model, seq_len));
+  // Kept (core/kept.h): every rank of a layout asks for the same split.
+  thread_local KeptValues<GPTConfig, std::pair<int, int>, std::vector<int>> kept(1024);
+  return kept.get(model, {p.pp, seq_len},
+                  [&] { return balance_stages(model.n_layer, p.pp, gpt_stage_costs(model, seq_len)); });
 }
 
 RankPlan plan_rank(const GPTConfig& model, const ParallelConfig& p, const FinetuneConfig& f,

@@ -476,6 +476,51 @@ TEST(GPT, ActivationMemoryIsTrackedAndPredicted) {
   EXPECT_EQ(MemTracker::get().current(MemCategory::activations), before);
 }
 
+// activation_bytes (a count alone, kept for the next call) equals what the
+// layout a model allocates cuts, over every option that changes the cuts:
+// slots in flight, checkpointing, attention, LoRA, the stage's ends and tp,
+// for GPT-2 and Llama; each asked twice.
+TEST(GPT, ActivationBytesCountWhatTheLayoutCuts) {
+  GPTConfig llama{.n_layer = 3, .n_head = 4, .n_embd = 32, .vocab_size = 64, .max_seq_len = 16};
+  llama.arch = ModelArch::llama;
+  llama.n_kv_head = 1;
+  llama.intermediate_size = 48;
+  GPTConfig gpt2 = small_config();
+  gpt2.n_layer = 3;
+  gpt2.n_head = 4;
+  int cases = 0;
+  for (int round = 0; round < 2; ++round)
+    for (const GPTConfig& c : {gpt2, llama})
+      for (int slots : {1, 3})
+        for (Checkpointing ck : {Checkpointing::none, Checkpointing::full})
+          for (Attention att : {Attention::probabilities, Attention::flash})
+            for (bool lora : {false, true})
+              for (int stage = 0; stage < 3; ++stage)
+                for (int tp : {1, 2}) {
+                  GPTOptions o;
+                  o.slots = slots;
+                  o.micro_batches = 2 * slots;
+                  o.checkpointing = ck;
+                  o.attention = att;
+                  o.lora.enabled = lora;
+                  o.lora.targets = LinearSlots::of(c.arch);
+                  ModelShard shard{.tp_size = tp};
+                  if (stage == 0) shard.layer_end = 1, shard.last_stage = false;
+                  if (stage == 1) shard.layer_begin = 1, shard.first_stage = false;
+                  ActLayout L;
+                  plan_activations(c, shard, o, 2, 8, L);
+                  size_t cut = 0;
+                  for (const ActLayout::Cut& k : L.cuts) cut += k.n;
+                  ASSERT_EQ(cut, L.act_floats + L.grad_floats);
+                  EXPECT_EQ(GPT::activation_bytes(c, shard, o, 2, 8), cut * sizeof(float))
+                      << name_of(c.arch) << " slots " << slots << " ckpt " << int(ck) << " flash "
+                      << int(att == Attention::flash) << " lora " << lora << " stage " << stage
+                      << " tp " << tp;
+                  ++cases;
+                }
+  EXPECT_EQ(cases, 2 * 2 * 2 * 2 * 2 * 2 * 3 * 2);
+}
+
 TEST(GPT, OverfitsOneBatch) {
   GPT m(small_config(64));
   m.init_weights(1337);
