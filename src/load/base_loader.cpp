@@ -197,9 +197,9 @@ size_t store_pages_read(const StoreManifest& m, const GPTConfig& cfg, const Mode
     const auto i = static_cast<size_t>(p.index);
     const StoreEntry& e =
         i < m.entries.size() && m.entries[i].spec.name == p.name ? m.entries[i] : m.at(p.name);
-    const Key key{e.offset,       e.type,     e.layout.n,    p.full_shape[0],
-                  p.full_shape.ndim == 2 ? p.full_shape[1] : 1,       p.tp_dim,
-                  p.tp_parts,     p.role,     shard.tp_rank, shard.tp_size};
+    const Key key{e.offset, e.type, e.layout.n, p.full_shape[0],
+                  p.full_shape.ndim == 2 ? p.full_shape[1] : 1, p.tp_dim, p.tp_parts, p.role,
+                  shard.tp_rank, shard.tp_size};
     read.emplace_back(e.offset, kept.get({seq_len, page}, key, [&] {
       return tensor_pages_read(e, p, shard, seq_len, page);
     }));
