@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -90,17 +91,83 @@ std::string unwritable_dir_reason(const std::string& dir) {
 namespace meshlm {
 
 namespace {
+
+bool all_digits(std::string_view d) {
+  return !d.empty() && d.find_first_not_of("0123456789") == std::string_view::npos;
+}
+
+// The suffixes Open MPI's MPI-IO (OMPIO's sharedfp lockedfile) adds to the
+// name of a file it opens, for the files it keeps beside that file:
+// "-<job>-<pid>.lock" while the file is open, ".locktest.<rank>" while it
+// tries a lock on the file system.
+bool is_mpi_io_suffix(std::string_view s) {
+  constexpr std::string_view kLock = ".lock", kLockTest = ".locktest.";
+  if (s.starts_with(kLockTest)) return all_digits(s.substr(kLockTest.size()));
+  if (!s.ends_with(kLock) || !s.starts_with('-')) return false;
+  s.remove_suffix(kLock.size());
+  s.remove_prefix(1);
+  const size_t dash = s.find('-');
+  return dash != std::string_view::npos && all_digits(s.substr(0, dash)) && all_digits(s.substr(dash + 1));
+}
+
 struct TempSlot {
   std::atomic<bool> used{false};
   char path[4096];
+  int dir_end = -1;  // the index of path's last '/', -1 when it has none
 };
 TempSlot g_temp[kMaxTempFiles];
 std::once_flag g_handlers_installed;
 constexpr int kSignals[] = {SIGTERM, SIGINT, SIGHUP};
 
+// Unlinks the files Open MPI's MPI-IO keeps beside the slot's file while it
+// is open (is_mpi_io_suffix): a signal during HDF5's open or close of the
+// file would otherwise leave them. System calls only (open, getdents64,
+// unlinkat, close) and no allocation: this runs in a signal handler.
+void unlink_mpi_io_files_beside(const TempSlot& s) {
+#ifdef __linux__
+  char dir[sizeof(s.path)];
+  const char* base = s.path;
+  if (s.dir_end < 0) {
+    dir[0] = '.';
+    dir[1] = '\0';
+  } else {
+    const size_t n = s.dir_end == 0 ? 1 : static_cast<size_t>(s.dir_end);
+    std::memcpy(dir, s.path, n);
+    dir[n] = '\0';
+    base = s.path + s.dir_end + 1;
+  }
+  const std::string_view base_name(base);
+  const int fd = ::open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  alignas(8) char buf[8192];
+  for (;;) {
+    const long got = ::syscall(SYS_getdents64, fd, buf, sizeof(buf));
+    if (got <= 0) break;
+    for (long at = 0; at < got;) {
+      // struct linux_dirent64: d_ino (8 bytes), d_off (8), d_reclen (2), d_type (1), d_name.
+      unsigned short reclen = 0;
+      std::memcpy(&reclen, buf + at + 16, sizeof(reclen));
+      const char* name = buf + at + 19;
+      const std::string_view entry(name);
+      if (entry.size() > base_name.size() && entry.starts_with(base_name) &&
+          is_mpi_io_suffix(entry.substr(base_name.size())))
+        ::unlinkat(fd, name, 0);
+      if (reclen == 0) break;
+      at += reclen;
+    }
+  }
+  ::close(fd);
+#else
+  (void)s;
+#endif
+}
+
 void unlink_temp_files() {
   for (TempSlot& s : g_temp)
-    if (s.used.load(std::memory_order_acquire)) ::unlink(s.path);
+    if (s.used.load(std::memory_order_acquire)) {
+      ::unlink(s.path);
+      unlink_mpi_io_files_beside(s);
+    }
 }
 
 // Async-signal-safe: unlink, signal, raise.
@@ -145,6 +212,8 @@ int register_temp_file(const std::string& path) {
     TempSlot& s = g_temp[i];
     if (s.used.load(std::memory_order_acquire)) continue;
     std::snprintf(s.path, sizeof(s.path), "%s", path.c_str());
+    const size_t slash = path.rfind('/');
+    s.dir_end = slash == std::string::npos ? -1 : static_cast<int>(slash);
     s.used.store(true, std::memory_order_release);
     return i;
   }
@@ -217,27 +286,6 @@ WriteBack::~WriteBack() {
   state_->thread.join();
 }
 
-namespace {
-
-bool all_digits(std::string_view d) {
-  return !d.empty() && d.find_first_not_of("0123456789") == std::string_view::npos;
-}
-
-// The suffixes Open MPI's MPI-IO (OMPIO's sharedfp lockedfile) adds to the
-// name of a file it opens, for the files it keeps beside that file:
-// "-<job>-<pid>.lock" while the file is open, ".locktest.<rank>" while it
-// tries a lock on the file system.
-bool is_mpi_io_suffix(std::string_view s) {
-  constexpr std::string_view kLock = ".lock", kLockTest = ".locktest.";
-  if (s.starts_with(kLockTest)) return all_digits(s.substr(kLockTest.size()));
-  if (!s.ends_with(kLock) || !s.starts_with('-')) return false;
-  s.remove_suffix(kLock.size());
-  s.remove_prefix(1);
-  const size_t dash = s.find('-');
-  return dash != std::string_view::npos && all_digits(s.substr(0, dash)) && all_digits(s.substr(dash + 1));
-}
-
-}  // namespace
 
 std::vector<std::string> remove_stale_temp_files(const std::string& path) {
   namespace fs = std::filesystem;

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "core/files.h"
 #include "scratch_dir.h"
@@ -66,6 +67,46 @@ TEST_F(FilesTest, TemporaryFilesGoWithASignal) {
   ASSERT_TRUE(WIFSIGNALED(status)) << "exit status " << WEXITSTATUS(status);
   EXPECT_EQ(WTERMSIG(status), SIGTERM);
   EXPECT_FALSE(fs::exists(tmp));
+}
+
+// A signal while HDF5 opens or closes the temporary file through MPI-IO also
+// removes the files Open MPI keeps beside it ("-<job>-<pid>.lock",
+// ".locktest.<rank>"), and nothing else: for a temporary file named by an
+// absolute path and by one relative to the working directory.
+TEST_F(FilesTest, TheSignalAlsoRemovesMpiIoFilesBesideTheTemporaryFile) {
+  for (const bool relative : {false, true}) {
+    SCOPED_TRACE(relative ? "relative path" : "absolute path");
+    const std::string tmp = temp_name_for(file("run.h5"));
+    const std::vector<std::string> mpi_io = {tmp + "-1-4242.lock", tmp + "-3211264-17.lock",
+                                             tmp + ".locktest.0", tmp + ".locktest.12"};
+    const std::vector<std::string> others = {tmp + "-x-1.lock", tmp + "-1.lock", tmp + ".locktest.",
+                                             tmp + ".lock", tmp + "0-1-2.lock", tmp + ".data",
+                                             file("run.h5"), file("other-1-2.lock")};
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      for (const std::string& f : mpi_io) touch(f);
+      for (const std::string& f : others) touch(f);
+      touch(tmp);
+      std::string name = tmp;
+      if (relative) {
+        if (::chdir(fs::path(tmp).parent_path().c_str()) != 0) ::_exit(4);
+        name = fs::path(tmp).filename().string();
+      }
+      if (register_temp_file(name) < 0) ::_exit(2);
+      ::raise(SIGTERM);
+      ::_exit(3);  // not reached
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "exit status " << WEXITSTATUS(status);
+    EXPECT_FALSE(fs::exists(tmp));
+    for (const std::string& f : mpi_io) EXPECT_FALSE(fs::exists(f)) << f;
+    for (const std::string& f : others) {
+      EXPECT_TRUE(fs::exists(f)) << f;
+      fs::remove(f);
+    }
+  }
 }
 
 // The next writer removes what a process killed beyond help (SIGKILL) left,
