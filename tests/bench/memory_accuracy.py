@@ -3,7 +3,7 @@
 measured: VmHWM, read by tests/tools/memprobe.cpp from /proc as each rank
 exits (not by meshlm).
 
-  tests/bench/memory_accuracy.py BUILD SCRATCH [--only NAME,...] [--list]
+  tests/bench/memory_accuracy.py BUILD SCRATCH [--only NAME,...] [--every-ms N] [--list]
 
 BUILD is a build directory holding meshlm and tests/meshlm_memprobe; SCRATCH
 receives one folder per configuration (parameter overrides, run.h5, probe
@@ -17,7 +17,7 @@ predicted_peak_bytes when it is there, else the sum of the categories'
 predicted_bytes (the tracked buffers only).
 
 Per node, a second line: the node's memory, the summed PSS of its ranks
-(memprobe samples each rank's /proc/<pid>/smaps_rollup every 20 ms; PSS
+(memprobe samples each rank's /proc/<pid>/smaps_rollup every 20 ms, --every-ms; PSS
 splits a page mapped by k processes 1/k to each, so the sum counts the
 shared base and the libraries once), its largest sampled value against
 meshlm's memory/node/predicted_peak_bytes: within 3% under --check.
@@ -167,7 +167,7 @@ def predicted_peaks(run_h5):
         return total
 
 
-def run_config(build, scratch, name, ranks, overrides, steps, threads):
+def run_config(build, scratch, name, ranks, overrides, steps, threads, every_ms):
     d = os.path.join(scratch, name)
     os.makedirs(d, exist_ok=True)
     probe = os.path.join(d, "probe")
@@ -175,7 +175,8 @@ def run_config(build, scratch, name, ranks, overrides, steps, threads):
         if f.startswith("probe."):
             os.remove(os.path.join(d, f))
     data = os.path.join(scratch, "gpl3.h5")
-    cmd = mpiexec(ranks) + [os.path.join(build, "tests", "meshlm_memprobe"), probe, "--",
+    cmd = mpiexec(ranks) + [os.path.join(build, "tests", "meshlm_memprobe"), probe,
+                            "--every-ms", str(every_ms), "--",
                             os.path.join(build, "meshlm"), "train", os.path.join(ROOT, "inputs", "tiny.cfg"),
                             "--data.path=" + data,
                             "--data.tokenize_from=/usr/share/common-licenses/GPL-3",
@@ -305,6 +306,8 @@ def main():
                     help="comma-separated configuration names; 'quick' = those that take seconds")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="runtime.threads of each rank")
+    ap.add_argument("--every-ms", type=int, default=20,
+                    help="memprobe's interval between samples of each rank's PSS (0: none, no node figures)")
     ap.add_argument("--check", action="store_true", help="exit 1 when a rank is off by more than 3%% / 4 MiB")
     ap.add_argument("--list", action="store_true")
     a = ap.parse_args()
@@ -322,7 +325,7 @@ def main():
     print(f"# {'config':<20} {'rank':>4} {'predicted':>10} {'VmHWM':>10} {'maxrss':>10} {'error':>8}   (MiB)")
     for n in names:
         ranks, over = CONFIGS[n]
-        rows, nodes, secs = run_config(a.build, a.scratch, n, ranks, over, a.steps, a.threads)
+        rows, nodes, secs = run_config(a.build, a.scratch, n, ranks, over, a.steps, a.threads, a.every_ms)
         worst = 0.0
         for r, pred, hwm, maxrss in rows:
             err = (pred - hwm) / hwm
