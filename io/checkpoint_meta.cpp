@@ -68,6 +68,7 @@ void write_meta(hid_t file, const Meta& m) {
   h5::write_scalar_attr<int64_t>(meta, "tokens_seen", m.tokens_seen);
   h5::write_scalar_attr<int64_t>(meta, "adamw_step", m.adamw_step);
   if (m.seed) h5::write_scalar_attr<int64_t>(meta, "seed", *m.seed);
+  if (!m.hf_config.empty()) h5::write_string_attr(meta, "hf_config", m.hf_config);
   if (!m.run) return;
   const RunMeta& r = *m.run;
   h5::write_scalar_attr<double>(meta, "loss_scale", r.loss_scale);
@@ -177,6 +178,7 @@ Meta read_meta(hid_t file, const std::string& path) {
   if (mode == "lora") m.lora = read_lora(r);
   m.step = r.i64("step");
   if (r.has("seed")) m.seed = r.i64("seed");
+  if (r.has("hf_config")) m.hf_config = r.text("hf_config");
   if (r.has("loss_scale")) {  // a training checkpoint: all of it
     m.run = read_run(r);
     r.require("tokens_seen");

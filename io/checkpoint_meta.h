@@ -57,6 +57,10 @@ struct Meta {
   int64_t step = 0, tokens_seen = 0, adamw_step = 0;
   std::optional<int64_t> seed;  // train.seed of the run (GPT-2's initialisation, the data order)
   std::optional<RunMeta> run;
+  // The Hugging Face config.json keys of the model's directory that an export
+  // writes back (load::HfDirectory::kept: its token ids, a Llama's context),
+  // a JSON object; "" when the model came from no directory (no attribute).
+  std::string hf_config;
 };
 
 // Writes /meta and the root's identity attributes (write_identity, then the

@@ -95,9 +95,9 @@ const std::vector<Tool>& tools() {
          ckpt_tools::verify({a.files[0]});
          return 0;
        }},
-      {"export", "ARGS", "a checkpoint to a Hugging Face GPT-2 safetensors file (meshlm ckpt export --help)",
+      {"export", "ARGS", "a checkpoint to a Hugging Face model directory (GPT-2 or Llama) or a safetensors file (meshlm ckpt export --help)",
        SIZE_MAX, {}, {}, [](const ToolArgs& a) { return ckpt_export(a.raw); }},
-      {"import", "ARGS", "a Hugging Face GPT-2 safetensors file to a checkpoint (meshlm ckpt import --help)",
+      {"import", "ARGS", "a Hugging Face model directory (GPT-2 or Llama) or a GPT-2 safetensors file to a checkpoint (meshlm ckpt import --help)",
        SIZE_MAX, {}, {}, [](const ToolArgs& a) { return ckpt_import(a.raw); }},
   };
   return kTools;

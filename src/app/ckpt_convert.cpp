@@ -394,15 +394,15 @@ std::vector<std::vector<OutTensor>> split_shards(const std::vector<OutTensor>& t
   return shards;
 }
 
-// A Hugging Face model directory at `out`: config.json (for `cfg`, marked
-// as meshlm's with `origin`), model.safetensors or the shards of
+// A Hugging Face model directory at `out`: config.json (for `cfg`, with the
+// `kept` keys of the model's own, marked as meshlm's with `origin`), model.safetensors or the shards of
 // model.safetensors.index.json. Written whole in a directory of a temporary
 // name, then renamed onto `out`; what was at `out` is replaced only when it
 // is an empty directory or one that meshlm exported, and the files there
 // that meshlm does not write are kept.
 void write_hf_directory(const std::string& out, const std::vector<OutTensor>& tensors,
                         const DTypeInfo& dt, const std::map<std::string, std::string>& metadata,
-                        const GPTConfig& cfg, uint64_t shard_bytes,
+                        const GPTConfig& cfg, const std::string& kept, uint64_t shard_bytes,
                         const std::map<std::string, std::string>& origin, const std::string& source) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -447,7 +447,7 @@ void write_hf_directory(const std::string& out, const std::vector<OutTensor>& te
     write_text_file((fs::path(tmp) / load::kHfIndex).string(), index.dump(2) + "\n");
   }
   const std::string config = (fs::path(tmp) / load::kHfConfig).string();
-  write_text_file(config, load::hf_config_json(cfg, dt.torch, origin));
+  write_text_file(config, load::hf_config_json(cfg, dt.torch, origin, kept));
   sync_file_and_dir(config);
   if (there) {
     // What the old directory holds besides meshlm's export (a tokenizer, a
@@ -661,7 +661,7 @@ int ckpt_export(const std::vector<std::string>& args) {
             model_str(m.cfg), out, o.directory ? "Hugging Face directory, " : "", dt->option,
             tensors.size());
   if (o.directory)
-    write_hf_directory(out, tensors, *dt, meta, m.cfg, o.shard_bytes,
+    write_hf_directory(out, tensors, *dt, meta, m.cfg, m.hf_config, o.shard_bytes,
                        {{"source", in}, {"step", std::to_string(m.step)}, {"content", content}},
                        "checkpoint '" + in + "'");
   else
@@ -765,12 +765,14 @@ int ckpt_import(const std::vector<std::string>& args) {
                     MESHLM_HERE);
 
   GPTConfig cfg;
-  std::string heads_from = "--n_head";
+  std::string heads_from = "--n_head", kept;
   if (load::is_directory(in)) {
     if (!given.empty())
       bad("--" + given.begin()->first + " with a Hugging Face directory: its config.json gives the "
           "model");
-    cfg = load::read_hf_directory(in).model;
+    const load::HfDirectory d = load::read_hf_directory(in);
+    cfg = d.model;
+    kept = d.kept;
     heads_from = "config.json";
   } else {
     const io::SafetensorsFile f(in);
@@ -815,6 +817,7 @@ int ckpt_import(const std::vector<std::string>& args) {
   {
     ckpt::Meta meta;  // a full model at step 0, no training state
     load::set_model_meta(meta, cfg);
+    meta.hf_config = kept;
     meta.created = utc_timestamp();
     meta.config = "# meshlm ckpt import of '" + in + "'\n[model]\n" + model_keys(cfg) +
                   "\n[finetune]\nmode = full\n";

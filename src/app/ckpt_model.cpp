@@ -183,6 +183,7 @@ CkptMeta read_meta(hid_t file, const std::string& path) {
   m.cfg = load::model_of_meta(raw);
   validate_model(m.cfg, "checkpoint '" + path + "'");
   m.step = raw.step;
+  m.hf_config = raw.hf_config;
   m.lora = raw.lora.has_value();
   if (!m.lora) return m;
   const ckpt::LoraMeta& l = *raw.lora;

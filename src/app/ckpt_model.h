@@ -54,6 +54,7 @@ struct CkptMeta {
   std::string targets_text, quant_type_text, quant_base, base_hash;
   quant::QuantType quant_type = quant::QuantType::nf4;
   uint64_t seed = 0;
+  std::string hf_config;  // /meta hf_config: the Hugging Face config.json keys an export keeps
 };
 // /meta as io::ckpt::read_meta reads it, then what its values mean: the
 // model (validated), the adapters' linear layers, the base's format.

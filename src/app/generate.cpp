@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <limits>
@@ -91,8 +92,10 @@ const char* kGenerateUsage =
     "  --threads N         OpenMP and BLAS threads (default: the cores of the process's\n"
     "                      CPU affinity mask; under mpiexec, --bind-to none gives all)\n"
     "\n"
-    "Generation stops after --max-new-tokens tokens, at the tokenizer's end-of-text id,\n"
-    "or when prompt and new tokens fill the context. Then a line on stderr gives the\n"
+    "Generation stops after --max-new-tokens tokens, at the tokenizer's end-of-text id\n"
+    "or one of the model's eos_token_id (a directory's generation_config.json, else its\n"
+    "config.json; a checkpoint's, kept from the directory it came from), or when prompt\n"
+    "and new tokens fill the context. Then a line on stderr gives the\n"
     "prefill's and the decode's tokens per second. Padded vocabulary rows are never\n"
     "chosen.\n";
 
@@ -258,7 +261,7 @@ struct Timing {
 
 // The loop of the file's comment; the prompt's tokens fit the decoder's context.
 Timing generate(Decoder& dec, const std::vector<int32_t>& prompt, const GenerateOptions& o,
-                std::optional<uint32_t> eot, TokenSink& sink) {
+                const std::vector<uint32_t>& stops, TokenSink& sink) {
   const int V = dec.config().vocab_size, Vp = dec.config().padded_vocab_size();
   std::vector<float> logits(static_cast<size_t>(Vp));
   Timing t;
@@ -274,7 +277,7 @@ Timing generate(Decoder& dec, const std::vector<int32_t>& prompt, const Generate
     const uint32_t id = sampler.next({logits.data(), static_cast<size_t>(V)}, rng);
     sink.put(id);
     ++t.generated;
-    if ((eot && id == *eot) || t.generated == limit) break;
+    if (std::find(stops.begin(), stops.end(), id) != stops.end() || t.generated == limit) break;
     const int32_t next = static_cast<int32_t>(id);
     dec.forward(&next, 1, logits.data());
   }
@@ -329,7 +332,10 @@ void run(const GenerateOptions& o) {
   IdsSink ids;
   std::unique_ptr<TokenSink> streamed = as_text ? text->sink(prompt) : nullptr;
   TokenSink& sink = as_text ? *streamed : static_cast<TokenSink&>(ids);
-  const Timing t = generate(dec, prompt, o, text ? text->eot() : std::nullopt, sink);
+  // The tokenizer's end-of-text id and the model's own end-of-sequence ids.
+  std::vector<uint32_t> stops = model->eos_ids();
+  if (text && text->eot()) stops.push_back(*text->eot());
+  const Timing t = generate(dec, prompt, o, stops, sink);
   auto rate = [](int n, double s) { return s > 0 ? n / s : 0.0; };
   log::write_line(stderr, fmt::format("# generate: prefill {} tokens in {:.3f} s ({:.1f} tokens/s), "
                                       "decode {} tokens in {:.3f} s ({:.1f} tokens/s)\n",

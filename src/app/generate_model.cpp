@@ -25,10 +25,12 @@ constexpr int kDefaultHeads = 12;
 // A Hugging Face directory or a GPT-2 safetensors file: load::BaseSource.
 class SourceModel final : public GenerateModel {
 public:
-  SourceModel(const GPTConfig& cfg, const std::string& path, std::string what, std::string dir) {
+  SourceModel(const GPTConfig& cfg, const std::string& path, std::string what, std::string dir,
+              std::vector<uint32_t> eos = {}) {
     cfg_ = cfg;
     what_ = std::move(what);
     dir_ = std::move(dir);
+    eos_ = std::move(eos);
     src_ = load::open_base_source(path, cfg_, 0);
   }
 
@@ -45,6 +47,7 @@ public:
   explicit CheckpointModel(const GenerateModelOptions& o)
       : file_(h5::open_file(o.path)), meta_(ckpt_model::read_meta(file_, o.path)) {
     cfg_ = meta_.cfg;
+    eos_ = load::eos_token_ids("", meta_.hf_config);
     if (o.base_given && !meta_.lora)
       throw RankError("--base is for a LoRA checkpoint; '" + o.path +
                           "' is a full model's (its /params are the weights)",
@@ -131,9 +134,10 @@ std::unique_ptr<GenerateModel> open_generate_model(const GenerateModelOptions& o
     if (o.n_head > 0) throw RankError("--n_head is for a safetensors file; '" + path + "' is a "
                                       "Hugging Face directory, whose config.json gives the model",
                                       MESHLM_HERE);
-    const GPTConfig cfg = load::read_hf_directory(path).model;
-    ckpt_model::validate_model(cfg, "Hugging Face directory '" + path + "'");
-    return std::make_unique<SourceModel>(cfg, path, "Hugging Face directory '" + path + "'", path);
+    const load::HfDirectory d = load::read_hf_directory(path);
+    ckpt_model::validate_model(d.model, "Hugging Face directory '" + path + "'");
+    return std::make_unique<SourceModel>(d.model, path, "Hugging Face directory '" + path + "'", path,
+                                         load::eos_token_ids(path, d.kept));
   }
   if (!std::filesystem::exists(path, ec))
     throw RankError("model '" + path + "': no such file or directory", MESHLM_HERE);

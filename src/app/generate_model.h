@@ -38,6 +38,9 @@ public:
   const std::string& describe() const { return what_; }
   // A Hugging Face directory's path (where its tokenizer may be), else "".
   const std::string& directory() const { return dir_; }
+  // The model's own end-of-sequence ids (load::eos_token_ids): a directory's
+  // generation_config.json or config.json, a checkpoint's /meta hf_config.
+  const std::vector<uint32_t>& eos_ids() const { return eos_; }
   // Writes tensor `p` of model_param_table(config()) to out (p.numel()
   // floats, host memory); RankError naming the tensor and the file for a
   // value that is not finite.
@@ -47,6 +50,7 @@ protected:
   virtual void read(const ParamSpec& p, float* out) = 0;
   GPTConfig cfg_;
   std::string what_, dir_;
+  std::vector<uint32_t> eos_;
 };
 
 // Opens MODEL and reads its configuration (the weights come with fill()).

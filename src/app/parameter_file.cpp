@@ -588,6 +588,7 @@ void take_model_from_base(RunConfig& c, const std::function<bool(const char*)>& 
   take("model.max_seq_len", named("model.max_seq_len", "n_positions", "max_position_embeddings"),
        m.max_seq_len, h.max_seq_len, dir || llama);
   if (!llama) return;
+  if (given("model.n_kv_head") && m.n_kv_head == 0) m.n_kv_head = m.n_head;  // 0 = n_head
   take("model.n_kv_head", named("model.n_kv_head", "", "num_key_value_heads"), m.n_kv_head,
        h.n_kv_head);
   take("model.intermediate_size", named("model.intermediate_size", "", "intermediate_size"),
@@ -598,8 +599,9 @@ void take_model_from_base(RunConfig& c, const std::function<bool(const char*)>& 
        m.tie_word_embeddings, h.tie_word_embeddings);
   ops::RopeScaling& r = m.rope_scaling;
   const ops::RopeScaling& hr = h.rope_scaling;
-  take("model.rope_factor", named("model.rope_factor", "", "rope_scaling factor"), r.factor,
-       hr.factor);
+  // A model without rope scaling has its keys at 0.
+  const char* factor_name = hr.factor == 0 ? "no rope scaling: rope_scaling factor" : "rope_scaling factor";
+  take("model.rope_factor", named("model.rope_factor", "", factor_name), r.factor, hr.factor);
   take("model.rope_low_freq_factor", named("model.rope_low_freq_factor", "", "rope_scaling low_freq_factor"),
        r.low_freq_factor, hr.low_freq_factor);
   take("model.rope_high_freq_factor",

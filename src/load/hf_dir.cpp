@@ -45,11 +45,17 @@ int int_key(const json& j, const std::string& path, const char* key, const char*
   if (!j.contains(used))
     fail(path, std::string("has no key '") + key + "'" + (alt ? std::string(" (nor '") + alt + "')" : ""));
   const json& v = j.at(used);
-  if (!v.is_number_integer() || v.get<long long>() < 1 ||
-      v.get<long long>() > std::numeric_limits<int>::max())
+  // transformers takes a float of an integer's value (32.0) as that integer.
+  const bool integral = v.is_number_integer() ||
+                        (v.is_number_float() && std::isfinite(v.get<double>()) &&
+                         v.get<double>() == std::floor(v.get<double>()) && std::fabs(v.get<double>()) < 1e15);
+  const long long n = integral ? (v.is_number_integer() ? v.get<long long>()
+                                                         : static_cast<long long>(v.get<double>()))
+                               : 0;
+  if (!integral || n < 1 || n > std::numeric_limits<int>::max())
     fail(path, std::string("'") + used + "' must be a positive integer (got " +
                    log::printable(v.dump(), 60) + ")");
-  return static_cast<int>(v.get<long long>());
+  return static_cast<int>(n);
 }
 
 // GPT-2's config.json.
@@ -100,7 +106,12 @@ void must_be(const json& j, const std::string& path, const char* key, const json
 // Llama's rope scaling: rope_scaling (or transformers 5's rope_parameters),
 // absent, null, of type "default" or of type "llama3" with its four keys.
 ops::RopeScaling llama_rope_scaling(const json& j, const std::string& path) {
-  const char* key = j.contains("rope_scaling") ? "rope_scaling" : "rope_parameters";
+  // transformers: rope_scaling or rope_parameters (a null or empty
+  // rope_scaling gives way).
+  const auto given = [&](const char* k) {
+    return j.contains(k) && !j.at(k).is_null() && !(j.at(k).is_object() && j.at(k).empty());
+  };
+  const char* key = given("rope_scaling") || !given("rope_parameters") ? "rope_scaling" : "rope_parameters";
   ops::RopeScaling r;
   if (!j.contains(key) || j.at(key).is_null()) return r;
   const json& s = j.at(key);
@@ -154,35 +165,58 @@ GPTConfig llama_config(const json& j, const std::string& path) {
   must_be(j, path, "attention_bias", false, "meshlm's Llama attention has no biases");
   must_be(j, path, "mlp_bias", false, "meshlm's Llama MLP has no biases");
   must_be(j, path, "pretraining_tp", 1, "meshlm computes the unsplit layers (pretraining_tp 1)");
-  if (c.n_head > 0 && c.n_embd % c.n_head == 0)
-    must_be(j, path, "head_dim", c.n_embd / c.n_head,
-            "meshlm's heads are hidden_size / num_attention_heads = " +
-                std::to_string(c.n_embd / c.n_head) + " wide");
+  if (c.n_embd % c.n_head != 0)
+    fail(path, "hidden_size " + std::to_string(c.n_embd) + " is not a multiple of num_attention_heads " +
+                   std::to_string(c.n_head) + (j.contains("head_dim") ? " (head_dim " +
+                   log::printable(j.at("head_dim").dump(), 20) + ")" : std::string()) +
+                   ": meshlm's heads are hidden_size / num_attention_heads wide");
+  must_be(j, path, "head_dim", c.n_embd / c.n_head,
+          "meshlm's heads are hidden_size / num_attention_heads = " +
+              std::to_string(c.n_embd / c.n_head) + " wide");
   if (c.n_head % c.n_kv_head != 0)
     fail(path, "num_attention_heads " + std::to_string(c.n_head) +
                    " is not a multiple of num_key_value_heads " + std::to_string(c.n_kv_head));
   return c;
 }
 
-// `name` of the index as a file inside `dir` (symbolic links followed).
-std::string inside(const std::string& dir, const std::string& index, const std::string& name) {
+// Whether `real` (a resolved path) is a file of Hugging Face's download
+// cache that the snapshot `root` (<repo>/snapshots/<revision>, resolved)
+// links to: <repo>/blobs/<hash>.
+bool in_hub_blobs(const fs::path& root, const fs::path& real) {
+  const fs::path snapshots = root.parent_path();
+  return snapshots.filename() == "snapshots" &&
+         real.parent_path() == snapshots.parent_path() / "blobs";
+}
+
+// The file `name` of `dir`, which `what` ("weight_map names 'x'") names in
+// errors about `file`: inside `dir` once symbolic links are followed, or a
+// link of a snapshot of Hugging Face's download cache to its blobs.
+std::string inside(const std::string& dir, const std::string& file, const std::string& what,
+                   const std::string& name) {
   if (name.empty() || fs::path(name).is_absolute())
-    fail(index, "weight_map names '" + log::printable(name, 200) +
-                    "', which is not a file name inside the directory");
+    fail(file, what + ", which is not a file name inside the directory");
   std::error_code ec;
   const fs::path root = fs::canonical(dir, ec);
+  const fs::path lexical = fs::path(name).lexically_normal();
+  if (lexical.empty() || *lexical.begin() == "..")
+    fail(file, what + ", which lies outside " + root.string());
   const fs::path path = fs::path(dir) / name;
-  if (!fs::exists(path, ec))
-    fail(index, "weight_map names '" + log::printable(name, 200) + "', which does not exist");
+  if (!fs::exists(path, ec)) fail(file, what + ", which does not exist");
   const fs::path real = fs::canonical(path, ec);
-  if (ec) fail(index, "weight_map names '" + log::printable(name, 200) + "': " + ec.message());
+  if (ec) fail(file, what + ": " + ec.message());
   const auto [r, p] = std::mismatch(root.begin(), root.end(), real.begin(), real.end());
-  if (r != root.end())
-    fail(index, "weight_map names '" + log::printable(name, 200) + "', which lies outside " +
-                    root.string() + " (at " + real.string() + ")");
-  if (!fs::is_regular_file(real, ec))
-    fail(index, "weight_map names '" + log::printable(name, 200) + "', which is not a regular file");
+  if (r != root.end() && !(fs::is_symlink(path, ec) && in_hub_blobs(root, real)))
+    fail(file, what + ", which lies outside " + root.string() + " (at " + real.string() + ")");
+  if (!fs::is_regular_file(real, ec)) fail(file, what + ", which is not a regular file");
   return path.string();
+}
+
+// config.json's kKeptConfigKeys, as a JSON object ("" for none).
+std::string kept_keys(const json& j) {
+  json kept = json::object();
+  for (const char* k : kKeptConfigKeys)
+    if (j.contains(k) && !j.at(k).is_null()) kept[k] = j.at(k);
+  return kept.empty() ? "" : kept.dump();
 }
 
 }  // namespace
@@ -207,6 +241,7 @@ HfDirectory read_hf_directory(const std::string& dir) {
   else
     fail(config, "model_type '" + log::printable(type, 60) +
                      "' is not one meshlm trains (gpt2, llama)");
+  d.kept = kept_keys(j);
 
   const std::string index = (fs::path(dir) / kHfIndex).string();
   const std::string single = (fs::path(dir) / kHfWeights).string();
@@ -214,7 +249,7 @@ HfDirectory read_hf_directory(const std::string& dir) {
   if (!fs::exists(index, ec)) {
     if (!fs::exists(single, ec))
       fail(dir, std::string("holds neither ") + kHfWeights + " nor " + kHfIndex);
-    d.shards = {single};
+    d.shards = {inside(dir, dir, std::string("'") + kHfWeights + "'", kHfWeights)};
     return d;
   }
   const json x = read_json(index);
@@ -224,7 +259,8 @@ HfDirectory read_hf_directory(const std::string& dir) {
   for (const auto& [tensor, file] : x.at("weight_map").items()) {
     if (!file.is_string())
       fail(index, "weight_map's '" + log::printable(tensor, 200) + "' is not a file name");
-    const std::string path = inside(dir, index, file.get<std::string>());
+    const std::string path = inside(dir, index, "weight_map names '" + log::printable(file.get<std::string>(), 200) + "'",
+                                    file.get<std::string>());
     d.weight_map[tensor] = path;
     if (seen.insert(path).second) d.shards.push_back(path);
   }
@@ -232,7 +268,8 @@ HfDirectory read_hf_directory(const std::string& dir) {
 }
 
 std::string hf_config_json(const GPTConfig& cfg, const std::string& dtype,
-                           const std::map<std::string, std::string>& origin) {
+                           const std::map<std::string, std::string>& origin,
+                           const std::string& kept) {
   json j;
   if (cfg.arch == ModelArch::llama) {
     j["architectures"] = {"LlamaForCausalLM"};
@@ -273,9 +310,52 @@ std::string hf_config_json(const GPTConfig& cfg, const std::string& dtype,
     j["layer_norm_epsilon"] = 1e-5;
     j["tie_word_embeddings"] = true;
   }
+  if (!kept.empty()) {
+    const json k = json::parse(kept, nullptr, /*allow_exceptions=*/false);
+    if (!k.is_object())
+      throw RankError("the kept config.json keys (/meta hf_config) are not a JSON object: " +
+                          log::printable(kept, 200),
+                      MESHLM_HERE);
+    for (const auto& [key, value] : k.items()) {
+      // GPT-2's n_positions is its position table's rows: never replaced.
+      if (key == "max_position_embeddings" && cfg.arch != ModelArch::llama) continue;
+      j[key] = value;
+    }
+    if (cfg.arch == ModelArch::llama && k.contains("max_position_embeddings") &&
+        (!k.at("max_position_embeddings").is_number_integer() ||
+         k.at("max_position_embeddings").get<long long>() < cfg.max_seq_len))
+      j["max_position_embeddings"] = cfg.max_seq_len;
+  }
   j["torch_dtype"] = dtype;
   j["meshlm"] = origin;
   return j.dump(2) + "\n";
+}
+
+std::vector<uint32_t> eos_token_ids(const std::string& dir, const std::string& kept) {
+  json j;
+  std::string from = "/meta hf_config";
+  const fs::path generation = fs::path(dir) / "generation_config.json";
+  std::error_code ec;
+  if (!dir.empty() && fs::exists(generation, ec)) {
+    from = generation.string();
+    j = read_json(from);
+  }
+  if (!j.contains("eos_token_id") && !kept.empty()) {
+    from = "/meta hf_config";
+    j = json::parse(kept, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) fail(from, "is not a JSON object");
+  }
+  if (!j.is_object() || !j.contains("eos_token_id") || j.at("eos_token_id").is_null()) return {};
+  const json& v = j.at("eos_token_id");
+  std::vector<uint32_t> ids;
+  for (const json& e : v.is_array() ? v : json::array({v})) {
+    if (!e.is_number_integer() || e.get<long long>() < 0 ||
+        e.get<long long>() > std::numeric_limits<uint32_t>::max())
+      fail(from, "'eos_token_id' must be a token id or a list of them (got " +
+                     log::printable(v.dump(), 60) + ")");
+    ids.push_back(static_cast<uint32_t>(e.get<long long>()));
+  }
+  return ids;
 }
 
 bool written_by_meshlm(const std::string& dir) {

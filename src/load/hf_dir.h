@@ -17,13 +17,18 @@
 // attention_bias, mlp_bias, pretraining_tp and head_dim, where present, must
 // be what meshlm computes (silu, false, false, 1, hidden_size / heads).
 //
-// The index's weight_map
-// names, for each tensor, a file that must lie inside DIR once symbolic
-// links are followed (no absolute path, no "..", no link out of DIR).
+// rope_scaling null or {} gives way to rope_parameters, as in transformers.
+//
+// model.safetensors and each file the index's weight_map names must lie
+// inside DIR once symbolic links are followed (no absolute path, no "..", no
+// link out of DIR), with one exception: Hugging Face's download cache, where
+// DIR is <repo>/snapshots/<revision> and each of its files links to
+// <repo>/blobs/<hash>.
 //
 // Every error is a RankError naming the file and the key or tensor.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -47,7 +52,16 @@ struct HfDirectory {
   std::vector<std::string> shards;
   // From the index: each tensor's file (a path in `shards`); empty for one file.
   std::map<std::string, std::string> weight_map;
+  // The keys of config.json that meshlm keeps for an export without
+  // computing with them (kKeptConfigKeys), as a JSON object; "" when it has
+  // none. A checkpoint holds them in /meta (hf_config).
+  std::string kept;
 };
+
+// The token ids the model was trained with, and a Llama's own context
+// (max_position_embeddings: model.max_seq_len may be less for a run).
+inline constexpr const char* kKeptConfigKeys[] = {"bos_token_id", "eos_token_id", "pad_token_id",
+                                                  "max_position_embeddings"};
 
 // Whether `path` names a directory (following symbolic links).
 bool is_directory(const std::string& path);
@@ -57,9 +71,19 @@ HfDirectory read_hf_directory(const std::string& dir);
 // config.json for `cfg` as transformers writes it for GPT2LMHeadModel or
 // LlamaForCausalLM (architectures, model_type, the shape keys, torch_dtype
 // `dtype` as "float32" / "bfloat16" / "float16"), plus "meshlm": `origin`,
-// the mark by which meshlm recognises a directory it wrote.
+// the mark by which meshlm recognises a directory it wrote. `kept`
+// (HfDirectory::kept, "" for none) adds its keys; a Llama's
+// max_position_embeddings is then the larger of its and cfg.max_seq_len.
+// RankError when `kept` is not a JSON object.
 std::string hf_config_json(const GPTConfig& cfg, const std::string& dtype,
-                           const std::map<std::string, std::string>& origin);
+                           const std::map<std::string, std::string>& origin,
+                           const std::string& kept = "");
+// The ids at which the model's generation ends: eos_token_id (a number or a
+// list) of `dir`/generation_config.json where `dir` is a directory holding
+// one, else of `kept` (HfDirectory::kept, a checkpoint's /meta hf_config);
+// none when neither has it. RankError naming the file (or "/meta
+// hf_config") and the key when it is not whole numbers >= 0.
+std::vector<uint32_t> eos_token_ids(const std::string& dir, const std::string& kept);
 // Whether `dir`'s config.json carries that mark.
 bool written_by_meshlm(const std::string& dir);
 

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "io/h5.h"
+#include "load/hf_dir.h"
 
 namespace meshlm::load {
 
@@ -51,6 +52,16 @@ std::optional<GPTConfig> checkpoint_model(const std::string& path) {
   io::h5::File f = io::h5::open_file(path);
   if (!io::h5::exists(f, "meta")) return std::nullopt;
   return model_of_meta(ck::read_meta(f, path));
+}
+
+std::string kept_hf_config(const std::string& base) {
+  if (base.empty()) return "";
+  if (is_directory(base)) return read_hf_directory(base).kept;
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(base, ec) || !io::h5::is_hdf5_file(base)) return "";
+  io::h5::File f = io::h5::open_file(base);
+  if (!io::h5::exists(f, "meta")) return "";
+  return ck::read_meta(f, base).hf_config;
 }
 
 std::string model_meta_difference(const ck::Meta& m, const GPTConfig& cfg,

@@ -24,6 +24,11 @@ GPTConfig model_of_meta(const io::ckpt::Meta& m);
 // RankError naming the file when /meta is there but unreadable.
 std::optional<GPTConfig> checkpoint_model(const std::string& path);
 
+// The Hugging Face config.json keys an export of a model made from `base`
+// writes back (HfDirectory::kept): a directory's own, a meshlm checkpoint's
+// /meta hf_config; "" for anything else (a safetensors file, "init").
+std::string kept_hf_config(const std::string& base);
+
 // "" when `m` describes `cfg`; else the first [model] key that differs, as
 // "model.KEY = <m's> there, <cfg's> " + `here` ("in this run").
 std::string model_meta_difference(const io::ckpt::Meta& m, const GPTConfig& cfg,

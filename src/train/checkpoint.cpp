@@ -61,9 +61,10 @@ namespace {
 // The /meta of a save (collective: every rank writes the same values).
 ck::Meta meta_of(const RunConfig& cfg, const TrainingState& st, const OptimizerMeta& opt,
                  uint64_t windows_per_epoch, const std::string& base_hash,
-                 const std::string& created) {
+                 const std::string& created, const std::string& hf_config) {
   ck::Meta m;
   load::set_model_meta(m, cfg.model);
+  m.hf_config = hf_config;
   m.created = created;
   m.config = cfg.resolved;
   if (cfg.finetune.mode == FinetuneMode::lora)
@@ -111,6 +112,15 @@ Checkpointer::Checkpointer(const RunConfig& cfg, const ProcessMesh& mesh, Engine
       if (mesh.rank() == 0) base_hash_ = load::files_hash(load::base_files(cfg.quant.base));
     }, MESHLM_HERE);
     base_hash_ = comm::broadcast_string(*c, base_hash_);
+  }
+  // What an export of the model writes back of its Hugging Face config.json
+  // (the base's token ids and context), read once by rank 0.
+  if (!cfg.quant.base.empty() && cfg.quant.base != "init") {
+    std::unique_ptr<comm::Communicator> c = comm::make_mpi_communicator(mesh.world());
+    try_all(mesh.world(), "quant.base: ", [&] {
+      if (mesh.rank() == 0) hf_config_ = load::kept_hf_config(cfg.quant.base);
+    }, MESHLM_HERE);
+    hf_config_ = comm::broadcast_string(*c, hf_config_);
   }
   if (cfg.checkpoint.async) {
     if (!comm::threads_may_call_mpi())
@@ -421,7 +431,7 @@ void Checkpointer::write(Job& job, MPI_Comm comm) {
       }
     }
     ck::write_meta(f, meta_of(cfg_, job.state, job.opt, windows_per_epoch_, base_hash_,
-                              job.created));
+                              job.created, hf_config_));
     h5::close_file(f, job.tmp);
   }, MESHLM_HERE);
   lock.reset();  // no HDF5 while the file is flushed to disk

@@ -110,6 +110,7 @@ private:
   SectionTimers& timers_;
   const debug::Faults faults_;
   std::string base_hash_;  // XXH3-128 of quant.base under LoRA (rank 0 computes it once)
+  std::string hf_config_;  // /meta hf_config: load::kept_hf_config(quant.base)
   // checkpoint.async:
   std::unique_ptr<comm::OwnedComm> writer_comm_;  // the writer's duplicate of the world
   Buffer snapshot_;                                // the host snapshot, made with the checkpointer

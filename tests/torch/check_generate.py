@@ -32,11 +32,19 @@ CASE:
               F=96, V=300 padded to 320, 64 positions): NKV=2 with Llama 3 rope
               scaling (factor 8, original 16 positions, so that the scaled
               frequencies matter within the run) and an untied lm_head; NKV=1,
-              no scaling, tied. Greedy against llama_torch.
+              no scaling, tied. Greedy against llama_torch. The first with
+              config.json's eos_token_id set to its greedy run's 17th id: the
+              run ends at that id's first occurrence; with a
+              generation_config.json eos_token_id list holding it (and
+              config.json another id): the same; a generation_config.json
+              eos_token_id that is no id: an error naming the file and key.
   checkpoint  meshlm checkpoints of short runs (meshlm train, checkpoint.final):
               a GPT-2 trained from its initialisation and a Llama trained from
               the untied GQA directory (quant.base = DIR): greedy against the
-              references on the checkpoints' /params (read with h5py).
+              references on the checkpoints' /params (read with h5py). A
+              run from that directory with config.json's eos_token_id a list
+              holding the greedy run's 17th id: its checkpoint's generation
+              ends at that id's first occurrence.
   lora        a LoRA run (nf4 base = the GPT-2 directory, rank 4, every
               GPT-2 target, lr 1e-2, 3 steps): greedy from the LoRA checkpoint
               (its base from /meta quant_base) against gpt2_torch on `meshlm
@@ -365,6 +373,41 @@ LLAMAS = (("untied GQA (2 key/value heads), llama3 rope scaling", 2, False, SCAL
           ("tied MQA (1 key/value head), no rope scaling", 1, True, None, 4))
 
 
+def until_stop(ids, stops):
+    """The greedy ids up to and with the first of `stops`."""
+    for i, x in enumerate(ids):
+        if x in stops:
+            return ids[:i + 1]
+    return ids
+
+
+def check_eos_stops(m, d, t, cfg, prompt, ids):
+    """The model's eos_token_id ends generation: config.json's (a number),
+    generation_config.json's (a list, before config.json's); a bad one is an
+    error naming the file and the key."""
+    stop = ids[NEW // 2]
+    cases = (("config.json eos_token_id (a number)", {"eos_token_id": stop}, None),
+             ("generation_config.json eos_token_id (a list), before config.json's",
+              {"eos_token_id": LV - 1 if stop != LV - 1 else 0}, {"eos_token_id": [LV + 5, stop]}))
+    for i, (what, extra, generation) in enumerate(cases):
+        name = f"eos{i}"
+        write_llama_dir(os.path.join(d, name), t, {**cfg, **extra})
+        if generation is not None:
+            with open(os.path.join(d, name, "generation_config.json"), "w") as f:
+                json.dump(generation, f)
+        _, out, _ = m.run("generate", name, "--print", "ids", "--prompt-ids", ",".join(map(str, prompt)),
+                          "--temperature", "0", "--max-new-tokens", NEW)
+        got = [int(x) for x in out.decode().split(",")]
+        check(got == until_stop(ids, {stop}),
+              f"{what}: generation ends at the first {stop} ({len(got)} of {NEW} ids)")
+    with open(os.path.join(d, "eos1", "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": ["x"]}, f)
+    rc, _, err = m.run("generate", "eos1", "--prompt-ids", "1", ok=False)
+    check(rc != 0 and "generation_config.json" in err and "eos_token_id" in err,
+          "a generation_config.json eos_token_id that is no token id: an error naming the file and the key")
+    print("      " + error_line(err))
+
+
 def case_llama(m, d):
     for what, nkv, tied, scaling, seed in LLAMAS:
         t, cfg = llama_tensors(seed, nkv, tied), llama_config(nkv, tied, scaling)
@@ -373,6 +416,8 @@ def case_llama(m, d):
         prompt = prompt_of(LV, 10, seed)
         ids = m.greedy(name, prompt)
         check_greedy(f"Llama {what}", llama_logits(t, cfg, prompt + ids), prompt, ids)
+        if seed == LLAMAS[0][4]:
+            check_eos_stops(m, d, t, cfg, prompt, ids)
 
 
 # ---------------------------------------------------------------------------
@@ -417,6 +462,18 @@ def case_checkpoint(m, d):
     ids = m.greedy(ck, prompt)
     check_greedy(f"Llama checkpoint ({what}, trained from its directory)", llama_logits(p, cfg, prompt + ids),
                  prompt, ids)
+    # A run from a directory whose config.json has eos_token_id: its
+    # checkpoint keeps it (/meta hf_config), and generation ends there.
+    stop = ids[NEW // 2]
+    write_llama_dir(os.path.join(d, "llama_eos"), t, {**cfg, "eos_token_id": [LV + 7, stop]})
+    ck = train(m, "llamarun_eos", "[model]\nseq_len = 16\n" + RUN.format(tokens="tokens300.h5"),
+               f"--quant.base={os.path.join(d, 'llama_eos')}", "--train.lr=1e-3")
+    _, out, _ = m.run("generate", ck, "--print", "ids", "--prompt-ids", ",".join(map(str, prompt)),
+                      "--temperature", "0", "--max-new-tokens", NEW)
+    got = [int(x) for x in out.decode().split(",")]
+    check(got == until_stop(ids, {stop}),
+          f"the checkpoint of a run from a directory with eos_token_id [{LV + 7}, {stop}]: generation "
+          f"ends at the first {stop} ({len(got)} of {NEW} ids)")
 
 
 def case_lora(m, d):

@@ -25,7 +25,13 @@ CASE:
                 model.safetensors with unprefixed F32 names, rope_scaling null,
                 num_key_value_heads 1) likewise. Every [model] key given and
                 agreeing with config.json, or model.max_seq_len below
-                max_position_embeddings: the same loss bits. A key that
+                max_position_embeddings: the same loss bits;
+                original_max_position_embeddings 64.0 as 64; no
+                num_key_value_heads with --model.n_kv_head=0. rope_scaling
+                null beside transformers 5's rope_parameters of type llama3:
+                the scaled model's loss bits. A snapshot of Hugging Face's
+                download cache (each file a link to ../../blobs/<hash>): the
+                directory's loss bits. A key that
                 disagrees (n_kv_head, rope_theta, tie_word_embeddings,
                 rope_factor, max_seq_len above max_position_embeddings) is an
                 error naming the key, config.json and its value there, with no
@@ -46,11 +52,15 @@ CASE:
                 meshlm did not write fails naming it, every byte unchanged;
                 re-exporting over meshlm's own export (other dtype, other shard
                 count) replaces it, no stale shard left, the files meshlm does
-                not write (tokenizer.json, a folder) kept as they were.
+                not write (tokenizer.json, a folder) kept as they were. A
+                model with Llama 3's bos, eos (a list) and pad ids, trained
+                at model.max_seq_len 128 of its 256 (full, and LoRA exported
+                with --merge): the export's config.json has those ids and
+                max_position_embeddings 256.
   import_export `ckpt import` of the BF16 sharded directory, then `ckpt export`
                 (bf16, the default): per name the same dtype, shape and raw
-                bytes as the input, and config.json's model values equal the
-                input's; the imported checkpoint as quant.base with no
+                bytes as the input, and config.json's model values and token
+                ids equal the input's; the imported checkpoint as quant.base with no
                 [model] key (its /meta's taken), or with every one given,
                 gives the same step-1 loss bits as the directory, one that
                 disagrees with /meta is refused naming it, and a run that leaves out tie_word_embeddings or the
@@ -70,12 +80,15 @@ CASE:
                 written: config.json missing; malformed JSON; model_type
                 "mistral"; hidden_act "gelu"; num_attention_heads not a
                 multiple of num_key_value_heads; head_dim other than
-                hidden_size / num_attention_heads; attention_bias true;
+                hidden_size / num_attention_heads; hidden_size not a
+                multiple of num_attention_heads (with a head_dim); attention_bias true;
                 rope_scaling of rope_type "yarn"; q_proj of a wrong shape;
                 intermediate_size 128 against tensors of 96; a missing tensor;
                 a tensor in two shards; an index naming ../x.safetensors (an
                 existing file), an absolute path, a symbolic link out of DIR, a
-                shard that does not exist; a truncated shard; an F8_E4M3 and an
+                shard that does not exist; model.safetensors a link out of
+                DIR; a snapshot of the download cache (DIR = .../snapshots/REV)
+                linking a shard to another repository's blobs; a truncated shard; an F8_E4M3 and an
                 I64 tensor; a [model] key that disagrees (model.n_layer = 3).
                 Tensor errors name DIR and the tensor, config errors
                 DIR/config.json and the key, index errors the index file.
@@ -398,6 +411,45 @@ def case_loss(m, d):
     compare("tied, one F32 model.safetensors, unprefixed names, rope_scaling null, one key head",
             m.loss(f"--quant.base={tied}"), ref_t)
 
+    # transformers 5's rope_parameters beside a null rope_scaling: the scaling
+    # is rope_parameters' (transformers: rope_scaling or rope_parameters).
+    params = os.path.join(d, "rope_parameters")
+    write_dir(params, t, shards=3, cfg=config(rope_scaling=None,
+                                              rope_parameters={**SCALING, "rope_theta": 500000.0}))
+    y = m.loss(f"--quant.base={params}")
+    check(np.float32(y).tobytes() == np.float32(got).tobytes(),
+          f"rope_scaling null beside rope_parameters of type llama3: the scaled model's loss bits "
+          f"({y!r} vs {got!r})")
+    # original_max_position_embeddings written as a float (64.0): the same model.
+    as_float = os.path.join(d, "float_positions")
+    write_dir(as_float, t, shards=3,
+              cfg=config(rope_scaling={**SCALING, "original_max_position_embeddings": 64.0}))
+    y = m.loss(f"--quant.base={as_float}")
+    check(np.float32(y).tobytes() == np.float32(got).tobytes(),
+          f"original_max_position_embeddings 64.0: the loss bits of 64 ({y!r} vs {got!r})")
+    # No num_key_value_heads (LlamaConfig: the heads); model.n_kv_head = 0 means the same.
+    mha = os.path.join(d, "mha")
+    cfg_mha = config()
+    del cfg_mha["num_key_value_heads"]
+    write_dir(mha, llama_tensors(7, nkv=NH), shards=3, cfg=cfg_mha)
+    x = m.loss(f"--quant.base={mha}")
+    y = m.loss(f"--quant.base={mha}", "--model.n_kv_head=0")
+    check(np.float32(y).tobytes() == np.float32(x).tobytes(),
+          f"no num_key_value_heads in config.json, --model.n_kv_head=0 (= n_head): taken, the same "
+          f"loss bits ({y!r} vs {x!r})")
+    # Hugging Face's download cache: snapshots/<revision>/* link to ../../blobs/<hash>.
+    repo = os.path.join(d, "hub", "models--org--llama")
+    snap = os.path.join(repo, "snapshots", "0123abcd")
+    os.makedirs(snap)
+    os.makedirs(os.path.join(repo, "blobs"))
+    for i, f in enumerate(sorted(os.listdir(base))):
+        shutil.copy(os.path.join(base, f), os.path.join(repo, "blobs", f"{i:064x}"))
+        os.symlink(os.path.join("..", "..", "blobs", f"{i:064x}"), os.path.join(snap, f))
+    y = m.loss(f"--quant.base={snap}")
+    check(np.float32(y).tobytes() == np.float32(got).tobytes(),
+          f"a snapshot of Hugging Face's download cache (each file a link into blobs/): the "
+          f"directory's loss bits ({y!r} vs {got!r})")
+
     again = m.loss(f"--quant.base={base}", *MODEL_ARGS)
     check(np.float32(again).tobytes() == np.float32(got).tobytes(),
           f"[model] keys that agree with config.json: the same loss bits ({again!r} vs {got!r})")
@@ -517,6 +569,24 @@ def case_export(m, d):
     m.run("ckpt", "export", ck, "-o", e16)
     check_export_dir("export (default dtype)", e16, ck, "BF16", "bfloat16")
 
+    # A run of a shorter context (model.max_seq_len 128 of 256) from a model
+    # with Llama 3's token ids: the export keeps the model's context and ids.
+    ids = {"bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009], "pad_token_id": 7}
+    ids_dir = os.path.join(d, "ids")
+    write_dir(ids_dir, t, shards=3, cfg=config(**ids))
+    for what, extra in (("full training", ()),
+                        ("LoRA, export --merge", ("--finetune.mode=lora", "--quant.type=nf4"))):
+        ck_short = train_final(m, ids_dir, 1, "--model.max_seq_len=128", *extra)
+        with h5py.File(ck_short, "r") as f:
+            check(int(f["meta"].attrs["max_seq_len"]) == 128, f"{what}: the run's max_seq_len is 128")
+        e = os.path.join(d, "e_ids" + str(len(extra)))
+        m.run("ckpt", "export", ck_short, "-o", e, *(("--merge",) if extra else ()))
+        with open(os.path.join(e, "config.json")) as f:
+            cfg_ids = json.load(f)
+        kept = {k: cfg_ids.get(k) for k in (*ids, "max_position_embeddings")}
+        check(kept == {**ids, "max_position_embeddings": NPOS},
+              f"{what}: the export keeps the model's token ids and its context of {NPOS} ({kept})")
+
     # A non-empty directory meshlm did not write.
     foreign = os.path.join(d, "foreign")
     os.makedirs(os.path.join(foreign, "sub"))
@@ -570,8 +640,9 @@ def case_import_export(m, d):
     same = [k for k in a if k in b and a[k] == b[k]]
     check(len(same) == len(a), "import then export (bf16): per name the same dtype, shape and raw bytes "
                                f"({len(a) - len(same)} differ: {[k for k in a if k not in same][:4]})")
-    diff = {k: (cfg_in[k], cfg_out.get(k)) for k in MODEL_KEYS if cfg_in[k] != cfg_out.get(k)}
-    check(not diff, f"import then export: config.json's model values are the input's {diff}")
+    diff = {k: (cfg_in[k], cfg_out.get(k)) for k in MODEL_KEYS + ("bos_token_id", "eos_token_id")
+            if cfg_in[k] != cfg_out.get(k)}
+    check(not diff, f"import then export: config.json's model values and token ids are the input's {diff}")
     x = m.loss(f"--quant.base={base}")
     imp = os.path.join(d, "imp.h5")
     y = m.loss(f"--quant.base={imp}", *MODEL_ARGS)
@@ -701,6 +772,20 @@ def case_bad(m, d):
         shutil.move(os.path.join(dd, first[2]), outside)
         os.symlink(outside, os.path.join(dd, first[2]))
 
+    def single_symlink_out(dd):
+        write_dir(dd, t, shards=1)
+        outside = os.path.join(d, "elsewhere_single.safetensors")
+        shutil.move(os.path.join(dd, "model.safetensors"), outside)
+        os.symlink(outside, os.path.join(dd, "model.safetensors"))
+
+    def other_repos_blobs(dd):
+        # DIR = <repo>/snapshots/<rev>, a shard linked to another repo's blobs.
+        write_dir(dd, t)
+        other = os.path.join(d, "models--other", "blobs")
+        os.makedirs(other, exist_ok=True)
+        shutil.move(os.path.join(dd, first[2]), os.path.join(other, "f" * 64))
+        os.symlink(os.path.join(other, "f" * 64), os.path.join(dd, first[2]))
+
     def f8(dd):
         write_dir(dd, t, shards=1)
         up = "model.layers.1.mlp.up_proj.weight"
@@ -719,6 +804,8 @@ def case_bad(m, d):
     bad("hidden_act", [cj, "hidden_act", "gelu"], cfg_with(hidden_act="gelu"))
     bad("heads_kv", [cj, "num_attention_heads 4", "num_key_value_heads 3"], cfg_with(num_key_value_heads=3))
     bad("head_dim", [cj, "head_dim"], cfg_with(head_dim=32))
+    bad("heads_6_of_64", [cj, "hidden_size 64 is not a multiple of num_attention_heads 6", "head_dim 16"],
+        cfg_with(num_attention_heads=6, head_dim=16))
     bad("attention_bias", [cj, "attention_bias"], cfg_with(attention_bias=True))
     bad("rope_yarn", [cj, "rope_scaling", "yarn"],
         cfg_with(rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}))
@@ -734,6 +821,8 @@ def case_bad(m, d):
     bad("absolute", [ix, os.path.join(d, "x.safetensors"), "not a file name inside the directory"],
         edit(lambda x: x["weight_map"].__setitem__(k0, os.path.join(d, "x.safetensors"))))
     bad("symlink_out", [ix, first[2], "lies outside"], symlink_out)
+    bad("single_symlink_out", ["DIR", "'model.safetensors'", "lies outside"], single_symlink_out)
+    bad("hub/snapshots/0123abcd", [ix, first[2], "lies outside"], other_repos_blobs)
     bad("missing_shard", [ix, "model-00009-of-00009.safetensors", "does not exist"],
         edit(lambda x: x["weight_map"].__setitem__(k0, "model-00009-of-00009.safetensors")))
     bad("truncated", ["DIR/" + first[1], "run past the end of the file"], truncated)
