@@ -128,6 +128,9 @@ public:
     return out;
   }
 
+protected:
+  std::string name_in_source(const ParamSpec& spec) const override { return file_names_[find(spec)]; }
+
   void fetch_rows(const ParamSpec& spec, int64_t row0, int64_t nrows, float* out) override {
     const size_t i = find(spec);
     const ParamSpec& p = table_[i];
@@ -315,7 +318,9 @@ void BaseSource::read_rows(const ParamSpec& spec, int64_t row0, int64_t nrows, f
     std::string where = "index " + std::to_string(j);
     if (spec.full_shape.ndim == 2)
       where += " (row " + std::to_string(j / rf) + ", column " + std::to_string(j % rf) + ")";
-    throw RankError(describe() + ": tensor '" + spec.name + "' holds " +
+    const std::string name = name_in_source(spec);
+    throw RankError(describe() + ": tensor '" + name + "'" +
+                        (name != spec.name ? " (meshlm's '" + spec.name + "')" : std::string()) + " holds " +
                         (std::isnan(out[i]) ? "NaN" : "an infinite value") + " at " + where +
                         ", in meshlm's layout (linear weights (out, in))",
                     MESHLM_HERE);

@@ -63,6 +63,9 @@ public:
 protected:
   // The source's own reading of those rows, without the check of the values.
   virtual void fetch_rows(const ParamSpec& spec, int64_t row0, int64_t nrows, float* out) = 0;
+  // The tensor's name where the source holds it (a Hugging Face file's
+  // "model.layers.0..."), for errors; meshlm's by default.
+  virtual std::string name_in_source(const ParamSpec& spec) const { return spec.name; }
 };
 
 // Opens the source named by `spec_string` for the model `cfg` (seed: for

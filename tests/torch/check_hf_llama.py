@@ -86,7 +86,8 @@ CASE:
                 intermediate_size 128 against tensors of 96; a missing tensor;
                 a tensor in two shards; an index naming ../x.safetensors (an
                 existing file), an absolute path, a symbolic link out of DIR, a
-                shard that does not exist; model.safetensors a link out of
+                shard that does not exist; a NaN (named by the file's tensor
+                name, row and column); model.safetensors a link out of
                 DIR; a snapshot of the download cache (DIR = .../snapshots/REV)
                 linking a shard to another repository's blobs; a truncated shard; an F8_E4M3 and an
                 I64 tensor; a [model] key that disagrees (model.n_layer = 3).
@@ -786,6 +787,13 @@ def case_bad(m, d):
         shutil.move(os.path.join(dd, first[2]), os.path.join(other, "f" * 64))
         os.symlink(os.path.join(other, "f" * 64), os.path.join(dd, first[2]))
 
+    def nan(dd):
+        tn = dict(t)
+        w = tn["model.layers.1.mlp.down_proj.weight"].clone()
+        w[3, 5] = float("nan")
+        tn["model.layers.1.mlp.down_proj.weight"] = w
+        write_dir(dd, tn)
+
     def f8(dd):
         write_dir(dd, t, shards=1)
         up = "model.layers.1.mlp.up_proj.weight"
@@ -828,6 +836,7 @@ def case_bad(m, d):
     bad("truncated", ["DIR/" + first[1], "run past the end of the file"], truncated)
     bad("f8", ["DIR", "model.layers.1.mlp.up_proj.weight", "F8_E4M3"], f8)
     bad("int64", ["DIR", "model.norm.weight", "I64"], dir_with(dtypes={"model.norm.weight": "I64"}))
+    bad("nan", ["DIR", "tensor 'model.layers.1.mlp.down_proj.weight'", "NaN", "row 3, column 5"], nan)
     bad("disagreeing_key", ["model.n_layer = 3", cj, "num_hidden_layers 2"], dir_with(), ["--model.n_layer=3"])
 
     # mpiexec takes about two seconds to end a job whose rank failed: run a few at once.
