@@ -72,7 +72,7 @@ Options parse_options(const std::vector<std::string>& args, bool* help) {
        "the field of a JSON line that holds the document's text")
       ("eot", po::value<std::string>(&o.eot)->default_value("auto"),
        "the id after each document: auto (the tokenizer's <|endoftext|>, <|end_of_text|> or "
-       "</s>; none for the byte tokenizer), none, or an id")
+       "</s>; a SentencePiece model's eos id; none for the byte tokenizer), none, or an id")
       ("val-fraction", po::value<double>(&o.val_fraction)->default_value(0),
        "hold out this fraction of the documents in /val_tokens (document i, counted from 0 "
        "in input order, when floor((i+1)F) > floor(iF)); 0 holds out none")

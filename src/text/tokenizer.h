@@ -59,8 +59,10 @@ public:
   virtual std::optional<uint32_t> bos_id() const = 0;
 
   // The end-of-text id: the first of "<|endoftext|>", "<|end_of_text|>",
-  // "</s>" that the tokenizer has (SentencePiece: its eos id), if any.
-  std::optional<uint32_t> eot_id() const;
+  // "</s>" that the tokenizer has, if any. SentencePiece: the model's eos
+  // id whatever its piece is named (Gemma's "<eos>"), by the names only
+  // when the model has none.
+  virtual std::optional<uint32_t> eot_id() const;
 
   // "byte", "bpe" or "sentencepiece".
   virtual std::string kind() const = 0;

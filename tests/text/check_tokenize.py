@@ -43,10 +43,13 @@ CASE:
                    TemplateProcessing], as published; and TemplateProcessing
                    alone): [128000] ids [128001] per document, uint32,
                    vocab_size 128256, bos_id 128000.
-  sentencepiece    two models trained on the corpus with spm_train (vocabulary
-                   2000): BPE (<unk> 0, <s> 1, </s> 2: stream [1] ids [2])
-                   and unigram with byte_fallback and no <s> (stream ids [2]);
-                   ids from python3-sentencepiece's encode of each document.
+  sentencepiece    three models trained on the corpus with spm_train
+                   (vocabulary 2000): BPE (<unk> 0, <s> 1, </s> 2: stream [1]
+                   ids [2]), unigram with byte_fallback and no <s> (stream ids
+                   [2]), and BPE whose end-of-sequence piece is <eos> (as
+                   Gemma's; stream [1] ids [2]: the eot is the model's eos id,
+                   whatever its name); ids from python3-sentencepiece's
+                   encode of each document.
   jsonl            --input jsonl corpus.jsonl (every non-ASCII character a
                    \\u escape) gives the same /tokens as the text files; so
                    do two jsonl files with --jsonl-key body, other keys
@@ -441,6 +444,8 @@ SPM_MODELS = {
     # name: (spm_train options, bos id, eos id)
     "bpe": (["--model_type=bpe"], 1, 2),
     "unigram_bytes": (["--model_type=unigram", "--byte_fallback=true", "--bos_id=-1"], None, 2),
+    # The end-of-sequence piece named as Gemma's: the eot is the model's eos id.
+    "eos_named": (["--model_type=bpe", "--eos_piece=<eos>"], 1, 2),
 }
 
 
