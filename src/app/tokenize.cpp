@@ -288,10 +288,11 @@ std::optional<uint32_t> resolve_eot(const std::string& eot, const text::Tokenize
   const auto r = std::from_chars(eot.data(), eot.data() + eot.size(), id);
   if (r.ec != std::errc() || r.ptr != eot.data() + eot.size())
     throw RankError("--eot '" + eot + "': must be auto, none or a token id", MESHLM_HERE);
-  if (id >= tok.vocab_size())
-    throw RankError(fmt::format("--eot {}: the tokenizer's vocabulary has {} ids", id, tok.vocab_size()),
-                    MESHLM_HERE);
-  return static_cast<uint32_t>(id);
+  // An id past 32 bits is past every vocabulary (token ids are < 2^32 - 1).
+  const auto id32 = static_cast<uint32_t>(std::min<uint64_t>(id, UINT32_MAX));
+  if (!tok.has_token(id32))
+    throw RankError(fmt::format("--eot {}: the id {}", id, tok.why_no_token(id32)), MESHLM_HERE);
+  return id32;
 }
 
 template <typename T>

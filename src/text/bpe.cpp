@@ -284,10 +284,7 @@ void BpeTokenizer::merge_piece(std::string_view piece, std::vector<uint32_t>& ou
 }
 
 std::string BpeTokenizer::token_bytes(uint32_t id) const {
-  if (id >= bytes_.size() || !assigned_[id])
-    throw RankError(fmt::format("token id {} is not in the tokenizer's vocabulary (size {})", id,
-                                bytes_.size()),
-                    MESHLM_HERE);
+  if (!has_token(id)) throw RankError(fmt::format("token id {} {}", id, why_no_token(id)), MESHLM_HERE);
   return bytes_[id];
 }
 

@@ -49,6 +49,7 @@ public:
   void encode(std::string_view text, std::vector<uint32_t>& out) const override;
   std::string token_bytes(uint32_t id) const override;
   uint64_t vocab_size() const override { return bytes_.size(); }
+  bool has_token(uint32_t id) const override { return id < assigned_.size() && assigned_[id]; }
   std::optional<uint32_t> token_id(std::string_view content) const override;
   std::optional<uint32_t> bos_id() const override { return bos_; }
   std::string kind() const override { return "bpe"; }

@@ -90,10 +90,7 @@ public:
 
 private:
   void check(uint32_t id) const {
-    if (id >= vocab_size())
-      throw RankError(fmt::format("token id {} is not in the tokenizer's vocabulary (size {})", id,
-                                  vocab_size()),
-                      MESHLM_HERE);
+    if (!has_token(id)) throw RankError(fmt::format("token id {} {}", id, why_no_token(id)), MESHLM_HERE);
   }
   sentencepiece::SentencePieceProcessor sp_;
 };

@@ -23,6 +23,15 @@ std::string Tokenizer::decode(std::span<const uint32_t> ids) const {
   return out;
 }
 
+std::string Tokenizer::why_no_token(uint32_t id) const {
+  if (has_token(id)) return "";
+  if (id >= vocab_size())
+    return fmt::format("is not in the tokenizer's vocabulary (size {})", vocab_size());
+  return fmt::format("has no token: the tokenizer leaves it unassigned (its ids below its "
+                     "vocabulary size {} have gaps)",
+                     vocab_size());
+}
+
 std::optional<uint32_t> Tokenizer::eot_id() const {
   for (const char* name : {"<|endoftext|>", "<|end_of_text|>", "</s>"})
     if (auto id = token_id(name)) return id;

@@ -72,7 +72,8 @@ CASE:
                    key named), then with --skip-bad-lines both skipped and
                    counted, the other lines' ids right; an empty corpus (an
                    empty jsonl file, one of blank lines, an empty text file
-                   with --eot none).
+                   with --eot none); --eot an id the tokenizer leaves
+                   unassigned (a tokenizer.json whose ids have gaps).
   references       the references against each other, without meshlm:
                    reference_gpt2.js = openai_bpe.py on every document (both
                    readings of "<|endoftext|>"), hf_bpe.py on the GPT-2
@@ -682,6 +683,15 @@ def case_bad(m, c):
                    "an empty text file with --eot none (no token at all)", [empty_txt])
     expect_refusal(m, [empty], ["--tokenizer", tj, "--input", "jsonl"], "an empty jsonl file, on 2 ranks",
                    [empty], ranks=2)
+
+    # --eot an id the tokenizer leaves unassigned (ids 50257-50299 of a
+    # tokenizer.json with an added token at 50300).
+    def gap(d):
+        d["added_tokens"].append({"id": 50300, "content": "<|gap|>", "single_word": False, "lstrip": False,
+                                  "rstrip": False, "normalized": False, "special": True})
+    gaps = edited_tokenizer(c, w, "gaps.json", gap)
+    expect_refusal(m, few, ["--tokenizer", gaps, "--eot", "50280"], "--eot an id the tokenizer leaves unassigned",
+                   ["--eot 50280", "unassigned"])
 
 
 # --- the references against each other --------------------------------------

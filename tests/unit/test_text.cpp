@@ -127,6 +127,18 @@ TEST_F(TextTest, AddPrefixSpace) {
   EXPECT_EQ(ids(*load(j), " hi"), (std::vector<uint32_t>{' ', 'h', 'i'}));
 }
 
+// A tokenizer.json's ids may leave gaps: an id below vocab_size() that no
+// token has is not a token, and says so.
+TEST_F(TextTest, IdsLeftUnassignedAreNotTokens) {
+  json j = tiny_tokenizer({}, {});
+  j["added_tokens"] = json::array({{{"id", 300}, {"content", "<|endoftext|>"}, {"special", true}}});
+  auto t = load(j);
+  EXPECT_EQ(t->vocab_size(), 301u);
+  const std::string msg = expect_error([&] { t->token_bytes(256); }, {"token id 256", "no token"});
+  EXPECT_EQ(msg.find("not in the tokenizer's vocabulary"), std::string::npos) << msg;
+  expect_error([&] { t->token_bytes(301); }, {"token id 301", "size 301"});
+}
+
 TEST_F(TextTest, BytesThatAreNotUtf8AreBytes) {
   auto t = load(tiny_tokenizer({"ab", "abc"}, {"a b", "ab c"}));
   std::mt19937 rng(7);
