@@ -360,10 +360,9 @@ int cmd_tokenize(MPI_Comm comm, const std::vector<std::string>& args) {
   }, MESHLM_HERE);
   std::unique_ptr<text::Tokenizer> tok;
   std::optional<uint32_t> eot;
-  try_all(comm, "--tokenizer: ", [&] {
-    tok = text::load_tokenizer(o.tokenizer, o.merges);
-    eot = resolve_eot(o.eot, *tok);
-  }, MESHLM_HERE);
+  try_all(comm, "--tokenizer: ", [&] { tok = text::load_tokenizer(o.tokenizer, o.merges); }, MESHLM_HERE);
+  // resolve_eot's messages name --eot themselves.
+  try_all(comm, "", [&] { eot = resolve_eot(o.eot, *tok); }, MESHLM_HERE);
 
   double seconds = 0;
   Part part;

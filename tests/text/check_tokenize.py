@@ -73,7 +73,8 @@ CASE:
                    counted, the other lines' ids right; an empty corpus (an
                    empty jsonl file, one of blank lines, an empty text file
                    with --eot none); --eot an id the tokenizer leaves
-                   unassigned (a tokenizer.json whose ids have gaps).
+                   unassigned (a tokenizer.json whose ids have gaps); --eot
+                   256 with the byte tokenizer, the error labelled --eot.
   references       the references against each other, without meshlm:
                    reference_gpt2.js = openai_bpe.py on every document (both
                    readings of "<|endoftext|>"), hf_bpe.py on the GPT-2
@@ -692,6 +693,10 @@ def case_bad(m, c):
     gaps = edited_tokenizer(c, w, "gaps.json", gap)
     expect_refusal(m, few, ["--tokenizer", gaps, "--eot", "50280"], "--eot an id the tokenizer leaves unassigned",
                    ["--eot 50280", "unassigned"])
+
+    # Errors about --eot are labelled --eot.
+    text = expect_refusal(m, few, ["--eot", "256"], "--eot 256 with the byte tokenizer", ["--eot 256", "256"])
+    check("--tokenizer" not in text, "--eot 256: the error labelled --eot, not --tokenizer")
 
 
 # --- the references against each other --------------------------------------
