@@ -188,7 +188,8 @@ public:
       else if (!j[o_.jsonl_key].is_string()) why = "its '" + o_.jsonl_key + "' is not a string";
       else document(j[o_.jsonl_key].get_ref<const std::string&>());
     } catch (const nlohmann::json::parse_error& e) {
-      why = std::string("is not JSON (") + e.what() + ")";
+      // nlohmann quotes what it last read: bytes of the line, perhaps not UTF-8.
+      why = "is not JSON (" + log::printable(e.what()) + ")";
     }
     if (why.empty()) return;
     if (!o_.skip_bad_lines)

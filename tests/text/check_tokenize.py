@@ -70,11 +70,13 @@ CASE:
                    not JSON (line 3, and line 70 on 2 ranks, where the second
                    rank reads it) and one lacking the key (the line and the
                    key named), then with --skip-bad-lines both skipped and
-                   counted, the other lines' ids right; an empty corpus (an
-                   empty jsonl file, one of blank lines, an empty text file
-                   with --eot none); --eot an id the tokenizer leaves
-                   unassigned (a tokenizer.json whose ids have gaps); --eot
-                   256 with the byte tokenizer, the error labelled --eot.
+                   counted, the other lines' ids right; a jsonl line with a
+                   byte that is not UTF-8 (quoted as \xff, never raw); an
+                   empty corpus (an empty jsonl file, one of blank lines, an
+                   empty text file with --eot none); --eot an id the
+                   tokenizer leaves unassigned (a tokenizer.json whose ids
+                   have gaps); --eot 256 with the byte tokenizer, the error
+                   labelled --eot.
   references       the references against each other, without meshlm:
                    reference_gpt2.js = openai_bpe.py on every document (both
                    readings of "<|endoftext|>"), hf_bpe.py on the GPT-2
@@ -296,7 +298,9 @@ class Meshlm:
 
     def tokenize(self, inputs, out, *opts, ranks=1, ok=True):
         cmd = self.mpiexec[ranks] + [self.exe, "tokenize"] + list(inputs) + [out] + list(opts)
-        p = subprocess.run(cmd, cwd=self.work, capture_output=True, text=True, timeout=600, env=self.env)
+        # Bytes that are not UTF-8 in a message stay visible (as surrogates).
+        p = subprocess.run(cmd, cwd=self.work, capture_output=True, text=True, errors="surrogateescape",
+                           timeout=600, env=self.env)
         text = p.stdout + p.stderr
         if ok and p.returncode != 0:
             print("$", " ".join(shlex.quote(c) for c in cmd[:len(self.mpiexec[ranks]) + 3]), "...",
@@ -684,6 +688,14 @@ def case_bad(m, c):
                    "an empty text file with --eot none (no token at all)", [empty_txt])
     expect_refusal(m, [empty], ["--tokenizer", tj, "--input", "jsonl"], "an empty jsonl file, on 2 ranks",
                    [empty], ranks=2)
+
+    # A line with a byte that is not UTF-8: quoted printable in the message.
+    bad_utf8 = os.path.join(w, "bad_utf8.jsonl")
+    with open(bad_utf8, "wb") as f:
+        f.write(b'{"text": "ok"}\n{"text": "\xff"}\n')
+    text = expect_refusal(m, [bad_utf8], ["--tokenizer", tj, "--input", "jsonl"],
+                          "a jsonl line with a byte that is not UTF-8", [bad_utf8, "line 2", "\\xff"])
+    check("\udcff" not in text, "... the byte quoted as \\xff, not written raw")
 
     # --eot an id the tokenizer leaves unassigned (ids 50257-50299 of a
     # tokenizer.json with an added token at 50300).
