@@ -142,11 +142,7 @@ std::vector<uint64_t> check_inputs(const Options& o) {
 }
 
 void check_output(const Options& o) {
-  std::error_code ec;
-  if (fs::exists(o.output, ec) && !io::is_token_file_h5(o.output))
-    throw RankError("token file '" + o.output + "' exists and is not an HDF5 token file; meshlm "
-                    "replaces only its own (remove it or name another)",
-                    MESHLM_HERE);
+  io::check_replaceable_token_file(o.output);
   const std::string dir = fs::path(o.output).parent_path().string();
   if (const std::string why = unwritable_dir_reason(dir.empty() ? "." : dir); !why.empty())
     throw RankError("output '" + o.output + "': '" + dir + "' " + why, MESHLM_HERE);

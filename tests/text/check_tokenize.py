@@ -76,7 +76,11 @@ CASE:
                    empty text file with --eot none); --eot an id the
                    tokenizer leaves unassigned (a tokenizer.json whose ids
                    have gaps); --eot 256 with the byte tokenizer, the error
-                   labelled --eot.
+                   labelled --eot; an existing HDF5 file with /tokens that
+                   meshlm did not write (h5py: /tokens and /weights, no
+                   meshlm attributes) refused by name and left byte for
+                   byte as it was, while a token file meshlm wrote is
+                   replaced.
   references       the references against each other, without meshlm:
                    reference_gpt2.js = openai_bpe.py on every document (both
                    readings of "<|endoftext|>"), hf_bpe.py on the GPT-2
@@ -709,6 +713,25 @@ def case_bad(m, c):
     # Errors about --eot are labelled --eot.
     text = expect_refusal(m, few, ["--eot", "256"], "--eot 256 with the byte tokenizer", ["--eot 256", "256"])
     check("--tokenizer" not in text, "--eot 256: the error labelled --eot, not --tokenizer")
+
+    # An HDF5 file with /tokens that another tool wrote: refused, unchanged.
+    import h5py
+    import numpy as np
+    foreign = os.path.join(w, "foreign.h5")
+    with h5py.File(foreign, "w") as f:
+        f["tokens"] = np.arange(5, dtype=np.uint16)
+        f["weights"] = np.ones(3)
+    before = open(foreign, "rb").read()
+    rc, text = m.tokenize(few, foreign, "--tokenizer", tj, ok=False)
+    check(rc != 0 and foreign in text and "not a meshlm token file" in text,
+          f"an HDF5 file with /tokens that meshlm did not write: refused, named (exit {rc})")
+    check(open(foreign, "rb").read() == before and not glob.glob(foreign + ".*"),
+          "... and left as it was, nothing beside it")
+    own = os.path.join(w, "own.h5")
+    m.tokenize(few, own, "--tokenizer", tj)
+    m.tokenize(few[:1], own, "--tokenizer", tj)
+    _, _, attrs = read_h5(own)
+    check(attrs.get("documents") == 1, "a token file meshlm wrote is replaced")
 
 
 # --- the references against each other --------------------------------------
