@@ -116,6 +116,21 @@ std::pair<std::string, std::string> split_merge(const std::string& line, size_t 
   return {line.substr(0, sp), line.substr(sp + 1)};
 }
 
+// A regular expression that matches `text` literally (Hugging Face's
+// regex::escape): each printable ASCII character that is not a letter or a
+// digit escaped by a backslash, which PCRE2 reads as that character itself.
+// Quoting the whole with \Q...\E would end at a "\E" in the text.
+std::string literal_pattern(std::string_view text) {
+  std::string out;
+  for (char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    const bool alnum = (u >= '0' && u <= '9') || (u >= 'A' && u <= 'Z') || (u >= 'a' && u <= 'z');
+    if (u > ' ' && u < 0x7f && !alnum) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
 // A pre-tokenizer of tokenizer.json into the spec's patterns; true when it
 // (or a step of its Sequence) is the ByteLevel one.
 bool read_pre_tokenizer(const json& pt, BpeSpec& spec, const std::string& where) {
@@ -142,8 +157,7 @@ bool read_pre_tokenizer(const json& pt, BpeSpec& spec, const std::string& where)
     if (pattern.contains("Regex")) {
       spec.patterns.push_back(pattern["Regex"].get<std::string>());
     } else if (pattern.contains("String")) {
-      // A literal string: escaped for PCRE2 with \Q...\E.
-      spec.patterns.push_back("\\Q" + pattern["String"].get<std::string>() + "\\E");
+      spec.patterns.push_back(literal_pattern(pattern["String"].get<std::string>()));
     } else {
       throw RankError(where + ": Split pre-tokenizer's pattern is neither Regex nor String", MESHLM_HERE);
     }

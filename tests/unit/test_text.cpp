@@ -127,6 +127,22 @@ TEST_F(TextTest, AddPrefixSpace) {
   EXPECT_EQ(ids(*load(j), " hi"), (std::vector<uint32_t>{' ', 'h', 'i'}));
 }
 
+// A Split's String is a literal: every character of it matches itself,
+// "\E" (which ends PCRE2's \Q...\E quoting) and "+" included.
+TEST_F(TextTest, SplitStringIsALiteral) {
+  json j = tiny_tokenizer({"xa", "aa", "a+"}, {"x a", "a a", "a +"});
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       json::array({{{"type", "Split"}, {"pattern", {{"String", "a\\Eb"}}}, {"behavior", "Isolated"}},
+                    {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}};
+  // "x", "a\Eb", "y": "x a" is not merged across the split.
+  EXPECT_EQ(ids(*load(j), "xa\\Eby"), (std::vector<uint32_t>{'x', 'a', '\\', 'E', 'b', 'y'}));
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["String"] = "a+";
+  // "aa", "a+" (as a regex, a+ would take "aaa").
+  EXPECT_EQ(ids(*load(j), "aaa+"), (std::vector<uint32_t>{257, 258}));
+}
+
 // A tokenizer.json's ids may leave gaps: an id below vocab_size() that no
 // token has is not a token, and says so.
 TEST_F(TextTest, IdsLeftUnassignedAreNotTokens) {
