@@ -87,7 +87,7 @@ constexpr size_t kCacheEntries = 1 << 18;  // the cache starts afresh beyond thi
 const std::string& byte_char(uint8_t b) { return alphabet().chars[b]; }
 
 BpeTokenizer::BpeTokenizer(const BpeSpec& spec)
-    : add_prefix_space_(spec.add_prefix_space), ignore_merges_(spec.ignore_merges) {
+    : ignore_merges_(spec.ignore_merges) {
   uint64_t size = 0;
   for (const auto& [tok, id] : spec.vocab) size = std::max(size, checked_id(id, tok, spec.source) + uint64_t{1});
   for (const auto& a : spec.added) size = std::max(size, checked_id(a.id, a.content, spec.source) + uint64_t{1});
@@ -144,7 +144,9 @@ BpeTokenizer::BpeTokenizer(const BpeSpec& spec)
   // Leftmost-longest: at one position the longest added token wins.
   std::stable_sort(added_.begin(), added_.end(),
                    [](const auto& x, const auto& y) { return x.first.size() > y.first.size(); });
-  for (const auto& p : spec.patterns) regexes_.push_back(std::make_unique<Regex>(p, spec.source));
+  for (const auto& step : spec.pre_tokenizer)
+    steps_.push_back({step.add_prefix_space,
+                      step.pattern.empty() ? nullptr : std::make_unique<Regex>(step.pattern, spec.source)});
   if (spec.bos) bos_ = checked_id(*spec.bos, "bos", spec.source);
 }
 
@@ -176,23 +178,37 @@ void BpeTokenizer::encode(std::string_view text, std::vector<uint32_t>& out) con
 }
 
 void BpeTokenizer::encode_segment(std::string_view text, std::vector<uint32_t>& out) const {
+  // The first step's prefix space goes before the whole stretch: Hugging
+  // Face's pieces before the first step are the stretches between added
+  // tokens.
   std::string prefixed;
-  if (add_prefix_space_ && text.front() != ' ') {
+  if (!steps_.empty() && steps_[0].add_prefix_space && text.front() != ' ') {
     prefixed = " ";
     prefixed += text;
     text = prefixed;
   }
-  // Valid UTF-8 runs go through the regular expressions; a run of bytes that
-  // is not UTF-8 is a piece of its own (bytes are bytes).
+  spaced_.clear();
+  // Valid UTF-8 runs go through the steps; a run of bytes that is not UTF-8
+  // is a piece of its own (bytes are bytes).
   size_t pos = 0;
   while (pos < text.size()) {
     const size_t valid = valid_utf8_prefix(text.substr(pos));
     if (valid > 0) {
       pieces_.clear();
       pieces_.push_back(text.substr(pos, valid));
-      for (const auto& re : regexes_) {
+      for (size_t k = 0; k < steps_.size(); ++k) {
+        // A later ByteLevel's space goes before each piece of the steps
+        // before it (byte_level.rs: every split not starting with ' ').
+        if (k > 0 && steps_[k].add_prefix_space)
+          for (auto& p : pieces_) {
+            if (p.front() == ' ') continue;
+            std::string& spaced = spaced_.emplace_back(1, ' ');
+            spaced += p;
+            p = spaced;
+          }
+        if (!steps_[k].regex) continue;
         subpieces_.clear();
-        for (auto p : pieces_) re->split(p, subpieces_);
+        for (auto p : pieces_) steps_[k].regex->split(p, subpieces_);
         pieces_.swap(subpieces_);
       }
       for (auto p : pieces_) encode_piece(p, out);

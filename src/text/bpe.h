@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -33,8 +34,15 @@ struct BpeSpec {
     uint64_t id = 0;
   };
   std::vector<Added> added;               // split out of the text (specials)
-  std::vector<std::string> patterns;      // applied in turn ("Isolated" splits)
-  bool add_prefix_space = false;          // ByteLevel's: a space before each segment
+  // The pre-tokenizer's steps, applied in turn to the pieces of the step
+  // before (the first to each stretch between added tokens): Split's
+  // pattern, or ByteLevel's space before each piece that does not start
+  // with one (add_prefix_space) then GPT-2's pattern (use_regex).
+  struct Step {
+    bool add_prefix_space = false;
+    std::string pattern;  // "Isolated" split; "" for none
+  };
+  std::vector<Step> pre_tokenizer;
   bool ignore_merges = false;             // a piece that is a token is not merged
   std::optional<uint64_t> bos;            // what a post-processor puts first
 };
@@ -74,8 +82,12 @@ private:
   std::array<uint32_t, 256> byte_id_{};
   std::vector<std::pair<std::string, uint32_t>> added_;  // longest first
   std::array<bool, 256> added_first_{};                  // first bytes of added tokens
-  std::vector<std::unique_ptr<Regex>> regexes_;
-  bool add_prefix_space_ = false, ignore_merges_ = false;
+  struct Step {
+    bool add_prefix_space;
+    std::unique_ptr<Regex> regex;  // null: no split
+  };
+  std::vector<Step> steps_;
+  bool ignore_merges_ = false;
   std::optional<uint32_t> bos_;
 
   // Encoding state: the regexes' match buffers and a cache of short pieces.
@@ -83,6 +95,7 @@ private:
   mutable std::unordered_map<std::string, std::pair<uint32_t, uint32_t>> cache_;  // -> pool range
   mutable std::vector<uint32_t> cache_pool_;
   mutable std::vector<std::string_view> pieces_, subpieces_;
+  mutable std::deque<std::string> spaced_;  // pieces given their prefix space
 };
 
 }  // namespace meshlm::text

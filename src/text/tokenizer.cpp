@@ -142,8 +142,8 @@ bool read_pre_tokenizer(const json& pt, BpeSpec& spec, const std::string& where)
     return byte_level;
   }
   if (type == "ByteLevel") {
-    spec.add_prefix_space = pt.value("add_prefix_space", false);
-    if (pt.value("use_regex", true)) spec.patterns.push_back(kGpt2Pattern);
+    spec.pre_tokenizer.push_back({pt.value("add_prefix_space", false),
+                                  pt.value("use_regex", true) ? kGpt2Pattern : ""});
     return true;
   }
   if (type == "Split") {
@@ -155,9 +155,9 @@ bool read_pre_tokenizer(const json& pt, BpeSpec& spec, const std::string& where)
                                   where, behavior, pt.value("invert", false) ? " inverted" : ""),
                       MESHLM_HERE);
     if (pattern.contains("Regex")) {
-      spec.patterns.push_back(pattern["Regex"].get<std::string>());
+      spec.pre_tokenizer.push_back({false, pattern["Regex"].get<std::string>()});
     } else if (pattern.contains("String")) {
-      spec.patterns.push_back(literal_pattern(pattern["String"].get<std::string>()));
+      spec.pre_tokenizer.push_back({false, literal_pattern(pattern["String"].get<std::string>())});
     } else {
       throw RankError(where + ": Split pre-tokenizer's pattern is neither Regex nor String", MESHLM_HERE);
     }
@@ -296,7 +296,7 @@ std::unique_ptr<Tokenizer> gpt2_pair(const json& vocab, const std::string& path,
     auto m = split_merge(line, n, merges + " line " + std::to_string(n));
     spec.merges.push_back(std::move(m));
   }
-  spec.patterns.push_back(kGpt2Pattern);
+  spec.pre_tokenizer.push_back({false, kGpt2Pattern});
   return std::make_unique<BpeTokenizer>(spec);
 }
 

@@ -127,6 +127,31 @@ TEST_F(TextTest, AddPrefixSpace) {
   EXPECT_EQ(ids(*load(j), " hi"), (std::vector<uint32_t>{' ', 'h', 'i'}));
 }
 
+// Hugging Face's ByteLevel puts the space before each piece the steps before
+// it gave (byte_level.rs): after a Split, before each of its pieces; alone
+// (GPT-2's), before each stretch between added tokens. A piece that starts
+// with a space gets none.
+TEST_F(TextTest, AddPrefixSpaceGoesBeforeEachPieceOfTheStepsBefore) {
+  json j = tiny_tokenizer({}, {});
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       json::array({{{"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", "Isolated"}},
+                    {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"use_regex", false}}})}};
+  // "ab", " ", "cd" -> " ab", " ", " cd".
+  EXPECT_EQ(ids(*load(j), "ab cd"), (std::vector<uint32_t>{' ', 'a', 'b', ' ', ' ', 'c', 'd'}));
+  // With use_regex: each split piece prefixed, then cut by GPT-2's pattern.
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {{"Regex", "\\d"}};
+  j["pre_tokenizer"]["pretokenizers"][1]["use_regex"] = true;
+  EXPECT_EQ(ids(*load(j), "ab1cd"), (std::vector<uint32_t>{' ', 'a', 'b', ' ', '1', ' ', 'c', 'd'}));
+  // ByteLevel alone: one space before each stretch between added tokens.
+  json g = tiny_tokenizer({}, {});
+  g["pre_tokenizer"]["add_prefix_space"] = true;
+  g["added_tokens"] = json::array({{{"id", 300}, {"content", "<x>"}, {"special", true}}});
+  EXPECT_EQ(ids(*load(g), "a b<x>c<x> d"),
+            (std::vector<uint32_t>{' ', 'a', ' ', 'b', 300, ' ', 'c', 300, ' ', 'd'}));
+}
+
 // A Split's String is a literal: every character of it matches itself,
 // "\E" (which ends PCRE2's \Q...\E quoting) and "+" included.
 TEST_F(TextTest, SplitStringIsALiteral) {
