@@ -32,6 +32,9 @@ struct BpeSpec {
   struct Added {
     std::string content;  // raw text, matched in the input before pre-tokenizing
     uint64_t id = 0;
+    // Hugging Face's two passes: the tokens that are not normalized are
+    // split out of the text first, the normalized ones out of what is left.
+    bool normalized = false;
   };
   std::vector<Added> added;               // split out of the text (specials)
   // The pre-tokenizer's steps, applied in turn to the pieces of the step
@@ -72,16 +75,26 @@ private:
   void merge_piece(std::string_view piece, std::vector<uint32_t>& out) const;
   // A segment between two added tokens: pre-tokenized, then merged.
   void encode_segment(std::string_view text, std::vector<uint32_t>& out) const;
-  // Where the next added token starts in text[from:], and which one.
-  size_t find_added(std::string_view text, size_t from, size_t* which) const;
+
+  // The added tokens of one pass, matched leftmost, the longest at a
+  // position first.
+  struct AddedTokens {
+    std::vector<std::pair<std::string, uint32_t>> tokens;  // longest first
+    std::array<bool, 256> first{};                          // their first bytes
+    // Where the next one starts in text[from:] (npos: none), and which.
+    size_t find(std::string_view text, size_t from, size_t* which) const;
+    // Their ids to `out` in text order, each stretch between them (not
+    // empty) to between(stretch).
+    template <typename F>
+    void split(std::string_view text, std::vector<uint32_t>& out, F&& between) const;
+  };
 
   std::vector<std::string> bytes_;       // id -> raw bytes
   std::vector<bool> assigned_;           // id -> has a token
   std::unordered_map<std::string, uint32_t> by_bytes_;  // vocabulary, raw bytes -> id
   std::unordered_map<uint64_t, Merge> merges_;         // (left << 32 | right) -> merge
   std::array<uint32_t, 256> byte_id_{};
-  std::vector<std::pair<std::string, uint32_t>> added_;  // longest first
-  std::array<bool, 256> added_first_{};                  // first bytes of added tokens
+  AddedTokens raw_added_, normalized_added_;  // normalized = false, true
   struct Step {
     bool add_prefix_space;
     std::unique_ptr<Regex> regex;  // null: no split

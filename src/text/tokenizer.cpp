@@ -214,6 +214,9 @@ void read_added_tokens(const json& root, BpeSpec& spec, const std::string& where
         throw RankError(fmt::format("{} '{}' has {} = true, which meshlm does not support", w,
                                     t.content, flag),
                         MESHLM_HERE);
+    // Without the key, as Hugging Face's AddedToken::from: a special token
+    // is not normalized, another is.
+    t.normalized = a.value("normalized", !a.value("special", false));
     spec.added.push_back(std::move(t));
   }
 }

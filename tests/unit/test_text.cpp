@@ -152,6 +152,26 @@ TEST_F(TextTest, AddPrefixSpaceGoesBeforeEachPieceOfTheStepsBefore) {
             (std::vector<uint32_t>{' ', 'a', ' ', 'b', 300, ' ', 'c', 300, ' ', 'd'}));
 }
 
+// Hugging Face splits out the added tokens with normalized = false first,
+// on the whole text, then those with normalized = true in what is left
+// (AddedVocabulary::extract_and_normalize): "a>" wins over "<a" that
+// starts before it.
+TEST_F(TextTest, AddedTokensNotNormalizedAreSplitOutFirst) {
+  json j = tiny_tokenizer({}, {});
+  j["added_tokens"] = json::array(
+      {{{"id", 300}, {"content", "<a"}, {"special", false}, {"normalized", true}},
+       {{"id", 301}, {"content", "a>"}, {"special", true}, {"normalized", false}}});
+  auto t = load(j);
+  EXPECT_EQ(ids(*t, "x<a>y"), (std::vector<uint32_t>{'x', '<', 301, 'y'}));
+  EXPECT_EQ(ids(*t, "x<ab<a"), (std::vector<uint32_t>{'x', 300, 'b', 300}));
+  EXPECT_EQ(ids(*t, "<a<a>"), (std::vector<uint32_t>{300, '<', 301}));
+  // Without "normalized", a special token is not normalized and another is
+  // (Hugging Face's AddedToken::from).
+  j["added_tokens"][0].erase("normalized");
+  j["added_tokens"][1].erase("normalized");
+  EXPECT_EQ(ids(*load(j), "x<a>y"), (std::vector<uint32_t>{'x', '<', 301, 'y'}));
+}
+
 // A Split's String is a literal: every character of it matches itself,
 // "\E" (which ends PCRE2's \Q...\E quoting) and "+" included.
 TEST_F(TextTest, SplitStringIsALiteral) {
