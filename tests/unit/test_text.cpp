@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include <fstream>
+#include <functional>
 #include <random>
 
 #include <nlohmann/json.hpp>
@@ -277,6 +278,50 @@ TEST_F(TextTest, MalformedFilesAreRefusedNamingTheFile) {
   expect_error([&] { load_tokenizer(file("missing.json")); }, {"missing.json", "does not exist"});
   ASSERT_EQ(::mkfifo(file("fifo").c_str(), 0600), 0);
   expect_error([&] { load_tokenizer(file("fifo")); }, {"fifo", "FIFO"});
+}
+
+// A value of the wrong JSON type is named by the file, its key's path and
+// the type meshlm reads there.
+TEST_F(TextTest, ValuesOfTheWrongTypeAreNamedByTheirKey) {
+  auto edited = [&](const std::function<void(json&)>& edit) {
+    json j = tiny_tokenizer({}, {});
+    j["added_tokens"] = json::array({{{"id", 300}, {"content", "<x>"}, {"special", true}}});
+    edit(j);
+    return j;
+  };
+  const std::vector<std::pair<std::function<void(json&)>, std::vector<std::string>>> cases = {
+      {[](json& j) { j["normalizer"] = "NFC"; }, {"'normalizer'", "string", "object"}},
+      {[](json& j) { j["pre_tokenizer"]["add_prefix_space"] = nullptr; },
+       {"'pre_tokenizer.add_prefix_space'", "null", "boolean"}},
+      {[](json& j) { j["added_tokens"][0]["lstrip"] = nullptr; },
+       {"'added_tokens[0].lstrip'", "null", "boolean"}},
+      {[](json& j) { j["added_tokens"][0]["normalized"] = "no"; },
+       {"'added_tokens[0].normalized'", "string", "boolean"}},
+      {[](json& j) { j["model"]["ignore_merges"] = nullptr; },
+       {"'model.ignore_merges'", "null", "boolean"}},
+      {[](json& j) { j["model"]["type"] = 5; }, {"'model.type'", "number", "string"}},
+      {[](json& j) { j["model"]["dropout"] = "0.1"; }, {"'model.dropout'", "string", "number"}},
+      {[](json& j) {
+         j["pre_tokenizer"] = {{"type", "Sequence"},
+                               {"pretokenizers", json::array({{{"type", "Split"},
+                                                                {"pattern", {{"Regex", 7}}}},
+                                                               j["pre_tokenizer"]})}};
+       },
+       {"'pre_tokenizer.pretokenizers[0].pattern.Regex'", "number", "string"}},
+      {[](json& j) { j["pre_tokenizer"]["use_regex"] = "yes"; },
+       {"'pre_tokenizer.use_regex'", "string", "boolean"}},
+      {[](json& j) {
+         j["post_processor"] = {{"type", "TemplateProcessing"},
+                                {"single", json::array({{{"SpecialToken", {{"id", 3}}}}})}};
+       },
+       {"'post_processor.single[0].SpecialToken.id'", "number", "string"}},
+  };
+  for (const auto& [edit, parts] : cases) {
+    std::vector<std::string> want = parts;
+    want.push_back("tokenizer.json");
+    const std::string msg = expect_error([&] { load(edited(edit)); }, want);
+    EXPECT_EQ(msg.find("[json.exception"), std::string::npos) << msg;
+  }
 }
 
 TEST_F(TextTest, EncoderJsonWithoutMergesNamesTheOption) {
