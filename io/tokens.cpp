@@ -427,10 +427,27 @@ bool is_token_file_h5(const std::string& path) {
   if (!non_regular_kind(path).empty() || !h5::is_hdf5_file(path)) return false;
   try {
     h5::File file = h5::open_file(path);
-    return h5::exists(file, "tokens");
+    if (!h5::exists(file, kTokensDataset) || !h5::has_attr(file, "vocab_size") ||
+        !h5::has_attr(file, "format_version"))
+      return false;
+    // Nothing meshlm did not write: a dataset or group of another tool's
+    // would be lost with the file.
+    H5G_info_t info;
+    if (H5Gget_info(file, &info) < 0) return false;
+    return info.nlinks == 1 + (h5::exists(file, kValTokensDataset) ? 1u : 0u);
   } catch (const std::exception&) {
     return false;
   }
+}
+
+void check_replaceable_token_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec) && !is_token_file_h5(path))
+    throw RankError("token file '" + path + "' exists and is not a meshlm token file (an HDF5 "
+                    "file of /tokens, and /val_tokens, with the root attributes vocab_size and "
+                    "format_version, nothing else); meshlm replaces only its own: remove it or "
+                    "name another",
+                    MESHLM_HERE);
 }
 
 void write_tokens_h5(const std::string& path, const std::vector<uint32_t>& ids, int vocab_size) {
@@ -505,11 +522,7 @@ uint64_t tokenize_bytes(const std::string& text_path, const std::string& out_pat
     throw RankError("the text file and the token file are the same file, '" + text_path +
                         "': meshlm will not write over its input",
                     MESHLM_HERE);
-  // meshlm replaces only its own token files (HDF5 with a "tokens" dataset).
-  if (std::error_code ec; std::filesystem::exists(out_path, ec) && !is_token_file_h5(out_path))
-    throw RankError("token file '" + out_path + "' exists and is not an HDF5 token file; meshlm "
-                    "replaces only its own (remove it or name another)",
-                    MESHLM_HERE);
+  check_replaceable_token_file(out_path);
   std::ifstream in(text_path, std::ios::binary);
   if (!in)
     throw RankError("text file '" + text_path + "': cannot open: " + std::strerror(errno),

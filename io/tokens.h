@@ -134,12 +134,21 @@ private:
 // standard library. Exposed for tests.
 void shuffled_order(uint64_t seed, uint64_t epoch, uint64_t n, uint32_t* out);
 
+// True when `path` is a token file meshlm wrote (write_tokens_h5, meshlm
+// tokenize; every version since format_version 1): an HDF5 file with the
+// root attributes vocab_size and format_version and no object but the
+// datasets "tokens" and, optionally, "val_tokens". Another tool's file with a
+// "tokens" dataset is not one: meshlm never replaces what it cannot
+// recognise as its own.
+bool is_token_file_h5(const std::string& path);
+
+// Throws RankError naming `path` when it exists and is not a token file
+// meshlm wrote (is_token_file_h5), before anything is written over it.
+void check_replaceable_token_file(const std::string& path);
+
 // Writes `ids` as an HDF5 token file: dataset "tokens" stored as uint16 when
 // vocab_size <= 65536, else uint32; root attributes vocab_size and
 // format_version. Throws (leaving no file behind) for an id >= vocab_size.
-// True when `path` is an HDF5 file with a "tokens" dataset.
-bool is_token_file_h5(const std::string& path);
-
 void write_tokens_h5(const std::string& path, const std::vector<uint32_t>& ids, int vocab_size);
 
 // Writes `ids` as a raw token file with 2 or 4 bytes per token. Throws

@@ -23,11 +23,11 @@ public:
   TextSink(const text::Tokenizer& tok, std::optional<uint32_t> eot) : tok_(tok), eot_(eot) {}
   void put(uint32_t id) override {
     if (eot_ && id == *eot_) return;
-    if (id >= tok_.vocab_size()) {
-      // A row of the model's embedding the tokenizer has no token for.
-      log::write_line(stderr, fmt::format("WARNING: generated id {} is not a token of the tokenizer "
-                                          "(its vocabulary is {}); no text for it\n",
-                                          id, tok_.vocab_size()));
+    if (!tok_.has_token(id)) {
+      // A row of the model's embedding the tokenizer has no token for: past
+      // its vocabulary (padded rows) or a gap in a tokenizer.json's ids.
+      log::write_line(stderr, fmt::format("WARNING: generated id {} {}; no text for it\n", id,
+                                          tok_.why_no_token(id)));
       return;
     }
     held_ += tok_.token_bytes(id);

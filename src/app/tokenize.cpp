@@ -72,7 +72,7 @@ Options parse_options(const std::vector<std::string>& args, bool* help) {
        "the field of a JSON line that holds the document's text")
       ("eot", po::value<std::string>(&o.eot)->default_value("auto"),
        "the id after each document: auto (the tokenizer's <|endoftext|>, <|end_of_text|> or "
-       "</s>; none for the byte tokenizer), none, or an id")
+       "</s>; a SentencePiece model's eos id; none for the byte tokenizer), none, or an id")
       ("val-fraction", po::value<double>(&o.val_fraction)->default_value(0),
        "hold out this fraction of the documents in /val_tokens (document i, counted from 0 "
        "in input order, when floor((i+1)F) > floor(iF)); 0 holds out none")
@@ -142,11 +142,7 @@ std::vector<uint64_t> check_inputs(const Options& o) {
 }
 
 void check_output(const Options& o) {
-  std::error_code ec;
-  if (fs::exists(o.output, ec) && !io::is_token_file_h5(o.output))
-    throw RankError("token file '" + o.output + "' exists and is not an HDF5 token file; meshlm "
-                    "replaces only its own (remove it or name another)",
-                    MESHLM_HERE);
+  io::check_replaceable_token_file(o.output);
   const std::string dir = fs::path(o.output).parent_path().string();
   if (const std::string why = unwritable_dir_reason(dir.empty() ? "." : dir); !why.empty())
     throw RankError("output '" + o.output + "': '" + dir + "' " + why, MESHLM_HERE);
@@ -188,7 +184,8 @@ public:
       else if (!j[o_.jsonl_key].is_string()) why = "its '" + o_.jsonl_key + "' is not a string";
       else document(j[o_.jsonl_key].get_ref<const std::string&>());
     } catch (const nlohmann::json::parse_error& e) {
-      why = std::string("is not JSON (") + e.what() + ")";
+      // nlohmann quotes what it last read: bytes of the line, perhaps not UTF-8.
+      why = "is not JSON (" + log::printable(e.what()) + ")";
     }
     if (why.empty()) return;
     if (!o_.skip_bad_lines)
@@ -288,10 +285,11 @@ std::optional<uint32_t> resolve_eot(const std::string& eot, const text::Tokenize
   const auto r = std::from_chars(eot.data(), eot.data() + eot.size(), id);
   if (r.ec != std::errc() || r.ptr != eot.data() + eot.size())
     throw RankError("--eot '" + eot + "': must be auto, none or a token id", MESHLM_HERE);
-  if (id >= tok.vocab_size())
-    throw RankError(fmt::format("--eot {}: the tokenizer's vocabulary has {} ids", id, tok.vocab_size()),
-                    MESHLM_HERE);
-  return static_cast<uint32_t>(id);
+  // An id past 32 bits is past every vocabulary (token ids are < 2^32 - 1).
+  const auto id32 = static_cast<uint32_t>(std::min<uint64_t>(id, UINT32_MAX));
+  if (!tok.has_token(id32))
+    throw RankError(fmt::format("--eot {}: the id {}", id, tok.why_no_token(id32)), MESHLM_HERE);
+  return id32;
 }
 
 template <typename T>
@@ -359,10 +357,9 @@ int cmd_tokenize(MPI_Comm comm, const std::vector<std::string>& args) {
   }, MESHLM_HERE);
   std::unique_ptr<text::Tokenizer> tok;
   std::optional<uint32_t> eot;
-  try_all(comm, "--tokenizer: ", [&] {
-    tok = text::load_tokenizer(o.tokenizer, o.merges);
-    eot = resolve_eot(o.eot, *tok);
-  }, MESHLM_HERE);
+  try_all(comm, "--tokenizer: ", [&] { tok = text::load_tokenizer(o.tokenizer, o.merges); }, MESHLM_HERE);
+  // resolve_eot's messages name --eot themselves.
+  try_all(comm, "", [&] { eot = resolve_eot(o.eot, *tok); }, MESHLM_HERE);
 
   double seconds = 0;
   Part part;

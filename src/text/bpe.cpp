@@ -87,7 +87,7 @@ constexpr size_t kCacheEntries = 1 << 18;  // the cache starts afresh beyond thi
 const std::string& byte_char(uint8_t b) { return alphabet().chars[b]; }
 
 BpeTokenizer::BpeTokenizer(const BpeSpec& spec)
-    : add_prefix_space_(spec.add_prefix_space), ignore_merges_(spec.ignore_merges) {
+    : ignore_merges_(spec.ignore_merges) {
   uint64_t size = 0;
   for (const auto& [tok, id] : spec.vocab) size = std::max(size, checked_id(id, tok, spec.source) + uint64_t{1});
   for (const auto& a : spec.added) size = std::max(size, checked_id(a.id, a.content, spec.source) + uint64_t{1});
@@ -138,21 +138,25 @@ BpeTokenizer::BpeTokenizer(const BpeSpec& spec)
     if (a.content.empty())
       throw RankError(spec.source + ": an added token has empty content", MESHLM_HERE);
     assign(a.content, static_cast<uint32_t>(a.id), a.content);
-    added_.emplace_back(a.content, static_cast<uint32_t>(a.id));
-    added_first_[static_cast<unsigned char>(a.content[0])] = true;
+    AddedTokens& pass = a.normalized ? normalized_added_ : raw_added_;
+    pass.tokens.emplace_back(a.content, static_cast<uint32_t>(a.id));
+    pass.first[static_cast<unsigned char>(a.content[0])] = true;
   }
   // Leftmost-longest: at one position the longest added token wins.
-  std::stable_sort(added_.begin(), added_.end(),
-                   [](const auto& x, const auto& y) { return x.first.size() > y.first.size(); });
-  for (const auto& p : spec.patterns) regexes_.push_back(std::make_unique<Regex>(p, spec.source));
+  for (AddedTokens* pass : {&raw_added_, &normalized_added_})
+    std::stable_sort(pass->tokens.begin(), pass->tokens.end(),
+                     [](const auto& x, const auto& y) { return x.first.size() > y.first.size(); });
+  for (const auto& step : spec.pre_tokenizer)
+    steps_.push_back({step.add_prefix_space,
+                      step.pattern.empty() ? nullptr : std::make_unique<Regex>(step.pattern, spec.source)});
   if (spec.bos) bos_ = checked_id(*spec.bos, "bos", spec.source);
 }
 
-size_t BpeTokenizer::find_added(std::string_view text, size_t from, size_t* which) const {
+size_t BpeTokenizer::AddedTokens::find(std::string_view text, size_t from, size_t* which) const {
   for (size_t i = from; i < text.size(); ++i) {
-    if (!added_first_[static_cast<unsigned char>(text[i])]) continue;
-    for (size_t k = 0; k < added_.size(); ++k) {
-      if (text.compare(i, added_[k].first.size(), added_[k].first) == 0) {
+    if (!first[static_cast<unsigned char>(text[i])]) continue;
+    for (size_t k = 0; k < tokens.size(); ++k) {
+      if (text.compare(i, tokens[k].first.size(), tokens[k].first) == 0) {
         *which = k;
         return i;
       }
@@ -161,38 +165,64 @@ size_t BpeTokenizer::find_added(std::string_view text, size_t from, size_t* whic
   return std::string_view::npos;
 }
 
-void BpeTokenizer::encode(std::string_view text, std::vector<uint32_t>& out) const {
-  std::lock_guard lock(mutex_);
+template <typename F>
+void BpeTokenizer::AddedTokens::split(std::string_view text, std::vector<uint32_t>& out,
+                                      F&& between) const {
   size_t pos = 0;
   while (pos < text.size()) {
     size_t which = 0;
-    const size_t at = added_.empty() ? std::string_view::npos : find_added(text, pos, &which);
+    const size_t at = tokens.empty() ? std::string_view::npos : find(text, pos, &which);
     const size_t end = at == std::string_view::npos ? text.size() : at;
-    if (end > pos) encode_segment(text.substr(pos, end - pos), out);
+    if (end > pos) between(text.substr(pos, end - pos));
     if (at == std::string_view::npos) break;
-    out.push_back(added_[which].second);
-    pos = at + added_[which].first.size();
+    out.push_back(tokens[which].second);
+    pos = at + tokens[which].first.size();
   }
 }
 
+void BpeTokenizer::encode(std::string_view text, std::vector<uint32_t>& out) const {
+  std::lock_guard lock(mutex_);
+  // Hugging Face's AddedVocabulary::extract_and_normalize: the added tokens
+  // that are not normalized split the text first, the normalized ones then
+  // split each stretch left (meshlm reads no normalizer: its bytes as they
+  // are).
+  raw_added_.split(text, out, [&](std::string_view part) {
+    normalized_added_.split(part, out, [&](std::string_view segment) { encode_segment(segment, out); });
+  });
+}
+
 void BpeTokenizer::encode_segment(std::string_view text, std::vector<uint32_t>& out) const {
+  // The first step's prefix space goes before the whole stretch: Hugging
+  // Face's pieces before the first step are the stretches between added
+  // tokens.
   std::string prefixed;
-  if (add_prefix_space_ && text.front() != ' ') {
+  if (!steps_.empty() && steps_[0].add_prefix_space && text.front() != ' ') {
     prefixed = " ";
     prefixed += text;
     text = prefixed;
   }
-  // Valid UTF-8 runs go through the regular expressions; a run of bytes that
-  // is not UTF-8 is a piece of its own (bytes are bytes).
+  spaced_.clear();
+  // Valid UTF-8 runs go through the steps; a run of bytes that is not UTF-8
+  // is a piece of its own (bytes are bytes).
   size_t pos = 0;
   while (pos < text.size()) {
     const size_t valid = valid_utf8_prefix(text.substr(pos));
     if (valid > 0) {
       pieces_.clear();
       pieces_.push_back(text.substr(pos, valid));
-      for (const auto& re : regexes_) {
+      for (size_t k = 0; k < steps_.size(); ++k) {
+        // A later ByteLevel's space goes before each piece of the steps
+        // before it (byte_level.rs: every split not starting with ' ').
+        if (k > 0 && steps_[k].add_prefix_space)
+          for (auto& p : pieces_) {
+            if (p.front() == ' ') continue;
+            std::string& spaced = spaced_.emplace_back(1, ' ');
+            spaced += p;
+            p = spaced;
+          }
+        if (!steps_[k].regex) continue;
         subpieces_.clear();
-        for (auto p : pieces_) re->split(p, subpieces_);
+        for (auto p : pieces_) steps_[k].regex->split(p, subpieces_);
         pieces_.swap(subpieces_);
       }
       for (auto p : pieces_) encode_piece(p, out);
@@ -284,16 +314,14 @@ void BpeTokenizer::merge_piece(std::string_view piece, std::vector<uint32_t>& ou
 }
 
 std::string BpeTokenizer::token_bytes(uint32_t id) const {
-  if (id >= bytes_.size() || !assigned_[id])
-    throw RankError(fmt::format("token id {} is not in the tokenizer's vocabulary (size {})", id,
-                                bytes_.size()),
-                    MESHLM_HERE);
+  if (!has_token(id)) throw RankError(fmt::format("token id {} {}", id, why_no_token(id)), MESHLM_HERE);
   return bytes_[id];
 }
 
 std::optional<uint32_t> BpeTokenizer::token_id(std::string_view content) const {
-  for (const auto& [c, id] : added_)
-    if (c == content) return id;
+  for (const AddedTokens* pass : {&raw_added_, &normalized_added_})
+    for (const auto& [c, id] : pass->tokens)
+      if (c == content) return id;
   const auto it = by_bytes_.find(std::string(content));
   if (it == by_bytes_.end()) return std::nullopt;
   return it->second;

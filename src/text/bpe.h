@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -31,10 +32,20 @@ struct BpeSpec {
   struct Added {
     std::string content;  // raw text, matched in the input before pre-tokenizing
     uint64_t id = 0;
+    // Hugging Face's two passes: the tokens that are not normalized are
+    // split out of the text first, the normalized ones out of what is left.
+    bool normalized = false;
   };
   std::vector<Added> added;               // split out of the text (specials)
-  std::vector<std::string> patterns;      // applied in turn ("Isolated" splits)
-  bool add_prefix_space = false;          // ByteLevel's: a space before each segment
+  // The pre-tokenizer's steps, applied in turn to the pieces of the step
+  // before (the first to each stretch between added tokens): Split's
+  // pattern, or ByteLevel's space before each piece that does not start
+  // with one (add_prefix_space) then GPT-2's pattern (use_regex).
+  struct Step {
+    bool add_prefix_space = false;
+    std::string pattern;  // "Isolated" split; "" for none
+  };
+  std::vector<Step> pre_tokenizer;
   bool ignore_merges = false;             // a piece that is a token is not merged
   std::optional<uint64_t> bos;            // what a post-processor puts first
 };
@@ -49,6 +60,7 @@ public:
   void encode(std::string_view text, std::vector<uint32_t>& out) const override;
   std::string token_bytes(uint32_t id) const override;
   uint64_t vocab_size() const override { return bytes_.size(); }
+  bool has_token(uint32_t id) const override { return id < assigned_.size() && assigned_[id]; }
   std::optional<uint32_t> token_id(std::string_view content) const override;
   std::optional<uint32_t> bos_id() const override { return bos_; }
   std::string kind() const override { return "bpe"; }
@@ -63,18 +75,32 @@ private:
   void merge_piece(std::string_view piece, std::vector<uint32_t>& out) const;
   // A segment between two added tokens: pre-tokenized, then merged.
   void encode_segment(std::string_view text, std::vector<uint32_t>& out) const;
-  // Where the next added token starts in text[from:], and which one.
-  size_t find_added(std::string_view text, size_t from, size_t* which) const;
+
+  // The added tokens of one pass, matched leftmost, the longest at a
+  // position first.
+  struct AddedTokens {
+    std::vector<std::pair<std::string, uint32_t>> tokens;  // longest first
+    std::array<bool, 256> first{};                          // their first bytes
+    // Where the next one starts in text[from:] (npos: none), and which.
+    size_t find(std::string_view text, size_t from, size_t* which) const;
+    // Their ids to `out` in text order, each stretch between them (not
+    // empty) to between(stretch).
+    template <typename F>
+    void split(std::string_view text, std::vector<uint32_t>& out, F&& between) const;
+  };
 
   std::vector<std::string> bytes_;       // id -> raw bytes
   std::vector<bool> assigned_;           // id -> has a token
   std::unordered_map<std::string, uint32_t> by_bytes_;  // vocabulary, raw bytes -> id
   std::unordered_map<uint64_t, Merge> merges_;         // (left << 32 | right) -> merge
   std::array<uint32_t, 256> byte_id_{};
-  std::vector<std::pair<std::string, uint32_t>> added_;  // longest first
-  std::array<bool, 256> added_first_{};                  // first bytes of added tokens
-  std::vector<std::unique_ptr<Regex>> regexes_;
-  bool add_prefix_space_ = false, ignore_merges_ = false;
+  AddedTokens raw_added_, normalized_added_;  // normalized = false, true
+  struct Step {
+    bool add_prefix_space;
+    std::unique_ptr<Regex> regex;  // null: no split
+  };
+  std::vector<Step> steps_;
+  bool ignore_merges_ = false;
   std::optional<uint32_t> bos_;
 
   // Encoding state: the regexes' match buffers and a cache of short pieces.
@@ -82,6 +108,7 @@ private:
   mutable std::unordered_map<std::string, std::pair<uint32_t, uint32_t>> cache_;  // -> pool range
   mutable std::vector<uint32_t> cache_pool_;
   mutable std::vector<std::string_view> pieces_, subpieces_;
+  mutable std::deque<std::string> spaced_;  // pieces given their prefix space
 };
 
 }  // namespace meshlm::text

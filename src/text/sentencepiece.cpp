@@ -78,14 +78,19 @@ public:
     return static_cast<uint32_t>(id);
   }
 
+  // The model's own end of sequence (trainer option eos_id), whatever its
+  // piece is called (eos_piece: "</s>" by default, "<eos>" in Gemma's).
+  std::optional<uint32_t> eot_id() const override {
+    const int id = sp_.eos_id();
+    if (id < 0) return Tokenizer::eot_id();
+    return static_cast<uint32_t>(id);
+  }
+
   std::string kind() const override { return "sentencepiece"; }
 
 private:
   void check(uint32_t id) const {
-    if (id >= vocab_size())
-      throw RankError(fmt::format("token id {} is not in the tokenizer's vocabulary (size {})", id,
-                                  vocab_size()),
-                      MESHLM_HERE);
+    if (!has_token(id)) throw RankError(fmt::format("token id {} {}", id, why_no_token(id)), MESHLM_HERE);
   }
   sentencepiece::SentencePieceProcessor sp_;
 };

@@ -23,6 +23,15 @@ std::string Tokenizer::decode(std::span<const uint32_t> ids) const {
   return out;
 }
 
+std::string Tokenizer::why_no_token(uint32_t id) const {
+  if (has_token(id)) return "";
+  if (id >= vocab_size())
+    return fmt::format("is not in the tokenizer's vocabulary (size {})", vocab_size());
+  return fmt::format("has no token: the tokenizer leaves it unassigned (its ids below its "
+                     "vocabulary size {} have gaps)",
+                     vocab_size());
+}
+
 std::optional<uint32_t> Tokenizer::eot_id() const {
   for (const char* name : {"<|endoftext|>", "<|end_of_text|>", "</s>"})
     if (auto id = token_id(name)) return id;
@@ -71,16 +80,58 @@ json parse_json(const std::string& text, const std::string& path) {
   }
 }
 
-// A JSON value of the expected kind, or an error naming the key.
-const json& member(const json& obj, const char* key, json::value_t type, const std::string& where) {
-  if (!obj.is_object() || !obj.contains(key))
-    throw RankError(fmt::format("{}: key '{}' is missing", where, key), MESHLM_HERE);
-  const json& v = obj[key];
-  if (v.type() != type && !(type == json::value_t::number_unsigned && v.is_number_integer()))
-    throw RankError(fmt::format("{}: key '{}' is {}, not {}", where, key, v.type_name(),
+// Where a value sits in a tokenizer.json, for messages: the file and the
+// key's path from the root ("pre_tokenizer.pretokenizers[1].use_regex").
+struct At {
+  std::string file, path;
+  At operator/(std::string_view key) const {
+    return {file, path.empty() ? std::string(key) : path + "." + std::string(key)};
+  }
+  At operator[](size_t i) const { return {file, fmt::format("{}[{}]", path, i)}; }
+};
+
+// `v`, the value at `at`, when it is of JSON type `type` (number_unsigned:
+// any integer, whose sign its reader checks; number_float: any number);
+// else an error naming the file, the key's path, its type and the one
+// meshlm reads there. Every read of tokenizer.json goes through here.
+const json& typed(const json& v, const At& at, json::value_t type) {
+  const bool ok = type == json::value_t::number_unsigned ? v.is_number_integer()
+                  : type == json::value_t::number_float  ? v.is_number()
+                                                         : v.type() == type;
+  if (!ok)
+    throw RankError(fmt::format("{}: key '{}' is {}, not {}", at.file, at.path, v.type_name(),
                                 json(type).type_name()),
                     MESHLM_HERE);
   return v;
+}
+
+// The value of `key` in the object `obj` (at `at`), of type `type`; an error
+// naming the key when it is missing.
+const json& member(const json& obj, const At& at, const char* key, json::value_t type) {
+  const auto it = obj.find(key);
+  if (it == obj.end())
+    throw RankError(fmt::format("{}: key '{}' is missing", at.file, (at / key).path), MESHLM_HERE);
+  return typed(*it, at / key, type);
+}
+
+// The same for a key that may be left out: null when it is, or when it is
+// JSON null and `null_is_absent` (Hugging Face's optional fields: a
+// normalizer, a post-processor, dropout, ...).
+const json* optional_member(const json& obj, const At& at, const char* key, json::value_t type,
+                            bool null_is_absent = false) {
+  const auto it = obj.find(key);
+  if (it == obj.end() || (null_is_absent && it->is_null())) return nullptr;
+  return &typed(*it, at / key, type);
+}
+
+bool flag(const json& obj, const At& at, const char* key, bool fallback) {
+  const json* v = optional_member(obj, at, key, json::value_t::boolean);
+  return v ? v->get<bool>() : fallback;
+}
+
+std::string text_of(const json& obj, const At& at, const char* key, const std::string& fallback) {
+  const json* v = optional_member(obj, at, key, json::value_t::string);
+  return v ? v->get<std::string>() : fallback;
 }
 
 std::vector<std::pair<std::string, uint64_t>> read_vocab(const json& vocab, const std::string& where) {
@@ -107,140 +158,176 @@ std::pair<std::string, std::string> split_merge(const std::string& line, size_t 
   return {line.substr(0, sp), line.substr(sp + 1)};
 }
 
-// A pre-tokenizer of tokenizer.json into the spec's patterns; true when it
-// (or a step of its Sequence) is the ByteLevel one.
-bool read_pre_tokenizer(const json& pt, BpeSpec& spec, const std::string& where) {
-  const std::string type = member(pt, "type", json::value_t::string, where + ": pre_tokenizer").get<std::string>();
+// A regular expression that matches `text` literally (Hugging Face's
+// regex::escape): each printable ASCII character that is not a letter or a
+// digit escaped by a backslash, which PCRE2 reads as that character itself.
+// Quoting the whole with \Q...\E would end at a "\E" in the text.
+std::string literal_pattern(std::string_view text) {
+  std::string out;
+  for (char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    const bool alnum = (u >= '0' && u <= '9') || (u >= 'A' && u <= 'Z') || (u >= 'a' && u <= 'z');
+    if (u > ' ' && u < 0x7f && !alnum) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+// A pre-tokenizer of tokenizer.json (at `at`) into the spec's steps; true
+// when it (or a step of its Sequence) is the ByteLevel one.
+bool read_pre_tokenizer(const json& pt, const At& at, BpeSpec& spec) {
+  typed(pt, at, json::value_t::object);
+  const std::string type = member(pt, at, "type", json::value_t::string).get<std::string>();
   if (type == "Sequence") {
+    const json& steps = member(pt, at, "pretokenizers", json::value_t::array);
     bool byte_level = false;
-    for (const auto& step : member(pt, "pretokenizers", json::value_t::array, where + ": pre_tokenizer"))
-      byte_level |= read_pre_tokenizer(step, spec, where);
+    for (size_t i = 0; i < steps.size(); ++i)
+      byte_level |= read_pre_tokenizer(steps[i], (at / "pretokenizers")[i], spec);
     return byte_level;
   }
   if (type == "ByteLevel") {
-    spec.add_prefix_space = pt.value("add_prefix_space", false);
-    if (pt.value("use_regex", true)) spec.patterns.push_back(kGpt2Pattern);
+    spec.pre_tokenizer.push_back({flag(pt, at, "add_prefix_space", false),
+                                  flag(pt, at, "use_regex", true) ? kGpt2Pattern : ""});
     return true;
   }
   if (type == "Split") {
-    const json& pattern = member(pt, "pattern", json::value_t::object, where + ": Split pre-tokenizer");
-    const std::string behavior = pt.value("behavior", std::string("Isolated"));
-    if (behavior != "Isolated" || pt.value("invert", false))
-      throw RankError(fmt::format("{}: Split pre-tokenizer with behavior '{}'{} is not supported "
+    const json& pattern = member(pt, at, "pattern", json::value_t::object);
+    const std::string behavior = text_of(pt, at, "behavior", "Isolated");
+    const bool invert = flag(pt, at, "invert", false);
+    if (behavior != "Isolated" || invert)
+      throw RankError(fmt::format("{}: {}: Split pre-tokenizer with behavior '{}'{} is not supported "
                                   "(meshlm reads 'Isolated', not inverted)",
-                                  where, behavior, pt.value("invert", false) ? " inverted" : ""),
+                                  at.file, at.path, behavior, invert ? " inverted" : ""),
                       MESHLM_HERE);
-    if (pattern.contains("Regex")) {
-      spec.patterns.push_back(pattern["Regex"].get<std::string>());
-    } else if (pattern.contains("String")) {
-      // A literal string: escaped for PCRE2 with \Q...\E.
-      spec.patterns.push_back("\\Q" + pattern["String"].get<std::string>() + "\\E");
+    const At p = at / "pattern";
+    if (const json* re = optional_member(pattern, p, "Regex", json::value_t::string)) {
+      spec.pre_tokenizer.push_back({false, re->get<std::string>()});
+    } else if (const json* lit = optional_member(pattern, p, "String", json::value_t::string)) {
+      spec.pre_tokenizer.push_back({false, literal_pattern(lit->get<std::string>())});
     } else {
-      throw RankError(where + ": Split pre-tokenizer's pattern is neither Regex nor String", MESHLM_HERE);
+      throw RankError(fmt::format("{}: {}: Split pre-tokenizer's pattern is neither Regex nor String",
+                                  at.file, p.path),
+                      MESHLM_HERE);
     }
     return false;
   }
   throw RankError(fmt::format("{}: pre-tokenizer '{}' is not supported (meshlm reads byte-level BPE: "
                               "ByteLevel, optionally after Split; SentencePiece models as "
                               "tokenizer.model)",
-                              where, type),
+                              at.file, type),
                   MESHLM_HERE);
 }
 
-// The id a post-processor puts before a single sequence.
-std::optional<uint64_t> read_bos(const json& pp, const BpeSpec& spec, const std::string& where) {
-  if (pp.is_null()) return std::nullopt;
-  const std::string type = member(pp, "type", json::value_t::string, where + ": post_processor").get<std::string>();
+// The id a post-processor (at `at`) puts before a single sequence.
+std::optional<uint64_t> read_bos(const json& pp, const At& at, const BpeSpec& spec) {
+  typed(pp, at, json::value_t::object);
+  const std::string type = member(pp, at, "type", json::value_t::string).get<std::string>();
   if (type == "ByteLevel") return std::nullopt;
   if (type == "Sequence") {
-    for (const auto& p : member(pp, "processors", json::value_t::array, where + ": post_processor"))
-      if (auto bos = read_bos(p, spec, where)) return bos;
+    const json& processors = member(pp, at, "processors", json::value_t::array);
+    for (size_t i = 0; i < processors.size(); ++i)
+      if (auto bos = read_bos(processors[i], (at / "processors")[i], spec)) return bos;
     return std::nullopt;
   }
   if (type != "TemplateProcessing")
     throw RankError(fmt::format("{}: post-processor '{}' is not supported (meshlm reads "
                                 "TemplateProcessing and ByteLevel)",
-                                where, type),
+                                at.file, type),
                     MESHLM_HERE);
-  for (const auto& piece : member(pp, "single", json::value_t::array, where + ": post_processor")) {
+  const json& single = member(pp, at, "single", json::value_t::array);
+  for (size_t i = 0; i < single.size(); ++i) {
+    const At p = (at / "single")[i];
+    const json& piece = typed(single[i], p, json::value_t::object);
     if (piece.contains("Sequence")) return std::nullopt;
-    if (piece.contains("SpecialToken")) {
-      const std::string name = piece["SpecialToken"].value("id", std::string());
+    if (const json* st = optional_member(piece, p, "SpecialToken", json::value_t::object)) {
+      const std::string name = member(*st, p / "SpecialToken", "id", json::value_t::string).get<std::string>();
       for (const auto& a : spec.added)
         if (a.content == name) return a.id;
       throw RankError(fmt::format("{}: the post-processor's special token '{}' is not an added token",
-                                  where, name),
+                                  at.file, name),
                       MESHLM_HERE);
     }
   }
   return std::nullopt;
 }
 
-void read_added_tokens(const json& root, BpeSpec& spec, const std::string& where) {
-  if (!root.contains("added_tokens") || root["added_tokens"].is_null()) return;
-  for (const auto& a : member(root, "added_tokens", json::value_t::array, where)) {
-    const std::string w = where + ": added token";
+void read_added_tokens(const json& root, const At& at, BpeSpec& spec) {
+  const json* list = optional_member(root, at, "added_tokens", json::value_t::array, true);
+  if (!list) return;
+  for (size_t i = 0; i < list->size(); ++i) {
+    const At t_at = (at / "added_tokens")[i];
+    const json& a = typed((*list)[i], t_at, json::value_t::object);
     BpeSpec::Added t;
-    t.content = member(a, "content", json::value_t::string, w).get<std::string>();
-    const json& id = member(a, "id", json::value_t::number_unsigned, w);
+    t.content = member(a, t_at, "content", json::value_t::string).get<std::string>();
+    const json& id = member(a, t_at, "id", json::value_t::number_unsigned);
     if (id.get<int64_t>() < 0)
-      throw RankError(fmt::format("{} '{}' has a negative id", w, t.content), MESHLM_HERE);
+      throw RankError(fmt::format("{}: added token '{}' has a negative id", at.file, t.content),
+                      MESHLM_HERE);
     t.id = id.get<uint64_t>();
-    for (const char* flag : {"single_word", "lstrip", "rstrip"})
-      if (a.value(flag, false))
-        throw RankError(fmt::format("{} '{}' has {} = true, which meshlm does not support", w,
-                                    t.content, flag),
+    for (const char* f : {"single_word", "lstrip", "rstrip"})
+      if (flag(a, t_at, f, false))
+        throw RankError(fmt::format("{}: added token '{}' has {} = true, which meshlm does not "
+                                    "support",
+                                    at.file, t.content, f),
                         MESHLM_HERE);
+    // Without the key, as Hugging Face's AddedToken::from: a special token
+    // is not normalized, another is.
+    t.normalized = flag(a, t_at, "normalized", !flag(a, t_at, "special", false));
     spec.added.push_back(std::move(t));
   }
 }
 
 std::unique_ptr<Tokenizer> hf_tokenizer_json(const json& root, const std::string& where) {
-  const json& model = member(root, "model", json::value_t::object, where);
-  const std::string type = model.value("type", std::string("BPE"));
+  const At at{where, ""};
+  const json& model = member(root, at, "model", json::value_t::object);
+  const At m = at / "model";
+  const std::string type = text_of(model, m, "type", "BPE");
   if (type != "BPE")
     throw RankError(fmt::format("{}: model type '{}' is not supported (meshlm reads byte-level BPE "
                                 "tokenizer.json files and SentencePiece tokenizer.model files)",
                                 where, type),
                     MESHLM_HERE);
-  if (root.contains("normalizer") && !root["normalizer"].is_null())
+  if (const json* norm = optional_member(root, at, "normalizer", json::value_t::object, true))
     throw RankError(fmt::format("{}: normalizer '{}' is not supported (meshlm reads byte-level BPE "
                                 "without a normalizer)",
-                                where, root["normalizer"].value("type", std::string("?"))),
+                                where, text_of(*norm, at / "normalizer", "type", "?")),
                     MESHLM_HERE);
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
-    if (model.contains(key) && model[key].is_string() && !model[key].get<std::string>().empty())
+    if (const json* v = optional_member(model, m, key, json::value_t::string, true);
+        v && !v->get_ref<const std::string&>().empty())
       throw RankError(fmt::format("{}: model.{} is not supported", where, key), MESHLM_HERE);
-  if (model.contains("dropout") && model["dropout"].is_number() && model["dropout"].get<double>() > 0)
+  if (const json* d = optional_member(model, m, "dropout", json::value_t::number_float, true);
+      d && d->get<double>() > 0)
     throw RankError(where + ": model.dropout is set: BPE dropout makes encoding random", MESHLM_HERE);
-  if (model.value("byte_fallback", false))
+  if (flag(model, m, "byte_fallback", false))
     throw RankError(where + ": model.byte_fallback = true is not a byte-level BPE (use the "
                             "model's tokenizer.model)",
                     MESHLM_HERE);
   BpeSpec spec;
   spec.source = where;
-  spec.vocab = read_vocab(member(model, "vocab", json::value_t::object, where + ": model"), where);
-  const json& merges = member(model, "merges", json::value_t::array, where + ": model");
+  spec.vocab = read_vocab(member(model, m, "vocab", json::value_t::object), where);
+  const json& merges = member(model, m, "merges", json::value_t::array);
   spec.merges.reserve(merges.size());
   for (size_t i = 0; i < merges.size(); ++i) {
-    const json& m = merges[i];
-    if (m.is_string()) {
-      spec.merges.push_back(split_merge(m.get<std::string>(), i + 1, where));
-    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-      spec.merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
+    const json& mg = merges[i];
+    if (mg.is_string()) {
+      spec.merges.push_back(split_merge(mg.get<std::string>(), i + 1, where));
+    } else if (mg.is_array() && mg.size() == 2 && mg[0].is_string() && mg[1].is_string()) {
+      spec.merges.emplace_back(mg[0].get<std::string>(), mg[1].get<std::string>());
     } else {
       throw RankError(fmt::format("{}: merge {} is neither \"a b\" nor [\"a\", \"b\"]", where, i + 1),
                       MESHLM_HERE);
     }
   }
-  spec.ignore_merges = model.value("ignore_merges", false);
-  const json pt = root.value("pre_tokenizer", json());
-  if (pt.is_null() || !read_pre_tokenizer(pt, spec, where))
+  spec.ignore_merges = flag(model, m, "ignore_merges", false);
+  const json* pt = optional_member(root, at, "pre_tokenizer", json::value_t::object, true);
+  if (!pt || !read_pre_tokenizer(*pt, at / "pre_tokenizer", spec))
     throw RankError(where + ": no ByteLevel pre-tokenizer: meshlm reads byte-level BPE only (use "
                             "the model's tokenizer.model for SentencePiece models)",
                     MESHLM_HERE);
-  read_added_tokens(root, spec, where);
-  spec.bos = read_bos(root.value("post_processor", json()), spec, where);
+  read_added_tokens(root, at, spec);
+  if (const json* pp = optional_member(root, at, "post_processor", json::value_t::object, true))
+    spec.bos = read_bos(*pp, at / "post_processor", spec);
   return std::make_unique<BpeTokenizer>(spec);
 }
 
@@ -273,7 +360,7 @@ std::unique_ptr<Tokenizer> gpt2_pair(const json& vocab, const std::string& path,
     auto m = split_merge(line, n, merges + " line " + std::to_string(n));
     spec.merges.push_back(std::move(m));
   }
-  spec.patterns.push_back(kGpt2Pattern);
+  spec.pre_tokenizer.push_back({false, kGpt2Pattern});
   return std::make_unique<BpeTokenizer>(spec);
 }
 

@@ -40,7 +40,7 @@ public:
 
   // The bytes of one token (for streaming: the concatenation of the bytes
   // of a sequence of ids is its text; a UTF-8 character may be split over
-  // two tokens). Throws RankError for an id >= vocab_size().
+  // two tokens). Throws RankError for an id without a token (has_token).
   virtual std::string token_bytes(uint32_t id) const = 0;
 
   // The text of `ids`: the concatenation of their token_bytes, with the
@@ -51,6 +51,15 @@ public:
   // 1 + the largest id the tokenizer can give (added tokens included).
   virtual uint64_t vocab_size() const = 0;
 
+  // Whether `id` is a token's: below vocab_size() and, for a tokenizer.json
+  // whose ids leave gaps, one of the ids it assigns.
+  virtual bool has_token(uint32_t id) const { return id < vocab_size(); }
+
+  // Why `id` is not a token, to follow "token id N" in a message ("is not
+  // in the tokenizer's vocabulary (size V)", or that the tokenizer leaves it
+  // unassigned); "" when it is one.
+  std::string why_no_token(uint32_t id) const;
+
   // The id of a token given by its content ("<|endoftext|>"), if it has one.
   virtual std::optional<uint32_t> token_id(std::string_view content) const = 0;
 
@@ -59,8 +68,10 @@ public:
   virtual std::optional<uint32_t> bos_id() const = 0;
 
   // The end-of-text id: the first of "<|endoftext|>", "<|end_of_text|>",
-  // "</s>" that the tokenizer has (SentencePiece: its eos id), if any.
-  std::optional<uint32_t> eot_id() const;
+  // "</s>" that the tokenizer has, if any. SentencePiece: the model's eos
+  // id whatever its piece is named (Gemma's "<eos>"), by the names only
+  // when the model has none.
+  virtual std::optional<uint32_t> eot_id() const;
 
   // "byte", "bpe" or "sentencepiece".
   virtual std::string kind() const = 0;

@@ -43,10 +43,13 @@ CASE:
                    TemplateProcessing], as published; and TemplateProcessing
                    alone): [128000] ids [128001] per document, uint32,
                    vocab_size 128256, bos_id 128000.
-  sentencepiece    two models trained on the corpus with spm_train (vocabulary
-                   2000): BPE (<unk> 0, <s> 1, </s> 2: stream [1] ids [2])
-                   and unigram with byte_fallback and no <s> (stream ids [2]);
-                   ids from python3-sentencepiece's encode of each document.
+  sentencepiece    three models trained on the corpus with spm_train
+                   (vocabulary 2000): BPE (<unk> 0, <s> 1, </s> 2: stream [1]
+                   ids [2]), unigram with byte_fallback and no <s> (stream ids
+                   [2]), and BPE whose end-of-sequence piece is <eos> (as
+                   Gemma's; stream [1] ids [2]: the eot is the model's eos id,
+                   whatever its name); ids from python3-sentencepiece's
+                   encode of each document.
   jsonl            --input jsonl corpus.jsonl (every non-ASCII character a
                    \\u escape) gives the same /tokens as the text files; so
                    do two jsonl files with --jsonl-key body, other keys
@@ -67,9 +70,17 @@ CASE:
                    not JSON (line 3, and line 70 on 2 ranks, where the second
                    rank reads it) and one lacking the key (the line and the
                    key named), then with --skip-bad-lines both skipped and
-                   counted, the other lines' ids right; an empty corpus (an
-                   empty jsonl file, one of blank lines, an empty text file
-                   with --eot none).
+                   counted, the other lines' ids right; a jsonl line with a
+                   byte that is not UTF-8 (quoted as \xff, never raw); an
+                   empty corpus (an empty jsonl file, one of blank lines, an
+                   empty text file with --eot none); --eot an id the
+                   tokenizer leaves unassigned (a tokenizer.json whose ids
+                   have gaps); --eot 256 with the byte tokenizer, the error
+                   labelled --eot; an existing HDF5 file with /tokens that
+                   meshlm did not write (h5py: /tokens and /weights, no
+                   meshlm attributes) refused by name and left byte for
+                   byte as it was, while a token file meshlm wrote is
+                   replaced.
   references       the references against each other, without meshlm:
                    reference_gpt2.js = openai_bpe.py on every document (both
                    readings of "<|endoftext|>"), hf_bpe.py on the GPT-2
@@ -291,7 +302,9 @@ class Meshlm:
 
     def tokenize(self, inputs, out, *opts, ranks=1, ok=True):
         cmd = self.mpiexec[ranks] + [self.exe, "tokenize"] + list(inputs) + [out] + list(opts)
-        p = subprocess.run(cmd, cwd=self.work, capture_output=True, text=True, timeout=600, env=self.env)
+        # Bytes that are not UTF-8 in a message stay visible (as surrogates).
+        p = subprocess.run(cmd, cwd=self.work, capture_output=True, text=True, errors="surrogateescape",
+                           timeout=600, env=self.env)
         text = p.stdout + p.stderr
         if ok and p.returncode != 0:
             print("$", " ".join(shlex.quote(c) for c in cmd[:len(self.mpiexec[ranks]) + 3]), "...",
@@ -441,6 +454,8 @@ SPM_MODELS = {
     # name: (spm_train options, bos id, eos id)
     "bpe": (["--model_type=bpe"], 1, 2),
     "unigram_bytes": (["--model_type=unigram", "--byte_fallback=true", "--bos_id=-1"], None, 2),
+    # The end-of-sequence piece named as Gemma's: the eot is the model's eos id.
+    "eos_named": (["--model_type=bpe", "--eos_piece=<eos>"], 1, 2),
 }
 
 
@@ -677,6 +692,46 @@ def case_bad(m, c):
                    "an empty text file with --eot none (no token at all)", [empty_txt])
     expect_refusal(m, [empty], ["--tokenizer", tj, "--input", "jsonl"], "an empty jsonl file, on 2 ranks",
                    [empty], ranks=2)
+
+    # A line with a byte that is not UTF-8: quoted printable in the message.
+    bad_utf8 = os.path.join(w, "bad_utf8.jsonl")
+    with open(bad_utf8, "wb") as f:
+        f.write(b'{"text": "ok"}\n{"text": "\xff"}\n')
+    text = expect_refusal(m, [bad_utf8], ["--tokenizer", tj, "--input", "jsonl"],
+                          "a jsonl line with a byte that is not UTF-8", [bad_utf8, "line 2", "\\xff"])
+    check("\udcff" not in text, "... the byte quoted as \\xff, not written raw")
+
+    # --eot an id the tokenizer leaves unassigned (ids 50257-50299 of a
+    # tokenizer.json with an added token at 50300).
+    def gap(d):
+        d["added_tokens"].append({"id": 50300, "content": "<|gap|>", "single_word": False, "lstrip": False,
+                                  "rstrip": False, "normalized": False, "special": True})
+    gaps = edited_tokenizer(c, w, "gaps.json", gap)
+    expect_refusal(m, few, ["--tokenizer", gaps, "--eot", "50280"], "--eot an id the tokenizer leaves unassigned",
+                   ["--eot 50280", "unassigned"])
+
+    # Errors about --eot are labelled --eot.
+    text = expect_refusal(m, few, ["--eot", "256"], "--eot 256 with the byte tokenizer", ["--eot 256", "256"])
+    check("--tokenizer" not in text, "--eot 256: the error labelled --eot, not --tokenizer")
+
+    # An HDF5 file with /tokens that another tool wrote: refused, unchanged.
+    import h5py
+    import numpy as np
+    foreign = os.path.join(w, "foreign.h5")
+    with h5py.File(foreign, "w") as f:
+        f["tokens"] = np.arange(5, dtype=np.uint16)
+        f["weights"] = np.ones(3)
+    before = open(foreign, "rb").read()
+    rc, text = m.tokenize(few, foreign, "--tokenizer", tj, ok=False)
+    check(rc != 0 and foreign in text and "not a meshlm token file" in text,
+          f"an HDF5 file with /tokens that meshlm did not write: refused, named (exit {rc})")
+    check(open(foreign, "rb").read() == before and not glob.glob(foreign + ".*"),
+          "... and left as it was, nothing beside it")
+    own = os.path.join(w, "own.h5")
+    m.tokenize(few, own, "--tokenizer", tj)
+    m.tokenize(few[:1], own, "--tokenizer", tj)
+    _, _, attrs = read_h5(own)
+    check(attrs.get("documents") == 1, "a token file meshlm wrote is replaced")
 
 
 # --- the references against each other --------------------------------------

@@ -10,9 +10,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "app/generate_text.h"
 #include "core/error.h"
@@ -20,6 +24,7 @@
 #include "model/decode.h"
 #include "model/gpt.h"
 #include "model/sampling.h"
+#include "text/bpe.h"
 #include "decode_cases.h"
 #include "train/emulated_device.h"
 
@@ -184,4 +189,32 @@ TEST(GenerateText, HoldsBackAnIncompleteUtf8Character) {
   EXPECT_EQ(utf8_complete_prefix("a\x80\x80"), 3u);
   EXPECT_EQ(utf8_complete_prefix("a\xFF"), 2u);
   EXPECT_EQ(utf8_complete_prefix("\x80\x80\x80\x80"), 4u);
+}
+
+// --print text of an id the tokenizer leaves unassigned (a tokenizer.json
+// whose ids have gaps), below its vocabulary size as above it: a warning
+// naming the id, no text for it, and the text of the others.
+TEST(GenerateText, AnIdWithoutATokenIsSkippedWithAWarning) {
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) vocab[text::byte_char(static_cast<uint8_t>(b))] = b;
+  nlohmann::json tj = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}},
+                       {"pre_tokenizer", {{"type", "ByteLevel"}}},
+                       {"added_tokens", nlohmann::json::array({{{"id", 300},
+                                                                {"content", "<|endoftext|>"},
+                                                                {"special", true}}})}};
+  const std::string path = ::testing::TempDir() + "/gaps_tokenizer.json";
+  std::ofstream(path) << tj.dump();
+  auto codec = open_text_codec(path, "", true, "");
+  std::filesystem::remove(path);
+  auto sink = codec->sink({});
+  ::testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStderr();
+  for (uint32_t id : {uint32_t{'h'}, 256u, uint32_t{'i'}, 301u}) sink->put(id);
+  sink->finish();
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(out, "hi\n");
+  EXPECT_NE(err.find("WARNING: generated id 256 "), std::string::npos) << err;
+  EXPECT_NE(err.find("WARNING: generated id 301 "), std::string::npos) << err;
+  EXPECT_EQ(err.find("id 256 is not in"), std::string::npos) << err;
 }

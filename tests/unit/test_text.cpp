@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include <fstream>
+#include <functional>
 #include <random>
 
 #include <nlohmann/json.hpp>
@@ -127,6 +128,79 @@ TEST_F(TextTest, AddPrefixSpace) {
   EXPECT_EQ(ids(*load(j), " hi"), (std::vector<uint32_t>{' ', 'h', 'i'}));
 }
 
+// Hugging Face's ByteLevel puts the space before each piece the steps before
+// it gave (byte_level.rs): after a Split, before each of its pieces; alone
+// (GPT-2's), before each stretch between added tokens. A piece that starts
+// with a space gets none.
+TEST_F(TextTest, AddPrefixSpaceGoesBeforeEachPieceOfTheStepsBefore) {
+  json j = tiny_tokenizer({}, {});
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       json::array({{{"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", "Isolated"}},
+                    {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"use_regex", false}}})}};
+  // "ab", " ", "cd" -> " ab", " ", " cd".
+  EXPECT_EQ(ids(*load(j), "ab cd"), (std::vector<uint32_t>{' ', 'a', 'b', ' ', ' ', 'c', 'd'}));
+  // With use_regex: each split piece prefixed, then cut by GPT-2's pattern.
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {{"Regex", "\\d"}};
+  j["pre_tokenizer"]["pretokenizers"][1]["use_regex"] = true;
+  EXPECT_EQ(ids(*load(j), "ab1cd"), (std::vector<uint32_t>{' ', 'a', 'b', ' ', '1', ' ', 'c', 'd'}));
+  // ByteLevel alone: one space before each stretch between added tokens.
+  json g = tiny_tokenizer({}, {});
+  g["pre_tokenizer"]["add_prefix_space"] = true;
+  g["added_tokens"] = json::array({{{"id", 300}, {"content", "<x>"}, {"special", true}}});
+  EXPECT_EQ(ids(*load(g), "a b<x>c<x> d"),
+            (std::vector<uint32_t>{' ', 'a', ' ', 'b', 300, ' ', 'c', 300, ' ', 'd'}));
+}
+
+// Hugging Face splits out the added tokens with normalized = false first,
+// on the whole text, then those with normalized = true in what is left
+// (AddedVocabulary::extract_and_normalize): "a>" wins over "<a" that
+// starts before it.
+TEST_F(TextTest, AddedTokensNotNormalizedAreSplitOutFirst) {
+  json j = tiny_tokenizer({}, {});
+  j["added_tokens"] = json::array(
+      {{{"id", 300}, {"content", "<a"}, {"special", false}, {"normalized", true}},
+       {{"id", 301}, {"content", "a>"}, {"special", true}, {"normalized", false}}});
+  auto t = load(j);
+  EXPECT_EQ(ids(*t, "x<a>y"), (std::vector<uint32_t>{'x', '<', 301, 'y'}));
+  EXPECT_EQ(ids(*t, "x<ab<a"), (std::vector<uint32_t>{'x', 300, 'b', 300}));
+  EXPECT_EQ(ids(*t, "<a<a>"), (std::vector<uint32_t>{300, '<', 301}));
+  // Without "normalized", a special token is not normalized and another is
+  // (Hugging Face's AddedToken::from).
+  j["added_tokens"][0].erase("normalized");
+  j["added_tokens"][1].erase("normalized");
+  EXPECT_EQ(ids(*load(j), "x<a>y"), (std::vector<uint32_t>{'x', '<', 301, 'y'}));
+}
+
+// A Split's String is a literal: every character of it matches itself,
+// "\E" (which ends PCRE2's \Q...\E quoting) and "+" included.
+TEST_F(TextTest, SplitStringIsALiteral) {
+  json j = tiny_tokenizer({"xa", "aa", "a+"}, {"x a", "a a", "a +"});
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       json::array({{{"type", "Split"}, {"pattern", {{"String", "a\\Eb"}}}, {"behavior", "Isolated"}},
+                    {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}};
+  // "x", "a\Eb", "y": "x a" is not merged across the split.
+  EXPECT_EQ(ids(*load(j), "xa\\Eby"), (std::vector<uint32_t>{'x', 'a', '\\', 'E', 'b', 'y'}));
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["String"] = "a+";
+  // "aa", "a+" (as a regex, a+ would take "aaa").
+  EXPECT_EQ(ids(*load(j), "aaa+"), (std::vector<uint32_t>{257, 258}));
+}
+
+// A tokenizer.json's ids may leave gaps: an id below vocab_size() that no
+// token has is not a token, and says so.
+TEST_F(TextTest, IdsLeftUnassignedAreNotTokens) {
+  json j = tiny_tokenizer({}, {});
+  j["added_tokens"] = json::array({{{"id", 300}, {"content", "<|endoftext|>"}, {"special", true}}});
+  auto t = load(j);
+  EXPECT_EQ(t->vocab_size(), 301u);
+  const std::string msg = expect_error([&] { t->token_bytes(256); }, {"token id 256", "no token"});
+  EXPECT_EQ(msg.find("not in the tokenizer's vocabulary"), std::string::npos) << msg;
+  expect_error([&] { t->token_bytes(301); }, {"token id 301", "size 301"});
+}
+
 TEST_F(TextTest, BytesThatAreNotUtf8AreBytes) {
   auto t = load(tiny_tokenizer({"ab", "abc"}, {"a b", "ab c"}));
   std::mt19937 rng(7);
@@ -204,6 +278,50 @@ TEST_F(TextTest, MalformedFilesAreRefusedNamingTheFile) {
   expect_error([&] { load_tokenizer(file("missing.json")); }, {"missing.json", "does not exist"});
   ASSERT_EQ(::mkfifo(file("fifo").c_str(), 0600), 0);
   expect_error([&] { load_tokenizer(file("fifo")); }, {"fifo", "FIFO"});
+}
+
+// A value of the wrong JSON type is named by the file, its key's path and
+// the type meshlm reads there.
+TEST_F(TextTest, ValuesOfTheWrongTypeAreNamedByTheirKey) {
+  auto edited = [&](const std::function<void(json&)>& edit) {
+    json j = tiny_tokenizer({}, {});
+    j["added_tokens"] = json::array({{{"id", 300}, {"content", "<x>"}, {"special", true}}});
+    edit(j);
+    return j;
+  };
+  const std::vector<std::pair<std::function<void(json&)>, std::vector<std::string>>> cases = {
+      {[](json& j) { j["normalizer"] = "NFC"; }, {"'normalizer'", "string", "object"}},
+      {[](json& j) { j["pre_tokenizer"]["add_prefix_space"] = nullptr; },
+       {"'pre_tokenizer.add_prefix_space'", "null", "boolean"}},
+      {[](json& j) { j["added_tokens"][0]["lstrip"] = nullptr; },
+       {"'added_tokens[0].lstrip'", "null", "boolean"}},
+      {[](json& j) { j["added_tokens"][0]["normalized"] = "no"; },
+       {"'added_tokens[0].normalized'", "string", "boolean"}},
+      {[](json& j) { j["model"]["ignore_merges"] = nullptr; },
+       {"'model.ignore_merges'", "null", "boolean"}},
+      {[](json& j) { j["model"]["type"] = 5; }, {"'model.type'", "number", "string"}},
+      {[](json& j) { j["model"]["dropout"] = "0.1"; }, {"'model.dropout'", "string", "number"}},
+      {[](json& j) {
+         j["pre_tokenizer"] = {{"type", "Sequence"},
+                               {"pretokenizers", json::array({{{"type", "Split"},
+                                                                {"pattern", {{"Regex", 7}}}},
+                                                               j["pre_tokenizer"]})}};
+       },
+       {"'pre_tokenizer.pretokenizers[0].pattern.Regex'", "number", "string"}},
+      {[](json& j) { j["pre_tokenizer"]["use_regex"] = "yes"; },
+       {"'pre_tokenizer.use_regex'", "string", "boolean"}},
+      {[](json& j) {
+         j["post_processor"] = {{"type", "TemplateProcessing"},
+                                {"single", json::array({{{"SpecialToken", {{"id", 3}}}}})}};
+       },
+       {"'post_processor.single[0].SpecialToken.id'", "number", "string"}},
+  };
+  for (const auto& [edit, parts] : cases) {
+    std::vector<std::string> want = parts;
+    want.push_back("tokenizer.json");
+    const std::string msg = expect_error([&] { load(edited(edit)); }, want);
+    EXPECT_EQ(msg.find("[json.exception"), std::string::npos) << msg;
+  }
 }
 
 TEST_F(TextTest, EncoderJsonWithoutMergesNamesTheOption) {

@@ -465,3 +465,39 @@ TEST_F(TokensTest, TokenizeBytesErrors) {
                {file("empty.txt"), "empty"});
   EXPECT_FALSE(fs::exists(file("o.h5")));
 }
+
+// meshlm replaces only the token files it wrote itself (vocab_size and
+// format_version on the root, which every meshlm version wrote, and no other
+// object than /tokens and /val_tokens): another tool's file with a /tokens
+// dataset is refused and left as it was.
+TEST_F(TokensTest, OnlyMeshlmsOwnTokenFilesAreReplaced) {
+  write_tokens_h5(file("own.h5"), iota_ids(5), 10);
+  EXPECT_TRUE(is_token_file_h5(file("own.h5")));
+  auto foreign = [&](const std::string& name, bool attrs, bool weights) {
+    h5::File f = h5::create_file(file(name));
+    h5::write_dataset(f, "tokens", std::vector<uint32_t>{1, 2, 3});
+    if (weights) h5::write_dataset(f, "weights", std::vector<double>{1, 1});
+    if (attrs) {
+      h5::write_scalar_attr<int64_t>(f, "vocab_size", 10);
+      h5::write_scalar_attr<int32_t>(f, "format_version", kTokensFormatVersion);
+    }
+    h5::close_file(f, file(name));
+  };
+  foreign("other.h5", false, true);
+  foreign("bare.h5", false, false);
+  foreign("more.h5", true, true);
+  foreign("like_own.h5", true, false);
+  EXPECT_FALSE(is_token_file_h5(file("other.h5")));
+  EXPECT_FALSE(is_token_file_h5(file("bare.h5")));
+  EXPECT_FALSE(is_token_file_h5(file("more.h5")));
+  EXPECT_TRUE(is_token_file_h5(file("like_own.h5")));
+  std::ofstream(file("in.txt")) << "abc";
+  expect_error([&] { tokenize_bytes(file("in.txt"), file("other.h5")); },
+               {file("other.h5"), "not a meshlm token file"});
+  {
+    h5::File f = h5::open_file(file("other.h5"));
+    EXPECT_TRUE(h5::exists(f, "weights"));
+  }
+  EXPECT_EQ(tokenize_bytes(file("in.txt"), file("own.h5")), 3u);
+  EXPECT_EQ(TokenReader::open(file("own.h5")).size(), 3u);
+}
