@@ -329,12 +329,12 @@ void run(const GenerateOptions& o) {
                                         "{} exceed the context of {} positions: at most {} new "
                                         "tokens\n",
                                         n, o.max_new, T, T - n));
-  IdsSink ids;
-  std::unique_ptr<TokenSink> streamed = as_text ? text->sink(prompt) : nullptr;
-  TokenSink& sink = as_text ? *streamed : static_cast<TokenSink&>(ids);
   // The tokenizer's end-of-text id and the model's own end-of-sequence ids.
   std::vector<uint32_t> stops = model->eos_ids();
   if (text && text->eot()) stops.push_back(*text->eot());
+  IdsSink ids;
+  std::unique_ptr<TokenSink> streamed = as_text ? text->sink(prompt, stops) : nullptr;
+  TokenSink& sink = as_text ? *streamed : static_cast<TokenSink&>(ids);
   const Timing t = generate(dec, prompt, o, stops, sink);
   auto rate = [](int n, double s) { return s > 0 ? n / s : 0.0; };
   log::write_line(stderr, fmt::format("# generate: prefill {} tokens in {:.3f} s ({:.1f} tokens/s), "

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
@@ -20,9 +21,9 @@ namespace {
 // character held back until it is complete.
 class TextSink final : public TokenSink {
 public:
-  TextSink(const text::Tokenizer& tok, std::optional<uint32_t> eot) : tok_(tok), eot_(eot) {}
+  TextSink(const text::Tokenizer& tok, std::vector<uint32_t> stops) : tok_(tok), stops_(std::move(stops)) {}
   void put(uint32_t id) override {
-    if (eot_ && id == *eot_) return;
+    if (std::find(stops_.begin(), stops_.end(), id) != stops_.end()) return;
     if (!tok_.has_token(id)) {
       // A row of the model's embedding the tokenizer has no token for: past
       // its vocabulary (padded rows) or a gap in a tokenizer.json's ids.
@@ -48,7 +49,7 @@ private:
     held_.erase(0, n);
   }
   const text::Tokenizer& tok_;
-  std::optional<uint32_t> eot_;
+  std::vector<uint32_t> stops_;  // the ids that end generation: no text
   std::string held_;
 };
 
@@ -73,8 +74,9 @@ public:
     return out;
   }
   std::optional<uint32_t> eot() const override { return tok_->eot_id(); }
-  std::unique_ptr<TokenSink> sink(const std::vector<int32_t>&) const override {
-    return std::make_unique<TextSink>(*tok_, tok_->eot_id());
+  std::unique_ptr<TokenSink> sink(const std::vector<int32_t>&,
+                                  const std::vector<uint32_t>& stops) const override {
+    return std::make_unique<TextSink>(*tok_, stops);
   }
 
 private:

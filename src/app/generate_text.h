@@ -37,8 +37,10 @@ public:
   virtual std::vector<int32_t> encode(const std::string& text, bool bos, int vocab_size) const = 0;
   // The tokenizer's end-of-text id, if any.
   virtual std::optional<uint32_t> eot() const = 0;
-  // Streams the text of the ids put (which follow `prompt`) to stdout.
-  virtual std::unique_ptr<TokenSink> sink(const std::vector<int32_t>& prompt) const = 0;
+  // Streams the text of the ids put (which follow `prompt`) to stdout; the
+  // ids of `stops` (those that end generation) have none.
+  virtual std::unique_ptr<TokenSink> sink(const std::vector<int32_t>& prompt,
+                                          const std::vector<uint32_t>& stops) const = 0;
 };
 
 // The tokenizer `path` names (with `merges` for GPT-2's vocab.json) when

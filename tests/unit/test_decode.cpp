@@ -206,7 +206,7 @@ TEST(GenerateText, AnIdWithoutATokenIsSkippedWithAWarning) {
   std::ofstream(path) << tj.dump();
   auto codec = open_text_codec(path, "", true, "");
   std::filesystem::remove(path);
-  auto sink = codec->sink({});
+  auto sink = codec->sink({}, {*codec->eot()});
   ::testing::internal::CaptureStdout();
   ::testing::internal::CaptureStderr();
   for (uint32_t id : {uint32_t{'h'}, 256u, uint32_t{'i'}, 301u}) sink->put(id);
@@ -217,4 +217,28 @@ TEST(GenerateText, AnIdWithoutATokenIsSkippedWithAWarning) {
   EXPECT_NE(err.find("WARNING: generated id 256 "), std::string::npos) << err;
   EXPECT_NE(err.find("WARNING: generated id 301 "), std::string::npos) << err;
   EXPECT_EQ(err.find("id 256 is not in"), std::string::npos) << err;
+}
+
+// The ids that end generation (the tokenizer's end-of-text id, the model's
+// eos_token_id) have no text; the others' is written.
+TEST(GenerateText, TheIdsThatEndGenerationHaveNoText) {
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) vocab[text::byte_char(static_cast<uint8_t>(b))] = b;
+  nlohmann::json tj = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}},
+                       {"pre_tokenizer", {{"type", "ByteLevel"}}},
+                       {"added_tokens", nlohmann::json::array({{{"id", 256}, {"content", "<|endoftext|>"},
+                                                                {"special", true}},
+                                                               {{"id", 257}, {"content", "<|eot_id|>"},
+                                                                {"special", true}}})}};
+  const std::string path = ::testing::TempDir() + "/stops_tokenizer.json";
+  std::ofstream(path) << tj.dump();
+  auto codec = open_text_codec(path, "", true, "");
+  std::filesystem::remove(path);
+  for (const bool stop : {false, true}) {
+    auto sink = codec->sink({}, stop ? std::vector<uint32_t>{256, 257} : std::vector<uint32_t>{});
+    ::testing::internal::CaptureStdout();
+    for (uint32_t id : {uint32_t{'o'}, uint32_t{'k'}, 257u}) sink->put(id);
+    sink->finish();
+    EXPECT_EQ(::testing::internal::GetCapturedStdout(), stop ? "ok\n" : "ok<|eot_id|>\n");
+  }
 }
