@@ -115,12 +115,24 @@ Options parse_options(const std::vector<std::string>& args, bool help_only = fal
   if (o.ranks_per_node < 1)
     throw RankError("meshlm plan: --ranks-per-node must be >= 1 (the ranks on each node)", MESHLM_HERE);
   if (o.top < 0) throw RankError("meshlm plan: --top must be >= 0", MESHLM_HERE);
+  // A job of fewer ranks than a node holds puts them all on one node.
+  o.ranks_per_node = std::min(o.ranks_per_node, o.ranks);
   if (!backend.empty()) {
     o.backend = enum_from_name<ComputeBackend>(backend);
     if (!o.backend)
       throw RankError("meshlm plan: --backend '" + backend + "': use " +
                           enum_choices<ComputeBackend>(" or "),
                       MESHLM_HERE);
+    // The run planned is the file's on that backend, its keys checked for it
+    // as `meshlm train --runtime.backend=B` checks them: the layouts listed
+    // are those train accepts there. (A build without the backend, which
+    // train would refuse, checks them for the file's and plans for B.)
+    const std::string key = "--runtime.backend=";
+    for (const std::string& a : o.overrides)
+      if (a.rfind(key, 0) == 0 && a.substr(key.size()) != backend)
+        throw RankError("meshlm plan: --backend " + backend + " and " + a + " disagree: give one",
+                        MESHLM_HERE);
+    if (backend_caps(*o.backend).built) o.overrides.push_back(key + backend);
   }
   if (!mem_rank.empty()) o.mem_per_rank = parse_memory_size("--mem-per-rank", mem_rank);
   if (!mem_node.empty()) o.host_mem_per_node = parse_memory_size("--host-mem-per-node", mem_node);

@@ -181,8 +181,17 @@ bool read_pre_tokenizer(const json& pt, const At& at, BpeSpec& spec) {
   if (type == "Sequence") {
     const json& steps = member(pt, at, "pretokenizers", json::value_t::array);
     bool byte_level = false;
-    for (size_t i = 0; i < steps.size(); ++i)
-      byte_level |= read_pre_tokenizer(steps[i], (at / "pretokenizers")[i], spec);
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const At step = (at / "pretokenizers")[i];
+      // A step after ByteLevel would see its byte-mapped characters ("Ġ"
+      // for a space), which meshlm's steps, on the text's bytes, do not.
+      if (byte_level)
+        throw RankError(fmt::format("{}: {}: a pre-tokenizer step after ByteLevel is not supported "
+                                    "(meshlm reads Split steps before ByteLevel)",
+                                    at.file, step.path),
+                        MESHLM_HERE);
+      byte_level = read_pre_tokenizer(steps[i], step, spec);
+    }
     return byte_level;
   }
   if (type == "ByteLevel") {

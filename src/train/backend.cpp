@@ -52,6 +52,7 @@ BackendCaps cuda_caps() {
   c.classifier_chunk_floats = ops::kGpuClassifierChunkFloats;
   c.whole_classifier_tile = true;
   c.flash_attention = flash_on_gpu;
+  c.flash_max_batch_heads = 65535;  // cuda/flash_attention.cu: gridDim.y = B x heads
   return c;
 }
 
@@ -68,6 +69,7 @@ BackendCaps emulated_caps() {
   c.native_16bit_gemm = false;
   c.fp32_note = "";
   c.flash_attention = flash_anywhere;
+  c.flash_max_batch_heads = 0;
   return c;
 }
 

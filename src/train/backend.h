@@ -58,6 +58,9 @@ struct BackendCaps {
   bool whole_classifier_tile = false;
   // Whether train.attention = flash runs at this precision and head size.
   bool (*flash_attention)(ops::Precision, int head_size) = nullptr;
+  // The most (sequence, head) pairs of one micro-batch the flash kernels
+  // take (the GPU's: one grid dimension of them); 0 = no limit.
+  long long flash_max_batch_heads = 0;
 };
 const BackendCaps& backend_caps(ComputeBackend kind);
 // Sets the model's work sizes of `caps` in `o` (qtile_rows, the classifier's

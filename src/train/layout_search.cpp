@@ -463,11 +463,17 @@ PlannedLayout evaluate_layout(const RunConfig& cfg, const PlanMachine& o) {
 
 namespace {
 
+// n's divisors, ascending: pairs (k, n / k) for k up to sqrt(n), in 64-bit
+// arithmetic (k * k of an int near 2^31 would overflow an int).
 std::vector<int> divisors(int n) {
-  std::vector<int> d;
-  for (int k = 1; k <= n; ++k)
-    if (n % k == 0) d.push_back(k);
-  return d;
+  std::vector<int> low, high;
+  for (long long k = 1; k * k <= n; ++k)
+    if (n % k == 0) {
+      low.push_back(static_cast<int>(k));
+      if (k * k != n) high.push_back(static_cast<int>(n / k));
+    }
+  low.insert(low.end(), high.rbegin(), high.rend());
+  return low;
 }
 
 // The stage costs the planner splits `c`'s pipeline by: the cost model's

@@ -106,6 +106,15 @@ void validate_train(const RunConfig& c) {
          std::string(name_of(t.precision)) + ") and a head size, model.n_embd / model.n_head, of "
          "16, 32, 64 or 128 (got " + str(c.model.n_embd) + " / " + str(c.model.n_head) +
          "); use train.attention = probabilities");
+  const long long batch_heads = static_cast<long long>(t.micro_batch_size) *
+                                (c.model.n_head / std::max(1, c.parallel.tp));
+  if (t.attention == Attention::flash && caps.flash_max_batch_heads > 0 &&
+      batch_heads > caps.flash_max_batch_heads)
+    fail("train.attention = flash on runtime.backend = " + backend + " takes at most " +
+         std::to_string(caps.flash_max_batch_heads) + " (sequence, head) pairs per micro-batch: "
+         "train.micro_batch_size (" + str(t.micro_batch_size) + ") x model.n_head / parallel.tp (" +
+         str(c.model.n_head) + " / " + str(c.parallel.tp) + ") is " + std::to_string(batch_heads) +
+         "; lower train.micro_batch_size");
   if (!(t.loss_scale.initial >= 1 && t.loss_scale.initial <= LossScaler::kMax))
     fail("train.loss_scale must lie in [1, 2^32]");
   if (t.loss_scale.window < 1) fail("train.loss_scale_window must be >= 1");

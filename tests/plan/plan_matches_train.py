@@ -20,6 +20,11 @@
     here) with this machine's GEMM rates, memory bandwidth, a rank's runtime
     and the MPI figures between two ranks, and cluster.rates gives each of G
     ranks the node's rate / G and the measured MPI bandwidth;
+  * --backend cuda checks the file's keys as train --runtime.backend=cuda
+    does (where meshlm has the CUDA backend): flash attention in fp32
+    refused, quant.broadcast = nccl taken, micro-batches of more (sequence,
+    head) pairs than the GPU flash kernel takes refused by name; --backend
+    and a --runtime.backend that differs refused; --ranks 2^31 - 1 answers;
   * the pipeline split the planner gives a layout is, of every split of its
     layers, the one it estimates fastest (each split planned on its own as
     parallel.stage_layers), also where that is not the split by FLOPs that
@@ -263,6 +268,37 @@ with tempfile.TemporaryDirectory() as scratch:
     if j["backend"] != "cuda" or j["layouts_searched"] == 0 or "error" in j["configured"]:
         failures.append(f"--backend cuda: {j['backend']}, {j['layouts_searched']} layouts, "
                         f"refused {j['refused']}, configured {j['configured'].get('error')}")
+    # --backend cuda checks the file's keys for the GPU, as train
+    # --runtime.backend=cuda does (where this meshlm has the CUDA backend):
+    # flash attention in fp32 refused, quant.broadcast = nccl taken, a
+    # micro-batch of more (sequence, head) pairs than the flash kernel's grid
+    # holds refused; --backend and a --runtime.backend that differs refused.
+    r = plan(["--ranks", "1", "--ranks-per-node", "1", "--runtime.backend=cuda"] + common, check=False)
+    if "built without the CUDA backend" not in r.stderr:
+        r = plan(["--ranks", "1", "--ranks-per-node", "1", "--backend", "cuda",
+                  "--train.attention=flash"] + common, check=False)
+        if r.returncode == 0 or "train.attention = flash on runtime.backend = cuda" not in r.stderr:
+            failures.append(f"--backend cuda, flash in fp32: exit {r.returncode}, {r.stderr[-300:]}")
+        r = plan(["--ranks", "2", "--ranks-per-node", "2", "--backend", "cuda", "--quant.broadcast=nccl",
+                  "--finetune.mode=lora", "--quant.type=nf4"] + common, check=False)
+        if r.returncode != 0:
+            failures.append(f"--backend cuda, quant.broadcast = nccl: exit {r.returncode}, {r.stderr[-300:]}")
+        r = plan(["--ranks", "1", "--ranks-per-node", "1", "--backend", "cuda", "--json",
+                  "--train.precision=bf16", "--train.attention=flash", "--train.batch_size=65536",
+                  "--model.seq_len=8", "--top", "1000"] + common[1:2] + common[3:], check=False)
+        j = json.loads(r.stdout) if r.returncode in (0, 1) else {"fits": [], "rejected": []}
+        big = [L["micro_batch_size"] for L in j["fits"] + j["rejected"] if L["micro_batch_size"] >= 32768]
+        if big or not any("65535" in k for k in j.get("refused", {})):
+            failures.append(f"--backend cuda, flash: micro-batches past 65535 (sequence, head) pairs "
+                            f"listed {big} or not refused by name ({j.get('refused')})")
+    r = plan(["--ranks", "1", "--ranks-per-node", "1", "--backend", "cuda", "--runtime.backend=cpu"],
+             check=False)
+    if r.returncode != 1 or "disagree" not in r.stderr:
+        failures.append(f"--backend cuda --runtime.backend=cpu: exit {r.returncode}, {r.stderr[-300:]}")
+    # A job of 2^31 - 1 ranks: an answer, not a crash.
+    r = plan(["--ranks", "2147483647", "--ranks-per-node", "1"] + common, check=False)
+    if r.returncode not in (0, 1) or "layouts fit" not in r.stdout:
+        failures.append(f"--ranks 2147483647: exit {r.returncode}, {r.stderr[-300:]}")
     print("ok: bad arguments" if not any("plan [" in f or "missing" in f for f in failures) else "")
 
 if failures:

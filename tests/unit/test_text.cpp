@@ -189,6 +189,18 @@ TEST_F(TextTest, SplitStringIsALiteral) {
   EXPECT_EQ(ids(*load(j), "aaa+"), (std::vector<uint32_t>{257, 258}));
 }
 
+// A step after ByteLevel would see its byte-mapped text, which meshlm's
+// steps on the raw bytes do not: refused by its path.
+TEST_F(TextTest, AStepAfterByteLevelIsRefused) {
+  json j = tiny_tokenizer({}, {});
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       json::array({{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}},
+                    {{"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", "Isolated"}}})}};
+  expect_error([&] { load(j); }, {"pre_tokenizer.pretokenizers[1]", "after ByteLevel"});
+}
+
 // A tokenizer.json's ids may leave gaps: an id below vocab_size() that no
 // token has is not a token, and says so.
 TEST_F(TextTest, IdsLeftUnassignedAreNotTokens) {
