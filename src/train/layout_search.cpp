@@ -534,6 +534,27 @@ std::optional<PlannedLayout> split_under_memory(const RunConfig& c, const PlanMa
   return out;
 }
 
+// The split of `c` (as split_under_memory) whose node sum fits
+// m.host_mem_per_node too, when `L`'s does not: a node's sum changes with
+// the split through its stages' in-flight activations, which no stage's
+// peak alone tells. Splits under a per-rank bound lowered in steps of 5% of
+// L's worst rank, the first that fits both limits.
+std::optional<PlannedLayout> split_under_node_memory(const RunConfig& c, const PlanMachine& m,
+                                                     const PlannedLayout& L) {
+  constexpr int kSteps = 10;
+  PlanMachine bounded = m;
+  for (int i = 1; i <= kSteps; ++i) {
+    const size_t bound = L.worst - L.worst / 20 * static_cast<size_t>(i);
+    bounded.mem_per_rank = m.mem_per_rank > 0 ? std::min(m.mem_per_rank, bound) : bound;
+    bounded.host_mem_per_node = 0;  // split_under_memory's own evaluation: the per-rank bound only
+    const std::optional<PlannedLayout> split = split_under_memory(c, bounded, L);
+    if (!split) continue;
+    PlannedLayout out = evaluate_layout(split->cfg, m);
+    if (out.overflow.empty()) return out;
+  }
+  return std::nullopt;
+}
+
 template <typename T>
 bool allowed(const std::optional<T>& fixed, const T& v) {
   return !fixed || *fixed == v;
@@ -599,6 +620,9 @@ LayoutSearch search_layouts(const RunConfig& base, ComputeBackend checked_as, co
       if (std::optional<PlannedLayout> split = split_by_time(c, m, L)) L = std::move(*split);
     if (!L.overflow.empty() && free_split && m.mem_per_rank > 0 && L.worst > m.mem_per_rank)
       if (std::optional<PlannedLayout> split = split_under_memory(c, m, L)) L = std::move(*split);
+    if (!L.overflow.empty() && free_split && m.host_mem_per_node > 0 &&
+        L.node_worst > m.host_mem_per_node)
+      if (std::optional<PlannedLayout> split = split_under_node_memory(c, m, L)) L = std::move(*split);
     (L.overflow.empty() ? s.fits : s.rejected).push_back(std::move(L));
     if (progress) progress(i + 1, accepted.size());
   }

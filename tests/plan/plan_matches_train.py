@@ -25,6 +25,8 @@
     refused, quant.broadcast = nccl taken, micro-batches of more (sequence,
     head) pairs than the GPU flash kernel takes refused by name; --backend
     and a --runtime.backend that differs refused; --ranks 2^31 - 1 answers;
+  * gpt2-124m.cfg on 8 ranks of one node under --host-mem-per-node 22GiB:
+    every layout that fits at --mem-per-rank 3GiB fits at 1TiB;
   * the pipeline split the planner gives a layout is, of every split of its
     layers, the one it estimates fastest (each split planned on its own as
     parallel.stage_layers), also where that is not the split by FLOPs that
@@ -295,6 +297,25 @@ with tempfile.TemporaryDirectory() as scratch:
              check=False)
     if r.returncode != 1 or "disagree" not in r.stderr:
         failures.append(f"--backend cuda --runtime.backend=cpu: exit {r.returncode}, {r.stderr[-300:]}")
+    # A looser per-rank limit never loses a layout: under a node limit that
+    # binds, every layout that fits at 3 GiB per rank fits at 1 TiB (the
+    # node's sum depends on the pipeline split, which the planner searches
+    # for either limit).
+    g124 = os.path.join(os.path.dirname(cfg), "gpt2-124m.cfg")
+
+    def fitting(per_rank):
+        r = subprocess.run([meshlm, "plan", g124, "--ranks", "8", "--ranks-per-node", "8",
+                            "--mem-per-rank", per_rank, "--host-mem-per-node", "22GiB", "--json",
+                            "--top", "100000"], capture_output=True, text=True, timeout=120)
+        j = json.loads(r.stdout)
+        return {(L["dp"], L["tp"], L["pp"], L["zero_stage"], L["micro_batch_size"],
+                 L["activation_checkpointing"], L["schedule"]) for L in j["fits"]}, len(j["rejected"])
+
+    tight, tight_rejected = fitting("3GiB")
+    loose, _ = fitting("1TiB")
+    if not tight or tight_rejected == 0 or tight - loose:
+        failures.append(f"a looser --mem-per-rank lost layouts under --host-mem-per-node 22GiB: "
+                        f"{sorted(tight - loose)[:4]} ({len(tight)} fit at 3 GiB, {len(loose)} at 1 TiB)")
     # A job of 2^31 - 1 ranks: an answer, not a crash.
     r = plan(["--ranks", "2147483647", "--ranks-per-node", "1"] + common, check=False)
     if r.returncode not in (0, 1) or "layouts fit" not in r.stdout:
