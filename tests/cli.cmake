@@ -75,6 +75,13 @@ add_test(NAME cli_memory_force
   COMMAND bash ${_cli}/memory_force.sh "${_mpiexec2}" $<TARGET_FILE:meshlm> ${_tiny})
 set_tests_properties(cli_memory_force PROPERTIES LABELS cli TIMEOUT 60 ENVIRONMENT "OMP_NUM_THREADS=1")
 
+# Ranks given other runs (an MPMD launch's overrides, node-local token files
+# that differ): one error naming it, no hang, nothing written.
+string(JOIN " " _mpiexec_plain_cli ${MPIEXEC_EXECUTABLE} ${MESHLM_MPIEXEC_PREFLAGS})
+add_test(NAME cli_ranks_disagree
+  COMMAND bash ${_cli}/ranks_disagree.sh "${_mpiexec_plain_cli}" $<TARGET_FILE:meshlm> ${_tiny})
+set_tests_properties(cli_ranks_disagree PROPERTIES LABELS cli TIMEOUT 240 ENVIRONMENT "OMP_NUM_THREADS=1")
+
 # Temporary files: removed on SIGTERM, and after SIGKILL by the next writer.
 add_test(NAME cli_tokenize_signals COMMAND bash ${_cli}/tokenize_signals.sh $<TARGET_FILE:meshlm>)
 set_tests_properties(cli_tokenize_signals PROPERTIES LABELS cli TIMEOUT 180)

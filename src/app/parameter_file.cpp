@@ -722,6 +722,21 @@ RunConfig load_run_config(MPI_Comm job, const std::string& path,
   if (all->rank() == 0) ok = read_parameter_text(path, text, why);
   check_all(job, ok, "cannot read parameter file '" + path + "'" + why, MESHLM_HERE);
   text = comm::broadcast_string(*all, std::move(text));
+  // Every rank runs rank 0's run: the same file and the same overrides (an
+  // MPMD launch, or a script that gives ranks other arguments, would train
+  // ranks on other settings or hang them in different collectives).
+  std::string args = path;
+  for (const std::string& o : overrides) args += '\n' + o;
+  std::string first = comm::broadcast_string(*all, args);
+  std::string shown;
+  for (const std::string& o : overrides) shown += " " + o;
+  std::string first_shown = first;
+  std::replace(first_shown.begin(), first_shown.end(), '\n', ' ');
+  check_all(job, args == first,
+            "its command line (" + log::printable(path + shown, 300) + ") is not rank 0's (" +
+                log::printable(first_shown, 300) + "): every rank must be given the same parameter file "
+                "and overrides",
+            MESHLM_HERE);
   LayoutChooser choose;
   if (choose_layout)
     choose = [job](const RunConfig& base, const LayoutConstraints& k) {

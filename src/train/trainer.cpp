@@ -134,6 +134,23 @@ io::TokenReader open_token_data(const std::string& key, const std::string& path,
   }, MESHLM_HERE);
 
   std::unique_ptr<comm::Communicator> all = comm::make_mpi_communicator(job);
+  // Every rank reads the same file (a node-local copy out of date would
+  // split the data wrongly, and a max_id attribute on some ranks only would
+  // send them into other collectives): its length and attributes agree.
+  {
+    const double mine[3] = {static_cast<double>(reader->size()),
+                            static_cast<double>(reader->max_id_attr()),
+                            static_cast<double>(reader->vocab_size_attr())};
+    double low[3], high[3];
+    all->all_reduce(mine, low, 3, DType::f64, comm::ReduceOp::min).wait();
+    all->all_reduce(mine, high, 3, DType::f64, comm::ReduceOp::max).wait();
+    const bool same = std::equal(low, low + 3, high);
+    check_all(job, same,
+              fmt::format("{}{} is not the same file on every rank: its tokens ({} to {}), max_id "
+                          "({} to {}) or vocab_size ({} to {}) attributes (-1: none) differ between ranks",
+                          where, file, low[0], high[0], low[1], high[1], low[2], high[2]),
+              MESHLM_HERE);
+  }
   const uint64_t n = reader->size(), p = all->size(), r = all->rank();
   const uint64_t begin = n * r / p, end = n * (r + 1) / p;  // this rank's slice
   double largest = static_cast<double>(reader->max_id_attr());
