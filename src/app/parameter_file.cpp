@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <set>
 #include <charconv>
 #include <cmath>
 #include <filesystem>
@@ -162,6 +163,13 @@ public:
     sec.add_options()(key, po::value(field)->default_value(*field, shown.empty() ? "\"\"" : shown),
                       help.c_str());
     printers_.emplace_back(key, [field] { return text_of(*field); });
+    if constexpr (std::is_same_v<T, bool>) bool_keys_.insert(key);
+  }
+  // Program_options reads an empty value of a bool key as true: for meshlm
+  // it is a value of the wrong type, as an empty number is.
+  void check_bool_value(const std::string& where, const std::string& key, const std::string& value) const {
+    if (value.empty() && bool_keys_.count(key))
+      fail(where + key + " has an empty value: give true or false");
   }
   // A numeric key and the values it accepts (shown at the end of its help).
   // Floating-point keys must also be finite.
@@ -204,6 +212,7 @@ private:
   std::vector<std::unique_ptr<po::options_description>> sections_;
   std::vector<std::pair<const char*, std::function<std::string()>>> printers_;
   std::vector<std::function<void()>> checks_;
+  std::set<std::string> bool_keys_;
 };
 
 // "nf4 (4.127 bits/weight) | int8 (8.5) | f32 (32)"
@@ -623,8 +632,11 @@ RunConfig parse_run_config(const std::string& text, const std::string& source,
   po::variables_map vm;
   // The command line is stored first: program_options keeps the first value
   // stored for a key, so an override beats the file.
+  const std::vector<std::string> args = normalise_overrides(overrides);
+  for (size_t i = 0; i + 1 < args.size(); i += 2)
+    table.check_bool_value("command line: ", args[i].substr(2), args[i + 1]);
   try {
-    po::store(po::command_line_parser(normalise_overrides(overrides))
+    po::store(po::command_line_parser(args)
                   .options(desc)
                   .style(po::command_line_style::default_style &
                          ~po::command_line_style::allow_guessing)
@@ -643,7 +655,16 @@ RunConfig parse_run_config(const std::string& text, const std::string& source,
   check_text(body, source);
   try {
     std::istringstream in{std::string(body)};
-    po::store(po::parse_config_file(in, desc, /*allow_unregistered=*/false), vm);
+    const po::parsed_options parsed = po::parse_config_file(in, desc, /*allow_unregistered=*/false);
+    // A key given twice in the file is an error even where the command
+    // line overrides it (program_options would skip the file's values then).
+    std::set<std::string> seen;
+    for (const po::option& o : parsed.options) {
+      if (!seen.insert(o.string_key).second)
+        fail(source + ": key '" + log::printable(o.string_key, kMaxMessage) + "' is given twice");
+      table.check_bool_value(source + ": ", o.string_key, o.value.empty() ? "" : o.value.front());
+    }
+    po::store(parsed, vm);
     po::notify(vm);
   } catch (const po::unknown_option& e) {
     fail(source + ": unknown key '" + log::printable(e.get_option_name(), kMaxMessage) +

@@ -143,6 +143,12 @@ P("key_before_first_section", r"run\.cfg: unknown key 'n_layer'", text="n_layer 
 P("key_upper_case", r"run\.cfg: unknown key 'model\.N_LAYER'", set={"model.N_LAYER": "2"})
 P("duplicate_key_in_section", r"model\.n_layer",
   text=base.replace("n_layer = 2\n", "n_layer = 2\nn_layer = 3\n"))
+P("duplicate_key_under_an_override", r"run\.cfg: key 'model\.n_layer' is given twice",
+  text=base.replace("n_layer = 2\n", "n_layer = 2\nn_layer = 3\n"), args=["--model.n_layer=2"],
+  doc="a key given twice in the file is an error even where the command line overrides it")
+P("empty_bool", r"run\.cfg: data\.shuffle has an empty value: give true or false",
+  text=base + "[data]\nshuffle =\n",
+  doc="an empty value of a bool key is no value, not true (program_options' reading)")
 P("line_without_equals", r"run\.cfg", text=base.replace("n_layer = 2", "n_layer 2"))
 P("unterminated_section_header", r"run\.cfg", text=base.replace("[train]", "[train"))
 P("very_long_key", r"run\.cfg: unknown key 'model\.x{20}", text=base + "[model]\n" + "x" * 100000 + " = 1\n")
@@ -275,6 +281,8 @@ CL("override_10000_digit_number", r"option '--train\.lr' is invalid", TRAIN + ["
 CL("override_10000_digit_int", r"option '--train\.steps' is invalid", TRAIN + ["--train.steps=" + "9" * 10000],
    max_output=16 << 10)
 CL("override_bad_bool", r"data\.shuffle", TRAIN + ["--data.shuffle=2"])
+CL("override_empty_bool", r"command line: output\.overwrite has an empty value: give true or false",
+   TRAIN + ["--output.overwrite="])
 CL("override_lr_inf", r"train\.lr", TRAIN + ["--train.lr=inf"])
 CL("override_bad_value_three_ranks", r"model\.n_layer", TRAIN + ["--model.n_layer=x"], ranks=3)
 CL("layout_tp_on_three_ranks", r"parallel\.dp = 0 takes the ranks left by parallel\.tp \(2\).*3 ranks",
