@@ -164,6 +164,18 @@ void TokenReader::Impl::open_hdf5() {
     vocab_size_attr = h5::read_scalar_attr<int64_t>(file, "vocab_size");
   else if (h5::has_attr(dset, "vocab_size"))
     vocab_size_attr = h5::read_scalar_attr<int64_t>(dset, "vocab_size");
+  // Attributes that say what no token file can be are a damaged file.
+  const bool has_vocab = h5::has_attr(file, "vocab_size") || h5::has_attr(dset, "vocab_size");
+  if (has_vocab && vocab_size_attr < 1)
+    throw RankError(in_file(path) + "attribute vocab_size = " + std::to_string(vocab_size_attr) +
+                        " is not a vocabulary size",
+                    MESHLM_HERE);
+  const bool has_max = h5::has_attr(dset, "max_id") ||
+                       (dataset == kTokensDataset && h5::has_attr(file, "max_id"));
+  if (has_max && max_id_attr < 0)
+    throw RankError(in_file(path) + "attribute max_id = " + std::to_string(max_id_attr) +
+                        " is not a token id",
+                    MESHLM_HERE);
 }
 
 TokenReader TokenReader::open(const std::string& path, const std::string& dataset) {

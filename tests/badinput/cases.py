@@ -376,6 +376,10 @@ T("h5_vocab_attr_larger", r"token file 'ids\.h5' declares vocab_size 50257 \(att
 T("h5_vocab_attr_on_dataset_larger", r"declares vocab_size 512.*model\.vocab_size = 256", "ids.h5",
   h5_tokens("ids.h5", dset_attrs={"vocab_size": 512}))
 T("h5_vocab_attr_is_text", r"ids\.h5", "ids.h5", h5_tokens("ids.h5", attrs={"vocab_size": "256"}))
+T("h5_vocab_attr_negative", r"token file 'ids\.h5': attribute vocab_size = -5 is not a vocabulary size",
+  "ids.h5", h5_tokens("ids.h5", attrs={"vocab_size": -5}))
+T("h5_max_id_attr_negative", r"token file 'ids\.h5': attribute max_id = -2 is not a token id",
+  "ids.h5", h5_tokens("ids.h5", attrs={"vocab_size": 256, "max_id": -2}))
 T("h5_format_version_2", r"ids\.h5.*format_version", "ids.h5",
   h5_tokens("ids.h5", attrs={"vocab_size": 256, "format_version": 2}))
 T("h5_negative_ids", r"ids\.h5.*position 0 has id -5", "ids.h5",
