@@ -101,7 +101,9 @@ int cmd_quantize(const std::vector<std::string>& args) {
     if (rank != 0) return;
     const meshlm::load::StoreManifest m = meshlm::load::make_manifest(cfg.model, cfg.quant.type);
     meshlm::log::info("# quantize: base {} -> {} {} ({} tensors, {})",
-                      cfg.quant.base.empty() ? "GPT-2 initialisation, train.seed" : cfg.quant.base,
+                      cfg.quant.base.empty() ? std::string(cfg.model.arch == meshlm::ModelArch::llama ? "Llama" : "GPT-2") +
+                                                   " initialisation, train.seed"
+                                             : cfg.quant.base,
                       meshlm::name_of(cfg.quant.type), cfg.quant.cache, m.entries.size(),
                       meshlm::format_bytes(static_cast<double>(m.bytes)));
     meshlm::Buffer store(m.bytes, meshlm::MemCategory::quantized, "quant.store");

@@ -528,7 +528,8 @@ std::unique_ptr<load::FrozenBase> load_frozen_base(const RunConfig& cfg, const R
   ScopedTimer st(timers, Section::checkpoint);
   MemTracker::get().enter(MemPhase::base_loading);
   const std::string base_name =
-      cfg.quant.base.empty() ? "GPT-2 initialisation, train.seed" : cfg.quant.base;
+      cfg.quant.base.empty() ? std::string(cfg.model.arch == ModelArch::llama ? "Llama" : "GPT-2") + " initialisation, train.seed"
+                             : cfg.quant.base;
   const bool private_copies = cfg.quant.share == quant::ShareMode::per_rank;
   log::info("# base loading: {} into {}{} ({} of {})", base_name,
             private_copies ? "a private copy per rank" : "one node-shared window per node",
