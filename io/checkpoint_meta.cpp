@@ -40,6 +40,14 @@ constexpr std::pair<const char*, double LlamaMeta::*> kLlamaReal[] = {
     {"rope_low_freq_factor", &LlamaMeta::rope_low_freq_factor},
     {"rope_high_freq_factor", &LlamaMeta::rope_high_freq_factor},
 };
+// The model sizes, on / and on /meta.
+constexpr std::pair<const char*, int64_t ModelSizes::*> kSizes[] = {
+    {"n_layer", &ModelSizes::n_layer},
+    {"n_head", &ModelSizes::n_head},
+    {"n_embd", &ModelSizes::n_embd},
+    {"vocab_size", &ModelSizes::vocab_size},
+    {"max_seq_len", &ModelSizes::max_seq_len},
+};
 constexpr std::pair<const char*, uint64_t RunMeta::*> kRunUInt64[] = {
     {"data_epoch", &RunMeta::data_epoch},
     {"data_position", &RunMeta::data_position},
@@ -147,6 +155,40 @@ RunMeta read_run(const Reader& r) {
   return s;
 }
 
+// The counters of a training checkpoint against each other, as training
+// keeps them: every step is either applied (AdamW steps once), skipped
+// (train.on_nonfinite = skip) or overflowed (fp16); the loss scale's run of
+// good steps is part of the applied ones; the data cursor has read at most
+// batch_size (an int) windows per step (one step more, for a loader that
+// reads ahead).
+void check_run(const Reader& r, const Meta& m) {
+  const RunMeta& s = *m.run;
+  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"skipped_steps", s.skipped_steps},
+                                    {"overflow_steps", s.overflow_steps}})
+    if (value < 0 || value > m.step)
+      r.fail(fmt::format("/meta {} = {} does not lie in [0, step = {}]", name, value, m.step));
+  const int64_t applied = m.step - s.skipped_steps - s.overflow_steps;
+  if (m.adamw_step != applied)
+    r.fail(fmt::format("/meta adamw_step = {}, but step {} less skipped_steps {} and "
+                       "overflow_steps {} is {}: AdamW steps once per step not skipped",
+                       m.adamw_step, m.step, s.skipped_steps, s.overflow_steps, applied));
+  if (s.loss_scale_good_steps < 0 || s.loss_scale_good_steps > m.adamw_step)
+    r.fail(fmt::format("/meta loss_scale_good_steps = {} does not lie in [0, adamw_step = {}]",
+                       s.loss_scale_good_steps, m.adamw_step));
+  if (s.data_windows_per_epoch < 1)
+    r.fail("/meta data_windows_per_epoch = 0: an epoch has at least one window");
+  if (s.data_position >= s.data_windows_per_epoch)
+    r.fail(fmt::format("/meta data_position = {} is not below data_windows_per_epoch = {}",
+                       s.data_position, s.data_windows_per_epoch));
+  using u128 = unsigned __int128;
+  const u128 read = u128{s.data_epoch} * s.data_windows_per_epoch + s.data_position;
+  const u128 most = u128{static_cast<uint64_t>(m.step) + 1} * std::numeric_limits<int>::max();
+  if (read > most)
+    r.fail(fmt::format("/meta data_epoch = {} (data_position {}, {} windows per epoch) is past "
+                       "any cursor {} steps can have reached",
+                       s.data_epoch, s.data_position, s.data_windows_per_epoch, m.step));
+}
+
 }  // namespace
 
 Meta read_meta(hid_t file, const std::string& path) {
@@ -163,6 +205,15 @@ Meta read_meta(hid_t file, const std::string& path) {
   Meta m;
   m.sizes = {r.model_size("n_layer"), r.model_size("n_head"), r.model_size("n_embd"),
              r.model_size("vocab_size"), r.model_size("max_seq_len")};
+  // The root repeats the sizes (a checkpoint is also a base file, read there
+  // by quant.base): a file whose two copies disagree is not one meshlm wrote.
+  for (const auto& [name, field] : kSizes) {
+    if (!h5::has_attr(file, name)) continue;
+    const int64_t root = h5::read_scalar_attr<int64_t>(file, name);
+    if (root != m.sizes.*field)
+      r.fail(fmt::format("the root attribute {} = {} differs from /meta {} = {}", name, root, name,
+                         m.sizes.*field));
+  }
   if (r.has("arch")) m.arch = r.text("arch");
   if (m.arch == "llama") {
     LlamaMeta l;
@@ -183,6 +234,8 @@ Meta read_meta(hid_t file, const std::string& path) {
     m.run = read_run(r);
     r.require("tokens_seen");
     r.require("adamw_step");
+    r.require("seed");  // the data order of a resume depends on it
+    m.seed = r.i64("seed");
   }
   if (r.has("tokens_seen")) m.tokens_seen = r.i64("tokens_seen");
   if (r.has("adamw_step")) m.adamw_step = r.i64("adamw_step");
@@ -191,6 +244,9 @@ Meta read_meta(hid_t file, const std::string& path) {
       scale <= 0)
     r.fail(fmt::format("/meta holds an impossible state (step {}, adamw_step {}, loss_scale {})",
                        m.step, m.adamw_step, scale));
+  if (m.tokens_seen < 0)
+    r.fail(fmt::format("/meta tokens_seen = {} is negative", m.tokens_seen));
+  if (m.run) check_run(r, m);
   return m;
 }
 

@@ -74,8 +74,14 @@ void write_meta(hid_t file, const Meta& m);
 // or lora, the LoRA attributes under lora (a rank >= 1, a positive finite
 // alpha), step; tokens_seen, adamw_step and seed where they are there (0,
 // 0, none otherwise); `run` where /meta has a loss_scale (a training
-// checkpoint), every one of its attributes and tokens_seen and adamw_step
-// then required; 0 <= adamw_step <= step and a positive finite loss scale.
+// checkpoint), every one of its attributes and tokens_seen, adamw_step and
+// seed then required; 0 <= adamw_step <= step, tokens_seen >= 0 and a
+// positive finite loss scale; the root's model sizes, where there, equal to
+// /meta's. A training checkpoint's counters as training keeps them:
+// skipped_steps and overflow_steps in [0, step], adamw_step = step -
+// skipped_steps - overflow_steps, loss_scale_good_steps in [0, adamw_step],
+// data_position below data_windows_per_epoch (>= 1) and the cursor within
+// what step + 1 batches of at most 2^31 - 1 windows can have read.
 // RankError naming the file and the attribute otherwise.
 Meta read_meta(hid_t file, const std::string& path);
 

@@ -163,6 +163,9 @@ void create_parent_dirs(const std::string& path) {
 
 bool is_hdf5_file(const std::string& path) {
   static const char kSignature[8] = {'\x89', 'H', 'D', 'F', '\r', '\n', '\x1a', '\n'};
+  // Opening a FIFO blocks until a writer comes (forever, for a file named by
+  // mistake): only a regular file is opened.
+  if (!non_regular_kind(path).empty()) return false;
   std::ifstream in(path, std::ios::binary);
   if (!in) return false;
   in.seekg(0, std::ios::end);
@@ -221,6 +224,9 @@ File open_file(const std::string& path, bool writable, hid_t fapl) {
   silence_errors();
   std::error_code ec;
   if (!fs::exists(path, ec)) throw RankError(path + ": no such file", MESHLM_HERE);
+  // By name first: a FIFO would block the open (and HDF5's) forever.
+  if (const std::string kind = non_regular_kind(path); !kind.empty())
+    throw RankError(path + ": is " + kind + ", not an HDF5 file", MESHLM_HERE);
   if (!is_hdf5_file(path)) throw RankError(path + ": not an HDF5 file", MESHLM_HERE);
   PropList own_fapl;
   if (fapl == H5P_DEFAULT) {

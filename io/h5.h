@@ -161,7 +161,8 @@ int64_t check(int64_t status, hid_t loc, const std::string& name, const std::str
 void create_parent_dirs(const std::string& path);
 
 // True when `path` carries the HDF5 signature (at offset 0 or at a user-block
-// offset 512, 1024, 2048, ...). False for unreadable or missing files.
+// offset 512, 1024, 2048, ...). False for unreadable or missing files, and
+// for anything but a regular file (a FIFO is not opened: that would block).
 bool is_hdf5_file(const std::string& path);
 
 // A file written under a temporary name "<path>.tmp.<host>.<pid>.<random>"
@@ -194,6 +195,8 @@ private:
 File create_file(const std::string& path, hid_t fapl = H5P_DEFAULT, hid_t fcpl = H5P_DEFAULT);
 // Opens an existing file read-only, or read-write when `writable`. With the
 // default `fapl`, a file system without file locks (flock) is no error.
+// RankError naming the file when it is missing, not a regular file (a FIFO,
+// a directory: refused by name, never opened) or not HDF5.
 File open_file(const std::string& path, bool writable = false, hid_t fapl = H5P_DEFAULT);
 // Closes a file that was written, checking that the final flush succeeded.
 void close_file(File& f, const std::string& path);

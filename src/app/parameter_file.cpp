@@ -319,7 +319,7 @@ void add_run_options(RunConfig& c, OptionTable& t) {
   t.add(data, "data.val_path", &c.data.val_path, "held-out tokens for train.eval_every: a token file like data.path (its dataset 'val_tokens' when it has one, else its tokens); empty = data.path's dataset 'val_tokens' (meshlm tokenize --val-fraction) when it has one; never the training tokens themselves");
   auto& output = t.section("[output] results");
   t.add(output, "output.dir", &c.output.dir, "directory of run.h5 (metrics, memory, timing, resolved configuration)");
-  t.add(output, "output.overwrite", &c.output.overwrite, "replace the run log of an earlier run in output.dir (false: such a directory is an error); a file named run.h5 that is not a meshlm run log is never replaced");
+  t.add(output, "output.overwrite", &c.output.overwrite, "replace the run log of an earlier run in output.dir, and let a fresh run (checkpoint.resume = none) write over the checkpoints of an earlier run in checkpoint.dir (false: either is an error); a file named run.h5 that is not a meshlm run log, a step_*.h5 that is not a meshlm checkpoint and a `latest` that is not meshlm's are never replaced");
   auto& runtime = t.section("[runtime] the process");
   t.add(runtime, "runtime.threads", &c.runtime.threads, "OpenMP/BLAS threads per rank; 0 = the cores of the rank's CPU affinity mask, shared with the ranks of its node whose masks overlap it",
         Range::ints(0, kMaxThreads));

@@ -249,7 +249,8 @@ public:
         fail("written for vocab_size " + std::to_string(v) + ", the model has " +
              std::to_string(cfg_.vocab_size));
     }
-    if (h5::exists(file_, "meta")) {
+    const bool checkpoint = h5::exists(file_, "meta");
+    if (checkpoint) {
       // A checkpoint (meshlm ckpt import's, or a run's): its /meta says the
       // model, tensors or not (tied classifier, rope, eps). A Llama's
       // max_seq_len (no position table) may be less than the file's.
@@ -271,6 +272,20 @@ public:
         fail("dataset '/" + ds + "' has shape " + dims_str(got) + "; meshlm expects " +
              dims_str(dims_of(p.full_shape)));
       h5::check_type(d, H5T_NATIVE_FLOAT);
+      // A checkpoint carries each dataset's XXH3-64: a damaged one is refused
+      // here, as a resume refuses it, before it becomes the weights trained
+      // on (every rank that opens the file hashes what it will read from).
+      if (checkpoint) {
+        if (!h5::has_attr(d, io::ckpt::kChecksumAttr))
+          fail("dataset '/" + ds + "' has no checksum (attribute " + io::ckpt::kChecksumAttr +
+               "), which every dataset of a checkpoint carries");
+        const uint64_t stored = h5::read_scalar_attr<uint64_t>(d, io::ckpt::kChecksumAttr);
+        const uint64_t computed = io::ckpt::dataset_checksum(d);
+        if (stored != computed)
+          fail(fmt::format("dataset '/{}' fails its checksum: stored {:016x}, its content hashes "
+                           "to {:016x} (the file is damaged; `meshlm ckpt verify` checks them all)",
+                           ds, stored, computed));
+      }
     }
   }
   std::string describe() const override { return "meshlm HDF5 file '" + path_ + "'"; }

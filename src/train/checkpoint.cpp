@@ -333,10 +333,16 @@ void point_latest_at(const std::string& dir, const std::string& path) {
   sync_file_and_dir(latest);
 }
 
+// The names meshlm gives its checkpoint files.
+const std::regex& step_file_name() {
+  static const std::regex kName(R"(step_(\d{8,})\.h5)");
+  return kName;
+}
+
 // checkpoint.keep_last: the `keep` newest step_*.h5 of dir stay; older ones
 // are removed when they are meshlm checkpoints, never `current` (rank 0).
 void keep_newest(const std::string& dir, int keep, const std::string& current) {
-  static const std::regex kName(R"(step_(\d{8,})\.h5)");
+  const std::regex& kName = step_file_name();
   std::error_code ec;
   std::vector<std::pair<int64_t, fs::path>> found;
   for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
@@ -354,6 +360,56 @@ void keep_newest(const std::string& dir, int keep, const std::string& current) {
 }
 
 }  // namespace
+
+void check_checkpoint_dir(const RunConfig& cfg) {
+  const std::string& dir = cfg.checkpoint.resolved_dir;
+  const std::string key = cfg.checkpoint.dir.empty()
+                              ? std::string("checkpoint.dir (output.dir/checkpoints)")
+                              : std::string("checkpoint.dir");
+  auto fail = [&](const std::string& what) {
+    throw RankError(key + ": " + what, MESHLM_HERE);
+  };
+  if (const std::string why = unwritable_dir_reason(dir); !why.empty())
+    fail("'" + dir + "' " + why);
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return;  // made at the first save
+  // `latest` is replaced at every save: it must be meshlm's, one line naming
+  // a checkpoint file of the directory (a rename leaves no other content).
+  const std::string latest = (fs::path(dir) / ck::kLatestName).string();
+  const bool has_latest = fs::exists(fs::symlink_status(latest, ec));
+  if (has_latest) {
+    if (const std::string kind = non_regular_kind(latest); !kind.empty())
+      fail("'" + latest + "' is " + kind + "; meshlm names its newest checkpoint in a file of that "
+           "name (move it, or choose another checkpoint.dir)");
+    std::ifstream in(latest, std::ios::binary);
+    std::string text(256, '\0');
+    in.read(text.data(), static_cast<std::streamsize>(text.size()));
+    text.resize(static_cast<size_t>(in.gcount()));
+    std::string line = text;
+    if (!line.empty() && line.back() == '\n') line.pop_back();
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!std::regex_match(line, step_file_name()))
+      fail("'" + latest + "' is not meshlm's (it holds '" + log::printable(line, 64) +
+           "', not the name of a checkpoint file): meshlm will not replace it (move it, or "
+           "choose another checkpoint.dir)");
+  }
+  // A fresh run would write its step files over those of the run that left
+  // them, and move that run's `latest` back: refused unless asked for.
+  if (cfg.checkpoint.resume != "none" || cfg.output.overwrite) return;
+  std::vector<std::string> found;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (std::regex_match(name, step_file_name())) found.push_back(name);
+  }
+  if (found.empty() && !has_latest) return;
+  std::sort(found.begin(), found.end());
+  std::string list = has_latest ? std::string(ck::kLatestName) : std::string();
+  for (size_t i = 0; i < found.size() && i < 3; ++i) list += (list.empty() ? "" : ", ") + found[i];
+  if (found.size() > 3) list += fmt::format(" and {} more", found.size() - 3);
+  fail("'" + dir + "' holds the checkpoints of an earlier run (" + list + "), which a fresh run "
+       "(checkpoint.resume = none) would write over; continue that run with checkpoint.resume = "
+       "auto, replace them with output.overwrite = true, or choose another checkpoint.dir");
+}
 
 void Checkpointer::write(Job& job, MPI_Comm comm) {
   const double t0 = now_seconds();

@@ -61,6 +61,14 @@ struct TrainingState {
   int64_t skipped_steps = 0, overflow_steps = 0;
 };
 
+// Rank 0, before training: checkpoint.dir (set, or output.dir/checkpoints)
+// can hold the checkpoints of any step, its `latest` (if any) is meshlm's
+// (a regular file of one line naming a step_*.h5), and a fresh run
+// (checkpoint.resume = none) without output.overwrite finds no checkpoint
+// files (step_*.h5, `latest`) of an earlier run there to write over.
+// RankError naming checkpoint.dir and the file otherwise.
+void check_checkpoint_dir(const RunConfig& cfg);
+
 class Checkpointer {
 public:
   // Collective over mesh.world(). `engine` holds the state; its data loader

@@ -9,18 +9,22 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <set>
 #include <utility>
 #include <vector>
 
 #include "comm/errors.h"
 #include "comm/mpi_comm.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "core/timer.h"
 #include "core/log.h"
 #include "io/checkpoint_file.h"
 #include "io/checkpoint_meta.h"
 #include "io/h5.h"
 #include "load/model_meta.h"
+#include "train/loss_scaler.h"
 #include "train/report.h"
 
 namespace meshlm {
@@ -91,6 +95,20 @@ void check_meta(const ck::Meta& m, const RunConfig& cfg, const std::string& path
                                 "= {}; this run has {}",
                                 path, m.run->data_seq_len, cfg.train.seq_len),
                     MESHLM_HERE);
+  // The fp16 scale a run can reach (train/loss_scaler.h); 1 under fp32 and
+  // bf16. Outside the range the first step would overflow or underflow.
+  const double scale = m.run->loss_scale;
+  if (!(scale >= LossScaler::kMin && scale <= LossScaler::kMax))
+    throw RankError(fmt::format("checkpoint '{}': /meta loss_scale = {:g} lies outside the loss "
+                                "scales of fp16 training, [2^-24, 2^32]",
+                                path, scale),
+                    MESHLM_HERE);
+  if (m.run->loss_scale_good_steps > std::numeric_limits<int>::max())
+    throw RankError(fmt::format("checkpoint '{}': /meta loss_scale_good_steps = {} is more than "
+                                "the loss scaler counts ({})",
+                                path, m.run->loss_scale_good_steps,
+                                std::numeric_limits<int>::max()),
+                    MESHLM_HERE);
   if (m.run->data_shuffle != cfg.data.shuffle)
     throw RankError(fmt::format("checkpoint '{}' was trained with data.shuffle = {}; this run has "
                                 "{}",
@@ -119,17 +137,29 @@ std::string Checkpointer::resume_path() const {
                 cfg_.checkpoint.resolved_dir, latest.string());
       return;
     }
+    // By name first: reading a FIFO would block.
+    if (const std::string kind = non_regular_kind(latest.string()); !kind.empty())
+      throw RankError("'" + latest.string() + "' is " + kind + ", not meshlm's file naming the "
+                      "newest checkpoint",
+                      MESHLM_HERE);
     std::ifstream in(latest);
     std::string name;
     std::getline(in, name);
     if (!in && !in.eof())
       throw RankError("cannot read '" + latest.string() + "'", MESHLM_HERE);
-    if (name.empty() || name.find('/') != std::string::npos)
-      throw RankError("'" + latest.string() + "' does not name a checkpoint file of its directory",
+    // A line end of CRLF (the file edited or copied on Windows) is a line end.
+    if (!name.empty() && name.back() == '\r') name.pop_back();
+    // A NUL would end the name the file system sees before the name read.
+    if (name.empty() || name.find('/') != std::string::npos ||
+        name.find('\0') != std::string::npos)
+      throw RankError("'" + latest.string() + "' does not name a checkpoint file of its directory "
+                          "(it holds '" + log::printable(name) + "')",
                       MESHLM_HERE);
     path = (fs::path(cfg_.checkpoint.resolved_dir) / name).string();
+    // The name as text fit for a message: a NUL or a control byte is \xNN.
     if (!fs::exists(path, ec))
-      throw RankError("'" + latest.string() + "' names '" + name + "', which does not exist",
+      throw RankError("'" + latest.string() + "' names '" + log::printable(name) +
+                          "', which does not exist",
                       MESHLM_HERE);
   }, MESHLM_HERE);
   return comm::broadcast_string(*c, path);
@@ -138,15 +168,22 @@ std::string Checkpointer::resume_path() const {
 namespace {
 
 // Collective: opens a checkpoint, checks it against the run and its
-// checksums (of the datasets `refs`); every failure a CollectiveError.
+// checksums (of the datasets `refs`), and that it holds no dataset outside
+// `known` (every dataset a checkpoint of this run has); every failure a
+// CollectiveError.
 h5::File open_and_verify(const RunConfig& cfg, const ProcessMesh& mesh, const std::string& path,
                          const std::string& base_hash, bool adapters_only,
-                         const std::vector<DatasetRef>& refs, ck::Meta& meta) {
+                         const std::vector<DatasetRef>& refs, const std::vector<DatasetRef>& known,
+                         ck::Meta& meta) {
   MPI_Comm world = mesh.world();
   const std::string where = "checkpoint '" + path + "': ";
   try_all(world, "", [&] {
     std::error_code ec;
     if (!fs::exists(path, ec)) throw RankError("no checkpoint '" + path + "'", MESHLM_HERE);
+    // By name, before anything opens it: a FIFO would block every rank.
+    if (const std::string kind = non_regular_kind(path); !kind.empty())
+      throw RankError("checkpoint '" + path + "' is " + kind + ", not a checkpoint file",
+                      MESHLM_HERE);
     if (!h5::is_hdf5_file(path))
       throw RankError("'" + path + "' is not an HDF5 file (a meshlm checkpoint is one)", MESHLM_HERE);
   }, MESHLM_HERE);
@@ -161,6 +198,17 @@ h5::File open_and_verify(const RunConfig& cfg, const ProcessMesh& mesh, const st
   std::vector<std::string> names;
   std::vector<uint64_t> sizes, stored;
   try_all(world, where, [&] {
+    // A dataset this model has no tensor for (another depth, another
+    // model's file with this one's /meta) is no checkpoint of this run.
+    std::set<std::string> ours;
+    for (const DatasetRef& r : known) ours.insert(r.path);
+    for (const std::string& name : ck::list_datasets(f))
+      if (!ours.count(name))
+        throw RankError("dataset /" + log::printable(name) + " is not one of this model's (" +
+                            (cfg.finetune.mode == FinetuneMode::lora ? "finetune.mode = lora"
+                                                                     : "finetune.mode = full") +
+                            ")",
+                        MESHLM_HERE);
     h5::Group sums = h5::exists(f, ck::kChecksumGroup)
                          ? h5::open_group(f, ck::kChecksumGroup)
                          : h5::Group();
@@ -231,12 +279,20 @@ void read_parts(Engine& engine, const RankView& v, hid_t f, const std::vector<Da
       float* out = host.target(dst, n);
       ck::read_boxes(d, to_boxes(part_boxes(*p, v.tp_rank, v.tp_size, first, last)), out,
                      /*collective=*/false);
-      for (size_t i = 0; i < n; ++i)
+      for (size_t i = 0; i < n; ++i) {
         if (!std::isfinite(out[i]))
           throw RankError(fmt::format("checkpoint '{}': dataset /{} holds {} at element {} of "
                                       "this rank's part",
                                       path, r.path, out[i], first + i),
                           MESHLM_HERE);
+        // A second moment is a mean of squares: a negative one would make
+        // AdamW's sqrt(v) a NaN steps later, blamed on training.
+        if (r.kind == DatasetRef::v && out[i] < 0)
+          throw RankError(fmt::format("checkpoint '{}': dataset /{} holds {} at element {} of "
+                                      "this rank's part; AdamW's second moment is never negative",
+                                      path, r.path, out[i], first + i),
+                          MESHLM_HERE);
+      }
       host.commit();
     }
   }
@@ -251,7 +307,7 @@ TrainingState Checkpointer::load(const std::string& path) {
   const std::vector<DatasetRef> refs = datasets_of(v.full_table, v.lora, /*with_moments=*/true);
   log::info("# checkpoint: resuming from {}", path);
   ck::Meta meta;
-  h5::File f = open_and_verify(cfg_, mesh_, path, base_hash_, false, refs, meta);
+  h5::File f = open_and_verify(cfg_, mesh_, path, base_hash_, false, refs, refs, meta);
   const ck::RunMeta& run = *meta.run;  // open_and_verify checked it is there
   if (run.data_windows_per_epoch != windows_per_epoch_)
     throw CollectiveError(fmt::format("checkpoint '{}' counts {} windows per epoch of its data; "
@@ -281,7 +337,8 @@ void Checkpointer::load_adapters(const std::string& path) {
   const std::vector<DatasetRef> refs = datasets_of(v.full_table, v.lora, /*with_moments=*/false);
   log::info("# finetune.adapters_from: {}", path);
   ck::Meta meta;
-  h5::File f = open_and_verify(cfg_, mesh_, path, base_hash_, true, refs, meta);
+  h5::File f = open_and_verify(cfg_, mesh_, path, base_hash_, true, refs,
+                               datasets_of(v.full_table, v.lora, /*with_moments=*/true), meta);
   try_all(mesh_.world(), "finetune.adapters_from: ", [&] { read_parts(engine_, v, f, refs, path); },
           MESHLM_HERE);
   log::info("# finetune.adapters_from: the adapters of step {} loaded and verified; the optimizer "

@@ -93,7 +93,7 @@ void check_run_files(const RunConfig& cfg, MPI_Comm job, int rank) {
         throw RankError(std::string(key) + ": '" + dir + "' " + why, MESHLM_HERE);
     };
     check_writable("output.dir", cfg.output.dir);
-    if (!cfg.checkpoint.dir.empty()) check_writable("checkpoint.dir", cfg.checkpoint.resolved_dir);
+    check_checkpoint_dir(cfg);
     for (const auto& [key, path] : {std::pair<const char*, std::string>{"data.path", cfg.data.path},
                                     {"data.val_path", val_path},
                                     {"quant.base", cfg.quant.base}}) {

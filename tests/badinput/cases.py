@@ -744,3 +744,25 @@ K("checkpoint_dir_in_proc", r"checkpoint\.dir: '/proc/meshlm-badinput/ckpt' cann
   r"directory in '/proc' failed", "/proc/meshlm-badinput/ckpt")
 K("checkpoint_dir_dangling_symlink", r"checkpoint\.dir: 'ckpt' is a broken symbolic link", "ckpt",
   [symlink("ckpt", "nowhere")])
+# `latest` is replaced at every save: one that is not meshlm's (another
+# content, a directory) is refused before step 1, set checkpoint.dir or not.
+K("checkpoint_latest_foreign", r"checkpoint\.dir: 'ckpt/latest' is not meshlm's \(it holds 'my notes'",
+  "ckpt", [blob("ckpt/latest", "my notes\n")])
+K("checkpoint_latest_is_a_directory", r"checkpoint\.dir: 'ckpt/latest' is a directory", "ckpt",
+  [mkdir("ckpt/latest")])
+O("default_checkpoint_dir_is_a_file", r"checkpoint\.dir \(output\.dir/checkpoints\): 'out/checkpoints' is a "
+  r"regular file", "out", [blob("out/checkpoints", "notes\n")])
+O("default_checkpoint_latest_foreign", r"checkpoint\.dir \(output\.dir/checkpoints\): 'out/checkpoints/latest' "
+  r"is not meshlm's", "out", [blob("out/checkpoints/latest", "my notes\n")])
+O("default_checkpoint_latest_is_a_directory", r"'out/checkpoints/latest' is a directory", "out",
+  [mkdir("out/checkpoints/latest")])
+# A fresh run (checkpoint.resume = none) pointed at another run's checkpoints
+# would write its step files over them and move their `latest` back.
+CKPT_RUN = [(1, TRAIN + ["--checkpoint.final=true"])]
+O("fresh_run_into_other_checkpoints", r"checkpoint\.dir: 'out/checkpoints' holds the checkpoints of an earlier "
+  r"run \(latest, step_00000002\.h5\)", "out", args=["--output.dir=out2", "--checkpoint.dir=out/checkpoints"],
+  before=CKPT_RUN, doc="the first run's checkpoints and latest are left as they were")
+O("fresh_run_into_other_checkpoints_overwrite", r"# checkpoint: writing step 2 to out/checkpoints/step_00000002\.h5",
+  "out", args=["--output.dir=out2", "--checkpoint.dir=out/checkpoints", "--checkpoint.final=true",
+               "--output.overwrite=true"], before=CKPT_RUN, expect="ok", may_change=("out", "out2"),
+  doc="output.overwrite = true: the new run's checkpoints replace the earlier run's")
