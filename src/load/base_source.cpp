@@ -233,7 +233,11 @@ std::string dataset_path(const std::string& name) { return "params/" + name; }
 
 class Hdf5Source final : public TableSource {
 public:
-  Hdf5Source(const std::string& path, const GPTConfig& cfg) : TableSource(cfg), path_(path) {
+  // A checkpoint's checksums verified: of the datasets i of the table with
+  // i % checksum_parts == checksum_part (the ranks that open one file share
+  // the hashing, each reading its part of the file once).
+  Hdf5Source(const std::string& path, const GPTConfig& cfg, int checksum_part, int checksum_parts)
+      : TableSource(cfg), path_(path) {
     std::error_code ec;
     if (!std::filesystem::exists(path, ec)) fail("no such file");
     file_ = h5::open_file(path);
@@ -261,7 +265,8 @@ public:
       if (!d.empty())
         fail("its /meta is of another model: " + d + " (the [model] keys must be the file's)");
     }
-    for (const ParamSpec& p : table_) {
+    for (size_t i = 0; i < table_.size(); ++i) {
+      const ParamSpec& p = table_[i];
       const std::string ds = dataset_path(p.name);
       if (!h5::exists(file_, ds))
         fail("no dataset '/" + ds + "', which " + model_str(cfg_) + " needs");
@@ -273,9 +278,8 @@ public:
              dims_str(dims_of(p.full_shape)));
       h5::check_type(d, H5T_NATIVE_FLOAT);
       // A checkpoint carries each dataset's XXH3-64: a damaged one is refused
-      // here, as a resume refuses it, before it becomes the weights trained
-      // on (every rank that opens the file hashes what it will read from).
-      if (checkpoint) {
+      // here, as a resume refuses it, before it becomes the weights trained on.
+      if (checkpoint && static_cast<int>(i % static_cast<size_t>(checksum_parts)) == checksum_part) {
         if (!h5::has_attr(d, io::ckpt::kChecksumAttr))
           fail("dataset '/" + ds + "' has no checksum (attribute " + io::ckpt::kChecksumAttr +
                "), which every dataset of a checkpoint carries");
@@ -343,7 +347,7 @@ void BaseSource::read_rows(const ParamSpec& spec, int64_t row0, int64_t nrows, f
 }
 
 std::unique_ptr<BaseSource> open_base_source(const std::string& spec_string, const GPTConfig& cfg,
-                                             uint64_t seed) {
+                                             uint64_t seed, int checksum_part, int checksum_parts) {
   if (spec_string.empty() || spec_string == "init") return std::make_unique<InitSource>(cfg, seed);
   if (is_directory(spec_string)) {
     const HfDirectory d = read_hf_directory(spec_string);
@@ -363,7 +367,8 @@ std::unique_ptr<BaseSource> open_base_source(const std::string& spec_string, con
   if (ext == ".safetensors")
     return std::make_unique<SafetensorsSource>(std::vector<std::string>{spec_string}, cfg,
                                                "safetensors file '" + spec_string + "'");
-  if (ext == ".h5" || ext == ".hdf5") return std::make_unique<Hdf5Source>(spec_string, cfg);
+  if (ext == ".h5" || ext == ".hdf5")
+    return std::make_unique<Hdf5Source>(spec_string, cfg, checksum_part, std::max(1, checksum_parts));
   throw RankError("base weights '" + spec_string +
                       "': unknown kind of file; meshlm reads \"init\" (the model's initialisation), "
                       "*.safetensors (Hugging Face GPT-2 or Llama names), a Hugging Face model "

@@ -72,9 +72,13 @@ protected:
 // "init" only) and checks up front that every tensor of gpt_param_table(cfg)
 // is there with the right shape and a readable dtype: one RankError naming
 // the first problem. An unknown extension is a RankError naming the file and
-// what is accepted.
+// what is accepted. A meshlm checkpoint's datasets are verified against
+// their checksums: those of the table's index i with i % checksum_parts ==
+// checksum_part (ranks that each open the file pass their rank and count,
+// and share the hashing; their errors must then be gathered, comm/errors.h).
 std::unique_ptr<BaseSource> open_base_source(const std::string& spec_string, const GPTConfig& cfg,
-                                             uint64_t seed);
+                                             uint64_t seed, int checksum_part = 0,
+                                             int checksum_parts = 1);
 
 // The identity of a base's bytes: the XXH3-128 of its one file, or of the
 // concatenated hashes of its files in order (a directory's shards). What the

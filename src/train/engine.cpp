@@ -155,8 +155,10 @@ void Engine::load_base_params() {
   // Full training from given weights: every rank reads the logical tensors
   // of its shard, a block of rows at a time, and keeps its part.
   try_all(mesh_.world(), "quant.base: ", [&] {
+    // A checkpoint's checksums: each rank hashes its share of the datasets.
     std::unique_ptr<load::BaseSource> src =
-        load::open_base_source(cfg_.quant.base, cfg_.model, cfg_.train.seed);
+        load::open_base_source(cfg_.quant.base, cfg_.model, cfg_.train.seed, mesh_.rank(),
+                               mesh_.layout().world());
     model_->set_weights([&](const ParamSpec& p, int64_t row0, int64_t nrows, float* x) {
       src->read_rows(p, row0, nrows, x);
     });
