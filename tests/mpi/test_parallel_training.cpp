@@ -61,14 +61,14 @@ constexpr double kParamTol = 1e-5;
 }  // namespace
 
 // Under the sanitizers (CI's second build, which looks for memory errors
-// and undefined behaviour, not for other numbers), ten of the 25 layouts:
-// every axis and pair of axes, tp 8, pp 4, ZeRO 0-2, both schedules and
+// and undefined behaviour, not for other numbers), five of the 25 layouts:
+// every axis and pair of axes, pp 4, ZeRO 1 and 2, both schedules and
 // checkpointing. The ordinary build runs all 25.
 namespace {
 std::vector<Layout> layouts_to_run() {
 #ifdef MESHLM_TEST_SANITIZED
   std::vector<Layout> some;
-  for (const size_t i : {1, 3, 4, 10, 11, 15, 16, 18, 19, 24})
+  for (const size_t i : {1, 10, 15, 16, 24})
     some.push_back(parallel_layouts().at(i));
   return some;
 #else
