@@ -106,9 +106,18 @@ public:
     return {base, base + aligned(a), c == 0 ? nullptr : base + aligned(a) + aligned(b)};
   }
 
+  // Frees the copies of `stream`, whose work has ended.
+  void release(cudaStream_t stream) {
+    const auto it = by_stream_.find(stream);
+    if (it == by_stream_.end()) return;
+    delete it->second;
+    by_stream_.erase(it);
+  }
+
 private:
-  // Never freed: a thread's copies outlive every stream it uses, and the
-  // allocator must not see a release after the process has torn it down.
+  // The map is never destroyed (the allocator must not see a release after
+  // the process has torn it down); a stream's copies are freed with its
+  // device context (release_gemm_copies).
   std::map<cudaStream_t, Buffer*> by_stream_;
 };
 
@@ -116,6 +125,12 @@ Inputs16& inputs16() {
   thread_local Inputs16* copies = new Inputs16;
   return *copies;
 }
+
+}  // namespace
+
+void release_gemm_copies(cudaStream_t stream) { inputs16().release(stream); }
+
+namespace {
 
 // One input of a GEMM at bf16 or fp16: x[0, n), and its 16-bit copy where
 // one is held (Kernels::hold_rounded), else null.

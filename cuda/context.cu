@@ -8,6 +8,7 @@
 #include "cuda/device_memory.h"
 #include "cuda/kernels_cuda.h"
 #include "cuda/ops_cuda.h"
+#include "cuda/scratch.cuh"
 
 namespace meshlm::cuda {
 
@@ -36,6 +37,10 @@ DeviceContext::~DeviceContext() {
   dequantizer_.reset();
   if (stream_ != nullptr) {
     cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+    // The stream's scratch goes with it (a later context may get the same
+    // handle, and a process that trains again holds only its new run's).
+    release_gemm_copies(static_cast<cudaStream_t>(stream_));
+    release_stream_scratch(static_cast<cudaStream_t>(stream_));
     cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
   }
 }

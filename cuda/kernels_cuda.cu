@@ -90,6 +90,7 @@ public:
     Buffer& copy = copies_[depth];
     if (copy.bytes() < 2 * n) {
       CUDA_CHECK(cudaStreamSynchronize(s_));  // earlier GEMMs may still read the old copy
+      copy = Buffer();  // freed first: the peak is the larger of the two, as predicted
       copy = Buffer(2 * n, MemCategory::workspace, "gemm.held_16bit", Device::cuda);
     }
     cuda::round_span(p_, copy.data(), x, n, s_);
@@ -254,6 +255,7 @@ public:
                       return a.begin == b.begin && a.count == b.count && a.decay == b.decay;
                     })) {
       segments_.assign(segments.begin(), segments.end());
+      d_segments_ = Buffer();  // freed first: the peak is the larger of the two
       d_segments_ = Buffer(segments.size() * sizeof(ops::AdamWSegment), MemCategory::optimizer,
                            "adamw.segments", Device::cuda);
       upload(d_segments_.data(), segments_.data(), d_segments_.bytes());
@@ -277,9 +279,11 @@ public:
     if (k == 0) return;
     size_t need = k;
     for (const Span& s : spans) need += cuda::sum_of_squares_scratch(s.second);
-    if (scratch_.bytes() < need * sizeof(double))  // the last use was waited for
+    if (scratch_.bytes() < need * sizeof(double)) {  // the last use was waited for
+      scratch_ = Buffer();  // freed first: the peak is the larger of the two, as predicted
       scratch_ = Buffer(need * sizeof(double), MemCategory::workspace, "sum_of_squares.scratch",
                         Device::cuda);
+    }
     double* d = scratch_.as<double>();
     double* partials = d + k;
     for (size_t i = 0; i < k; ++i) {

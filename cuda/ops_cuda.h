@@ -44,6 +44,9 @@ namespace meshlm::cuda {
 // of a GPU test. A program that was asked to run on a GPU should treat 0 as
 // a fatal error naming that reason.
 int device_count(std::string* reason = nullptr);
+// Frees this host thread's 16-bit GEMM input copies on `stream`, whose work
+// has ended (cuda/blas.cu; with the stream's device context).
+void release_gemm_copies(cudaStream_t stream);
 
 // ---- GELU, tanh approximation (as GPT-2) --------------------------------------
 // out(n) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), x = inp(n).

@@ -25,13 +25,19 @@ namespace {
 
 enum class Use { column_partials, embedding_index, count };
 
-// The buffer of `use` on `stream`, at least `bytes`. Per host thread, never
-// freed (as the 16-bit GEMM copies of cuda/blas.cu): the allocator must not
-// see a release after the process has torn it down.
+// This host thread's buffers by stream and use. The map is never destroyed
+// (the allocator must not see a release after the process has torn it
+// down); release_stream_scratch frees a stream's buffers with its context.
+std::map<std::pair<cudaStream_t, Use>, Buffer*>& scratch_by_stream() {
+  thread_local auto* by_stream = new std::map<std::pair<cudaStream_t, Use>, Buffer*>;
+  return *by_stream;
+}
+
+// The buffer of `use` on `stream`, at least `bytes` (as the 16-bit GEMM
+// copies of cuda/blas.cu).
 void* stream_scratch(cudaStream_t stream, Use use, size_t bytes) {
   static const char* const kNames[] = {"column_sums.partials", "embedding.index"};
-  thread_local auto* by_stream = new std::map<std::pair<cudaStream_t, Use>, Buffer*>;
-  Buffer*& buf = (*by_stream)[{stream, use}];
+  Buffer*& buf = scratch_by_stream()[{stream, use}];
   if (buf == nullptr || buf->bytes() < bytes) {
     CUDA_CHECK(cudaStreamSynchronize(stream));  // earlier kernels may still read the old one
     delete buf;
@@ -41,6 +47,16 @@ void* stream_scratch(cudaStream_t stream, Use use, size_t bytes) {
 }
 
 }  // namespace
+
+void release_stream_scratch(cudaStream_t stream) {
+  auto& by_stream = scratch_by_stream();
+  for (int u = 0; u < static_cast<int>(Use::count); ++u) {
+    const auto it = by_stream.find({stream, static_cast<Use>(u)});
+    if (it == by_stream.end()) continue;
+    delete it->second;
+    by_stream.erase(it);
+  }
+}
 
 float* column_partials(cudaStream_t stream, size_t floats) {
   return static_cast<float*>(stream_scratch(stream, Use::column_partials, floats * sizeof(float)));

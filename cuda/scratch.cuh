@@ -25,6 +25,12 @@ float* column_partials(cudaStream_t stream, size_t floats);
 // Room for `ints` int32 of embedding_backward's index on `stream`, likewise.
 int32_t* embedding_index(cudaStream_t stream, size_t ints);
 
+// Frees this host thread's scratch of `stream`, whose work has ended: a
+// stream's buffers live as long as its device context (cuda/context.h), so
+// that a process that trains many runs (the layout tests) holds, and books,
+// only the current run's.
+void release_stream_scratch(cudaStream_t stream);
+
 // out[c] += sum over chunks k in order of partials[k * C + c], c < C.
 void add_column_partials(float* out, const float* partials, int chunks, int C,
                          cudaStream_t stream);

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "ops/ops.h"
 
 namespace meshlm {
 
@@ -81,6 +82,16 @@ void TableBuilder::add(ParamSpec p, bool keep) {
 
 size_t table_numel(const std::vector<ParamSpec>& table) {
   return table.empty() ? 0 : table.back().offset + table.back().numel();
+}
+
+std::vector<ops::AdamWSegment> table_segments(const std::vector<ParamSpec>& table, size_t begin,
+                                              size_t end) {
+  std::vector<ops::AdamWSegment> segments;
+  for (const ParamSpec& p : table) {
+    const size_t lo = std::max(p.offset, begin), hi = std::min(p.offset + p.numel(), end);
+    if (lo < hi) segments.push_back({lo - begin, hi - lo, p.decay()});
+  }
+  return segments;
 }
 
 const ParamSpec* find_role(const std::vector<ParamSpec>& table, ParamRole role) {

@@ -30,6 +30,10 @@
 #include "model/gpt_config.h"
 #include "model/linear_slot.h"
 
+namespace meshlm::ops {
+struct AdamWSegment;
+}
+
 namespace meshlm {
 
 // What a tensor is to the model.
@@ -137,6 +141,12 @@ std::vector<ParamSpec> model_param_table(const GPTConfig& cfg, const ModelShard&
 std::shared_ptr<const std::vector<ParamSpec>> shared_param_table(const GPTConfig& cfg,
                                                                  const ModelShard& shard = {});
 size_t table_numel(const std::vector<ParamSpec>& table);
+// The tensors' parts inside the elements [begin, end) of the flat buffer,
+// relative to begin, in table order: what AdamW updates (train/adamw.h),
+// and on a GPU the table of them it keeps on the device (optimizer memory,
+// one ops::AdamWSegment each: the memory prediction counts them).
+std::vector<ops::AdamWSegment> table_segments(const std::vector<ParamSpec>& table, size_t begin,
+                                              size_t end);
 // The first entry of `table` with `role`, or null (the tensors outside the
 // blocks, which a table holds once).
 const ParamSpec* find_role(const std::vector<ParamSpec>& table, ParamRole role);

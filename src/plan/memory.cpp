@@ -14,13 +14,21 @@
 
 namespace meshlm {
 
-ZeroLayout zero_layout(const GPTConfig& cfg, const RankPlan& r) {
+namespace {
+
+ZeroLayout zero_layout_of(const std::vector<ParamSpec>& trained, const RankPlan& r) {
   ZeroLayout z;
-  z.n = table_numel(*shared_trainable_table(cfg, r.shard, r.model));
+  z.n = table_numel(trained);
   const size_t pad = r.model.pad_multiple;
   z.padded = (z.n + pad - 1) / pad * pad;
   z.shard = z.padded / static_cast<size_t>(r.dp);
   return z;
+}
+
+}  // namespace
+
+ZeroLayout zero_layout(const GPTConfig& cfg, const RankPlan& r) {
+  return zero_layout_of(*shared_trainable_table(cfg, r.shard, r.model), r);
 }
 
 std::pair<size_t, size_t> optimizer_range(const std::vector<ParamSpec>& table, const RankPlan& r,
@@ -305,19 +313,31 @@ size_t device_reduction_scratch_bytes(const StepDeclaration& step) {
   return partials + (step.embedding_rows > 0 ? ops::embedding_index_bytes(step.embedding_rows) : 0);
 }
 
-size_t device_norm_scratch_bytes(const std::vector<ParamSpec>& trained) {
-  // Kernels::sums_of_squares on a GPU: one double per tensor and one per
-  // block of kSumOfSquaresBlock elements of it.
+size_t device_norm_scratch_bytes(const std::vector<ParamSpec>& trained, const RankPlan& r) {
+  // Kernels::sums_of_squares on a GPU (cuda/kernels_cuda.cu) over the spans
+  // the gradient norm counts (Zero::sum_of_squares, Engine::global_grad_norm):
+  // each tensor's part in the rank's owned range, replicated tensors on TP
+  // rank 0 only, tied ones on the first stage only, none on a DP rank other
+  // than 0 under ZeRO 0; one double per span and one per block of
+  // kSumOfSquaresBlock elements of it, none at all without a span.
+  if (r.zero_stage == 0 && r.dp_rank != 0) return 0;
+  const ZeroLayout z = zero_layout_of(trained, r);
+  const size_t own_begin = r.zero_stage == 0 ? 0 : static_cast<size_t>(r.dp_rank) * z.shard;
+  const size_t own_end = r.zero_stage == 0 ? z.n : own_begin + z.shard;
   size_t doubles = 0;
-  for (const ParamSpec& p : trained)
-    doubles += 1 + (p.numel() + ops::kSumOfSquaresBlock - 1) / ops::kSumOfSquaresBlock;
+  for (const ParamSpec& p : trained) {
+    if (p.tp_dim < 0 && r.shard.tp_rank > 0) continue;
+    if (p.tied != TiedGroup::none && !r.shard.first_stage) continue;
+    const size_t lo = std::max(p.offset, own_begin), hi = std::min(p.offset + p.numel(), own_end);
+    if (lo < hi) doubles += 1 + (hi - lo + ops::kSumOfSquaresBlock - 1) / ops::kSumOfSquaresBlock;
+  }
   return doubles * sizeof(double);
 }
 
 size_t device_workspace_bytes(const GPTConfig& model, const RankPlan& r, ops::Precision p) {
   const StepDeclaration step = declare_step(model, r.shard, r.model, r.micro_batch, r.seq_len);
   return device_gemm_copies_bytes(step, p) + device_reduction_scratch_bytes(step) +
-         device_norm_scratch_bytes(*shared_trainable_table(model, r.shard, r.model)) +
+         device_norm_scratch_bytes(*shared_trainable_table(model, r.shard, r.model), r) +
          ops::kUploadStagingBytes;
 }
 
@@ -468,6 +488,12 @@ MemoryByCategory predicted_categories(const GPTConfig& model, const RankPlan& r,
   at(predicted, MemCategory::workspace) =
       std::max(at(predicted, MemCategory::workspace), block) +
       (o.device_workspace ? device_workspace_bytes(model, r, o.precision) : 0);
+  // The table of AdamW's segments a GPU keeps (cuda/kernels_cuda.cu).
+  if (o.device_workspace) {
+    const auto [opt_begin, opt_end] = optimizer_range(trained, r, zero_layout(model, r));
+    at(predicted, MemCategory::optimizer) +=
+        table_segments(trained, opt_begin, opt_end).size() * sizeof(ops::AdamWSegment);
+  }
   // The device's part of the base: the rank's slice of its matrices, and
   // before it (freed first) a leader's chunk under quant.broadcast = nccl.
   if (r.model.lora.enabled)

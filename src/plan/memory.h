@@ -204,10 +204,11 @@ struct RunMemoryOptions {
 // 16-bit copies any call makes (0 at fp32) plus the held copies, one buffer
 // per depth of nesting as large as the largest span held there; the
 // scratch of the sums over rows and of the embedding's index; the gradient
-// norm's partial sums of the trained tensors; the upload staging.
+// norm's partial sums of the spans of trained tensors the rank counts; the
+// upload staging.
 size_t device_gemm_copies_bytes(const StepDeclaration& step, ops::Precision p);
 size_t device_reduction_scratch_bytes(const StepDeclaration& step);
-size_t device_norm_scratch_bytes(const std::vector<ParamSpec>& trained);
+size_t device_norm_scratch_bytes(const std::vector<ParamSpec>& trained, const RankPlan& rank);
 size_t device_workspace_bytes(const GPTConfig& model, const RankPlan& rank, ops::Precision p);
 
 // The scratch of the ring reductions this rank will make (one per process,

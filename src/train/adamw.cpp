@@ -24,11 +24,7 @@ AdamW::AdamW(const std::vector<ParamSpec>& table, const AdamWConfig& cfg, size_t
       end_(end == SIZE_MAX ? table_numel(table) : end),
       k_(kernels) {
   MESHLM_CHECK(begin_ <= end_, "AdamW range is reversed");
-  for (const ParamSpec& p : table_) {
-    // The part of this tensor inside [begin, end).
-    const size_t lo = std::max(p.offset, begin_), hi = std::min(p.offset + p.numel(), end_);
-    if (lo < hi) segments_.push_back({lo - begin_, hi - lo, p.decay()});
-  }
+  segments_ = table_segments(table_, begin_, end_);
   // A ZeRO shard may reach into the padding past the table: its moments are
   // still end - begin long, so every DP rank holds the same bytes.
   const size_t n = end_ - begin_;
