@@ -375,6 +375,10 @@ void embedding_backward(float* dwte_part, const float* dout, const int32_t* toke
       rows.push_back(r);
       starts.push_back(starts.back() + count[size_t(r) + 1]);
     }
+  // Room for the bound, whatever this batch needs (also where none of its
+  // tokens falls in this rank's part of the vocabulary): what the prediction
+  // says, so that the booking does not depend on the data.
+  int32_t* d_index = embedding_index(stream, ops::embedding_index_bytes(N) / sizeof(int32_t));
   const int U = static_cast<int>(rows.size());
   if (U == 0) return;
   for (int r = 0; r < Vl; ++r) count[size_t(r) + 1] += count[size_t(r)];  // first slot of row r
@@ -386,8 +390,6 @@ void embedding_backward(float* dwte_part, const float* dout, const int32_t* toke
     const int row = ids[n] - v0;
     if (row >= 0 && row < Vl) order[count[size_t(row)]++] = n;
   }
-  // Room for the bound, whatever this batch needs: what the prediction says.
-  int32_t* d_index = embedding_index(stream, ops::embedding_index_bytes(N) / sizeof(int32_t));
   CUDA_CHECK(cudaMemcpyAsync(d_index, index.data(), index.size() * sizeof(int32_t),
                              cudaMemcpyHostToDevice, stream));
   const dim3 grid(static_cast<unsigned>(U), static_cast<unsigned>((C + kThreads - 1) / kThreads));
