@@ -18,6 +18,8 @@
 #include <cstdio>
 #include <limits>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "app/generate_model.h"
 #include "app/generate_text.h"
@@ -320,10 +322,22 @@ void run(const GenerateOptions& o) {
   const Backend& backend = *opened;
   Decoder dec(cfg, context, Decoder::kChunkRows, backend.kernels());
   dec.load([&](const ParamSpec& p, float* out) { model->read_checked(p, out); });
-  log::write_line(stderr, fmt::format("# generate: {} ({}), {} threads, loaded in {:.2f} s; "
+  const double loaded_s = now_seconds() - t0;
+  // A device's first kernels load their modules and open cuBLAS: a forward
+  // of the prompt's first ids, then forgotten, so that the prefill's clock
+  // times the prefill (the same ids follow: the cache starts again at 0).
+  std::string warm;
+  if (backend.caps().device_memory) {
+    std::vector<float> scratch(static_cast<size_t>(cfg.padded_vocab_size()));
+    const double w0 = now_seconds();
+    dec.forward(prompt.data(), std::min(n, 8), scratch.data());
+    dec.reset();
+    warm = fmt::format(", device warmed up in {:.2f} s", now_seconds() - w0);
+  }
+  log::write_line(stderr, fmt::format("# generate: {} ({}), {} threads, loaded in {:.2f} s{}; "
                                       "backend {}\n",
-                                      model->describe(), cfg.describe(), threads,
-                                      now_seconds() - t0, backend.describe()));
+                                      model->describe(), cfg.describe(), threads, loaded_s, warm,
+                                      backend.describe()));
   if (static_cast<long long>(n) + o.max_new > T)
     log::write_line(stderr, fmt::format("# generate: the prompt's {} tokens and --max-new-tokens "
                                         "{} exceed the context of {} positions: at most {} new "

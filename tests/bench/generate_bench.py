@@ -14,7 +14,8 @@ the argmax of the last position's logits.
 
   * meshlm: `meshlm generate FILE --prompt-ids ... --temperature 0 --print
     ids --threads N` under `mpiexec -n 1 --bind-to none`; its stderr line
-    gives the prefill's and the decode's tokens/s.
+    gives the prefill's and the decode's tokens/s (on a GPU after a warm-up
+    forward of the prompt's first ids, as the peer's below).
   * PyTorch (torch.nn.functional on the same tensors, in inference mode,
     torch.set_num_threads(N), tcmalloc preloaded and OMP_WAIT_POLICY=PASSIVE
     as PyTorch's CPU tuning guide says): the prefill as one causal forward

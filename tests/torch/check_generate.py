@@ -157,6 +157,11 @@ class Meshlm:
         on = re.search(r"# generate: .*; backend (\S+)", err)
         check(on is not None and on.group(1).startswith(self.backend),
               f"the line on stderr names the backend {self.backend} (got {on.group(1) if on else None})")
+        # A device's first kernels run before the prefill's clock (and the
+        # ids, checked by the caller, are those of a run without them).
+        warmed = re.search(r"device warmed up in [\d.]+ s", err) is not None
+        check(warmed == (self.backend != "cpu"),
+              f"the device's warm-up is reported on a device backend only (got {warmed})")
         return ids
 
 
