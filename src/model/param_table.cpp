@@ -94,6 +94,11 @@ std::vector<ops::AdamWSegment> table_segments(const std::vector<ParamSpec>& tabl
   return segments;
 }
 
+bool counted_in_grad_norm(const ParamSpec& p, int tp_rank, bool first_stage) {
+  if (p.tp_dim < 0 && tp_rank > 0) return false;
+  return p.tied == TiedGroup::none || first_stage;
+}
+
 const ParamSpec* find_role(const std::vector<ParamSpec>& table, ParamRole role) {
   for (const ParamSpec& p : table)
     if (p.role == role) return &p;

@@ -147,6 +147,12 @@ size_t table_numel(const std::vector<ParamSpec>& table);
 // one ops::AdamWSegment each: the memory prediction counts them).
 std::vector<ops::AdamWSegment> table_segments(const std::vector<ParamSpec>& table, size_t begin,
                                               size_t end);
+// Whether the global gradient norm counts tensor p's gradient on this rank
+// (TP rank tp_rank, a stage that is or is not the first): each logical
+// element once, replicated tensors on TP rank 0 only, tied tensors on the
+// first stage that holds them only (train/engine.cpp; the GPU's scratch of
+// the norm, plan/memory.cpp, counts the same spans).
+bool counted_in_grad_norm(const ParamSpec& p, int tp_rank, bool first_stage);
 // The first entry of `table` with `role`, or null (the tensors outside the
 // blocks, which a table holds once).
 const ParamSpec* find_role(const std::vector<ParamSpec>& table, ParamRole role);

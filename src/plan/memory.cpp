@@ -326,8 +326,7 @@ size_t device_norm_scratch_bytes(const std::vector<ParamSpec>& trained, const Ra
   const size_t own_end = r.zero_stage == 0 ? z.n : own_begin + z.shard;
   size_t doubles = 0;
   for (const ParamSpec& p : trained) {
-    if (p.tp_dim < 0 && r.shard.tp_rank > 0) continue;
-    if (p.tied != TiedGroup::none && !r.shard.first_stage) continue;
+    if (!counted_in_grad_norm(p, r.shard.tp_rank, r.shard.first_stage)) continue;
     const size_t lo = std::max(p.offset, own_begin), hi = std::min(p.offset + p.numel(), own_end);
     if (lo < hi) doubles += 1 + (hi - lo + ops::kSumOfSquaresBlock - 1) / ops::kSumOfSquaresBlock;
   }

@@ -204,16 +204,12 @@ void Engine::share_tied_params() {
 }
 
 double Engine::global_grad_norm() {
-  // Each logical element counts once in the norm: replicated tensors on TP
-  // rank 0 only, tied tensors on the first stage that holds them only, and
+  // Each logical element counts once in the norm (counted_in_grad_norm),
   // the DP replicas as ZeRO says.
   const MeshCoords c = mesh_.coords();
   const bool first_stage = shape_.shard.first_stage;
-  const double local = zero_->sum_of_squares([&](const ParamSpec& p) {
-    if (p.tp_dim < 0 && c.tp > 0) return false;
-    if (p.tied != TiedGroup::none && !first_stage) return false;
-    return true;
-  });
+  const double local = zero_->sum_of_squares(
+      [&](const ParamSpec& p) { return counted_in_grad_norm(p, c.tp, first_stage); });
   double total = 0;
   {
     ScopedTimer t(timers_, Section::dp_comm);
