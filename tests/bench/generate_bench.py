@@ -173,7 +173,7 @@ def main():
     path = os.path.join(d, "gpt2-124m.safetensors")
     subprocess.run([sys.executable, os.path.join(HERE, "make_gpt2_safetensors.py"), "--n_layer", str(L),
                     "--n_embd", str(C), "--n_head", str(NH), "--vocab_size", str(V), "--max_seq_len",
-                    str(T), "--out", path], check=True, capture_output=True)
+                    str(T), "--out", path], check=True, stdout=subprocess.DEVNULL)
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
     peer_env = dict(env, LD_PRELOAD=TCMALLOC) if have_tcmalloc else env
     peers = ["pytorch"] + (["pytorch-bf16"] if a.backend == "cuda" else [])

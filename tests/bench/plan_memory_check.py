@@ -155,12 +155,12 @@ def main():
     tokens = os.path.join(a.scratch, "tokens.h5")
     if not os.path.exists(tokens):
         subprocess.run([meshlm, "tokenize", "/usr/share/common-licenses/GPL-3", tokens], check=True,
-                       capture_output=True)
+                       stdout=subprocess.DEVNULL)
     # This machine's figures (a rank's runtime memory among them), measured
     # by the ranks of a job of this size.
     rates = os.path.join(a.scratch, f"rates{a.ranks}.json")
     subprocess.run(["mpiexec", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n",
-                    str(a.ranks), meshlm, "plan", "--calibrate", rates], check=True, capture_output=True)
+                    str(a.ranks), meshlm, "plan", "--calibrate", rates], check=True, stdout=subprocess.DEVNULL)
     cfg_file, model = MODELS[a.model]
     cfg = os.path.join(ROOT, cfg_file)
     common = [f"--data.path={tokens}", f"--train.steps={a.steps}", "--train.log_every=1",

@@ -84,7 +84,7 @@ def main():
     tokens = os.path.join(a.scratch, "tokens.h5")
     if not os.path.exists(tokens):
         subprocess.run([meshlm, "tokenize", "/usr/share/common-licenses/GPL-3", tokens], check=True,
-                       capture_output=True)
+                       stdout=subprocess.DEVNULL)
     tmp_before, shm_before = names("/tmp"), names("/dev/shm")
     cmd = ["mpiexec", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", str(a.ranks),
            meshlm, "train", os.path.join(ROOT, "inputs/tiny.cfg"), f"--data.path={tokens}",
