@@ -10,8 +10,6 @@ namespace meshlm::comm {
 
 namespace {
 
-constexpr const char* kSessionStem = "meshlm-mpi";
-
 const char* env_or_null(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? v : nullptr;
@@ -45,15 +43,9 @@ std::string private_singleton_session_base() {
   if (!session_base().empty()) return session_base();
   const char* isolated = std::getenv("OMPI_MCA_ess_singleton_isolated");
   if (isolated == nullptr || std::string(isolated) != "1") return "";
-  if (started_by_a_launcher()) return "";
-  // A base the environment names is the user's, but for one inherited from
-  // a meshlm process that started this one.
-  if (const char* named = env_or_null("OMPI_MCA_orte_tmpdir_base");
-      named != nullptr &&
-      std::filesystem::path(named).filename().string().rfind(kSessionStem + std::string(".tmp."), 0) != 0)
-    return "";
+  if (started_by_a_launcher() || env_or_null("OMPI_MCA_orte_tmpdir_base") != nullptr) return "";
   const char* tmp = env_or_null("TMPDIR");
-  const std::string stem = std::string(tmp != nullptr ? tmp : "/tmp") + "/" + kSessionStem;
+  const std::string stem = std::string(tmp != nullptr ? tmp : "/tmp") + "/meshlm-mpi";
   remove_stale_temp_files(stem);  // of singletons of this host that were killed
   const std::string dir = temp_name_for(stem);
   std::error_code ec;

@@ -68,9 +68,10 @@ int ompi_dirs_in(const std::string& base) {
 
 // Runs this program again on one quick test, as a second singleton started
 // from the same shell would run: this environment without what Open MPI's
-// initialisation added to it (OMPI_MCA_orte_ess_num_procs and the like:
-// every OMPI_, OPAL_ and PMIX_ variable but the isolated singleton's, the
-// point-to-point layer's and the session directory base meshlm named). Its
+// initialisation added to it (OMPI_MCA_orte_ess_num_procs and the like) and
+// without the session directory base meshlm named: every OMPI_, OPAL_ and
+// PMIX_ variable but the isolated singleton's and the point-to-point
+// layer's. Its
 // exit status (-1 when it did not end by exit), and its process id in `pid`.
 int run_child_singleton(pid_t& pid) {
   std::vector<char> exe(4096, '\0');
@@ -80,8 +81,7 @@ int run_child_singleton(pid_t& pid) {
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string v = *e;
     const bool mpi = v.rfind("OMPI_", 0) == 0 || v.rfind("OPAL_", 0) == 0 || v.rfind("PMIX_", 0) == 0;
-    const bool kept = v.rfind(std::string(kVar) + "=", 0) == 0 || v.rfind("OMPI_MCA_pml=", 0) == 0 ||
-                      v.rfind("OMPI_MCA_orte_tmpdir_base=", 0) == 0;
+    const bool kept = v.rfind(std::string(kVar) + "=", 0) == 0 || v.rfind("OMPI_MCA_pml=", 0) == 0;
     if (!mpi || kept) vars.push_back(v);
   }
   std::vector<char*> envp;
